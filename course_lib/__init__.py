@@ -1,0 +1,1 @@
+"""course_lib: the library behind the distributed deep learning course kit."""

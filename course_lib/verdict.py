@@ -1,0 +1,67 @@
+"""Verdicts for exercise check cells: one deterministic line per exercise, never a traceback."""
+
+from __future__ import annotations
+
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass
+
+__all__ = ["Verdict", "run_check"]
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """The outcome of one exercise check; prints as ``Exercise 1.2 name: PASS (detail)``."""
+
+    exercise: str
+    name: str
+    passed: bool
+    detail: str = ""
+    points: float = 0.0
+    max_points: float = 1.0
+
+    def __str__(self) -> str:
+        status = "PASS" if self.passed else "FAIL"
+        text = f"Exercise {self.exercise} {self.name}: {status}"
+        if self.detail:
+            text += f" ({self.detail})"
+        return text
+
+    def __bool__(self) -> bool:
+        return self.passed
+
+    def _repr_pretty_(self, p, cycle) -> None:  # IPython shows the verdict line, not a dataclass
+        p.text(str(self))
+
+
+def run_check(
+    exercise: str,
+    name: str,
+    body: Callable[[], str],
+    *,
+    max_points: float = 1.0,
+    verbose: bool = True,
+) -> Verdict:
+    """Run ``body`` and turn its outcome into a verdict; print it when ``verbose``.
+
+    ``body`` returns a short detail string when the student's answer is right and raises
+    ``AssertionError`` (with the reason) when it is wrong. A stub that raises
+    ``NotImplementedError`` gives ``FAIL (not implemented yet: ...)``; any other exception
+    gives ``FAIL`` with its type and message, so a check cell never stops a notebook.
+    """
+    try:
+        detail = body() or ""
+        verdict = Verdict(exercise, name, True, detail, max_points, max_points)
+    except NotImplementedError as exc:
+        verdict = Verdict(exercise, name, False, f"not implemented yet: {exc}", 0.0, max_points)
+    except AssertionError as exc:
+        verdict = Verdict(exercise, name, False, str(exc) or "wrong answer", 0.0, max_points)
+    except Exception as exc:  # noqa: BLE001 - a student's bug must become a verdict
+        last = traceback.extract_tb(exc.__traceback__)[-1]
+        where = f" at line {last.lineno}" if last else ""
+        verdict = Verdict(
+            exercise, name, False, f"{type(exc).__name__}: {exc}{where}", 0.0, max_points
+        )
+    if verbose:
+        print(verdict)
+    return verdict
