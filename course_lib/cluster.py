@@ -1,0 +1,398 @@
+"""Get engines for a notebook: start local or MPI engines, or connect to the lab's running cluster.
+
+The same notebook runs on a laptop and in the lab: the choice comes from arguments or from the
+environment (``COURSE_CLUSTER_KIND``, ``COURSE_CLUSTER_ENGINES``, ``COURSE_CLUSTER_PROFILE``,
+``COURSE_CLUSTER_FILE``), so an instructor can point a room of notebooks at one cluster without
+editing them::
+
+    with start_cluster(n=4) as cluster:      # local engines, stopped on exit
+        cluster.view.apply_sync(lambda: rank)
+
+    cluster = start_cluster(kind="mpi", n=4)  # every engine an MPI rank
+    cluster = connect_cluster(profile="lab")  # the instructor's cluster
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import ipyparallel as ipp
+
+from course_lib import engine_side
+from course_lib.doctor import DoctorReport, doctor
+from course_lib.recovery import EngineTimeout, RecoveryReport, recover, run_with_timeout
+
+__all__ = [
+    "KINDS",
+    "ClusterError",
+    "ClusterSettings",
+    "CourseCluster",
+    "EngineTimeout",
+    "connect_cluster",
+    "default_engine_count",
+    "find_mpiexec",
+    "start_cluster",
+]
+
+KINDS = ("local", "mpi", "connect")
+
+
+class ClusterError(RuntimeError):
+    """A cluster could not be started or reached; the message says what to do."""
+
+
+def default_engine_count() -> int:
+    """Return a sensible engine count for this machine: its cores, at least 2, at most 4."""
+    return max(2, min(os.cpu_count() or 2, 4))
+
+
+def find_mpiexec() -> str | None:
+    """Return the ``mpiexec`` beside this Python (a venv's own, even if not activated), or on PATH."""
+    # A kernel started from a venv that is not activated has the venv's bin/ off PATH, so the
+    # mpiexec that `pip install mpich` put there would be missed by a PATH lookup alone.
+    for folder in (Path(sys.executable).parent, Path(sys.prefix) / "bin"):
+        for name in ("mpiexec", "mpiexec.exe"):
+            candidate = folder / name
+            if candidate.is_file() and os.access(candidate, os.X_OK):
+                return str(candidate)
+    return shutil.which("mpiexec")
+
+
+@dataclass(frozen=True)
+class ClusterSettings:
+    """Validated settings for :func:`start_cluster`; unset fields come from the environment."""
+
+    kind: str = "local"
+    n: int | None = None
+    profile: str | None = None
+    connection_file: str | None = None
+    torch_threads: int | None = None
+    seed: int | None = None
+    seed_per_rank: bool = False
+    timeout: float = 60.0
+
+    def __post_init__(self) -> None:
+        if self.kind not in KINDS:
+            raise ValueError(f"unknown cluster kind {self.kind!r}: choose one of {', '.join(KINDS)}")
+        if self.n is not None and (not isinstance(self.n, int) or self.n < 1):
+            raise ValueError(f"n={self.n!r}: the number of engines must be an integer >= 1")
+        if self.torch_threads is not None and self.torch_threads < 1:
+            raise ValueError(f"torch_threads={self.torch_threads}: use an integer >= 1, or None")
+        if self.timeout <= 0:
+            raise ValueError(f"timeout={self.timeout}: use a positive number of seconds")
+        if self.kind == "connect" and not (self.profile or self.connection_file):
+            raise ValueError(
+                "kind='connect' needs profile='NAME' or connection_file='.../ipcontroller-client.json'"
+            )
+
+    @classmethod
+    def from_environment(cls, **overrides: Any) -> ClusterSettings:
+        """Build settings from arguments, falling back to ``COURSE_CLUSTER_*`` variables."""
+        env = os.environ
+        given = {key: value for key, value in overrides.items() if value is not None}
+        profile = given.get("profile", env.get("COURSE_CLUSTER_PROFILE") or None)
+        connection_file = given.get("connection_file", env.get("COURSE_CLUSTER_FILE") or None)
+        kind = given.get("kind", env.get("COURSE_CLUSTER_KIND") or None)
+        if kind is None:
+            kind = "connect" if (profile or connection_file) else "local"
+        if "n" not in given and env.get("COURSE_CLUSTER_ENGINES"):
+            try:
+                given["n"] = int(env["COURSE_CLUSTER_ENGINES"])
+            except ValueError:
+                raise ValueError(
+                    f"COURSE_CLUSTER_ENGINES={env['COURSE_CLUSTER_ENGINES']!r} is not an integer"
+                ) from None
+        given.update(kind=kind, profile=profile, connection_file=connection_file)
+        return cls(**given)
+
+
+class CourseCluster:
+    """A client, a rank-ordered view and (when we started them) the engines behind it.
+
+    Use it as a context manager: on exit it stops what it started and only closes the client
+    of a cluster it merely connected to.
+    """
+
+    def __init__(self, settings: ClusterSettings, client: ipp.Client, owned: ipp.Cluster | None):
+        self.settings = settings
+        self.client = client
+        self.owned = owned
+        self.world_size = 0
+        self.ids_by_rank: list[int] = []
+        self.engine_info: dict[int, dict[str, Any]] = {}
+        self._activated = False
+        self._view: ipp.DirectView | None = None
+
+    # -- properties -------------------------------------------------------------------------
+    @property
+    def kind(self) -> str:
+        """Return ``"local"``, ``"mpi"`` or ``"connect"``."""
+        return self.settings.kind
+
+    @property
+    def view(self) -> ipp.DirectView:
+        """Return a blocking DirectView over all engines, ordered by rank."""
+        if self._view is None:
+            self._view = self.client[self.ids_by_rank]
+            self._view.block = True
+        return self._view
+
+    def __repr__(self) -> str:
+        return f"<CourseCluster kind={self.kind} world_size={self.world_size} ids={self.ids_by_rank}>"
+
+    # -- life cycle ---------------------------------------------------------------------------
+    def setup_engines(self) -> None:
+        """Order engines by rank and give each ``rank``, ``world_size``, threads and seed."""
+        infos = self._describe_all()
+        mpi_ranks = {eid: info["mpi_rank"] for eid, info in infos.items()}
+        if all(r is not None for r in mpi_ranks.values()) and len(set(mpi_ranks.values())) == len(
+            mpi_ranks
+        ):
+            ordered = sorted(infos, key=lambda eid: mpi_ranks[eid])
+        else:
+            ordered = sorted(infos)
+        self.ids_by_rank, self.world_size, self.engine_info = ordered, len(ordered), infos
+        self._view = None
+        threads = self.settings.torch_threads
+        if threads is None and self.kind != "connect":
+            threads = max(1, (os.cpu_count() or 1) // max(1, self.world_size))
+        pending = [
+            self.client[eid].apply_async(
+                engine_side.setup_engine,
+                rank,
+                self.world_size,
+                self.kind,
+                threads,
+                self.settings.seed,
+                self.settings.seed_per_rank,
+            )
+            for rank, eid in enumerate(ordered)
+        ]
+        for result in pending:
+            result.get(timeout=self.settings.timeout)
+        if self._activated:
+            self.view.activate()
+
+    def _describe_all(self) -> dict[int, dict[str, Any]]:
+        pending = {
+            eid: self.client[eid].apply_async(engine_side.describe_engine)
+            for eid in self.client.ids
+        }
+        return {eid: result.get(timeout=self.settings.timeout) for eid, result in pending.items()}
+
+    def activate(self) -> CourseCluster:
+        """Register ``%px`` / ``%%px`` in IPython on the rank-ordered view; return self."""
+        self._activated = True
+        self.view.activate()
+        return self
+
+    def stop(self) -> None:
+        """Close the client and stop the engines and controller if this object started them."""
+        try:
+            self.client.close()
+        finally:
+            if self.owned is not None:
+                self.owned.stop_cluster_sync()
+                self.owned = None
+
+    def __enter__(self) -> CourseCluster:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.stop()
+
+    # -- teaching helpers ---------------------------------------------------------------------
+    def run(self, fn: Any, *args: Any, timeout: float = 30.0, **kwargs: Any) -> list[Any]:
+        """Call ``fn(*args, **kwargs)`` on every engine; return results ordered by rank.
+
+        If an engine has not answered after ``timeout`` seconds, the cluster is recovered (see
+        :meth:`recover`) and :class:`EngineTimeout` is raised saying which ranks hung and what
+        was done; the client stays usable.
+        """
+        return run_with_timeout(self, fn, args, kwargs, timeout)
+
+    def recover(self, grace: float = 3.0) -> RecoveryReport:
+        """Interrupt busy engines and, if that does not free them, restart them all."""
+        return recover(self, grace=grace)
+
+    def doctor(self, timeout: float = 5.0) -> DoctorReport:
+        """Return a table of every engine with version mismatches and unreachable engines flagged."""
+        return doctor(self.client, timeout=timeout, expected=self.world_size or None)
+
+    def wait_for_fresh_engines(self, old_pids: set[int], deadline: float) -> None:
+        """Wait until ``world_size`` engines answer and none is one of ``old_pids``."""
+        n = self.world_size
+        while time.monotonic() < deadline:
+            ids = list(self.client.ids)
+            if len(ids) == n:
+                pending = [self.client[eid].apply_async(engine_side.engine_pid) for eid in ids]
+                try:
+                    pids = {result.get(timeout=2.0) for result in pending}
+                except Exception:  # noqa: BLE001 - a dying or stale engine just means "not yet"
+                    pids = set()
+                if len(pids) == n and not pids & old_pids:
+                    return
+            time.sleep(0.25)
+        raise ClusterError(
+            f"engines did not come back within the time limit ({len(self.client.ids)} of {n} "
+            "registered); stop this cluster (cluster.stop()) and start a new one"
+        )
+
+
+def start_cluster(
+    kind: str | None = None,
+    n: int | None = None,
+    *,
+    profile: str | None = None,
+    connection_file: str | None = None,
+    torch_threads: int | None = None,
+    seed: int | None = None,
+    seed_per_rank: bool = False,
+    timeout: float = 60.0,
+    activate: bool = False,
+) -> CourseCluster:
+    """Start local or MPI engines, or connect to a running cluster; return a :class:`CourseCluster`.
+
+    Args:
+        kind: ``"local"`` (default), ``"mpi"`` (every engine an MPI rank) or ``"connect"``;
+            default from ``COURSE_CLUSTER_KIND``, or ``"connect"`` when a profile/file is given.
+        n: number of engines (default: ``COURSE_CLUSTER_ENGINES`` or :func:`default_engine_count`);
+            for ``"connect"``, the number of engines to wait for.
+        torch_threads: threads per engine (default: cores // n, so engines do not thrash).
+        seed: seed Python, NumPy and torch on every engine; ``seed_per_rank`` adds the rank.
+        activate: register ``%px`` magics on the rank-ordered view.
+    """
+    settings = ClusterSettings.from_environment(
+        kind=kind,
+        n=n,
+        profile=profile,
+        connection_file=connection_file,
+        torch_threads=torch_threads,
+        seed=seed,
+        seed_per_rank=seed_per_rank or None,
+        timeout=timeout,
+    )
+    if settings.kind == "connect":
+        cluster = _connect(settings)
+    else:
+        cluster = _start(settings)
+    try:
+        cluster.setup_engines()
+    except BaseException:
+        cluster.stop()
+        raise
+    if activate:
+        cluster.activate()
+    return cluster
+
+
+def connect_cluster(
+    profile: str | None = None,
+    connection_file: str | None = None,
+    n: int | None = None,
+    **kwargs: Any,
+) -> CourseCluster:
+    """Connect to a running cluster by profile name or connection file (the lab's way)."""
+    return start_cluster(
+        "connect", n, profile=profile, connection_file=connection_file, **kwargs
+    )
+
+
+def _start(settings: ClusterSettings) -> CourseCluster:
+    n = settings.n or default_engine_count()
+    settings = ClusterSettings(**{**settings.__dict__, "n": n})
+    launcher = "local"
+    mpi_cmd = None
+    if settings.kind == "mpi":
+        mpi_cmd = find_mpiexec()
+        if mpi_cmd is None:
+            raise ClusterError(
+                "mpiexec was not found beside this Python or on PATH: install an MPI "
+                "(`pip install mpich` on Linux/macOS, the kit's [mpi] extra; MS-MPI on Windows), "
+                "or use kind='local'"
+            )
+        try:
+            import mpi4py  # noqa: F401
+        except ImportError:
+            raise ClusterError("mpi4py is missing: `pip install mpi4py`, or use kind='local'") from None
+        launcher = "mpi"
+    owned = ipp.Cluster(n=n, engines=launcher, log_level=30, engine_timeout=int(settings.timeout))
+    if mpi_cmd is not None:
+        owned.config.MPILauncher.mpi_cmd = [mpi_cmd]
+    # Threads are limited before the engines import torch / NumPy, as well as afterwards.
+    threads = settings.torch_threads or max(1, (os.cpu_count() or 1) // n)
+    owned.config.EngineLauncher.environment = {
+        "OMP_NUM_THREADS": str(threads),
+        "MKL_NUM_THREADS": str(threads),
+        "OPENBLAS_NUM_THREADS": str(threads),
+    }
+    try:
+        client = owned.start_and_connect_sync(n=n)
+    except BaseException as exc:
+        output = _engine_output(owned)
+        _stop_quietly(owned)
+        raise ClusterError(
+            f"{n} {settings.kind} engines did not start within {settings.timeout:.0f} s "
+            f"({type(exc).__name__}: {exc}).{output}"
+        ) from exc
+    return CourseCluster(settings, client, owned)
+
+
+def _connect(settings: ClusterSettings) -> CourseCluster:
+    try:
+        if settings.connection_file:
+            path = Path(settings.connection_file).expanduser()
+            if not path.is_file():
+                raise ClusterError(
+                    f"connection file {str(path)!r} does not exist: ask the instructor for the "
+                    "ipcontroller-client.json of the running cluster"
+                )
+            # ipp.Client(url_file=...) is ignored in ipyparallel 9.2: pass the file positionally.
+            client = ipp.Client(str(path), timeout=settings.timeout)
+        else:
+            client = ipp.Client(profile=settings.profile, timeout=settings.timeout)
+    except ClusterError:
+        raise
+    except (OSError, ipp.error.TimeoutError, TimeoutError) as exc:
+        where = f"profile {settings.profile!r}" if settings.profile else settings.connection_file
+        raise ClusterError(
+            f"no running cluster for {where}: start one with "
+            f"`ipcluster start -n 4 --profile={settings.profile or 'NAME'} --daemonize` "
+            f"(or ask the instructor), then connect again ({type(exc).__name__}: {exc})"
+        ) from exc
+    n = settings.n or 1
+    try:
+        client.wait_for_engines(n, timeout=settings.timeout, interactive=False)
+    except (ipp.error.TimeoutError, TimeoutError) as exc:
+        found = len(client.ids)
+        client.close()
+        raise ClusterError(
+            f"the cluster's controller answered but only {found} of {n} engines registered "
+            f"within {settings.timeout:.0f} s: start engines (`ipcluster engines -n {n} "
+            f"--profile={settings.profile or 'NAME'}`) or ask for fewer"
+        ) from exc
+    return CourseCluster(settings, client, owned=None)
+
+
+def _engine_output(owned: ipp.Cluster) -> str:
+    texts = []
+    for engine_set in list(owned.engines.values()):
+        try:
+            texts.append(engine_set.get_output() or "")
+        except Exception:  # noqa: BLE001 - best effort, we are already reporting an error
+            pass
+    text = "\n".join(t for t in texts if t).strip()
+    return f"\nEngine output:\n{text[-2000:]}" if text else ""
+
+
+def _stop_quietly(owned: ipp.Cluster) -> None:
+    try:
+        owned.stop_cluster_sync()
+    except Exception:  # noqa: BLE001 - cleanup after a failure must not hide the failure
+        pass

@@ -1,0 +1,131 @@
+"""Recover a cluster whose engines hang, and keep the notebook's client alive while doing it.
+
+The classic case is an MPI deadlock (ipyparallel's "Cluster API" example): one rank raises, the
+others wait forever in a collective that rank never reaches. A rank blocked inside MPI cannot be
+interrupted (the wait is in C, where Python's SIGINT handler never runs), and its world
+communicator cannot be trusted afterwards, so MPI engines are restarted together. Local engines
+stuck in Python code are first interrupted with SIGINT, which keeps their variables.
+"""
+
+from __future__ import annotations
+
+import signal
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import ipyparallel as ipp
+
+from course_lib import engine_side
+
+if TYPE_CHECKING:
+    from course_lib.cluster import CourseCluster
+
+__all__ = ["EngineTimeout", "RecoveryReport", "recover", "run_with_timeout"]
+
+
+class EngineTimeout(TimeoutError):
+    """Engines did not answer in time; the message says which ranks hung and what was done."""
+
+    def __init__(self, message: str, report: RecoveryReport | None = None):
+        super().__init__(message)
+        self.report = report
+
+
+@dataclass
+class RecoveryReport:
+    """What :func:`recover` found and did, in words a student can act on."""
+
+    hung_ranks: list[int] = field(default_factory=list)
+    action: str = "none"  # "none", "interrupted" or "restarted"
+    seconds: float = 0.0
+    lost_state: bool = False
+
+    def __str__(self) -> str:
+        if self.action == "none":
+            return "all engines answered: nothing to recover"
+        ranks = ", ".join(map(str, self.hung_ranks)) or "none"
+        text = f"hung ranks: {ranks}; {self.action} in {self.seconds:.1f} s"
+        if self.lost_state:
+            text += " (engines are new: variables defined on them earlier are gone, re-run setup)"
+        return text
+
+
+def _busy_ranks(cluster: CourseCluster) -> list[int]:
+    status = cluster.client.queue_status()
+    return [
+        rank
+        for rank, eid in enumerate(cluster.ids_by_rank)
+        if isinstance(status.get(eid), dict) and status[eid].get("queue", 0) > 0
+    ]
+
+
+def _all_answer(cluster: CourseCluster, timeout: float) -> bool:
+    pending = [cluster.client[eid].apply_async(engine_side.engine_pid) for eid in cluster.ids_by_rank]
+    deadline = time.monotonic() + timeout
+    try:
+        for result in pending:
+            result.get(timeout=max(0.01, deadline - time.monotonic()))
+    except Exception:  # noqa: BLE001 - timed out, died or stale: all mean "not answering"
+        return False
+    return True
+
+
+def recover(cluster: CourseCluster, grace: float = 3.0) -> RecoveryReport:
+    """Free hung engines: SIGINT for local engines, then a restart of all engines if needed.
+
+    Returns a report; the cluster's view, ranks and ``%px`` magics point at the live engines
+    afterwards. A cluster we only connected to cannot be signalled from here: the error says
+    to ask the instructor.
+    """
+    start = time.monotonic()
+    hung = _busy_ranks(cluster)
+    if not hung and _all_answer(cluster, timeout=grace):
+        return RecoveryReport()
+    if cluster.owned is None:
+        raise EngineTimeout(
+            f"ranks {hung} of a cluster this notebook did not start are hung: ask the instructor "
+            "to restart the engines (`ipcluster engines` / restart the cluster), then reconnect"
+        )
+    if cluster.kind != "mpi":
+        cluster.owned.signal_engines_sync(signal.SIGINT)
+        if _all_answer(cluster, timeout=grace):
+            return RecoveryReport(hung, "interrupted", time.monotonic() - start)
+    old_pids = {info["pid"] for info in cluster.engine_info.values()}
+    cluster.owned.restart_engines_sync()
+    cluster.wait_for_fresh_engines(old_pids, deadline=time.monotonic() + cluster.settings.timeout)
+    cluster.setup_engines()
+    return RecoveryReport(hung, "restarted", time.monotonic() - start, lost_state=True)
+
+
+def _describe_failures(cluster: CourseCluster, results: list[Any]) -> str:
+    notes = []
+    for rank, result in enumerate(results):
+        if result.ready():
+            try:
+                result.get(timeout=0)
+            except ipp.error.RemoteError as exc:
+                notes.append(f"rank {rank} raised {exc.ename}: {exc.evalue}")
+    return "; ".join(notes)
+
+
+def run_with_timeout(
+    cluster: CourseCluster, fn: Any, args: tuple, kwargs: dict, timeout: float
+) -> list[Any]:
+    """Run ``fn`` on every engine; on timeout recover the cluster and raise :class:`EngineTimeout`."""
+    results = [cluster.client[eid].apply_async(fn, *args, **kwargs) for eid in cluster.ids_by_rank]
+    deadline = time.monotonic() + timeout
+    for result in results:
+        remaining = deadline - time.monotonic()
+        if remaining > 0:
+            result.wait(remaining)
+        if not result.ready():
+            hung = [rank for rank, r in enumerate(results) if not r.ready()]
+            failures = _describe_failures(cluster, results)
+            report = recover(cluster)
+            why = f" ({failures}: the others waited for it, a deadlock)" if failures else ""
+            raise EngineTimeout(
+                f"ranks {hung} did not answer within {timeout:g} s{why}. Recovered: {report}",
+                report,
+            )
+    return [result.get() for result in results]
