@@ -40,6 +40,8 @@ class TrainConfig:
     lr: float = 0.1
     batch_size: int = 32
     momentum: float = 0.0
+    #: "sgd" (with ``momentum``) or "adam"; Adam trains the U-Net (no batch norm) far faster.
+    optimizer: str = "sgd"
     seed: int = 0
     #: Stop early once ``target_metric`` (e.g. "test_accuracy") reaches ``target`` (source 000's
     #: stop criterion "target accuracy reached").
@@ -55,6 +57,8 @@ class TrainConfig:
             raise ValueError(f"batch_size must be at least 1, got {self.batch_size}")
         if not 0 <= self.momentum < 1:
             raise ValueError(f"momentum must be in [0, 1), got {self.momentum}")
+        if self.optimizer not in ("sgd", "adam"):
+            raise ValueError(f"optimizer must be 'sgd' or 'adam', got {self.optimizer!r}")
 
 
 @dataclass
@@ -202,7 +206,7 @@ def fit(
     grad_hook: Callable[[nn.Module], None] | None = None,
     progress: bool = True,
 ) -> History:
-    """Train ``net`` in place with mini-batch SGD and return its :class:`History`.
+    """Train ``net`` in place with mini-batch SGD (or Adam) and return its :class:`History`.
 
     Args:
         sampler: e.g. a :class:`course_lib.data.ShardSampler` (its ``set_epoch`` is called);
@@ -216,7 +220,10 @@ def fit(
     device = torch.device(device) if device is not None else default_device()
     net.to(device)
     loss_fn = loss_fn or nn.CrossEntropyLoss(ignore_index=255)
-    optimizer = torch.optim.SGD(net.parameters(), lr=config.lr, momentum=config.momentum)
+    if config.optimizer == "adam":
+        optimizer = torch.optim.Adam(net.parameters(), lr=config.lr)
+    else:
+        optimizer = torch.optim.SGD(net.parameters(), lr=config.lr, momentum=config.momentum)
     generator = torch.Generator().manual_seed(config.seed)
     train_loader = DataLoader(
         train_set, batch_size=config.batch_size, sampler=sampler,

@@ -63,25 +63,24 @@ def _generate_one(rng: np.random.Generator, size: int) -> tuple[np.ndarray, np.n
     """Return one (image uint8 (size, size, 3), mask uint8 (size, size)) pair."""
     s = size / 64  # shapes are drawn for a 64-pixel tile and scaled
     mask = np.full((size, size), 2, dtype=np.uint8)  # low vegetation everywhere
-    # A road (impervious surface) across the tile, horizontal or vertical.
-    width = max(2, int(rng.integers(6, 12) * s))
-    pos = int(rng.integers(0, size - width))
-    road = (slice(pos, pos + width), slice(None))
-    if rng.random() < 0.5:
-        road = road[::-1]
-    mask[road] = 0
-    for _ in range(rng.integers(1, 4)):
-        _paint_rect(mask, rng, 1, max(3, int(10 * s)), max(4, int(24 * s)))  # buildings
+    # Roads (impervious surfaces) across the tile: one, sometimes a crossing second one.
+    for _ in range(1 + (rng.random() < 0.5)):
+        width = max(2, int(rng.integers(8, 16) * s))
+        pos = int(rng.integers(0, size - width))
+        road = (slice(pos, pos + width), slice(None))
+        mask[road if rng.random() < 0.5 else road[::-1]] = 0
+    for _ in range(rng.integers(2, 5)):
+        _paint_rect(mask, rng, 1, max(3, int(12 * s)), max(4, int(28 * s)))  # buildings
     yy, xx = np.mgrid[:size, :size]
-    for _ in range(rng.integers(2, 6)):  # round tree crowns
+    for _ in range(rng.integers(3, 7)):  # round tree crowns
         cy, cx = rng.integers(0, size, size=2)
-        r = rng.uniform(3, 8) * s
+        r = rng.uniform(3, 9) * s
         mask[(yy - cy) ** 2 + (xx - cx) ** 2 <= r * r] = 3
-    for _ in range(rng.integers(0, 3)):
-        _paint_rect(mask, rng, 5, max(2, int(3 * s)), max(3, int(7 * s)))  # clutter
+    for _ in range(rng.integers(1, 4)):
+        _paint_rect(mask, rng, 5, max(2, int(3 * s)), max(3, int(8 * s)))  # clutter
     # Cars: small rectangles on the road.
     road_pixels = np.argwhere(mask == 0)
-    for _ in range(rng.integers(1, 4) if len(road_pixels) else 0):
+    for _ in range(rng.integers(2, 6) if len(road_pixels) else 0):
         cy, cx = road_pixels[rng.integers(len(road_pixels))]
         h, w = max(2, int(3 * s)), max(3, int(5 * s))
         mask[cy : cy + h, cx : cx + w] = 4
@@ -143,7 +142,7 @@ def rgb_to_mask(rgb: np.ndarray, *, where: str = "mask") -> np.ndarray:
     for code, cls in table.items():
         mask[codes == code] = cls
     if (mask < 0).any():
-        bad = codes[mask < 0][0]
+        bad = int(codes[mask < 0][0])
         colour = (bad >> 16, (bad >> 8) & 255, bad & 255)
         raise ValueError(
             f"{where}: colour {colour} is not an ISPRS class colour; expected one of "
