@@ -79,7 +79,9 @@ class ClusterSettings:
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
-            raise ValueError(f"unknown cluster kind {self.kind!r}: choose one of {', '.join(KINDS)}")
+            raise ValueError(
+                f"unknown cluster kind {self.kind!r}: choose one of {', '.join(KINDS)}"
+            )
         if self.n is not None and (not isinstance(self.n, int) or self.n < 1):
             raise ValueError(f"n={self.n!r}: the number of engines must be an integer >= 1")
         if self.torch_threads is not None and self.torch_threads < 1:
@@ -144,7 +146,9 @@ class CourseCluster:
         return self._view
 
     def __repr__(self) -> str:
-        return f"<CourseCluster kind={self.kind} world_size={self.world_size} ids={self.ids_by_rank}>"
+        return (
+            f"<CourseCluster kind={self.kind} world_size={self.world_size} ids={self.ids_by_rank}>"
+        )
 
     # -- life cycle ---------------------------------------------------------------------------
     def setup_engines(self) -> None:
@@ -299,9 +303,7 @@ def connect_cluster(
     **kwargs: Any,
 ) -> CourseCluster:
     """Connect to a running cluster by profile name or connection file (the lab's way)."""
-    return start_cluster(
-        "connect", n, profile=profile, connection_file=connection_file, **kwargs
-    )
+    return start_cluster("connect", n, profile=profile, connection_file=connection_file, **kwargs)
 
 
 def _start(settings: ClusterSettings) -> CourseCluster:
@@ -320,7 +322,9 @@ def _start(settings: ClusterSettings) -> CourseCluster:
         try:
             import mpi4py  # noqa: F401
         except ImportError:
-            raise ClusterError("mpi4py is missing: `pip install mpi4py`, or use kind='local'") from None
+            raise ClusterError(
+                "mpi4py is missing: `pip install mpi4py`, or use kind='local'"
+            ) from None
         launcher = "mpi"
     owned = ipp.Cluster(n=n, engines=launcher, log_level=30, engine_timeout=int(settings.timeout))
     if mpi_cmd is not None:

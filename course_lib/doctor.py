@@ -14,7 +14,18 @@ from course_lib import engine_side
 
 __all__ = ["COLUMNS", "VERSION_COLUMNS", "DoctorReport", "doctor"]
 
-COLUMNS = ("engine", "rank", "mpi_rank", "host", "pid", "python", "torch", "mpi4py", "gpu", "status")
+COLUMNS = (
+    "engine",
+    "rank",
+    "mpi_rank",
+    "host",
+    "pid",
+    "python",
+    "torch",
+    "mpi4py",
+    "gpu",
+    "status",
+)
 # Engines that disagree on these unpickle each other's data wrongly or fail in odd ways.
 VERSION_COLUMNS = ("python", "torch", "mpi4py")
 

@@ -61,7 +61,9 @@ def _busy_ranks(cluster: CourseCluster) -> list[int]:
 
 
 def _all_answer(cluster: CourseCluster, timeout: float) -> bool:
-    pending = [cluster.client[eid].apply_async(engine_side.engine_pid) for eid in cluster.ids_by_rank]
+    pending = [
+        cluster.client[eid].apply_async(engine_side.engine_pid) for eid in cluster.ids_by_rank
+    ]
     deadline = time.monotonic() + timeout
     try:
         for result in pending:

@@ -1,0 +1,231 @@
+"""The cluster layer on real engines: local engines, MPI ranks, a cluster started elsewhere."""
+
+from __future__ import annotations
+
+import time
+
+import ipyparallel as ipp
+import numpy as np
+import psutil
+import pytest
+
+from course_lib import cluster as cluster_module
+from course_lib.cluster import (
+    ClusterError,
+    ClusterSettings,
+    EngineTimeout,
+    connect_cluster,
+    start_cluster,
+)
+
+# Bounds this file promises (generous: the machine is small and shared).
+INTERRUPT_BOUND_S = 15.0  # a local engine stuck in Python is interrupted and answers again
+RESTART_BOUND_S = 60.0  # a deadlocked MPI world is restarted and answers again
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def _children() -> set[int]:
+    return {p.pid for p in psutil.Process().children(recursive=True) if p.is_running()}
+
+
+@pytest.fixture(scope="module")
+def local():
+    with start_cluster("local", 2, seed=7) as cl:
+        yield cl
+
+
+@pytest.fixture(scope="module")
+def mpi():
+    with start_cluster("mpi", 3) as cl:
+        yield cl
+
+
+def test_local_engines_compute_and_know_their_rank(local):
+    assert local.world_size == 2
+    assert local.view.pull(["rank", "world_size"]) == [[0, 2], [1, 2]]
+    squares = local.run(lambda x: x * x, 12)
+    assert squares == [144, 144]
+
+
+def test_scatter_and_gather_follow_rank_order(local):
+    local.view.scatter("part", list(range(10)))
+    gathered = local.view.gather("part")
+    assert list(gathered) == list(range(10))
+    assert local.view.pull("part") == [[0, 1, 2, 3, 4], [5, 6, 7, 8, 9]]
+
+
+def test_seed_is_the_same_on_every_rank(local):
+    local.setup_engines()  # re-applies the settings: seed=7 on every rank
+    engine_draws = local.view.apply_sync(lambda: __import__("numpy").random.rand(3).tolist())
+    np.random.seed(7)
+    expected = np.random.rand(3).tolist()
+    assert engine_draws == [expected, expected]
+    torch_draws = local.view.apply_sync(lambda: __import__("torch").rand(2).tolist())
+    assert torch_draws[0] == torch_draws[1]
+
+
+def test_torch_threads_are_limited(local):
+    threads = local.view.apply_sync(lambda: __import__("torch").get_num_threads())
+    assert threads == [max(1, (psutil.cpu_count() or 1) // 2)] * 2
+
+
+def test_doctor_reports_every_engine(local):
+    report = local.doctor()
+    pids = set(local.view.apply_sync(__import__("os").getpid))
+    assert {row["pid"] for row in report.rows} == pids
+    assert [row["rank"] for row in report.rows] == [0, 1]
+    assert report.ok, str(report)
+    assert "OK" in str(report) and "<table>" in report._repr_html_()
+
+
+def test_doctor_flags_a_version_mismatch(local):
+    eid = local.ids_by_rank[1]
+    local.client[eid].execute("import torch; _real = torch.__version__; torch.__version__ = '0.0'")
+    try:
+        report = local.doctor()
+    finally:
+        local.client[eid].execute("torch.__version__ = _real", block=True)
+    assert not report.ok
+    assert any("torch versions differ" in p for p in report.problems)
+    assert (1, "torch") in report.flagged
+
+
+def test_hung_local_engine_is_interrupted_and_keeps_its_state(local):
+    local.view.execute("kept = 41 + rank", block=True)
+    started = time.monotonic()
+    with pytest.raises(EngineTimeout, match=r"ranks \[0, 1\] did not answer within 1 s"):
+        local.run(time.sleep, 1000, timeout=1)
+    elapsed = time.monotonic() - started
+    assert elapsed < INTERRUPT_BOUND_S
+    assert local.view.pull("kept") == [41, 42]
+
+
+def test_doctor_flags_a_busy_engine_as_unreachable(local):
+    eid = local.ids_by_rank[0]
+    local.client[eid].apply_async(time.sleep, 1000)
+    try:
+        report = local.doctor(timeout=1.0)
+        assert [row["status"] for row in report.rows] == ["unreachable", "ok"]
+        assert (0, "status") in report.flagged and not report.ok
+    finally:
+        assert str(local.recover()).startswith("hung ranks: 0; interrupted")
+
+
+def test_mpi_engines_have_distinct_ranks_and_allreduce_is_correct(mpi):
+    def allreduce_rank_vector():
+        import numpy as np
+        from mpi4py import MPI
+
+        comm = MPI.COMM_WORLD
+        send = np.arange(5, dtype=np.float64) * (comm.Get_rank() + 1)
+        recv = np.empty_like(send)
+        comm.Allreduce(send, recv, op=MPI.SUM)
+        return comm.Get_rank(), comm.Get_size(), recv.tolist()
+
+    results = mpi.run(allreduce_rank_vector)
+    assert [r[:2] for r in results] == [(0, 3), (1, 3), (2, 3)]
+    expected = (np.arange(5) * (1 + 2 + 3)).tolist()
+    assert all(r[2] == expected for r in results)
+    assert mpi.view.pull("rank") == [0, 1, 2]
+
+
+def test_mpi_deadlock_is_detected_and_recovered(mpi):
+    def one_rank_raises():
+        from mpi4py import MPI
+
+        if MPI.COMM_WORLD.Get_rank() == 0:
+            raise RuntimeError("rank 0 gave up")
+        MPI.COMM_WORLD.Barrier()  # ranks 1 and 2 wait here for rank 0, forever
+
+    old_pids = set(mpi.view.apply_sync(__import__("os").getpid))
+    started = time.monotonic()
+    with pytest.raises(EngineTimeout, match="rank 0 raised RuntimeError") as info:
+        mpi.run(one_rank_raises, timeout=2)
+    assert time.monotonic() - started < RESTART_BOUND_S
+    assert info.value.report.action == "restarted" and info.value.report.hung_ranks == [1, 2]
+    assert mpi.view.pull("rank") == [0, 1, 2]
+    new_pids = set(mpi.view.apply_sync(__import__("os").getpid))
+    assert not new_pids & old_pids
+    assert not any(_alive(pid) for pid in old_pids)
+
+
+def test_context_manager_stops_the_engines():
+    with start_cluster("local", 2) as cl:
+        pids = cl.view.apply_sync(__import__("os").getpid)
+        assert all(_alive(pid) for pid in pids)
+    deadline = time.monotonic() + 10
+    while any(_alive(pid) for pid in pids) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not any(_alive(pid) for pid in pids)
+
+
+def test_connect_to_a_running_cluster_by_profile():
+    # cluster_id="" is what `ipcluster start --profile=kit-lab` uses: ipcontroller-client.json
+    running = ipp.Cluster(profile="kit-lab", cluster_id="", n=2, log_level=30)
+    running.start_cluster_sync()
+    try:
+        with connect_cluster(profile="kit-lab", n=2) as cl:
+            assert cl.kind == "connect" and cl.world_size == 2
+            assert cl.view.pull("rank") == [0, 1]
+            assert len(cl.doctor().rows) == 2
+        # Leaving the context only closed our client: the instructor's engines still run.
+        client = ipp.Client(profile="kit-lab")
+        client.wait_for_engines(2, timeout=30, interactive=False)
+        assert client[:].apply_sync(lambda: 1) == [1, 1]
+        client.close()
+    finally:
+        running.stop_cluster_sync()
+
+
+def test_environment_chooses_the_cluster(monkeypatch):
+    monkeypatch.setenv("COURSE_CLUSTER_PROFILE", "lab")
+    monkeypatch.setenv("COURSE_CLUSTER_ENGINES", "6")
+    settings = ClusterSettings.from_environment()
+    assert (settings.kind, settings.profile, settings.n) == ("connect", "lab", 6)
+    monkeypatch.setenv("COURSE_CLUSTER_ENGINES", "six")
+    with pytest.raises(ValueError, match="COURSE_CLUSTER_ENGINES='six' is not an integer"):
+        ClusterSettings.from_environment()
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"kind": "gpu"}, "unknown cluster kind 'gpu': choose one of local, mpi, connect"),
+        ({"n": 0}, r"n=0: the number of engines must be an integer >= 1"),
+        ({"kind": "connect"}, "kind='connect' needs profile='NAME' or connection_file="),
+        ({"torch_threads": 0}, "torch_threads=0"),
+    ],
+)
+def test_bad_arguments_name_the_fix(kwargs, message):
+    before = _children()
+    with pytest.raises(ValueError, match=message):
+        start_cluster(**kwargs)
+    assert _children() <= before
+
+
+def test_missing_mpiexec_names_the_fix(monkeypatch):
+    monkeypatch.setattr(cluster_module, "find_mpiexec", lambda: None)
+    before = _children()
+    with pytest.raises(ClusterError, match=r"mpiexec was not found.*pip install mpich"):
+        start_cluster("mpi", 2)
+    assert _children() <= before
+
+
+def test_profile_without_a_cluster_names_the_fix():
+    before = _children()
+    with pytest.raises(
+        ClusterError, match=r"no running cluster for profile 'nobody-home'.*ipcluster start"
+    ):
+        connect_cluster(profile="nobody-home", timeout=5)
+    assert _children() <= before
+
+
+def test_missing_connection_file_names_the_fix(tmp_path):
+    with pytest.raises(ClusterError, match="ask the instructor"):
+        connect_cluster(connection_file=str(tmp_path / "ipcontroller-client.json"))
