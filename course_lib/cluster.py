@@ -185,7 +185,7 @@ class CourseCluster:
 
     def _describe_all(self) -> dict[int, dict[str, Any]]:
         pending = {
-            eid: self.client[eid].apply_async(engine_side.describe_engine)
+            eid: self.client[eid].apply_async(engine_side.describe_engine, False)
             for eid in self.client.ids
         }
         return {eid: result.get(timeout=self.settings.timeout) for eid, result in pending.items()}

@@ -18,12 +18,16 @@ def engine_pid() -> int:
     return os.getpid()
 
 
-def describe_engine() -> dict[str, Any]:
-    """Return this engine's host, pid, MPI rank and the versions that must agree across engines."""
+def describe_engine(full: bool = True) -> dict[str, Any]:
+    """Return this engine's host, pid, MPI rank and (if ``full``) the versions and GPU.
+
+    ``full=False`` skips importing torch (seconds of CPU per engine), for start-up.
+    """
     import os
     import platform
     import socket
     import sys
+    from importlib import metadata
 
     info: dict[str, Any] = {
         "host": socket.gethostname(),
@@ -33,32 +37,27 @@ def describe_engine() -> dict[str, Any]:
         "mpi_rank": None,
         "mpi_size": None,
     }
-    try:
-        import torch
-
-        info["torch"] = torch.__version__
-        info["torch_threads"] = torch.get_num_threads()
-        info["gpu"] = torch.cuda.get_device_name(0) if torch.cuda.is_available() else ""
-    except ImportError:
-        info["torch"], info["torch_threads"], info["gpu"] = "missing", None, ""
-    try:
-        import mpi4py
-
-        info["mpi4py"] = mpi4py.__version__
-    except ImportError:
-        info["mpi4py"] = "missing"
     # Only ask MPI for a rank when the engine was started as an MPI rank (ipengine --mpi imports
     # mpi4py.MPI); importing it here would initialise a singleton MPI world of size 1.
     mpi = sys.modules.get("mpi4py.MPI")
     if mpi is not None and mpi.Is_initialized():
         info["mpi_rank"] = mpi.COMM_WORLD.Get_rank()
         info["mpi_size"] = mpi.COMM_WORLD.Get_size()
+    if not full:
+        return info
+    for package in ("torch", "mpi4py", "course-lib"):
+        try:
+            info[package.replace("-", "_")] = metadata.version(package)
+        except metadata.PackageNotFoundError:
+            info[package.replace("-", "_")] = "missing"
     try:
-        import course_lib
+        import torch
 
-        info["course_lib"] = getattr(course_lib, "__version__", "?")
+        info["torch"] = torch.__version__  # what is imported, which may differ from metadata
+        info["torch_threads"] = torch.get_num_threads()
+        info["gpu"] = torch.cuda.get_device_name(0) if torch.cuda.is_available() else ""
     except ImportError:
-        info["course_lib"] = "missing"
+        info["torch_threads"], info["gpu"] = None, ""
     return info
 
 
@@ -72,21 +71,22 @@ def setup_engine(
 ) -> dict[str, Any]:
     """Define ``rank`` / ``world_size`` on the engine, limit torch threads and seed the RNGs."""
     import random
+    import sys
 
     import numpy as np
-
     from IPython import get_ipython
 
     # The engine's user namespace is what `%px print(rank)` and applied functions see.
     get_ipython().user_ns.update(rank=rank, world_size=world_size, cluster_kind=kind)
-    try:
-        import torch
 
-        if torch_threads:
-            # N engines on C cores: each engine gets C // N threads, or they thrash.
-            torch.set_num_threads(torch_threads)
-    except ImportError:
-        torch = None
+    # N engines on C cores: each engine gets C // N threads, or they thrash. Engines we start
+    # also get OMP_NUM_THREADS, which torch reads when it is first imported; importing torch
+    # here just to set it would add seconds to every start.
+    torch = sys.modules.get("torch")
+    if seed is not None and torch is None:
+        import torch
+    if torch is not None and torch_threads:
+        torch.set_num_threads(torch_threads)
     if seed is not None:
         engine_seed = seed + rank if seed_per_rank else seed
         random.seed(engine_seed)
