@@ -326,7 +326,7 @@ def _start(settings: ClusterSettings) -> CourseCluster:
                 "mpi4py is missing: `pip install mpi4py`, or use kind='local'"
             ) from None
         launcher = "mpi"
-    owned = ipp.Cluster(n=n, engines=launcher, log_level=30, engine_timeout=int(settings.timeout))
+    owned = ipp.Cluster(n=n, engines=launcher, log_level=40, engine_timeout=int(settings.timeout))
     if mpi_cmd is not None:
         owned.config.MPILauncher.mpi_cmd = [mpi_cmd]
     # Threads are limited before the engines import torch / NumPy, as well as afterwards.

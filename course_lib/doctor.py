@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import html
 import platform
+import time
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
@@ -84,20 +85,37 @@ def _client_versions() -> dict[str, str]:
     return versions
 
 
-def doctor(client: ipp.Client, timeout: float = 5.0, expected: int | None = None) -> DoctorReport:
+def doctor(
+    client: ipp.Client,
+    timeout: float = 5.0,
+    expected: int | None = None,
+    describe_timeout: float = 120.0,
+) -> DoctorReport:
     """Ask every registered engine to describe itself; flag mismatches and engines that are silent.
 
-    The notebook's own versions count as one more voice: an engine that differs from the client
-    cannot be sent the client's functions safely.
+    An engine that does not answer a trivial call within ``timeout`` is reported unreachable;
+    the others get ``describe_timeout`` to report, since importing torch for the first time
+    takes seconds on a loaded machine. The notebook's own versions count as one more voice: an
+    engine that differs from the client cannot be sent the client's functions safely.
     """
     ids = sorted(client.ids)
-    pending = {eid: client[eid].apply_async(engine_side.describe_engine) for eid in ids}
+    pings = {eid: client[eid].apply_async(engine_side.engine_pid) for eid in ids}
+    deadline = time.monotonic() + timeout
     rows, problems, flagged = [], [], set()
+    describing = {}
     for eid in ids:
         try:
-            info = pending[eid].get(timeout=timeout)
-            rows.append({"engine": eid, **info, "status": "ok"})
-        except (ipp.error.TimeoutError, TimeoutError, ipp.error.EngineError) as exc:
+            pings[eid].get(timeout=max(0.01, deadline - time.monotonic()))
+            describing[eid] = client[eid].apply_async(engine_side.describe_engine)
+        except Exception as exc:  # noqa: BLE001 - timed out, died or stale: all "unreachable"
+            describing[eid] = exc
+    for eid in ids:
+        pending = describing[eid]
+        try:
+            if isinstance(pending, Exception):
+                raise pending
+            rows.append({"engine": eid, **pending.get(timeout=describe_timeout), "status": "ok"})
+        except Exception as exc:  # noqa: BLE001
             rows.append({"engine": eid, "status": "unreachable"})
             flagged.add((len(rows) - 1, "status"))
             problems.append(

@@ -229,3 +229,41 @@ def test_profile_without_a_cluster_names_the_fix():
 def test_missing_connection_file_names_the_fix(tmp_path):
     with pytest.raises(ClusterError, match="ask the instructor"):
         connect_cluster(connection_file=str(tmp_path / "ipcontroller-client.json"))
+
+
+def _sum_of_squares_reference(view, N):
+    view.scatter("part", list(range(N)))
+    view.execute("partial = sum(v * v for v in part)", block=True)
+    return sum(view.pull("partial", block=True))
+
+
+def _sum_of_squares_in_notebook(view, N):
+    return sum(i * i for i in range(N))
+
+
+def _sum_of_squares_forgets_rank_0(view, N):
+    view.scatter("part", list(range(N)))
+    view.execute("partial = sum(v * v for v in part)", block=True)
+    return sum(view.pull("partial", block=True)[1:])
+
+
+def _stub(view, N):
+    raise NotImplementedError("Exercise 0.1: scatter range(N), sum squares on each engine")
+
+
+@pytest.mark.parametrize(
+    ("answer", "passes", "reason"),
+    [
+        (_sum_of_squares_reference, True, "2 engines"),
+        (_stub, False, "not implemented yet"),
+        (_sum_of_squares_in_notebook, False, "nothing was sent to the engines"),
+        (_sum_of_squares_forgets_rank_0, False, "N=10: got 255, expected 285"),
+    ],
+)
+def test_exercise_0_1_check(local, answer, passes, reason):
+    from course_lib.checks_cluster import check_sum_of_squares
+
+    verdict = check_sum_of_squares(answer, local.view, verbose=False)
+    assert verdict.passed is passes
+    assert reason in str(verdict)
+    assert str(verdict).startswith("Exercise 0.1 sum_of_squares_on_engines: ")
