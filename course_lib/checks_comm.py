@@ -1,0 +1,87 @@
+"""Checks for the exercises of lecture 3 (communication), run on real ranks."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from course_lib.comm.buffers import chunk_bounds
+from course_lib.comm.communicator import Communicator
+
+__all__ = ["check_ring_allgather", "check_ring_allgather_on_rank", "stub_ring_allgather"]
+
+
+def stub_ring_allgather(comm: Communicator, buf: np.ndarray) -> np.ndarray:
+    """The released stub of Exercise 3.1."""
+    raise NotImplementedError("Exercise 3.1: write ring_allgather with comm.sendrecv")
+
+
+def check_ring_allgather_on_rank(comm: Communicator, fn: Callable) -> str:
+    """Run ``fn(comm, buf)`` on this rank for several sizes; raise AssertionError when wrong.
+
+    Checks the result against every rank's known input, and that this rank sent exactly the
+    bytes of a ring allgather: every chunk once except the one it receives last, $(N-1)/N$ of
+    the buffer, so gathering the whole buffer through another collective does not pass.
+    """
+    p, r = comm.world_size, comm.rank
+    for size in (0, 1, p + 1, 10 * p + 3, 1000):
+        want = np.arange(size, dtype=np.float32) * 0.5 + 1.0
+        bounds = chunk_bounds(size, p)
+        buf = np.full(size, np.nan, dtype=np.float32)
+        a, b = bounds[r]
+        buf[a:b] = want[a:b]
+        comm.stats.reset()
+        out = fn(comm, buf)
+        got = buf if out is None else np.asarray(out)
+        error = _problem(comm, size, got, want, bounds)
+        # every rank must stop at the same size, or the others would wait in the next call
+        failed = comm.allreduce(np.array([1 if error else 0], dtype=np.int64), op="max")
+        if failed[0]:
+            raise AssertionError(error or f"{size} elements: another rank's result was wrong")
+    return f"{p} ranks, sizes 0..1000, ring traffic"
+
+
+def _problem(comm: Communicator, size: int, got, want, bounds) -> str | None:
+    p, r = comm.world_size, comm.rank
+    if got.shape != want.shape or not np.array_equal(got, want):
+        if got.shape != want.shape:
+            return f"rank {r}, {size} elements: result has shape {got.shape}, expected {want.shape}"
+        wrong = int(np.flatnonzero(got != want)[0])
+        return f"rank {r}, {size} elements: element {wrong} is {got[wrong]}, expected {want[wrong]}"
+    sent = comm.stats.bytes_sent
+    expected = 4 * (size - (bounds[(r + 1) % p][1] - bounds[(r + 1) % p][0])) if p > 1 else 0
+    if sent != expected:
+        return (
+            f"rank {r}, {size} elements: sent {sent} bytes point-to-point, a ring sends "
+            f"{expected} (each chunk once, to the right neighbour)"
+        )
+    return None
+
+
+def _engine_check(name: str, fn: Callable) -> str:
+    from IPython import get_ipython
+
+    from course_lib.checks_comm import check_ring_allgather_on_rank
+
+    return check_ring_allgather_on_rank(get_ipython().user_ns[name], fn)
+
+
+def check_ring_allgather(cluster: Any, fn: Callable, name: str = "comm", timeout: float = 60.0):
+    """Exercise 3.1: run the student's ``fn`` on every engine's communicator ``name``; print a verdict."""
+    from course_lib.verdict import run_check
+
+    def body() -> str:
+        try:
+            details = cluster.run(_engine_check, name, fn, timeout=timeout)
+        except Exception as exc:  # noqa: BLE001 - ipyparallel wraps the engine's exception
+            inner = getattr(exc, "ename", None)
+            if inner == "NotImplementedError" or "NotImplementedError" in str(exc):
+                raise NotImplementedError("Exercise 3.1: write ring_allgather") from None
+            if inner == "AssertionError":
+                raise AssertionError(getattr(exc, "evalue", str(exc))) from None
+            raise
+        return details[0]
+
+    return run_check("3.1", "ring allgather", body)

@@ -1,0 +1,332 @@
+"""The Communicator interface: point-to-point messages with headers, timeouts and counters.
+
+Every message is a 32-byte header (element count, dtype, byte count, emulated arrival time) on
+tag ``2 * tag`` followed by the payload on tag ``2 * tag + 1``. The receiver checks the header
+against its buffer before the payload lands, so a size or dtype mismatch becomes an error naming
+the sender instead of a hang or silent truncation; the sender posts both at once, so the header
+costs one small eager message, not a round trip. Subclasses (mpi, gloo) supply raw transport.
+"""
+
+from __future__ import annotations
+
+import time
+from abc import ABC, abstractmethod
+from typing import Any
+
+import numpy as np
+
+from course_lib.comm.buffers import DTYPE_NAMES, Buffer, as_flat_array, dtype_name
+from course_lib.comm.emulated_link import EmulatedLink, LinkClock, sleep_until
+from course_lib.comm.stats import CommStats
+
+__all__ = [
+    "TAG_LIMIT",
+    "CommError",
+    "CommMismatchError",
+    "CommTimeoutError",
+    "Communicator",
+    "Handle",
+]
+
+TAG_LIMIT = 8192  # user tags are 0..8191; raw tags 2*tag and 2*tag+1 stay under MPI's minimum 32767
+_AGREE_TAG = 2 * TAG_LIMIT + 1  # raw tag of the header exchange before a built-in collective
+_COLLECTIVES = ("allreduce", "broadcast", "allgather", "reduce_scatter", "barrier")
+
+
+class CommError(RuntimeError):
+    """A communication call failed; the message names the ranks involved."""
+
+
+class CommTimeoutError(CommError, TimeoutError):
+    """A blocking call did not complete in time; the message names the rank that never answered."""
+
+
+class CommMismatchError(CommError, ValueError):
+    """Ranks passed buffers of different sizes or dtypes, or called different collectives."""
+
+
+class Handle:
+    """A pending ``isend`` / ``irecv``; ``wait()`` completes it (and returns the received buffer)."""
+
+    def __init__(self, comm: Communicator, kind: str, peer: int, tag: int, buf: Buffer) -> None:
+        self.comm, self.kind, self.peer, self.tag, self.buf = comm, kind, peer, tag, buf
+        self.arr = as_flat_array(buf)
+        self.name = dtype_name(buf)
+        self.t0 = time.perf_counter()
+        self.done = False
+        if kind == "send":
+            leaves, arrives = comm._clock.depart(self.arr.nbytes) if comm._clock else (0.0, 0.0)
+            self.leaves = leaves
+            header = [
+                self.arr.size,
+                DTYPE_NAMES.index(self.name),
+                self.arr.nbytes,
+                int(arrives * 1e9),
+            ]
+            self.header = np.array(header, dtype=np.int64)
+            self.reqs = [comm._post_send(self.header, peer, 2 * tag)]
+            if self.arr.size:  # an empty buffer is announced by its header alone
+                self.reqs.append(comm._post_send(self.arr, peer, 2 * tag + 1))
+        else:
+            self.header = np.zeros(4, dtype=np.int64)
+            self.reqs = [comm._post_recv(self.header, peer, 2 * tag)]
+
+    def wait(self, timeout: float | None = None) -> Buffer | None:
+        """Block until the message is complete; return the filled buffer for a receive."""
+        wait_all([self], timeout)
+        return self.buf if self.kind == "recv" else None
+
+    def _complete(self, deadline: float) -> float:
+        """Finish the real transfer; return when the emulated link lets it finish (0 if real)."""
+        if self.kind == "send":
+            for req in self.reqs:
+                self._wait(req, deadline, "received")
+            return self.leaves if self.comm._clock else 0.0
+        return self._receive(deadline)
+
+    def _receive(self, deadline: float) -> float:
+        self._wait(self.reqs[0], deadline, "sent")
+        numel, code, nbytes, arrives_ns = (int(v) for v in self.header)
+        sent = DTYPE_NAMES[code] if 0 <= code < len(DTYPE_NAMES) else f"dtype code {code}"
+        if numel != self.arr.size or sent != self.name:
+            if numel:  # drain the payload so that the sender completes, then report
+                scratch = np.empty(nbytes, dtype=np.uint8)
+                self._wait(
+                    self.comm._post_recv(scratch, self.peer, 2 * self.tag + 1), deadline, "sent"
+                )
+            raise CommMismatchError(
+                f"rank {self.comm.rank} expected {self.arr.size} {self.name} elements from rank "
+                f"{self.peer} (tag {self.tag}) but rank {self.peer} sent {numel} {sent}: "
+                "both sides must use buffers of the same size and dtype"
+            )
+        if numel:
+            self._wait(
+                self.comm._post_recv(self.arr, self.peer, 2 * self.tag + 1), deadline, "sent"
+            )
+        return (
+            self.comm._clock.arrive(self.arr.nbytes, arrives_ns / 1e9) if self.comm._clock else 0.0
+        )
+
+    def _wait(self, req: Any, deadline: float, verb: str) -> None:
+        if not self.comm._wait_raw(req, deadline):
+            what = "send to" if self.kind == "send" else "recv from"
+            raise CommTimeoutError(
+                f"rank {self.comm.rank}: {what} rank {self.peer} (tag {self.tag}) timed out after "
+                f"{self.comm.timeout:g} s: rank {self.peer} never answered (it {verb} nothing); "
+                "check that it calls the matching send/recv. Recreate the communicator after this."
+            )
+
+    def _count(self) -> None:
+        peer = self.comm.stats.peer(self.peer)
+        if self.kind == "send":
+            peer.messages_sent += 1
+            peer.bytes_sent += self.arr.nbytes
+        else:
+            peer.messages_received += 1
+            peer.bytes_received += self.arr.nbytes
+        peer.seconds += time.perf_counter() - self.t0
+
+
+def wait_all(handles: list[Handle], timeout: float | None = None) -> None:
+    """Wait for every handle: all real transfers first, then the emulated link's delay once.
+
+    Sleeping per handle would stop this rank from driving its other transfers (MPI progresses
+    only inside MPI calls), adding real time on top of the emulated time.
+    """
+    pending = [h for h in handles if not h.done]
+    if not pending:
+        return
+    comm = pending[0].comm
+    deadline = time.time() + (comm.timeout if timeout is None else timeout)
+    until = max(h._complete(deadline) for h in pending)
+    if until:
+        sleep_until(until)
+    for h in pending:
+        h._count()
+        h.done = True
+
+
+class Communicator(ABC):
+    """Engine-to-engine traffic: rank, world size, point-to-point, built-in collectives, counters.
+
+    Blocking calls wait at most ``timeout`` seconds and then raise ``CommTimeoutError``. Buffers
+    are torch tensors or NumPy arrays on the CPU and travel as raw memory, never pickled.
+    """
+
+    backend: str = "abstract"
+
+    def __init__(self, rank: int, world_size: int, timeout: float = 60.0) -> None:
+        if timeout <= 0:
+            raise ValueError(f"timeout must be a positive number of seconds, got {timeout}")
+        self.rank, self.world_size, self.timeout = rank, world_size, float(timeout)
+        self.stats = CommStats()
+        self.link: EmulatedLink | None = None
+        self._clock: LinkClock | None = None
+
+    # ---- what a backend provides ------------------------------------------------------------
+    @abstractmethod
+    def _post_send(self, arr: np.ndarray, dst: int, raw_tag: int) -> Any: ...
+    @abstractmethod
+    def _post_recv(self, arr: np.ndarray, src: int, raw_tag: int) -> Any: ...
+    @abstractmethod
+    def _wait_raw(self, req: Any, deadline: float) -> bool:
+        """Wait for a raw request until ``deadline`` (time.time()); return False on timeout."""
+
+    @abstractmethod
+    def _builtin(self, name: str, buf: Buffer, arr: np.ndarray, deadline: float, **kw: Any) -> Any:
+        """Run the backend's own collective ``name`` on ``arr``; return its result, if any."""
+
+    @abstractmethod
+    def _split(self, ranks: list[int]) -> Communicator | None: ...
+    @abstractmethod
+    def reducible(self, name: str) -> bool:
+        """Return True when the backend's built-in reductions accept dtype ``name``."""
+
+    # ---- labels -----------------------------------------------------------------------------
+    @property
+    def emulated(self) -> bool:
+        """True when timings through this communicator come from an emulated link."""
+        return self.link is not None
+
+    @property
+    def label(self) -> str:
+        """Return e.g. ``"mpi, 4 ranks, emulated link 1000 Mbit/s ..."`` for plots and tables."""
+        where = self.link.label if self.link else "real link"
+        return f"{self.backend}, {self.world_size} ranks, {where}"
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} rank {self.rank} of {self.world_size}, {self.label}>"
+
+    # ---- point-to-point ---------------------------------------------------------------------
+    def _check_peer(self, peer: int, tag: int) -> None:
+        if not isinstance(peer, (int, np.integer)) or not 0 <= peer < self.world_size:
+            raise ValueError(
+                f"rank {self.rank}: peer {peer!r} is out of range; valid peers are 0..{self.world_size - 1}"
+            )
+        if peer == self.rank:
+            raise ValueError(f"rank {self.rank}: cannot send to or receive from itself")
+        if not 0 <= tag < TAG_LIMIT:
+            raise ValueError(f"tag must be in 0..{TAG_LIMIT - 1}, got {tag}")
+
+    def isend(self, tensor: Buffer, dst: int, tag: int = 0) -> Handle:
+        """Start sending ``tensor`` to ``dst``; do not modify it until ``wait()`` returns."""
+        self._check_peer(dst, tag)
+        return Handle(self, "send", int(dst), tag, tensor)
+
+    def irecv(self, tensor: Buffer, src: int, tag: int = 0) -> Handle:
+        """Start receiving into ``tensor`` (overwritten in place) from ``src``; ``wait()`` returns it."""
+        self._check_peer(src, tag)
+        return Handle(self, "recv", int(src), tag, tensor)
+
+    def send(self, tensor: Buffer, dst: int, tag: int = 0) -> None:
+        """Send ``tensor`` to ``dst`` and wait until it left; ``dst`` must call ``recv``."""
+        self.isend(tensor, dst, tag).wait()
+
+    def recv(self, tensor: Buffer, src: int, tag: int = 0) -> Buffer:
+        """Receive from ``src`` into ``tensor`` in place (same size and dtype as sent); return it."""
+        return self.irecv(tensor, src, tag).wait()
+
+    def sendrecv(
+        self, send_tensor: Buffer, dst: int, recv_tensor: Buffer, src: int, tag: int = 0
+    ) -> Buffer:
+        """Send to ``dst`` while receiving from ``src`` into ``recv_tensor``; never deadlocks a ring."""
+        recv = self.irecv(recv_tensor, src, tag)
+        wait_all([recv, self.isend(send_tensor, dst, tag)])
+        return recv.buf
+
+    # ---- built-in collectives (the backend's own algorithms) ----------------------------------
+    def _collective(self, name: str, buf: Buffer, code: int = 0, **kw: Any) -> Any:
+        arr = as_flat_array(buf)
+        deadline = time.time() + self.timeout
+        t0 = time.perf_counter()
+        self._agree(name, arr, dtype_name(buf), code, deadline)
+        out = self._builtin(name, buf, arr, deadline, **kw)
+        if self._clock:
+            total = arr.nbytes * (self.world_size if name == "allgather" else 1)
+            sleep_until(time.time() + self.link.collective_time(name, total, self.world_size)
+                        - (time.perf_counter() - t0))  # fmt: skip
+        stat = self.stats.collective(name)
+        stat.calls, stat.bytes = stat.calls + 1, stat.bytes + arr.nbytes
+        stat.seconds += time.perf_counter() - t0
+        return out
+
+    def _agree(self, name: str, arr: np.ndarray, dname: str, code: int, deadline: float) -> None:
+        """Exchange (collective, size, dtype, op/root) with every rank before a built-in collective."""
+        mine = np.array(
+            [_COLLECTIVES.index(name), arr.size, DTYPE_NAMES.index(dname), code], np.int64
+        )
+        peers = [r for r in range(self.world_size) if r != self.rank]
+        theirs = {r: np.zeros(4, np.int64) for r in peers}
+        recvs = {r: self._post_recv(theirs[r], r, _AGREE_TAG) for r in peers}
+        sends = [self._post_send(mine, r, _AGREE_TAG) for r in peers]
+        missing, broken = [], []
+        for r in peers:
+            try:
+                if not self._wait_raw(recvs[r], deadline):
+                    missing.append(r)
+            except CommError:  # gloo closes a connection after a timeout on it
+                broken.append(r)
+        if missing or broken:
+            parts = [f"rank(s) {missing} never called {name}"] if missing else []
+            parts += [f"the connection to rank(s) {broken} is broken"] if broken else []
+            why = " and ".join(parts)
+            raise (CommTimeoutError if missing else CommError)(
+                f"rank {self.rank}: {name} failed after {time.time() - deadline + self.timeout:.1f} s: "
+                f"{why}. Every rank must call it; recreate the communicator after this."
+            )
+        for req in sends:
+            self._wait_raw(req, deadline)
+        bad = {r: h for r, h in theirs.items() if not np.array_equal(h, mine)}
+        if bad:
+            desc = lambda h: f"{_COLLECTIVES[h[0]]} of {h[1]} {DTYPE_NAMES[h[2]]} (op/root {h[3]})"  # noqa: E731
+            others = "; ".join(f"rank {r} called {desc(h)}" for r, h in sorted(bad.items()))
+            raise CommMismatchError(f"rank {self.rank} called {desc(mine)} but {others}")
+        if name not in ("broadcast", "allgather", "barrier") and not self.reducible(dname):
+            raise TypeError(f"the {self.backend} backend cannot reduce {dname}; convert to float32")
+
+    def allreduce(self, tensor: Buffer, op: str = "sum") -> Buffer:
+        """Reduce ``tensor`` over all ranks in place with the backend's algorithm; every rank calls it."""
+        self._collective("allreduce", tensor, _op_code(op), op=op)
+        return tensor
+
+    def broadcast(self, tensor: Buffer, src: int = 0) -> Buffer:
+        """Overwrite ``tensor`` on every rank with ``src``'s copy in place; every rank calls it."""
+        if not 0 <= src < self.world_size:
+            raise ValueError(f"src {src} is out of range; valid ranks are 0..{self.world_size - 1}")
+        self._collective("broadcast", tensor, src, src=src)
+        return tensor
+
+    def allgather(self, tensor: Buffer) -> Buffer:
+        """Return a new ``(world_size, *shape)`` buffer of every rank's ``tensor``; input unchanged."""
+        return self._collective("allgather", tensor)
+
+    def reduce_scatter(self, tensor: Buffer, op: str = "sum") -> Buffer:
+        """Return this rank's chunk (``chunk_bounds`` layout) of the reduced flat ``tensor``; input unchanged."""
+        return self._collective("reduce_scatter", tensor, _op_code(op), op=op)
+
+    def barrier(self) -> None:
+        """Wait until every rank has called ``barrier``."""
+        self._collective("barrier", np.zeros(0, np.uint8))
+
+    def subgroup(self, ranks: list[int]) -> Communicator | None:
+        """Return a communicator over ``ranks`` (renumbered 0..k-1 in that order), None elsewhere.
+
+        Every rank of this communicator must call it with the same ``ranks``.
+        """
+        ranks = [int(r) for r in ranks]
+        if len(set(ranks)) != len(ranks) or not all(0 <= r < self.world_size for r in ranks):
+            raise ValueError(f"ranks must be distinct and in 0..{self.world_size - 1}, got {ranks}")
+        sub = self._split(ranks)
+        if sub is not None and self.link is not None:
+            from course_lib.comm.emulated_link import emulate
+
+            sub = emulate(sub, self.link)
+        return sub
+
+
+def _op_code(op: str) -> int:
+    from course_lib.comm.buffers import REDUCE_OPS
+
+    if op not in REDUCE_OPS:
+        raise ValueError(f"op must be one of {REDUCE_OPS}, got {op!r}")
+    return REDUCE_OPS.index(op)

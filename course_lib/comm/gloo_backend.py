@@ -1,0 +1,154 @@
+"""The gloo backend: torch.distributed over TCP, for PCs without MPI (the Windows lab PCs)."""
+
+from __future__ import annotations
+
+import os
+import time
+import warnings
+from datetime import timedelta
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from course_lib.comm.buffers import Buffer, chunk_bounds, like
+from course_lib.comm.communicator import CommError, CommTimeoutError, Communicator
+
+__all__ = ["GlooCommunicator", "init_gloo"]
+
+_REDUCIBLE = {"float16", "float32", "float64", "bfloat16", "int8", "uint8", "int32", "int64"}
+
+
+def init_gloo(
+    rank: int,
+    world_size: int,
+    master_addr: str,
+    master_port: int,
+    timeout: float = 60.0,
+    ifname: str | None = None,
+) -> GlooCommunicator:
+    """Join the gloo process group at ``master_addr:master_port``; every rank must call it at once.
+
+    ``ifname`` sets ``GLOO_SOCKET_IFNAME`` (e.g. ``"eth0"``): needed when ranks sit on different
+    PCs and gloo would otherwise pick an interface (such as loopback) that the others cannot reach.
+    A process group that already exists on this process is destroyed first, so re-running a
+    notebook cell works.
+    """
+    if ifname:
+        os.environ["GLOO_SOCKET_IFNAME"] = ifname
+    if dist.is_initialized():
+        dist.destroy_process_group()
+    dist.init_process_group(
+        "gloo",
+        init_method=f"tcp://{master_addr}:{int(master_port)}",
+        rank=rank,
+        world_size=world_size,
+        timeout=timedelta(seconds=timeout),
+    )
+    return GlooCommunicator(timeout=timeout)
+
+
+class _Broken:
+    """A request that could not even be posted; waiting for it raises the original error."""
+
+    def __init__(self, exc: Exception) -> None:
+        self.exc = exc
+
+    def wait(self, timeout: Any = None) -> None:
+        raise RuntimeError(f"connection closed: {self.exc}")
+
+
+class GlooCommunicator(Communicator):
+    """A communicator over a torch.distributed gloo group (default: the whole world).
+
+    Gloo reports ``is_completed()`` only after ``wait()``, so waits use ``Work.wait(timeout)``;
+    a gloo timeout closes the connection, so the group must be recreated after one.
+    """
+
+    backend = "gloo"
+
+    def __init__(
+        self, group: Any = None, global_ranks: list[int] | None = None, timeout: float = 60.0
+    ):
+        if not dist.is_initialized():
+            raise RuntimeError("no gloo process group: create one with init_gloo(...) first")
+        self.group = group
+        self.global_ranks = global_ranks or list(range(dist.get_world_size()))
+        super().__init__(dist.get_rank(group), dist.get_world_size(group), timeout)
+        self._ops = {"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX, "min": dist.ReduceOp.MIN}
+
+    @staticmethod
+    def _tensor(arr: np.ndarray) -> torch.Tensor:
+        return (
+            torch.from_numpy(arr) if arr.size else torch.empty(0, dtype=torch.from_numpy(arr).dtype)
+        )
+
+    def _post_send(self, arr: np.ndarray, dst: int, raw_tag: int) -> Any:
+        try:
+            return dist.isend(self._tensor(arr), group=self.group, tag=raw_tag, group_dst=dst)
+        except RuntimeError as exc:  # a closed connection: report it when waited for
+            return _Broken(exc)
+
+    def _post_recv(self, arr: np.ndarray, src: int, raw_tag: int) -> Any:
+        try:
+            return dist.irecv(self._tensor(arr), group=self.group, tag=raw_tag, group_src=src)
+        except RuntimeError as exc:
+            return _Broken(exc)
+
+    def _wait_raw(self, req: Any, deadline: float) -> bool:
+        remaining = max(deadline - time.time(), 1e-3)
+        try:
+            req.wait(timeout=timedelta(seconds=remaining))
+        except RuntimeError as exc:
+            text = str(exc).lower()
+            if ("timed out" in text or "timeout" in text) and "closed" not in text:
+                return False
+            raise CommError(f"rank {self.rank}: gloo failed: {exc}") from exc
+        return True
+
+    def reducible(self, name: str) -> bool:
+        """Return True when gloo's built-in reductions accept dtype ``name``."""
+        return name in _REDUCIBLE
+
+    def _run(self, work: Any, name: str, deadline: float) -> None:
+        if not self._wait_raw(work, deadline):
+            raise CommTimeoutError(
+                f"rank {self.rank}: gloo {name} did not finish in {self.timeout:g} s after every "
+                "rank joined it; a rank may have died. Recreate the communicator."
+            )
+
+    def _builtin(self, name: str, buf: Buffer, arr: np.ndarray, deadline: float, **kw: Any) -> Any:
+        t = buf.reshape(-1) if isinstance(buf, torch.Tensor) else self._tensor(arr)
+        g = self.group
+        with warnings.catch_warnings():  # the *_into_tensor names print deprecation warnings
+            warnings.simplefilter("ignore", FutureWarning)
+            if name == "barrier":
+                self._run(dist.all_reduce(torch.zeros(1), group=g, async_op=True), name, deadline)
+            elif name == "broadcast":
+                work = dist.broadcast(t, group_src=kw["src"], group=g, async_op=True)
+                self._run(work, name, deadline)
+            elif name == "allreduce":
+                self._run(dist.all_reduce(t, self._ops[kw["op"]], g, async_op=True), name, deadline)
+            elif name == "allgather":
+                out = torch.empty(self.world_size * t.numel(), dtype=t.dtype)
+                self._run(dist.all_gather_into_tensor(out, t, g, async_op=True), name, deadline)
+                out = out.reshape((self.world_size, *buf.shape))
+                return out if isinstance(buf, torch.Tensor) else out.numpy()
+            elif name == "reduce_scatter":
+                bounds = chunk_bounds(t.numel(), self.world_size)
+                inputs = [t[a:b].clone() for a, b in bounds]
+                out = torch.empty_like(inputs[self.rank])
+                work = dist.reduce_scatter(out, inputs, self._ops[kw["op"]], g, async_op=True)
+                self._run(work, name, deadline)
+                return out if isinstance(buf, torch.Tensor) else like(buf, out.numpy())
+            else:
+                raise ValueError(f"unknown collective {name!r}")
+        return None
+
+    def _split(self, ranks: list[int]) -> GlooCommunicator | None:
+        members = [self.global_ranks[r] for r in ranks]
+        group = dist.new_group(ranks=members, sort_ranks=False)
+        if self.rank not in ranks:
+            return None
+        return GlooCommunicator(group, members, self.timeout)

@@ -1,0 +1,151 @@
+"""The alpha-beta cost model of collectives, and its calibration by ping-pong between two ranks.
+
+A message of ``n`` bytes takes $\\alpha + n\\beta$: ``alpha`` is the latency (seconds), ``beta``
+the time per byte (1 / bandwidth). Each algorithm's time follows from how many messages of which
+size lie on its critical path (Thakur, Rabenseifner & Gropp 2005; Chan et al. 2007).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from course_lib.collectives.common import TAGS
+from course_lib.comm.communicator import Communicator
+
+__all__ = [
+    "ALGORITHMS",
+    "Calibration",
+    "LinkModel",
+    "allreduce_bound",
+    "fit_alpha_beta",
+    "ping_pong",
+    "predict",
+]
+
+
+@dataclass(frozen=True)
+class LinkModel:
+    """Latency ``alpha`` (s) and time per byte ``beta`` (s/byte) of one link."""
+
+    alpha: float
+    beta: float
+
+    def __post_init__(self) -> None:
+        if self.alpha < 0 or self.beta <= 0:
+            raise ValueError(
+                f"need alpha >= 0 and beta > 0, got alpha={self.alpha}, beta={self.beta}"
+            )
+
+    @property
+    def bandwidth(self) -> float:
+        """Return the bandwidth in bytes per second, $1 / \\beta$."""
+        return 1.0 / self.beta
+
+    @classmethod
+    def from_link(cls, link) -> LinkModel:
+        """Return the model of an :class:`~course_lib.comm.EmulatedLink`."""
+        return cls(alpha=link.latency, beta=1.0 / link.bandwidth)
+
+
+def _log2(p: int) -> int:
+    return math.ceil(math.log2(p)) if p > 1 else 0
+
+
+def _doubling(n: float, p: int, a: float, b: float) -> float:
+    extra = 0 if p & (p - 1) == 0 else 2  # fold the extra ranks in and out
+    return (int(math.log2(p)) + extra) * (a + n * b) if p > 1 else 0.0
+
+
+ALGORITHMS = {
+    "p2p": lambda n, p, a, b: a + n * b,
+    "ring_allreduce": lambda n, p, a, b: 2 * (p - 1) * (a + n / p * b),
+    "ring_reduce_scatter": lambda n, p, a, b: (p - 1) * (a + n / p * b),
+    "ring_allgather": lambda n, p, a, b: (p - 1) * (a + n / p * b),
+    "star_allreduce": lambda n, p, a, b: 2 * (p - 1) * (a + n * b),
+    "allreduce_naive": lambda n, p, a, b: (p - 1) * (a + n * b),
+    "recursive_doubling_allreduce": _doubling,
+    "tree_broadcast": lambda n, p, a, b: _log2(p) * (a + n * b),
+    "broadcast_naive": lambda n, p, a, b: (p - 1) * (a + n * b),
+    "gossip_step": lambda n, p, a, b: (1 if p <= 2 else 2) * (a + n * b) if p > 1 else 0.0,
+}
+
+
+def predict(algorithm: str, nbytes: float, world_size: int, model: LinkModel) -> float:
+    """Return the predicted seconds of ``algorithm`` on an ``nbytes`` buffer over ``world_size`` ranks."""
+    if algorithm not in ALGORITHMS:
+        raise ValueError(f"unknown algorithm {algorithm!r}; choose one of {sorted(ALGORITHMS)}")
+    if world_size < 1:
+        raise ValueError(f"world_size must be >= 1, got {world_size}")
+    return float(ALGORITHMS[algorithm](nbytes, world_size, model.alpha, model.beta))
+
+
+def allreduce_bound(nbytes: float, world_size: int, bandwidth: float) -> float:
+    """Return the bandwidth lower bound of any allreduce: $2\\frac{N-1}{N} \\cdot S / B$."""
+    return 2 * (world_size - 1) / world_size * nbytes / bandwidth
+
+
+def fit_alpha_beta(sizes, times) -> LinkModel:
+    """Fit $t = \\alpha + n\\beta$ by least squares on relative errors (each point weighted by 1/t).
+
+    Plain least squares would let the largest messages decide everything and could give a
+    negative latency; dividing each row by its time fits small and large messages alike.
+    """
+    n, t = np.asarray(sizes, dtype=float), np.asarray(times, dtype=float)
+    if n.size < 2 or np.unique(n).size < 2:
+        raise ValueError("need times for at least two different message sizes")
+    design = np.stack([np.ones_like(n), n], axis=1) / t[:, None]
+    (alpha, beta), *_ = np.linalg.lstsq(design, np.ones_like(t), rcond=None)
+    return LinkModel(alpha=max(float(alpha), 0.0), beta=max(float(beta), 1e-15))
+
+
+@dataclass
+class Calibration:
+    """Ping-pong results: one-way times per message size, the fitted model, and its label."""
+
+    sizes: list[int]
+    times: list[float]
+    model: LinkModel
+    label: str
+    samples: dict[int, list[float]] = field(default_factory=dict)
+
+
+def ping_pong(
+    comm: Communicator,
+    sizes: list[int] | None = None,
+    repeats: int = 5,
+    pair: tuple[int, int] = (0, 1),
+) -> Calibration:
+    """Measure one-way time (half the median round trip) between ``pair`` and fit alpha, beta.
+
+    Every rank calls it; ranks outside ``pair`` only wait. All ranks return the same result.
+    """
+    sizes = sizes or [2**k for k in range(3, 23, 2)]  # 8 B .. 2 MB
+    a, b = pair
+    if comm.world_size < 2 or a == b:
+        raise ValueError("ping_pong needs two distinct ranks in a communicator of size >= 2")
+    tag, samples = TAGS["ping"], {}
+    times = np.zeros(len(sizes))
+    if comm.rank in pair:
+        peer = b if comm.rank == a else a
+        for i, size in enumerate(sizes):
+            buf = np.zeros(size, dtype=np.uint8)
+            rtts = []
+            for rep in range(repeats + 1):  # the first round trip warms up the connection
+                t0 = time.perf_counter()
+                if comm.rank == a:
+                    comm.send(buf, peer, tag)
+                    comm.recv(buf, peer, tag)
+                else:
+                    comm.recv(buf, peer, tag)
+                    comm.send(buf, peer, tag)
+                if rep:
+                    rtts.append(time.perf_counter() - t0)
+            samples[size] = [r / 2 for r in rtts]
+            times[i] = float(np.median(rtts)) / 2
+    comm.broadcast(times, src=a)  # ranks outside the pair learn the result too
+    model = fit_alpha_beta(sizes, times)
+    return Calibration(list(sizes), times.tolist(), model, comm.label, samples)

@@ -1,0 +1,304 @@
+"""Run one suite of communication checks on this rank; write ``rank{r}.json`` when it passes.
+
+Usage: ``mpiexec -n N python worker.py mpi SUITE`` or, for gloo, N processes with RANK,
+WORLD_SIZE and MASTER_PORT set. Every rank draws the same seeded cases, so each one knows every
+rank's input and can check results exactly (integer-valued floats sum exactly in any order).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+import traceback
+
+import numpy as np
+import torch
+
+from course_lib import collectives as C
+from course_lib.comm import (
+    CommError,
+    CommMismatchError,
+    CommTimeoutError,
+    EmulatedLink,
+    chunk_bounds,
+    emulate,
+    make_communicator,
+)
+from course_lib.cost_model import LinkModel, predict
+
+ALLREDUCES = [C.ring_allreduce, C.star_allreduce, C.allreduce_naive, C.recursive_doubling_allreduce]
+DTYPES = [np.float32, np.float16, np.float64]
+
+
+def inputs(seed: int, p: int, size: int, dtype, integer: bool = True) -> np.ndarray:
+    """Return every rank's input (shape p x size), the same on every rank."""
+    rng = np.random.default_rng(seed)
+    x = rng.integers(-8, 9, (p, size)) if integer else rng.standard_normal((p, size))
+    return x.astype(dtype)
+
+
+def as_kind(a: np.ndarray, use_torch: bool):
+    return torch.from_numpy(a.copy()) if use_torch else a.copy()
+
+
+def np_of(x) -> np.ndarray:
+    return x.numpy() if isinstance(x, torch.Tensor) else np.asarray(x)
+
+
+def suite_collectives(comm) -> dict:
+    p, r, cases = comm.world_size, comm.rank, 0
+    rng = np.random.default_rng(1234)
+    sizes = [0, 1, p - 1, p + 1, 7, 1000] + [int(s) for s in rng.integers(0, 300, 6)]
+    for case, size in enumerate(sizes):
+        for d, dtype in enumerate(DTYPES):
+            use_torch = (case + d) % 2 == 0
+            x = inputs(100 * case + d, p, size, dtype)
+            expected = x.astype(np.float64).sum(0).astype(dtype)
+            builtin = comm.allreduce(as_kind(x[r], use_torch))
+            assert np.array_equal(np_of(builtin), expected), "built-in allreduce wrong"
+            for fn in ALLREDUCES:
+                got = fn(comm, as_kind(x[r], use_torch))
+                assert np.array_equal(np_of(got), np_of(builtin)), f"{fn.__name__} {size} {dtype}"
+            for op, ref in (("max", x.max(0)), ("min", x.min(0))):
+                got = C.ring_allreduce(comm, as_kind(x[r], use_torch), op=op)
+                assert np.array_equal(np_of(got), ref), f"ring {op}"
+                assert np.array_equal(np_of(comm.allreduce(as_kind(x[r], use_torch), op=op)), ref)
+            a, b = chunk_bounds(size, p)[r]
+            rs = C.ring_reduce_scatter(comm, as_kind(x[r], use_torch))
+            assert np.array_equal(
+                np_of(rs)[a:b], np_of(comm.reduce_scatter(as_kind(x[r], use_torch)))
+            )
+            full = np.zeros(size, dtype)
+            full[a:b] = x[r, a:b]
+            gathered = C.ring_allgather(comm, full)
+            assert np.array_equal(gathered, np.concatenate([x[q, slice(*chunk_bounds(size, p)[q])]
+                                                            for q in range(p)]))  # fmt: skip
+            same = comm.allgather(as_kind(x[r], use_torch))
+            assert np.array_equal(np_of(same), x), "built-in allgather"
+            for src in {0, p - 1}:
+                for bcast in (C.tree_broadcast, C.broadcast_naive):
+                    got = bcast(comm, as_kind(x[r], use_torch), src=src)
+                    assert np.array_equal(np_of(got), x[src]), f"{bcast.__name__} src {src}"
+                assert np.array_equal(np_of(comm.broadcast(as_kind(x[r], use_torch), src)), x[src])
+            for s in range(1, max(2, p // 2 + 1)):
+                left, right = C.gossip_partners(r, p, s)
+                ref = (x[left].astype(np.float64) + x[r] + x[right]) / 3 if p > 1 else x[r]
+                got = C.gossip_step(comm, as_kind(x[r], use_torch), s)
+                tol = 1e-2 if dtype == np.float16 else 1e-6
+                assert np.allclose(np_of(got), ref, rtol=tol, atol=tol), f"gossip s={s}"
+            cases += 1
+    # random (non-integer) data: the ring equals the built-in closely and bitwise across ranks
+    for dtype in DTYPES:
+        x = inputs(7, p, 4099, dtype, integer=False)
+        ring = C.ring_allreduce(comm, x[r].copy())
+        tol = 5e-3 if dtype == np.float16 else 1e-5
+        assert np.allclose(ring, comm.allreduce(x[r].copy()), rtol=tol, atol=tol)
+        assert (comm.allgather(ring) == ring).all(), "ring results differ between ranks"
+    return {"cases": cases}
+
+
+def suite_counters(comm) -> dict:
+    p, r = comm.world_size, comm.rank
+    n, out = 1001, {}
+    bounds = chunk_bounds(n, p)
+    nbytes = [(b - a) * 4 for a, b in bounds]
+    for name, fn in [("ring", C.ring_allreduce), ("star", C.star_allreduce),
+                     ("naive", C.allreduce_naive), ("bcast", C.tree_broadcast)]:  # fmt: skip
+        comm.stats.reset()
+        fn(comm, np.ones(n, np.float32))
+        out[name] = [comm.stats.bytes_sent, comm.stats.messages_sent, comm.stats.bytes_received]
+    # ring: every chunk but (r) in reduce-scatter, every chunk but (r + 1) in allgather
+    expected_ring = 2 * sum(nbytes) - nbytes[r] - nbytes[(r + 1) % p]
+    assert out["ring"] == [expected_ring, 2 * (p - 1), 2 * sum(nbytes) - nbytes[(r - 1) % p]
+                           - nbytes[r]], (out["ring"], expected_ring)  # fmt: skip
+    assert out["star"][0] == (4 * n * (p - 1) if r == 0 else 4 * n), out["star"]
+    assert out["naive"][0] == 4 * n * (p - 1), out["naive"]
+    assert comm.stats.peers.get((r + 1) % p) is None or out["bcast"][0] % (4 * n) == 0
+    comm.stats.reset()
+    comm.allreduce(np.ones(n, np.float32))
+    assert comm.stats.collectives["allreduce"].calls == 1 and comm.stats.bytes_sent == 0
+    out["ring_fraction"] = expected_ring / (4 * n)
+    return out
+
+
+def suite_errors(comm) -> dict:
+    p, r, seen = comm.world_size, comm.rank, {}
+    for bad in (p, -1, r):
+        try:
+            comm.send(np.ones(3), bad)
+            raise AssertionError(f"peer {bad} accepted")
+        except ValueError as exc:
+            seen[f"peer {bad}"] = str(exc)
+    assert f"0..{p - 1}" in seen[f"peer {p}"]
+    if r == 0:  # size mismatch in point-to-point: the receiver names the sender
+        comm.send(np.ones(5, np.float32), 1, tag=3)
+    elif r == 1:
+        try:
+            comm.recv(np.zeros(3, np.float32), 0, tag=3)
+            raise AssertionError("size mismatch not detected")
+        except CommMismatchError as exc:
+            assert "rank 0" in str(exc) and "5" in str(exc), exc
+            seen["p2p"] = str(exc)
+    try:  # built-in allreduce with different sizes on different ranks
+        comm.allreduce(np.ones(10 + (r == p - 1), np.float32))
+        raise AssertionError("allreduce size mismatch not detected")
+    except CommMismatchError as exc:
+        assert f"rank {p - 1}" in str(exc) or r == p - 1, exc
+        seen["allreduce"] = str(exc)
+    comm.timeout = 30.0
+    comm.barrier()
+    for fn in (comm.allreduce, lambda t: C.ring_allreduce(comm, t)):
+        try:
+            fn(torch.ones(4, dtype=torch.bool))
+            raise AssertionError("bool reduction accepted")
+        except TypeError as exc:
+            seen["dtype"] = str(exc)
+    comm.barrier()
+    comm.timeout = (
+        3.0  # last (it may time out): ranks that miss the mismatch wait for those that left
+    )
+    try:  # from-scratch ring with different sizes: caught by the message headers
+        C.ring_allreduce(comm, np.ones(12 * p + (r == p - 1), np.float32))
+        raise AssertionError("ring size mismatch not detected")
+    except CommError as exc:  # mismatch where detected; timeout or closed connection elsewhere
+        seen["ring"] = f"{type(exc).__name__}: {exc}"
+    return seen
+
+
+def suite_timeouts(comm) -> dict:
+    p, r, seen = comm.world_size, comm.rank, {}
+    comm.timeout = 1.5
+    if comm.backend == "mpi":  # gloo closes every connection after its first timeout
+        if r == 0:  # rank p-1 never sends
+            try:
+                comm.recv(np.zeros(4), p - 1, tag=5)
+                raise AssertionError("recv did not time out")
+            except CommTimeoutError as exc:
+                assert f"rank {p - 1}" in str(exc), exc
+                seen["timeout"] = str(exc)
+        else:
+            time.sleep(2.0)
+        comm.timeout = 30.0
+        comm.barrier()
+        comm.timeout = 1.5
+    if r != p - 1:  # rank p-1 never calls allreduce
+        try:
+            comm.allreduce(np.ones(4))
+            raise AssertionError("allreduce did not time out")
+        except CommTimeoutError as exc:
+            assert f"[{p - 1}]" in str(exc), exc
+            seen["collective timeout"] = str(exc)
+    else:
+        time.sleep(2.0)
+    return seen
+
+
+def suite_main(comm) -> dict:
+    return {"collectives": suite_collectives(comm), "counters": suite_counters(comm),
+            "subgroup": suite_subgroup(comm), "check": suite_check(comm)}  # fmt: skip
+
+
+def suite_link(comm) -> dict:
+    p, r = comm.world_size, comm.rank
+    link = EmulatedLink(bandwidth=50e6, latency=2e-3)
+    slow = emulate(comm, link)
+    assert slow.emulated and "emulated" in slow.label and not comm.emulated
+    buf, reps, out = np.zeros(500_000, np.uint8), 5, {}
+    for name, c in (("real", comm), ("emulated", slow)):
+        c.barrier()
+        t0 = time.perf_counter()
+        for _ in range(reps):
+            if r == 0:
+                c.send(buf, 1)
+                c.recv(buf, 1)
+            elif r == 1:
+                c.recv(buf, 0)
+                c.send(buf, 0)
+        out[name] = (time.perf_counter() - t0) / (2 * reps)
+    out["expected"] = link.transfer_time(buf.nbytes)
+    if r == 0:  # rank 0 times whole round trips; rank 1 stops before its last message lands
+        out["ratio"] = out["emulated"] / out["expected"]
+        assert 1.0 <= out["ratio"] < 1.25, out
+    model = LinkModel.from_link(link)
+    for name, fn in (("ring_allreduce", C.ring_allreduce), ("star_allreduce", C.star_allreduce)):
+        x = np.ones(250_000, np.float32)
+        slow.barrier()
+        t0 = time.perf_counter()
+        fn(slow, x)
+        took = np.array([time.perf_counter() - t0])
+        comm.allreduce(took, op="max")  # the collective ends when its slowest rank does
+        out[name] = float(took[0]) / predict(name, x.nbytes, p, model)
+        assert 0.95 <= out[name] < 1.5, (name, out)
+    return out
+
+
+def suite_subgroup(comm) -> dict:
+    p, r = comm.world_size, comm.rank
+    ranks = [p - 1, 0]  # reversed on purpose: sub-ranks follow the given order
+    sub = comm.subgroup(ranks)
+    if r not in ranks:
+        assert sub is None
+        return {"member": False}
+    assert sub.world_size == 2 and sub.rank == ranks.index(r), (sub.rank, r)
+    x = np.full(5, float(r + 1))
+    assert np.array_equal(C.ring_allreduce(sub, x.copy()), np.full(5, float(p + 1)))
+    assert np.array_equal(sub.allreduce(x.copy()), np.full(5, float(p + 1)))
+    return {"member": True, "sub_rank": sub.rank}
+
+
+def suite_check(comm) -> dict:
+    from course_lib.checks_comm import check_ring_allgather_on_rank, stub_ring_allgather
+
+    detail = check_ring_allgather_on_rank(comm, C.ring_allgather)
+    try:
+        check_ring_allgather_on_rank(comm, stub_ring_allgather)
+        raise AssertionError("stub passed")
+    except NotImplementedError:
+        pass
+
+    def gather_whole(c, buf):  # right answer, wrong traffic: sends the whole buffer each step
+        full = c.allgather(np.ascontiguousarray(buf))
+        bounds = chunk_bounds(buf.size, c.world_size)
+        for q, (a, b) in enumerate(bounds):
+            buf[a:b] = full[q][a:b]
+        return buf
+
+    try:
+        check_ring_allgather_on_rank(comm, gather_whole)
+        raise AssertionError("a non-ring allgather passed")
+    except AssertionError as exc:
+        if "passed" in str(exc):
+            raise
+    return {"detail": detail}
+
+
+def main() -> None:
+    backend, suite = sys.argv[1], sys.argv[2]
+    kwargs = {}
+    if backend == "gloo":
+        kwargs = dict(rank=int(os.environ["RANK"]), world_size=int(os.environ["WORLD_SIZE"]),
+                      master_port=int(os.environ["MASTER_PORT"]))  # fmt: skip
+    comm = make_communicator(backend, timeout=30, **kwargs)
+    try:
+        result = globals()[f"suite_{suite}"](comm)
+        text = json.dumps({"rank": comm.rank, **result}, default=str)
+        with open(os.path.join(os.environ["COMM_RESULT_DIR"], f"rank{comm.rank}.json"), "w") as f:
+            f.write(text)
+        code = 0
+        # mpiexec stops every rank once one leaves: wait until every rank has written its result
+        deadline = time.time() + 30
+        while len(os.listdir(os.environ["COMM_RESULT_DIR"])) < comm.world_size:
+            if time.time() > deadline:
+                break
+            time.sleep(0.05)
+    except BaseException:  # noqa: BLE001 - report everything, then leave without hanging
+        print(f"[rank {comm.rank}] FAILED\n{traceback.format_exc()}", flush=True)
+        code = 1
+    sys.stdout.flush()
+    os._exit(code)  # skip MPI_Finalize / gloo teardown, which may wait on a peer that failed
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,70 @@
+"""The communication layer on real processes: mpiexec ranks and gloo subprocesses, 2-4 of them.
+
+Each test launches one world and runs many cases inside it (see comm_workers/worker.py), which is
+far cheaper than one launch per case.
+"""
+
+from __future__ import annotations
+
+import pytest
+from comm_workers.launch import launch, mpiexec
+
+BACKENDS = [
+    pytest.param(
+        "mpi", marks=[pytest.mark.mpi, pytest.mark.skipif(mpiexec() is None, reason="no mpiexec")]
+    ),
+    "gloo",
+]
+
+
+@pytest.fixture(params=BACKENDS)
+def backend(request) -> str:
+    """One test body for every backend."""
+    return request.param
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("n", [2, 3, 4])
+def test_collectives_equal_backend_and_count_bytes(backend, n):
+    results = launch(backend, n, "main")
+    for res in results:
+        assert res["collectives"]["cases"] == 36
+        counters = res["counters"]
+        # ring allreduce: 2(N-1)/N of the buffer per rank (1001 float32 elements, uneven chunks)
+        assert abs(counters["ring_fraction"] - 2 * (n - 1) / n) < 0.01
+        assert res["check"]["detail"].startswith(f"{n} ranks")
+    assert sorted(r["subgroup"].get("sub_rank", -1) for r in results) == sorted(
+        [0, 1] + [-1] * (n - 2)
+    )
+
+
+@pytest.mark.timeout(200)
+@pytest.mark.parametrize("n", [2, 3])
+def test_mismatches_raise_errors_naming_ranks(backend, n):
+    results = launch(backend, n, "errors")
+    assert "rank 0" in results[1]["p2p"]
+    assert all(f"valid peers are 0..{n - 1}" in r[f"peer {n}"] for r in results)
+    assert all("cannot" in r["dtype"] for r in results)
+    assert f"rank {n - 1}" in results[0]["allreduce"]
+    assert any(r["ring"].startswith("CommMismatchError") for r in results), results
+    # the ranks that did not see the mismatch time out, naming a rank that stopped answering
+    assert all("never answered" in r["ring"] or "Mismatch" in r["ring"] or "broken" in r["ring"]
+               for r in results)  # fmt: skip
+
+
+@pytest.mark.timeout(200)
+@pytest.mark.parametrize("n", [2, 3])
+def test_timeouts_name_the_silent_rank(backend, n):
+    results = launch(backend, n, "timeouts")
+    if backend == "mpi":  # gloo's connections close after the first timeout
+        assert f"rank {n - 1} never answered" in results[0]["timeout"]
+    assert all(f"[{n - 1}]" in r["collective timeout"] for r in results[: n - 1])
+
+
+@pytest.mark.timeout(200)
+@pytest.mark.parametrize("n", [2, 4])
+def test_emulated_link_slows_transfers_as_modelled(backend, n):
+    results = launch(backend, n, "link")
+    assert 1.0 <= results[0]["ratio"] < 1.25  # also asserted inside the worker
+    for name in ("ring_allreduce", "star_allreduce"):
+        assert 0.95 <= results[0][name] < 1.5

@@ -1,0 +1,107 @@
+"""Property tests of the from-scratch collectives (hypothesis), the chunking and the cost model.
+
+The collectives run on a thread communicator here, so hypothesis can try many world sizes,
+lengths and dtypes quickly; test_comm_backends.py runs the same code on real processes.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from comm_workers.threads import run_threads
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from course_lib import collectives as C
+from course_lib.comm import EmulatedLink, chunk_bounds
+from course_lib.cost_model import LinkModel, allreduce_bound, fit_alpha_beta, predict
+
+ALLREDUCES = [C.ring_allreduce, C.star_allreduce, C.allreduce_naive, C.recursive_doubling_allreduce]
+dtypes = st.sampled_from([np.float16, np.float32, np.float64])
+
+
+@settings(max_examples=40, deadline=None)
+@given(p=st.integers(1, 7), size=st.integers(0, 40), dtype=dtypes, seed=st.integers(0, 2**16),
+       which=st.integers(0, len(ALLREDUCES) - 1))  # fmt: skip
+def test_allreduces_sum_exactly(p, size, dtype, seed, which):
+    x = np.random.default_rng(seed).integers(-8, 9, (p, size)).astype(dtype)
+    fn = ALLREDUCES[which]
+    out = run_threads(p, lambda comm: fn(comm, x[comm.rank].copy()))
+    for got in out:
+        assert got.dtype == dtype and np.array_equal(got, x.astype(np.float64).sum(0).astype(dtype))
+
+
+@settings(max_examples=30, deadline=None)
+@given(p=st.integers(1, 7), size=st.integers(0, 40), src=st.integers(0, 6), dtype=dtypes)
+def test_broadcasts_copy_the_source(p, size, src, dtype):
+    src %= p
+    x = np.arange(p * size, dtype=dtype).reshape(p, size)
+    for fn in (C.tree_broadcast, C.broadcast_naive):
+        out = run_threads(p, lambda comm, fn=fn: fn(comm, x[comm.rank].copy(), src=src))
+        assert all(np.array_equal(o, x[src]) for o in out)
+
+
+@settings(max_examples=30, deadline=None)
+@given(p=st.integers(2, 7), size=st.integers(0, 30), s=st.integers(1, 6))
+def test_gossip_step_averages_the_three(p, size, s):
+    s = 1 + (s - 1) % (p - 1)
+    x = np.random.default_rng(p * 100 + size).standard_normal((p, size))
+    out = run_threads(p, lambda comm: C.gossip_step(comm, x[comm.rank].copy(), s))
+    for i, got in enumerate(out):
+        left, right = (i - s + p) % p, (i + s) % p  # source 001, Algorithm 2
+        assert np.allclose(got, (x[left] + x[i] + x[right]) / 3)
+
+
+@given(numel=st.integers(0, 10_000), p=st.integers(1, 64))
+def test_chunks_cover_the_buffer_and_differ_by_at_most_one(numel, p):
+    bounds = chunk_bounds(numel, p)
+    lengths = [b - a for a, b in bounds]
+    assert bounds[0][0] == 0 and bounds[-1][1] == numel and sum(lengths) == numel
+    assert all(bounds[i][1] == bounds[i + 1][0] for i in range(p - 1))
+    assert max(lengths) - min(lengths) <= 1 and lengths == sorted(lengths, reverse=True)
+
+
+@pytest.mark.parametrize("p", [2, 3, 5, 8])
+def test_ring_schedule_sends_each_chunk_once_per_phase(p):
+    for r in range(p):
+        steps = C.ring_schedule(r, p)
+        assert len(steps) == 2 * (p - 1)
+        rs = [sent for phase, sent, _ in steps if phase == "reduce-scatter"]
+        assert sorted(rs) == sorted(set(range(p)) - {r})  # never its own, finished chunk
+        # what rank r sends at step k is what rank r+1 receives at step k
+        nxt = C.ring_schedule((r + 1) % p, p)
+        assert all(a[1] == b[2] for a, b in zip(steps, nxt, strict=True))
+
+
+def test_fit_recovers_alpha_and_beta():
+    sizes = np.array([8, 64, 512, 4096, 32768, 262144, 2097152])
+    times = 30e-6 + sizes / 1e9
+    model = fit_alpha_beta(sizes, times * (1 + 0.01 * np.sin(sizes)))
+    assert model.alpha == pytest.approx(30e-6, rel=0.1)
+    assert model.bandwidth == pytest.approx(1e9, rel=0.05)
+
+
+def test_predictions_follow_the_formulas():
+    m = LinkModel.from_link(EmulatedLink())  # 125 MB/s, 50 us
+    n = 8 * 2**20
+    assert predict("ring_allreduce", n, 4, m) == pytest.approx(6 * (50e-6 + n / 4 / 125e6))
+    assert predict("star_allreduce", n, 4, m) == pytest.approx(6 * (50e-6 + n / 125e6))
+    assert predict("recursive_doubling_allreduce", n, 4, m) == pytest.approx(
+        2 * (50e-6 + n / 125e6)
+    )
+    assert predict("recursive_doubling_allreduce", n, 3, m) == pytest.approx(
+        3 * (50e-6 + n / 125e6)
+    )
+    assert allreduce_bound(n, 4, 125e6) == pytest.approx(1.5 * n / 125e6)
+    assert predict("ring_allreduce", n, 4, m) > allreduce_bound(n, 4, 125e6)
+    with pytest.raises(ValueError, match="unknown algorithm"):
+        predict("ring", n, 4, m)
+
+
+def test_bad_settings_raise_with_advice():
+    with pytest.raises(ValueError, match="bandwidth"):
+        EmulatedLink(bandwidth=0)
+    with pytest.raises(ValueError, match="alpha"):
+        LinkModel(alpha=-1, beta=1e-9)
+    with pytest.raises(TypeError, match="convert"):
+        run_threads(2, lambda comm: C.ring_allreduce(comm, np.ones(3, dtype=bool)))
