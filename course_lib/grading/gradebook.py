@@ -1,0 +1,148 @@
+"""Grade a folder of submissions in one go: a CSV gradebook and a feedback file per student."""
+
+from __future__ import annotations
+
+import csv
+import io
+import os
+import tempfile
+from collections import defaultdict
+from collections.abc import Iterable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import nbformat
+
+from course_lib.grading.cells import check_id, check_points
+from course_lib.grading.grade import ExerciseResult, GradingLimits, grade_notebook
+
+__all__ = ["find_submissions", "grade_folder", "load_sources", "write_feedback", "write_gradebook"]
+
+FIELDS = ("student", "assignment", "exercise", "points", "max_points", "reason")
+
+
+def load_sources(source_dir: Path) -> dict[str, nbformat.NotebookNode]:
+    """Return {assignment id: pristine source notebook} for every source in ``source_dir``."""
+    sources = {}
+    for path in sorted(Path(source_dir).glob("*.ipynb")):
+        nb = nbformat.read(path, as_version=4)
+        assignment = nb.metadata.get("course", {}).get("assignment", path.stem.split("_")[0])
+        sources[assignment] = nb
+    if not sources:
+        raise FileNotFoundError(f"no assignment sources (*.ipynb) in {source_dir}")
+    return sources
+
+
+def find_submissions(folder: Path) -> list[tuple[str, Path]]:
+    """Return (student, notebook) pairs: ``folder/<student>/*.ipynb`` or ``folder/<student>.ipynb``."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise FileNotFoundError(f"{folder} is not a folder of submitted notebooks")
+    found = []
+    for path in sorted(folder.rglob("*.ipynb")):
+        if ".ipynb_checkpoints" in path.parts:
+            continue
+        relative = path.relative_to(folder)
+        student = relative.parts[0] if len(relative.parts) > 1 else path.stem
+        found.append((student, path))
+    return found
+
+
+def _assignment_of(path: Path, nb: nbformat.NotebookNode | None, known: Iterable[str]) -> str:
+    if nb is not None:
+        tagged = nb.metadata.get("course", {}).get("assignment")
+        if tagged in known:
+            return tagged
+    for assignment in known:  # metadata lost (e.g. re-saved by another tool): go by file name
+        if path.name.startswith(assignment) or f"_{assignment}" in path.stem:
+            return assignment
+    raise ValueError(f"{path}: cannot tell which assignment this is (known: {', '.join(known)})")
+
+
+def _grade_one(
+    student: str, path: Path, sources: dict[str, nbformat.NotebookNode], limits: GradingLimits
+) -> list[ExerciseResult]:
+    try:
+        submission = nbformat.read(path, as_version=4)
+    except Exception as exc:  # noqa: BLE001 - a broken file is graded, not a crash of the grader
+        submission, unreadable = None, f"could not read the notebook ({type(exc).__name__})"
+    else:
+        unreadable = ""
+    try:
+        assignment = _assignment_of(path, submission, sources)
+    except ValueError as exc:
+        return [ExerciseResult(student, "?", "?", 0.0, 0.0, str(exc))]
+    pristine = sources[assignment]
+    if submission is None:
+        return [
+            ExerciseResult(student, assignment, check_id(c), 0.0, check_points(c), unreadable)
+            for c in pristine.cells
+            if check_id(c) is not None
+        ]
+    return grade_notebook(student, assignment, pristine, submission, limits)
+
+
+def grade_folder(
+    submissions: Path,
+    source_dir: Path,
+    limits: GradingLimits | None = None,
+    jobs: int = 2,
+    progress: bool = True,
+) -> list[ExerciseResult]:
+    """Grade every submission under ``submissions``; return all rows, sorted by student."""
+    limits = limits or GradingLimits()
+    sources = load_sources(source_dir)
+    pairs = find_submissions(submissions)
+    rows: list[ExerciseResult] = []
+    bar = None
+    if progress:
+        from tqdm.auto import tqdm
+
+        bar = tqdm(total=len(pairs), unit="notebook", desc="grading")
+    with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
+        futures = [pool.submit(_grade_one, s, p, sources, limits) for s, p in pairs]
+        for future in futures:
+            rows.extend(future.result())
+            if bar is not None:
+                bar.update()
+    if bar is not None:
+        bar.close()
+    return sorted(rows, key=lambda r: (r.student, r.assignment, r.exercise))
+
+
+def _atomic_write_text(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
+    with os.fdopen(fd, "w", encoding="utf-8", newline="") as handle:
+        handle.write(text)
+    os.replace(tmp, path)
+
+
+def write_gradebook(rows: list[ExerciseResult], path: Path) -> None:
+    """Write the gradebook CSV (student, assignment, exercise, points, max_points, reason)."""
+    buffer = io.StringIO()
+    writer = csv.writer(buffer)
+    writer.writerow(FIELDS)
+    for row in rows:
+        writer.writerow([getattr(row, field) for field in FIELDS])
+    _atomic_write_text(Path(path), buffer.getvalue())
+
+
+def write_feedback(rows: list[ExerciseResult], folder: Path) -> list[Path]:
+    """Write ``<student>.md`` per student: each exercise's points and reason, and the total."""
+    by_student: dict[str, list[ExerciseResult]] = defaultdict(list)
+    for row in rows:
+        by_student[row.student].append(row)
+    written = []
+    for student, results in sorted(by_student.items()):
+        got = sum(r.points for r in results)
+        total = sum(r.max_points for r in results)
+        lines = [f"# Feedback for {student}", "", f"Total: {got:g} / {total:g} points", ""]
+        lines += [
+            f"- {r.assignment} exercise {r.exercise}: {r.points:g} / {r.max_points:g} — {r.reason}"
+            for r in results
+        ]
+        path = Path(folder) / f"{student}.md"
+        _atomic_write_text(path, "\n".join(lines) + "\n")
+        written.append(path)
+    return written
