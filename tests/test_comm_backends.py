@@ -6,6 +6,8 @@ far cheaper than one launch per case.
 
 from __future__ import annotations
 
+import os
+
 import pytest
 from comm_workers.launch import launch, mpiexec
 
@@ -66,5 +68,6 @@ def test_timeouts_name_the_silent_rank(backend, n):
 def test_emulated_link_slows_transfers_as_modelled(backend, n):
     results = launch(backend, n, "link")
     assert 1.0 <= results[0]["ratio"] < 1.25  # also asserted inside the worker
+    limit = 1.5 if n <= (os.cpu_count() or 1) else 2.2  # oversubscribed cores: looser
     for name in ("ring_allreduce", "star_allreduce"):
-        assert 0.95 <= results[0][name] < 1.5
+        assert 0.95 <= results[0][name] < limit

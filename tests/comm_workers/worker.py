@@ -230,7 +230,8 @@ def suite_link(comm) -> dict:
         took = np.array([time.perf_counter() - t0])
         comm.allreduce(took, op="max")  # the collective ends when its slowest rank does
         out[name] = float(took[0]) / predict(name, x.nbytes, p, model)
-        assert 0.95 <= out[name] < 1.5, (name, out)
+        # ranks beyond the core count share CPUs, and every wait spins a little: allow more
+        assert 0.95 <= out[name] < (1.5 if p <= (os.cpu_count() or 1) else 2.2), (name, out)
     return out
 
 
@@ -287,7 +288,12 @@ def main() -> None:
         with open(os.path.join(os.environ["COMM_RESULT_DIR"], f"rank{comm.rank}.json"), "w") as f:
             f.write(text)
         code = 0
-        # mpiexec stops every rank once one leaves: wait until every rank has written its result
+        if suite not in ("errors", "timeouts"):
+            comm.timeout = 60.0
+            comm.barrier()
+            return  # a normal exit: mpi4py calls MPI_Finalize, so mpiexec reports success
+        # after errors and timeouts a clean shutdown could wait on a peer: wait for every
+        # rank's result file, then leave at once
         deadline = time.time() + 30
         while len(os.listdir(os.environ["COMM_RESULT_DIR"])) < comm.world_size:
             if time.time() > deadline:
