@@ -19,12 +19,15 @@ class Verdict:
     detail: str = ""
     points: float = 0.0
     max_points: float = 1.0
+    show_points: bool = False  # graded assignments print "[2/2 points]"
 
     def __str__(self) -> str:
         status = "PASS" if self.passed else "FAIL"
         text = f"Exercise {self.exercise} {self.name}: {status}"
         if self.detail:
             text += f" ({self.detail})"
+        if self.show_points:
+            text += f" [{self.points:g}/{self.max_points:g} points]"
         return text
 
     def __bool__(self) -> bool:
@@ -39,7 +42,7 @@ def run_check(
     name: str,
     body: Callable[[], str],
     *,
-    max_points: float = 1.0,
+    max_points: float | None = None,
     verbose: bool = True,
 ) -> Verdict:
     """Run ``body`` and turn its outcome into a verdict; print it when ``verbose``.
@@ -48,19 +51,22 @@ def run_check(
     ``AssertionError`` (with the reason) when it is wrong. A stub that raises
     ``NotImplementedError`` gives ``FAIL (not implemented yet: ...)``; any other exception
     gives ``FAIL`` with its type and message, so a check cell never stops a notebook.
+    Giving ``max_points`` (graded assignments) adds ``[points/max_points points]`` to the line.
     """
+    show = max_points is not None
+    top = max_points if max_points is not None else 1.0
     try:
         detail = body() or ""
-        verdict = Verdict(exercise, name, True, detail, max_points, max_points)
+        verdict = Verdict(exercise, name, True, detail, top, top, show)
     except NotImplementedError as exc:
-        verdict = Verdict(exercise, name, False, f"not implemented yet: {exc}", 0.0, max_points)
+        verdict = Verdict(exercise, name, False, f"not implemented yet: {exc}", 0.0, top, show)
     except AssertionError as exc:
-        verdict = Verdict(exercise, name, False, str(exc) or "wrong answer", 0.0, max_points)
+        verdict = Verdict(exercise, name, False, str(exc) or "wrong answer", 0.0, top, show)
     except Exception as exc:  # noqa: BLE001 - a student's bug must become a verdict
         last = traceback.extract_tb(exc.__traceback__)[-1]
         where = f" at line {last.lineno}" if last else ""
         verdict = Verdict(
-            exercise, name, False, f"{type(exc).__name__}: {exc}{where}", 0.0, max_points
+            exercise, name, False, f"{type(exc).__name__}: {exc}{where}", 0.0, top, show
         )
     if verbose:
         print(verdict)

@@ -143,7 +143,9 @@ def _stuck_exercise(
     """Return the exercise whose cell hung or killed the kernel, and why; (None, "") if none."""
     for number in sorted(results):
         outcome, message = results[number]
-        if outcome in ("failure", "error") and ("Timeout of" in message or "Kernel died" in message):
+        if outcome in ("failure", "error") and (
+            "Timeout of" in message or "Kernel died" in message
+        ):
             why = "timed out" if "Timeout of" in message else "crashed its kernel"
             return answers.get(number) or checks.get(number), why
     return None, ""
@@ -153,9 +155,11 @@ def _reason(exercise: str, outcome: str, message: str) -> str:
     """Pull the student's verdict line (or the error) out of nbval's failure message."""
     if outcome == "passed":
         return "PASS"
-    for line in message.splitlines():
-        if line.startswith(f"Exercise {exercise} ") and ": FAIL" in line:
-            return line.split(": ", 1)[1].strip()
+    for line in message.splitlines():  # nbval's diff shows the new line as "- Exercise ..."
+        start = line.find(f"Exercise {exercise} ")
+        if start >= 0 and ": FAIL" in line:
+            verdict = line[start:].split(": ", 1)[1].strip()
+            return re.sub(r"\s*\[[\d.]+/[\d.]+ points\]$", "", verdict)
     for line in reversed(message.splitlines()):
         if re.match(r"^\w+(Error|Exception)\b", line.strip()):
             return f"error: {line.strip()[:200]}"
@@ -188,7 +192,11 @@ def grade_notebook(
             if results is None:
                 return [
                     ExerciseResult(
-                        student, assignment, ex, 0.0, points[ex],
+                        student,
+                        assignment,
+                        ex,
+                        0.0,
+                        points[ex],
                         f"the notebook passed the total time limit of {limits.total_seconds:g} s",
                     )  # fmt: skip
                     for ex in points
