@@ -67,10 +67,11 @@ def check_sgd_step(sgd_step: Callable, *, verbose: bool = True) -> Verdict:
 
 
 def check_minibatch_sgd(minibatch_sgd: Callable, *, verbose: bool = True) -> Verdict:
-    """A1.2: ``minibatch_sgd(W, b, X, y, lr, batch_size, num_epochs, rng) -> (W, b)``.
+    """A1.2: ``minibatch_sgd(step, W, b, X, y, lr, batch_size, num_epochs, rng) -> (W, b)``.
 
-    Contract: each epoch draws ``rng.permutation(len(X))`` and steps through it in consecutive
-    batches of ``batch_size`` (the last one may be shorter).
+    Contract: each epoch draws ``rng.permutation(len(X))`` and calls ``step`` on consecutive
+    batches of ``batch_size`` (the last one may be shorter). The check passes torch's step, so
+    a wrong A1.1 does not cost A1.2's points.
     """
 
     def body() -> str:
@@ -78,7 +79,15 @@ def check_minibatch_sgd(minibatch_sgd: Callable, *, verbose: bool = True) -> Ver
         for n, batch_size, num_epochs in cases:
             W, b, X, y = _problem(np.random.default_rng(n), n, 6, 3)
             got_W, got_b = minibatch_sgd(
-                W.copy(), b.copy(), X, y, 0.05, batch_size, num_epochs, np.random.default_rng(7)
+                _torch_sgd_step,
+                W.copy(),
+                b.copy(),
+                X,
+                y,
+                0.05,
+                batch_size,
+                num_epochs,
+                np.random.default_rng(7),
             )
             rng = np.random.default_rng(7)
             for _ in range(num_epochs):

@@ -185,10 +185,11 @@ def grade_notebook(
             path = Path(tmp) / f"{assignment}_{len(stubbed)}.ipynb"
             write_notebook_atomically(graded, path)
             remaining = limits.total_seconds - (time.monotonic() - started)
-            if remaining < limits.cell_seconds:
+            if remaining <= 0:
                 results = None
             else:
-                results = _run_nbval(path, GradingLimits(limits.cell_seconds, remaining))
+                cell_limit = min(limits.cell_seconds, remaining)
+                results = _run_nbval(path, GradingLimits(cell_limit, remaining))
             if results is None:
                 return [
                     ExerciseResult(

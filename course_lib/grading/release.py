@@ -31,9 +31,9 @@ def write_notebook_atomically(nb: nbformat.NotebookNode, path: Path) -> None:
 def release_notebook(source: nbformat.NotebookNode, assignment: str) -> nbformat.NotebookNode:
     """Return the student copy: solutions stubbed, outputs cleared, checks kept (unmarked).
 
-    Answer cells keep their metadata (the grader finds them by it); check cells lose the
-    ``# NBVAL_CHECK_OUTPUT`` line, which only makes sense beside the instructor's stored output.
-    Cells tagged ``keep-output`` keep what students must see.
+    Answer cells keep their metadata (the grader finds them by it). Cells lose their outputs
+    and the ``# NBVAL_CHECK_OUTPUT`` line, which only makes sense beside a stored output, except
+    cells tagged ``keep-output``: they keep what students must see.
     """
     released = copy.deepcopy(source)
     for cell in released.cells:
@@ -48,11 +48,11 @@ def release_notebook(source: nbformat.NotebookNode, assignment: str) -> nbformat
                 f"a cell outside the answer cells holds a solution region: {cell.source[:60]!r}; "
                 'mark it as an answer cell (metadata {"course": {"answer": "<id>"}})'
             )
-        if check_id(cell) is not None:
+        if "keep-output" not in cell.metadata.get("tags", []):
+            # Without its stored output, a cell marked for output checking would fail nbval.
             cell.source = "\n".join(
                 line for line in cell.source.splitlines() if line.strip() != CHECK_MARKER
             )
-        if "keep-output" not in cell.metadata.get("tags", []):
             cell.outputs = []
             cell.execution_count = None
     digest = hashlib.sha256(nbformat.writes(source).encode()).hexdigest()[:12]
