@@ -116,14 +116,14 @@ def test_released_stub_a1_fails_every_check():
     assert all(row.reason.startswith("FAIL (not implemented yet: Exercise A1.") for row in rows)
 
 
-WRONG_MEAN = '''
+WRONG_MEAN = """
 def sgd_step(W, b, X, y, lr):
     Z = X @ W + b
     P = np.exp(Z - Z.max(axis=1, keepdims=True))
     P /= P.sum(axis=1, keepdims=True)
     P[np.arange(len(y)), y] -= 1.0          # forgot to divide by the batch size
     return W - lr * (X.T @ P), b - lr * P.sum(axis=0)
-'''
+"""
 
 
 def test_wrong_answer_fails_its_exercise_only_and_edited_outputs_do_not_help():
@@ -185,20 +185,20 @@ def test_total_time_limit_zeroes_the_notebook():
 
 # -- grading A2 (real engines) ---------------------------------------------------------------------
 
-FORGETS_A_RANK = '''
+FORGETS_A_RANK = """
 def ring_allreduce(comm, x):
     ring_reduce_scatter(comm, x)
     r, p = comm.rank, comm.world_size
     if r == p - 1:            # the last rank keeps its own partial chunks: its result lacks rank 0's
         return x
     return ring_allgather(comm, x)
-'''
+"""
 
-AVERAGES_WRONG = '''
+AVERAGES_WRONG = """
 def ring_allreduce(comm, x):
     ring_allgather(comm, ring_reduce_scatter(comm, x))
     return x / (comm.world_size - 1)   # an average with the wrong count
-'''
+"""
 
 
 @pytest.mark.slow

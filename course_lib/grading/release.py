@@ -10,7 +10,7 @@ from pathlib import Path
 
 import nbformat
 
-from course_lib.grading.cells import CHECK_MARKER, answer_id, check_id, has_solution, stub_solution
+from course_lib.grading.cells import CHECK_MARKER, answer_id, has_solution, stub_solution
 
 __all__ = ["release_notebook", "release_all", "write_notebook_atomically"]
 
