@@ -1,4 +1,4 @@
-"""Check functions for the exercises of lectures 1 and 2; each returns a one-line verdict.
+"""Check functions for the exercises of lectures 1 and 2; each prints and returns a verdict line.
 
 A check runs the student's function on fresh random inputs and compares it with an independent
 reference (torch's autograd and operators where there is one). It never raises: a stub, a wrong
@@ -36,7 +36,7 @@ def _close(name: str, got, expected, atol: float = 1e-8) -> None:
         raise AssertionError(f"{name} differs from the reference by up to {err:.3g}")
 
 
-def check_softmax_grad(softmax_grad: Callable, *, verbose: bool = False) -> Verdict:
+def check_softmax_grad(softmax_grad: Callable, *, verbose: bool = True) -> Verdict:
     """Check Exercise 1.1: ``softmax_grad(W, b, X, y) -> (dW, db)`` against torch autograd."""
 
     def body() -> str:
@@ -55,7 +55,7 @@ def check_softmax_grad(softmax_grad: Callable, *, verbose: bool = False) -> Verd
     return run_check("1.1", "softmax gradient", body, verbose=verbose)
 
 
-def check_sgd_epoch(sgd_epoch: Callable, *, verbose: bool = False) -> Verdict:
+def check_sgd_epoch(sgd_epoch: Callable, *, verbose: bool = True) -> Verdict:
     """Check Exercise 1.2: ``sgd_epoch(W, b, X, y, lr, batches) -> (W, b)``, one step per batch."""
 
     def body() -> str:
@@ -78,7 +78,7 @@ def check_sgd_epoch(sgd_epoch: Callable, *, verbose: bool = False) -> Verdict:
     return run_check("1.2", "mini-batch SGD epoch", body, verbose=verbose)
 
 
-def check_corr2d(corr2d: Callable, *, verbose: bool = False) -> Verdict:
+def check_corr2d(corr2d: Callable, *, verbose: bool = True) -> Verdict:
     """Check Exercise 2.1: ``corr2d(X, K, stride) -> Y`` against ``torch.nn.functional.conv2d``."""
 
     def body() -> str:
@@ -97,7 +97,7 @@ def check_corr2d(corr2d: Callable, *, verbose: bool = False) -> Verdict:
     return run_check("2.1", "2-D cross-correlation", body, verbose=verbose)
 
 
-def check_max_pool2d(max_pool2d: Callable, *, verbose: bool = False) -> Verdict:
+def check_max_pool2d(max_pool2d: Callable, *, verbose: bool = True) -> Verdict:
     """Check Exercise 2.2: ``max_pool2d(X, size) -> Y`` for X (N, C, H, W), stride = size."""
 
     def body() -> str:
@@ -111,7 +111,7 @@ def check_max_pool2d(max_pool2d: Callable, *, verbose: bool = False) -> Verdict:
     return run_check("2.2", "max pooling", body, verbose=verbose)
 
 
-def check_miou(miou: Callable, *, verbose: bool = False) -> Verdict:
+def check_miou(miou: Callable, *, verbose: bool = True) -> Verdict:
     """Check Exercise 2.3: ``miou(pred, target, num_classes) -> float`` (mean IoU)."""
 
     def body() -> str:
