@@ -61,11 +61,11 @@ def _busy_ranks(cluster: CourseCluster) -> list[int]:
 
 
 def _all_answer(cluster: CourseCluster, timeout: float) -> bool:
-    pending = [
-        cluster.client[eid].apply_async(engine_side.engine_pid) for eid in cluster.ids_by_rank
-    ]
     deadline = time.monotonic() + timeout
     try:
+        pending = [
+            cluster.client[eid].apply_async(engine_side.engine_pid) for eid in cluster.ids_by_rank
+        ]
         for result in pending:
             result.get(timeout=max(0.01, deadline - time.monotonic()))
     except Exception:  # noqa: BLE001 - timed out, died or stale: all mean "not answering"
@@ -90,7 +90,10 @@ def recover(cluster: CourseCluster, grace: float = 3.0) -> RecoveryReport:
             "to restart the engines (`ipcluster engines` / restart the cluster), then reconnect"
         )
     if cluster.kind != "mpi":
-        cluster.owned.signal_engines_sync(signal.SIGINT)
+        try:
+            cluster.owned.signal_engines_sync(signal.SIGINT)
+        except Exception:  # noqa: BLE001 - psutil.NoSuchProcess etc.: an engine is already dead,
+            pass  # and only the restart below can help
         if _all_answer(cluster, timeout=grace):
             return RecoveryReport(hung, "interrupted", time.monotonic() - start)
     old_pids = {info["pid"] for info in cluster.engine_info.values()}
@@ -115,6 +118,14 @@ def run_with_timeout(
     cluster: CourseCluster, fn: Any, args: tuple, kwargs: dict, timeout: float
 ) -> list[Any]:
     """Run ``fn`` on every engine; on timeout recover the cluster and raise :class:`EngineTimeout`."""
+    gone = [rank for rank, eid in enumerate(cluster.ids_by_rank) if eid not in cluster.client.ids]
+    if gone:
+        report = recover(cluster)
+        raise EngineTimeout(
+            f"the engines of ranks {gone} are gone (died or were stopped); nothing was run. "
+            f"Recovered: {report}",
+            report,
+        )
     results = [cluster.client[eid].apply_async(fn, *args, **kwargs) for eid in cluster.ids_by_rank]
     deadline = time.monotonic() + timeout
     for result in results:

@@ -267,3 +267,20 @@ def test_exercise_0_1_check(local, answer, passes, reason):
     assert verdict.passed is passes
     assert reason in str(verdict)
     assert str(verdict).startswith("Exercise 0.1 sum_of_squares_on_engines: ")
+
+
+def test_a_killed_engine_is_reported_and_restarted():
+    with start_cluster("local", 2) as cl:
+        victim = cl.view.apply_sync(__import__("os").getpid)[1]
+        psutil.Process(victim).kill()
+        deadline = time.monotonic() + 60
+        while cl.ids_by_rank[1] in cl.client.ids and time.monotonic() < deadline:
+            time.sleep(0.5)  # the controller notices a dead engine by its missed heartbeats
+        report = cl.doctor(timeout=2)
+        assert not report.ok and "only 1 of 2 engines are registered" in report.problems, str(report)
+        with pytest.raises(EngineTimeout, match=r"the engines of ranks \[1\] are gone") as info:
+            cl.run(time.time)
+        recovery = info.value.report
+        assert recovery.action == "restarted" and recovery.lost_state
+        assert cl.view.pull("rank") == [0, 1]
+        assert victim not in cl.view.apply_sync(__import__("os").getpid)
