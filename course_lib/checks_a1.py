@@ -13,21 +13,11 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from course_lib.verdict import Verdict, run_check
+from course_lib.verdict import Verdict, assert_close, run_check
 
 __all__ = ["check_sgd_step", "check_minibatch_sgd", "check_conv2d_layer", "A1_POINTS"]
 
 A1_POINTS = {"A1.1": 2.0, "A1.2": 3.0, "A1.3": 3.0}
-
-
-def _close(name: str, got: object, expected: np.ndarray, atol: float = 1e-7) -> None:
-    got = np.asarray(got)
-    if got.shape != expected.shape:
-        raise AssertionError(f"{name} has shape {got.shape}, expected {expected.shape}")
-    if not np.allclose(got, expected, atol=atol, rtol=1e-6):
-        raise AssertionError(
-            f"{name} differs from the reference by up to {np.abs(got - expected).max():.2g}"
-        )
 
 
 def _torch_sgd_step(W, b, X, y, lr):
@@ -57,8 +47,8 @@ def check_sgd_step(sgd_step: Callable, *, verbose: bool = True) -> Verdict:
             W_in, b_in = W.copy(), b.copy()
             got_W, got_b = sgd_step(W_in, b_in, X, y, 0.1)
             want_W, want_b = _torch_sgd_step(W, b, X, y, 0.1)
-            _close(f"W (batch {n})", got_W, want_W)
-            _close(f"b (batch {n})", got_b, want_b)
+            assert_close(f"W (batch {n})", got_W, want_W)
+            assert_close(f"b (batch {n})", got_b, want_b)
         return (
             f"equal to torch autograd + SGD for batches of {', '.join(str(s[0]) for s in shapes)}"
         )
@@ -95,8 +85,8 @@ def check_minibatch_sgd(minibatch_sgd: Callable, *, verbose: bool = True) -> Ver
                 for start in range(0, n, batch_size):
                     idx = order[start : start + batch_size]
                     W, b = _torch_sgd_step(W, b, X[idx], y[idx], 0.05)
-            _close(f"W (n={n}, batch {batch_size})", got_W, W)
-            _close(f"b (n={n}, batch {batch_size})", got_b, b)
+            assert_close(f"W (n={n}, batch {batch_size})", got_W, W)
+            assert_close(f"b (n={n}, batch {batch_size})", got_b, b)
         return f"{len(cases)} runs equal to torch, including a short last batch"
 
     return run_check("A1.2", "minibatch_sgd", body, max_points=A1_POINTS["A1.2"], verbose=verbose)
@@ -121,7 +111,7 @@ def check_conv2d_layer(conv2d_layer: Callable, *, verbose: bool = True) -> Verdi
             want = F.conv2d(
                 torch.tensor(X)[None], torch.tensor(K), torch.tensor(bias), stride, padding
             )[0].numpy()
-            _close(f"output (stride {stride}, padding {padding})", got, want)
+            assert_close(f"output (stride {stride}, padding {padding})", got, want)
         return f"equal to torch's conv2d in {len(cases)} cases of channels, stride and padding"
 
     return run_check("A1.3", "conv2d_layer", body, max_points=A1_POINTS["A1.3"], verbose=verbose)

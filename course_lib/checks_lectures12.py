@@ -15,7 +15,7 @@ import torch.nn.functional as F
 
 from course_lib import scratch
 from course_lib.training import segmentation_scores
-from course_lib.verdict import Verdict, run_check
+from course_lib.verdict import Verdict, assert_close, run_check
 
 __all__ = [
     "check_softmax_grad",
@@ -24,16 +24,6 @@ __all__ = [
     "check_max_pool2d",
     "check_miou",
 ]
-
-
-def _close(name: str, got, expected, atol: float = 1e-8) -> None:
-    """Assert that ``got`` has ``expected``'s shape and values, with a reason if not."""
-    got = np.asarray(got)
-    if got.shape != expected.shape:
-        raise AssertionError(f"{name} has shape {got.shape}, expected {expected.shape}")
-    if not np.allclose(got, expected, atol=atol, rtol=1e-6):
-        err = float(np.abs(got - expected).max())
-        raise AssertionError(f"{name} differs from the reference by up to {err:.3g}")
 
 
 def check_softmax_grad(softmax_grad: Callable, *, verbose: bool = True) -> Verdict:
@@ -48,8 +38,8 @@ def check_softmax_grad(softmax_grad: Callable, *, verbose: bool = True) -> Verdi
             bt = torch.tensor(b, requires_grad=True)
             F.cross_entropy(torch.tensor(X) @ Wt + bt, torch.tensor(y)).backward()
             dW, db = softmax_grad(W.copy(), b.copy(), X.copy(), y.copy())
-            _close("dW", dW, Wt.grad.numpy())
-            _close("db", db, bt.grad.numpy())
+            assert_close("dW", dW, Wt.grad.numpy())
+            assert_close("db", db, bt.grad.numpy())
         return "equal to torch autograd on 2 random problems"
 
     return run_check("1.1", "softmax gradient", body, verbose=verbose)
@@ -71,8 +61,8 @@ def check_sgd_epoch(sgd_epoch: Callable, *, verbose: bool = True) -> Verdict:
             if not isinstance(got, tuple) or len(got) != 2:
                 raise AssertionError("sgd_epoch must return a tuple (W, b)")
             W_ref, b_ref = scratch.sgd_epoch(W, b, X, y, 0.3, batches)
-            _close(f"W (batch size {batch_size})", got[0], W_ref)
-            _close(f"b (batch size {batch_size})", got[1], b_ref)
+            assert_close(f"W (batch size {batch_size})", got[0], W_ref)
+            assert_close(f"b (batch size {batch_size})", got[1], b_ref)
         return "equal to the reference for batch sizes 1, 7 and 20"
 
     return run_check("1.2", "mini-batch SGD epoch", body, verbose=verbose)
@@ -90,7 +80,7 @@ def check_corr2d(corr2d: Callable, *, verbose: bool = True) -> Verdict:
         ]:
             X, K = rng.normal(size=(h, w)), rng.normal(size=(kh, kw))
             ref = F.conv2d(torch.tensor(X)[None, None], torch.tensor(K)[None, None], stride=stride)
-            _close(f"corr2d with a {kh}x{kw} kernel, stride {stride}", corr2d(X, K, stride),
+            assert_close(f"corr2d with a {kh}x{kw} kernel, stride {stride}", corr2d(X, K, stride),
                    ref[0, 0].numpy())  # fmt: skip
         return "equal to torch's conv2d for 3 shapes and strides"
 
@@ -105,7 +95,7 @@ def check_max_pool2d(max_pool2d: Callable, *, verbose: bool = True) -> Verdict:
         for shape, size in [((1, 1, 4, 4), 2), ((2, 3, 9, 7), 3), ((2, 2, 6, 6), 2)]:
             X = rng.normal(size=shape)
             ref = F.max_pool2d(torch.tensor(X), size).numpy()
-            _close(f"max_pool2d of {shape} with size {size}", max_pool2d(X, size), ref)
+            assert_close(f"max_pool2d of {shape} with size {size}", max_pool2d(X, size), ref)
         return "equal to torch's max_pool2d for 3 shapes"
 
     return run_check("2.2", "max pooling", body, verbose=verbose)

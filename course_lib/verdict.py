@@ -6,7 +6,9 @@ import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
 
-__all__ = ["Verdict", "run_check"]
+import numpy as np
+
+__all__ = ["Verdict", "assert_close", "run_check"]
 
 
 @dataclass(frozen=True)
@@ -71,3 +73,13 @@ def run_check(
     if verbose:
         print(verdict)
     return verdict
+
+
+def assert_close(name: str, got: object, expected: np.ndarray, atol: float = 1e-8) -> None:
+    """Assert that ``got`` has ``expected``'s shape and values, with a reason a student can use."""
+    got = np.asarray(got)
+    if got.shape != expected.shape:
+        raise AssertionError(f"{name} has shape {got.shape}, expected {expected.shape}")
+    if not np.allclose(got, expected, atol=atol, rtol=1e-6):
+        err = float(np.abs(got - expected).max())
+        raise AssertionError(f"{name} differs from the reference by up to {err:.3g}")
