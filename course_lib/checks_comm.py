@@ -68,7 +68,7 @@ def _engine_check(name: str, fn: Callable) -> str:
     return check_ring_allgather_on_rank(get_ipython().user_ns[name], fn)
 
 
-def check_ring_allgather(cluster: Any, fn: Callable, name: str = "comm", timeout: float = 60.0):
+def check_ring_allgather(fn: Callable, cluster: Any, name: str = "comm", timeout: float = 60.0):
     """Exercise 3.1: run the student's ``fn`` on every engine's communicator ``name``; print a verdict."""
     from course_lib.verdict import run_check
 
