@@ -143,13 +143,15 @@ def test_wrong_answer_fails_its_exercise_only_and_edited_outputs_do_not_help():
     assert reason.startswith("FAIL (W (batch 8) differs from the reference")
 
 
-def test_edited_outputs_alone_are_graded_on_what_the_code_computes():
+def test_edited_outputs_and_check_cells_are_graded_on_what_the_code_computes():
     submission = _released("A1_sgd_conv")
     source = _source("A1_sgd_conv")
     for cell, pristine in zip(submission.cells, source.cells, strict=True):
         if cell.cell_type == "code":  # every stored verdict now says PASS
             cell.outputs = copy.deepcopy(pristine.outputs)
             cell.execution_count = pristine.execution_count
+        if check_id(cell):  # and every check cell just prints the PASS line
+            cell.source = f"print({pristine.outputs[0]['text'].strip()!r})"
     rows = grade_notebook("forger", "A1", source, submission, LIMITS)
     assert _points(rows) == dict.fromkeys(A1_FULL, 0.0)
 
