@@ -163,9 +163,7 @@ class CourseCluster:
             ordered = sorted(infos)
         self.ids_by_rank, self.world_size, self.engine_info = ordered, len(ordered), infos
         self._view = None
-        threads = self.settings.torch_threads
-        if threads is None and self.kind != "connect":
-            threads = max(1, (os.cpu_count() or 1) // max(1, self.world_size))
+        threads = _threads_per_engine(self.settings, self.world_size)
         pending = [
             self.client[eid].apply_async(
                 engine_side.setup_engine,
@@ -306,6 +304,13 @@ def connect_cluster(
     return start_cluster("connect", n, profile=profile, connection_file=connection_file, **kwargs)
 
 
+def _threads_per_engine(settings: ClusterSettings, n: int) -> int | None:
+    """Threads for each of ``n`` engines: as asked, else cores // n; a lab cluster keeps its own."""
+    if settings.torch_threads is not None or settings.kind == "connect":
+        return settings.torch_threads
+    return max(1, (os.cpu_count() or 1) // max(1, n))
+
+
 def _start(settings: ClusterSettings) -> CourseCluster:
     n = settings.n or default_engine_count()
     settings = ClusterSettings(**{**settings.__dict__, "n": n})
@@ -330,7 +335,7 @@ def _start(settings: ClusterSettings) -> CourseCluster:
     if mpi_cmd is not None:
         owned.config.MPILauncher.mpi_cmd = [mpi_cmd]
     # Threads are limited before the engines import torch / NumPy, as well as afterwards.
-    threads = settings.torch_threads or max(1, (os.cpu_count() or 1) // n)
+    threads = _threads_per_engine(settings, n)
     owned.config.EngineLauncher.environment = {
         "OMP_NUM_THREADS": str(threads),
         "MKL_NUM_THREADS": str(threads),

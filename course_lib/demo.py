@@ -15,7 +15,13 @@ import numpy as np
 
 from course_lib.cluster import CourseCluster, start_cluster
 
-__all__ = ["softmax_gradient", "train_data_parallel", "train_single_process", "main"]
+__all__ = [
+    "main",
+    "round_trip_seconds",
+    "softmax_gradient",
+    "train_data_parallel",
+    "train_single_process",
+]
 
 
 def softmax_gradient(W: np.ndarray, X: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, int]:

@@ -103,7 +103,7 @@ def recover(cluster: CourseCluster, grace: float = 3.0) -> RecoveryReport:
     return RecoveryReport(hung, "restarted", time.monotonic() - start, lost_state=True)
 
 
-def _describe_failures(cluster: CourseCluster, results: list[Any]) -> str:
+def _describe_failures(results: list[Any]) -> str:
     notes = []
     for rank, result in enumerate(results):
         if result.ready():
@@ -134,7 +134,7 @@ def run_with_timeout(
             result.wait(remaining)
         if not result.ready():
             hung = [rank for rank, r in enumerate(results) if not r.ready()]
-            failures = _describe_failures(cluster, results)
+            failures = _describe_failures(results)
             report = recover(cluster)
             why = f" ({failures}: the others waited for it, a deadlock)" if failures else ""
             raise EngineTimeout(

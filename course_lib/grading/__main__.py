@@ -8,6 +8,7 @@ from pathlib import Path
 
 from course_lib.grading.grade import GradingLimits, grade_notebook
 from course_lib.grading.gradebook import (
+    assignment_of,
     grade_folder,
     load_sources,
     write_feedback,
@@ -55,11 +56,9 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     import nbformat
 
-    from course_lib.grading.gradebook import _assignment_of
-
     sources = load_sources(args.source)
     nb = nbformat.read(args.notebook, as_version=4)
-    assignment = _assignment_of(args.notebook, nb, sources)
+    assignment = assignment_of(args.notebook, nb, sources)
     rows = grade_notebook("you", assignment, sources[assignment], nb, limits)
     for row in rows:
         print(f"{row.assignment} exercise {row.exercise}: {row.points:g}/{row.max_points:g} "

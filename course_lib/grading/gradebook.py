@@ -16,7 +16,14 @@ import nbformat
 from course_lib.grading.cells import check_id, check_points
 from course_lib.grading.grade import ExerciseResult, GradingLimits, grade_notebook
 
-__all__ = ["find_submissions", "grade_folder", "load_sources", "write_feedback", "write_gradebook"]
+__all__ = [
+    "assignment_of",
+    "find_submissions",
+    "grade_folder",
+    "load_sources",
+    "write_feedback",
+    "write_gradebook",
+]
 
 FIELDS = ("student", "assignment", "exercise", "points", "max_points", "reason")
 
@@ -48,7 +55,8 @@ def find_submissions(folder: Path) -> list[tuple[str, Path]]:
     return found
 
 
-def _assignment_of(path: Path, nb: nbformat.NotebookNode | None, known: Iterable[str]) -> str:
+def assignment_of(path: Path, nb: nbformat.NotebookNode | None, known: Iterable[str]) -> str:
+    """Return which assignment a submission is: its release stamp, else its file name."""
     if nb is not None:
         tagged = nb.metadata.get("course", {}).get("assignment")
         if tagged in known:
@@ -69,7 +77,7 @@ def _grade_one(
     else:
         unreadable = ""
     try:
-        assignment = _assignment_of(path, submission, sources)
+        assignment = assignment_of(path, submission, sources)
     except ValueError as exc:
         return [ExerciseResult(student, "?", "?", 0.0, 0.0, str(exc))]
     pristine = sources[assignment]
