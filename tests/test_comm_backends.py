@@ -50,8 +50,9 @@ def test_mismatches_raise_errors_naming_ranks(backend, n):
     assert f"rank {n - 1}" in results[0]["allreduce"]
     assert any(r["ring"].startswith("CommMismatchError") for r in results), results
     # the ranks that did not see the mismatch time out, naming a rank that stopped answering
-    assert all("never answered" in r["ring"] or "Mismatch" in r["ring"] or "broken" in r["ring"]
-               for r in results)  # fmt: skip
+    # (or, on gloo, saw the connection close because a peer had already left)
+    assert all(any(word in r["ring"] for word in ("never answered", "Mismatch", "connection to rank"))
+               for r in results), results  # fmt: skip
 
 
 @pytest.mark.timeout(200)
@@ -67,7 +68,8 @@ def test_timeouts_name_the_silent_rank(backend, n):
 @pytest.mark.parametrize("n", [2, 4])
 def test_emulated_link_slows_transfers_as_modelled(backend, n):
     results = launch(backend, n, "link")
-    assert 1.0 <= results[0]["ratio"] < 1.25  # also asserted inside the worker
+    assert 1.0 <= results[0]["ratio"] < 1.5  # also asserted inside the worker
     limit = 1.5 if n <= (os.cpu_count() or 1) else 2.2  # oversubscribed cores: looser
     for name in ("ring_allreduce", "star_allreduce"):
-        assert 0.95 <= results[0][name] < limit
+        # never faster than the bandwidth term; at most a little slower than alpha-beta predicts
+        assert results[0][name + "_floor"] >= 0.98 and results[0][name] < limit, results[0]

@@ -108,8 +108,16 @@ class Handle:
         )
 
     def _wait(self, req: Any, deadline: float, verb: str) -> None:
-        if not self.comm._wait_raw(req, deadline):
-            what = "send to" if self.kind == "send" else "recv from"
+        what = "send to" if self.kind == "send" else "recv from"
+        try:
+            finished = self.comm._wait_raw(req, deadline)
+        except CommError as exc:  # the backend lost the connection (gloo: the peer left or failed)
+            raise CommError(
+                f"rank {self.comm.rank}: {what} rank {self.peer} (tag {self.tag}) failed: the "
+                f"connection to rank {self.peer} closed (that rank left, failed or timed out "
+                f"itself). Look at rank {self.peer}'s own error first. Backend said: {exc}"
+            ) from exc
+        if not finished:
             raise CommTimeoutError(
                 f"rank {self.comm.rank}: {what} rank {self.peer} (tag {self.tag}) timed out after "
                 f"{self.comm.timeout:g} s: rank {self.peer} never answered (it {verb} nothing); "

@@ -220,7 +220,7 @@ def suite_link(comm) -> dict:
     out["expected"] = link.transfer_time(buf.nbytes)
     if r == 0:  # rank 0 times whole round trips; rank 1 stops before its last message lands
         out["ratio"] = out["emulated"] / out["expected"]
-        assert 1.0 <= out["ratio"] < 1.25, out
+        assert 1.0 <= out["ratio"] < 1.5, out  # a link charged twice would give 2
     model = LinkModel.from_link(link)
     for name, fn in (("ring_allreduce", C.ring_allreduce), ("star_allreduce", C.star_allreduce)):
         x = np.ones(250_000, np.float32)
@@ -230,8 +230,15 @@ def suite_link(comm) -> dict:
         took = np.array([time.perf_counter() - t0])
         comm.allreduce(took, op="max")  # the collective ends when its slowest rank does
         out[name] = float(took[0]) / predict(name, x.nbytes, p, model)
+        # The alpha-beta formula charges alpha per message; the emulated link, like a real NIC,
+        # lets one message's latency overlap the next one's transfer (star's gather and
+        # broadcast), so the time can undercut the formula by a few alphas but never the
+        # bandwidth term alone.
+        floor = predict(name, x.nbytes, p, LinkModel(alpha=0.0, beta=model.beta))
+        out[name + "_floor"] = float(took[0]) / floor
+        assert out[name + "_floor"] >= 0.98, (name, out)
         # ranks beyond the core count share CPUs, and every wait spins a little: allow more
-        assert 0.95 <= out[name] < (1.5 if p <= (os.cpu_count() or 1) else 2.2), (name, out)
+        assert out[name] < (1.5 if p <= (os.cpu_count() or 1) else 2.2), (name, out)
     return out
 
 
