@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import random
 from collections.abc import Callable
 from typing import Any
 
@@ -15,22 +16,29 @@ def check_sum_of_squares(
 ) -> Verdict:
     """Exercise 0.1: the student's function must spread the work over ``view`` and sum correctly.
 
-    The reference is the formula $\\sum_{i<N} i^2 = (N-1)N(2N-1)/6$; the check also counts the
-    messages the client sent, so a function that quietly computes everything in the notebook
-    fails.
+    The reference is the formula $\\sum_{i<N} i^2 = (N-1)N(2N-1)/6$, for three fixed $N$ and one
+    random one (so a table of answers fails); the controller's task counts must show that every
+    engine of ``view`` ran something during each call, so a function that quietly computes
+    everything in the notebook fails.
     """
 
+    def completed() -> dict[int, int]:
+        status = view.client.queue_status()
+        return {eid: status[eid]["completed"] for eid in view.targets}
+
     def body() -> str:
-        sizes = (10, 1001, 3)
+        sizes = (10, 1001, 3, random.SystemRandom().randrange(2_000, 50_000))
         for N in sizes:
-            sent_before = len(view.client.history)
+            before = completed()
             got = sum_of_squares_on_engines(view, N)
             expected = (N - 1) * N * (2 * N - 1) // 6
             assert got == expected, f"N={N}: got {got!r}, expected {expected}"
-            assert len(view.client.history) > sent_before, (
-                f"N={N}: the right number, but nothing was sent to the engines; "
+            after = completed()
+            idle = [rank for rank, eid in enumerate(view.targets) if after[eid] == before[eid]]
+            assert not idle, (
+                f"N={N}: the right number, but the engines of ranks {idle} ran nothing; "
                 "compute the squares there (scatter, then apply or execute)"
             )
-        return f"{len(view)} engines, N in {sizes}"
+        return f"{len(view)} engines, N in {sizes[:3]} and one random N"
 
     return run_check("0.1", "sum_of_squares_on_engines", body, verbose=verbose)

@@ -73,7 +73,7 @@ def _all_answer(cluster: CourseCluster, timeout: float) -> bool:
     return True
 
 
-def recover(cluster: CourseCluster, grace: float = 3.0) -> RecoveryReport:
+def recover(cluster: CourseCluster, grace: float = 10.0) -> RecoveryReport:
     """Free hung engines: SIGINT for local engines, then a restart of all engines if needed.
 
     Returns a report; the cluster's view, ranks and ``%px`` magics point at the live engines

@@ -247,6 +247,15 @@ def _sum_of_squares_forgets_rank_0(view, N):
     return sum(view.pull("partial", block=True)[1:])
 
 
+def _sum_of_squares_on_rank_0_only(view, N):
+    return view.client[view.targets[0]].apply_sync(lambda n: sum(i * i for i in range(n)), N)
+
+
+def _sum_of_squares_from_a_table(view, N):
+    view.execute("pass", block=True)  # looks busy, but the answer is a lookup
+    return {10: 285, 1001: 333833500, 3: 5}.get(N, 0)
+
+
 def _stub(view, N):
     raise NotImplementedError("Exercise 0.1: scatter range(N), sum squares on each engine")
 
@@ -256,7 +265,9 @@ def _stub(view, N):
     [
         (_sum_of_squares_reference, True, "2 engines"),
         (_stub, False, "not implemented yet"),
-        (_sum_of_squares_in_notebook, False, "nothing was sent to the engines"),
+        (_sum_of_squares_in_notebook, False, "the engines of ranks [0, 1] ran nothing"),
+        (_sum_of_squares_on_rank_0_only, False, "the engines of ranks [1] ran nothing"),
+        (_sum_of_squares_from_a_table, False, ", expected "),
         (_sum_of_squares_forgets_rank_0, False, "N=10: got 255, expected 285"),
     ],
 )

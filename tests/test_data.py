@@ -54,6 +54,16 @@ def test_unknown_dataset_lists_known_ones():
 # ---- torchvision sets offline: tried for real, no mock ----------------------------------------
 
 
+@pytest.fixture(autouse=True)
+def no_route_to_dataset_hosts(monkeypatch):
+    """Send downloads through a proxy on a closed local port: a real failed connection, even on
+    a machine that can reach the dataset hosts (which would otherwise download 170 MB)."""
+    for var in ("http_proxy", "https_proxy", "HTTP_PROXY", "HTTPS_PROXY"):
+        monkeypatch.setenv(var, "http://127.0.0.1:9")
+    for var in ("no_proxy", "NO_PROXY"):
+        monkeypatch.delenv(var, raising=False)
+
+
 @pytest.mark.parametrize("name", ["mnist", "cifar10"])
 def test_offline_download_gives_clear_error_and_leaves_nothing(name, tmp_path, monkeypatch):
     monkeypatch.delenv(data.ENV_VAR, raising=False)

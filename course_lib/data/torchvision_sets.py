@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import os
 import shutil
+import tarfile
 import tempfile
+import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -134,12 +136,16 @@ def load_torchvision(
     try:
         # download=True with the files already in place only checks and unpacks them.
         raw = cls(str(target), train=train, download=download)
-    except (RuntimeError, OSError) as exc:  # URLError is an OSError
+    except BaseException as exc:  # Ctrl-C included: whatever stopped it, leave no partial files
         if before is None:
             shutil.rmtree(target, ignore_errors=True)
         else:
             _remove_new(before, folder)
-        raise DatasetUnavailableError(_advice(name, spec, folder, exc)) from None
+        # URLError is an OSError; a truncated archive raises tarfile.ReadError, EOFError or
+        # zlib.error; anything else (KeyboardInterrupt, a bug) goes up as it is
+        if isinstance(exc, (RuntimeError, OSError, EOFError, tarfile.TarError, zlib.error)):
+            raise DatasetUnavailableError(_advice(name, spec, folder, exc)) from None
+        raise
     if before is None:
         try:
             os.replace(target, folder)
