@@ -9,6 +9,7 @@ import numpy as np
 
 from course_lib.comm.buffers import chunk_bounds
 from course_lib.comm.communicator import Communicator
+from course_lib.verdict import Verdict, run_check
 
 __all__ = ["check_ring_allgather", "check_ring_allgather_on_rank", "stub_ring_allgather"]
 
@@ -68,13 +69,40 @@ def _engine_check(name: str, fn: Callable) -> str:
     return check_ring_allgather_on_rank(get_ipython().user_ns[name], fn)
 
 
-def check_ring_allgather(fn: Callable, cluster: Any, name: str = "comm", timeout: float = 60.0):
-    """Exercise 3.1: run the student's ``fn`` on every engine's communicator ``name``; print a verdict."""
-    from course_lib.verdict import run_check
+def _engine_comm_timeout(name: str) -> float:
+    from IPython import get_ipython
+
+    comm = get_ipython().user_ns.get(name)
+    if comm is None:
+        raise RuntimeError(
+            f"no communicator called {name!r} on this engine: run "
+            f"setup_communicators(cluster, name={name!r}) first"
+        )
+    return float(comm.timeout)
+
+
+def check_ring_allgather(
+    fn: Callable,
+    cluster: Any,
+    *,
+    comm_name: str = "comm",
+    verbose: bool = True,
+    timeout: float | None = None,
+) -> Verdict:
+    """Exercise 3.1: run the student's ``fn`` on every engine's communicator ``comm_name``.
+
+    Prints (when ``verbose``) and returns the verdict. ``timeout`` bounds the whole run; by
+    default it is the communicators' own timeout plus 15 s, so that when one rank fails the
+    others' communication timeout fires first and the check reports FAIL with their errors,
+    instead of the cluster giving up on the engines and restarting them.
+    """
 
     def body() -> str:
+        limit = timeout
+        if limit is None:
+            limit = max(cluster.run(_engine_comm_timeout, comm_name, timeout=30)) + 15.0
         try:
-            details = cluster.run(_engine_check, name, fn, timeout=timeout)
+            details = cluster.run(_engine_check, comm_name, fn, timeout=limit)
         except Exception as exc:  # noqa: BLE001 - ipyparallel wraps the engine's exception
             inner = getattr(exc, "ename", None)
             if inner == "NotImplementedError" or "NotImplementedError" in str(exc):
@@ -84,4 +112,4 @@ def check_ring_allgather(fn: Callable, cluster: Any, name: str = "comm", timeout
             raise
         return details[0]
 
-    return run_check("3.1", "ring allgather", body)
+    return run_check("3.1", "ring allgather", body, verbose=verbose)

@@ -22,6 +22,7 @@ __all__ = [
     "LinkModel",
     "allreduce_bound",
     "fit_alpha_beta",
+    "gossip_messages",
     "ping_pong",
     "predict",
 ]
@@ -70,17 +71,40 @@ ALGORITHMS = {
     "recursive_doubling_allreduce": _doubling,
     "tree_broadcast": lambda n, p, a, b: _log2(p) * (a + n * b),
     "broadcast_naive": lambda n, p, a, b: (p - 1) * (a + n * b),
-    "gossip_step": lambda n, p, a, b: (1 if p <= 2 else 2) * (a + n * b) if p > 1 else 0.0,
+    "gossip_step": lambda n, p, a, b, s=1: gossip_messages(p, s) * (a + n * b),
 }
 
 
-def predict(algorithm: str, nbytes: float, world_size: int, model: LinkModel) -> float:
-    """Return the predicted seconds of ``algorithm`` on an ``nbytes`` buffer over ``world_size`` ranks."""
+def gossip_messages(world_size: int, s: int = 1) -> int:
+    """Return the messages each rank sends in one ``gossip_step`` at partner distance ``s``.
+
+    Two (to ``i - s`` and ``i + s``), or one when both partners are the same rank: ``s = N / 2``
+    (which includes ``N = 2``). None on a single rank.
+    """
+    if world_size <= 1:
+        return 0
+    if not 1 <= s < world_size:
+        raise ValueError(f"distance s must be in 1..{world_size - 1}, got {s}")
+    return 1 if 2 * s == world_size else 2
+
+
+def predict(
+    algorithm: str, nbytes: float, world_size: int, model: LinkModel, **options: int
+) -> float:
+    """Return the predicted seconds of ``algorithm`` on an ``nbytes`` buffer over ``world_size`` ranks.
+
+    ``options`` go to the algorithm's formula: only ``gossip_step`` takes one, its partner
+    distance ``s`` (default 1, as in :func:`~course_lib.collectives.gossip_step`).
+    """
     if algorithm not in ALGORITHMS:
         raise ValueError(f"unknown algorithm {algorithm!r}; choose one of {sorted(ALGORITHMS)}")
     if world_size < 1:
         raise ValueError(f"world_size must be >= 1, got {world_size}")
-    return float(ALGORITHMS[algorithm](nbytes, world_size, model.alpha, model.beta))
+    if options and algorithm != "gossip_step":
+        raise ValueError(f"{algorithm} takes no options, got {sorted(options)}")
+    if set(options) - {"s"}:
+        raise ValueError(f"gossip_step takes only the option s, got {sorted(options)}")
+    return float(ALGORITHMS[algorithm](nbytes, world_size, model.alpha, model.beta, **options))
 
 
 def allreduce_bound(nbytes: float, world_size: int, bandwidth: float) -> float:

@@ -6,8 +6,6 @@ far cheaper than one launch per case.
 
 from __future__ import annotations
 
-import os
-
 import pytest
 from comm_workers.launch import launch, mpiexec
 
@@ -32,9 +30,14 @@ def test_collectives_equal_backend_and_count_bytes(backend, n):
     for res in results:
         assert res["collectives"]["cases"] == 36
         counters = res["counters"]
-        # ring allreduce: 2(N-1)/N of the buffer per rank (1001 float32 elements, uneven chunks)
-        assert abs(counters["ring_fraction"] - 2 * (n - 1) / n) < 0.01
+        # ring allreduce: each rank sent 2(N-1)/N of the buffer, measured by its counters; with
+        # 1001 elements the two chunks it skips differ from n/N by under one element each
+        numel = counters["numel"]
+        assert abs(counters["ring_fraction"] - 2 * (n - 1) / n) < 2 / numel, counters
         assert res["check"]["detail"].startswith(f"{n} ranks")
+    # binomial-tree broadcast: the whole buffer reaches each of the N-1 other ranks exactly once
+    assert sum(r["counters"]["bcast"][0] for r in results) == 4 * 1001 * (n - 1)
+    assert sum(r["counters"]["bcast"][1] for r in results) == n - 1
     assert sorted(r["subgroup"].get("sub_rank", -1) for r in results) == sorted(
         [0, 1] + [-1] * (n - 2)
     )
@@ -65,11 +68,22 @@ def test_timeouts_name_the_silent_rank(backend, n):
 
 
 @pytest.mark.timeout(200)
+def test_gloo_recv_timeout_names_the_silent_rank():
+    # gloo closes every connection after a timeout, so this one gets a world of its own
+    n = 3
+    results = launch("gloo", n, "p2p_timeout")
+    assert f"rank {n - 1} never answered" in results[0]["timeout"], results[0]
+    assert results[0]["seconds"] > 2.0  # it waited (SHORT = 3 s), not failed at once
+
+
+@pytest.mark.timeout(200)
 @pytest.mark.parametrize("n", [2, 4])
 def test_emulated_link_slows_transfers_as_modelled(backend, n):
     results = launch(backend, n, "link")
-    assert 1.0 <= results[0]["ratio"] < 1.5  # also asserted inside the worker
-    limit = 1.5 if n <= (os.cpu_count() or 1) else 2.2  # oversubscribed cores: looser
+    # Lower bounds are exact (the emulation never delivers early); upper bounds are loose (LOOSE
+    # in worker.py) because 4 busy-polling ranks on 2 loaded cores add real time. Charging the
+    # link twice is caught without timing in test_emulated_link.py.
+    assert 1.0 <= results[0]["ratio"] < 3.0  # also asserted inside the worker
     for name in ("ring_allreduce", "star_allreduce"):
-        # never faster than the bandwidth term; at most a little slower than alpha-beta predicts
-        assert results[0][name + "_floor"] >= 0.98 and results[0][name] < limit, results[0]
+        # never faster than the bandwidth term alone (latency may overlap in the star)
+        assert results[0][name + "_floor"] >= 0.98 and results[0][name] < 3.0, results[0]

@@ -1,4 +1,5 @@
-"""Property tests of the from-scratch collectives (hypothesis), the chunking and the cost model.
+"""Property tests of the from-scratch collectives (hypothesis), the chunking, the cost model and
+the choice of the gloo rendezvous address.
 
 The collectives run on a thread communicator here, so hypothesis can try many world sizes,
 lengths and dtypes quickly; test_comm_backends.py runs the same code on real processes.
@@ -6,7 +7,10 @@ lengths and dtypes quickly; test_comm_backends.py runs the same code on real pro
 
 from __future__ import annotations
 
+import socket
+
 import numpy as np
+import psutil
 import pytest
 from comm_workers.threads import run_threads
 from hypothesis import given, settings
@@ -14,7 +18,14 @@ from hypothesis import strategies as st
 
 from course_lib import collectives as C
 from course_lib.comm import EmulatedLink, chunk_bounds
-from course_lib.cost_model import LinkModel, allreduce_bound, fit_alpha_beta, predict
+from course_lib.comm.setup import master_address, rendezvous_peer, routed_address
+from course_lib.cost_model import (
+    LinkModel,
+    allreduce_bound,
+    fit_alpha_beta,
+    gossip_messages,
+    predict,
+)
 
 ALLREDUCES = [C.ring_allreduce, C.star_allreduce, C.allreduce_naive, C.recursive_doubling_allreduce]
 dtypes = st.sampled_from([np.float16, np.float32, np.float64])
@@ -52,6 +63,20 @@ def test_gossip_step_averages_the_three(p, size, s):
         assert np.allclose(got, (x[left] + x[i] + x[right]) / 3)
 
 
+@settings(max_examples=30, deadline=None)
+@given(p=st.integers(1, 8), s=st.integers(1, 7))
+def test_gossip_sends_as_many_messages_as_the_model_counts(p, s):
+    s = 1 + (s - 1) % max(p - 1, 1)
+    counts = run_threads(p, lambda comm: (C.gossip_step(comm, np.ones(3), s), comm.stats)[1])
+    # alpha = 1 s and an empty buffer: the predicted seconds are the number of messages
+    model = predict("gossip_step", 0, p, LinkModel(alpha=1.0, beta=1.0), s=s)
+    assert all(c.messages_sent == model == gossip_messages(p, s) for c in counts)
+    if p % 2 == 0:  # s = N/2: both partners are one rank, so one exchange (the bug was two)
+        half = predict("gossip_step", 0, p, LinkModel(alpha=1.0, beta=1.0), s=p // 2)
+        assert half == 1 == gossip_messages(p, p // 2)
+
+
+@settings(deadline=None)  # a loaded 2-core machine can stall any example past the default 200 ms
 @given(numel=st.integers(0, 10_000), p=st.integers(1, 64))
 def test_chunks_cover_the_buffer_and_differ_by_at_most_one(numel, p):
     bounds = chunk_bounds(numel, p)
@@ -96,6 +121,47 @@ def test_predictions_follow_the_formulas():
     assert predict("ring_allreduce", n, 4, m) > allreduce_bound(n, 4, 125e6)
     with pytest.raises(ValueError, match="unknown algorithm"):
         predict("ring", n, 4, m)
+
+
+def test_predict_options_are_checked():
+    m = LinkModel(alpha=1.0, beta=1.0)
+    assert predict("gossip_step", 0, 4, m) == predict("gossip_step", 0, 4, m, s=1) == 2
+    with pytest.raises(ValueError, match="takes no options"):
+        predict("ring_allreduce", 0, 4, m, s=2)
+    with pytest.raises(ValueError, match="only the option s"):
+        predict("gossip_step", 0, 4, m, t=2)
+    with pytest.raises(ValueError, match="distance s"):
+        predict("gossip_step", 0, 4, m, s=4)
+
+
+def test_rendezvous_peer_is_a_host_other_than_rank_0s():
+    # ranks 0-3 on the controller PC, 4-7 on a lab PC: rank 1's host is rank 0's own
+    assert rendezvous_peer(["ctrl"] * 4 + ["lab1"] * 4) == "lab1"
+    assert rendezvous_peer(["ctrl", "lab1", "ctrl", "lab2"]) == "lab1"
+    assert rendezvous_peer(["ctrl"] * 4) is None
+    assert rendezvous_peer(["ctrl", None, "ctrl"]) is None  # unknown hosts are skipped
+    assert rendezvous_peer([]) is None
+
+
+def test_master_address_on_one_pc_and_towards_a_peer(monkeypatch):
+    assert master_address(None) == "127.0.0.1"  # every rank here: loopback
+    assert master_address(None, ifname="eth0") == "127.0.0.1"
+    assert routed_address("127.0.0.1") == "127.0.0.1"  # the interface that routes there
+    monkeypatch.setattr(socket, "gethostbyname", {"lab1": "127.0.0.1"}.__getitem__)
+    assert master_address("lab1") == "127.0.0.1"
+    # GLOO_SOCKET_IFNAME wins over routing: the loopback interface's own address
+    loopback = next(name for name, addrs in psutil.net_if_addrs().items()
+                    if any(a.address == "127.0.0.1" for a in addrs))  # fmt: skip
+    assert master_address("lab1", ifname=loopback) == "127.0.0.1"
+    with pytest.raises(ValueError, match="no IPv4 address"):
+        master_address("lab1", ifname="no-such-interface")
+
+    def unknown(host: str) -> str:
+        raise OSError(f"unknown host {host}")
+
+    monkeypatch.setattr(socket, "gethostbyname", unknown)
+    with pytest.raises(ValueError, match="master_addr"):
+        master_address("lab2")
 
 
 def test_bad_settings_raise_with_advice():

@@ -16,9 +16,9 @@ def recursive_doubling_allreduce(comm: Communicator, tensor: Buffer, op: str = "
 
     Every rank calls it. For a world size that is not a power of two, the ``N - 2^m`` extra ranks
     first hand their buffer to a partner and get the result back at the end (Thakur, Rabenseifner
-    & Gropp 2005). Few, large messages: cost $\\lceil\\log_2 N\\rceil(\\alpha + n\\beta)$, plus
-    $2(\\alpha + n\\beta)$ when ``N`` is not a power of two; good for small buffers (latency-bound),
-    worse than the ring for large ones.
+    & Gropp 2005). Few, large messages: cost $\\lfloor\\log_2 N\\rfloor(\\alpha + n\\beta)$ (the
+    exchanges among the largest power of two of ranks), plus $2(\\alpha + n\\beta)$ when ``N`` is
+    not a power of two; good for small buffers (latency-bound), worse than the ring for large ones.
     """
     arr = reducible_flat(tensor, op)
     p, r = comm.world_size, comm.rank

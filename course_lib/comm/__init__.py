@@ -15,6 +15,7 @@ from course_lib.comm.communicator import (
     CommTimeoutError,
     Communicator,
     Handle,
+    wait_all,
 )
 from course_lib.comm.emulated_link import GIGABIT, EmulatedLink, emulate
 from course_lib.comm.setup import BACKENDS, free_port, make_communicator, setup_communicators
@@ -38,4 +39,5 @@ __all__ = [
     "free_port",
     "make_communicator",
     "setup_communicators",
+    "wait_all",
 ]

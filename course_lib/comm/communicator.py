@@ -26,6 +26,7 @@ __all__ = [
     "CommTimeoutError",
     "Communicator",
     "Handle",
+    "wait_all",
 ]
 
 TAG_LIMIT = 8192  # user tags are 0..8191; raw tags 2*tag and 2*tag+1 stay under MPI's minimum 32767

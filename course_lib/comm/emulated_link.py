@@ -74,15 +74,25 @@ class LinkClock:
         self.out_free_at = 0.0
         self.in_free_at = 0.0
 
-    def depart(self, nbytes: int) -> tuple[float, float]:
-        """Book the outgoing side; return (time the last byte leaves, time it arrives)."""
-        start = max(time.time(), self.out_free_at)
+    def depart(self, nbytes: int, now: float | None = None) -> tuple[float, float]:
+        """Book the outgoing side; return (time the last byte leaves, time it arrives).
+
+        The message starts once the outgoing side is free, so it leaves at
+        ``max(now, previous leave) + nbytes / bandwidth`` and arrives ``latency`` later. ``now``
+        defaults to ``time.time()``; tests pass it to check the bookkeeping without a clock.
+        """
+        start = max(time.time() if now is None else now, self.out_free_at)
         leaves = start + nbytes / self.link.bandwidth
         self.out_free_at = leaves
         return leaves, leaves + self.link.latency
 
     def arrive(self, nbytes: int, arrives_at: float) -> float:
-        """Book the incoming side for a message; return when the receiver may see it."""
+        """Book the incoming side for a message; return when the receiver may see it.
+
+        Its bytes hold the incoming side for ``nbytes / bandwidth`` up to ``arrives_at``, or
+        later while an earlier message still holds it: ``max(arrives_at, previous ready +
+        nbytes / bandwidth)``. The sender already paid the transfer time; it is not added again.
+        """
         ready = max(arrives_at, self.in_free_at + nbytes / self.link.bandwidth)
         self.in_free_at = ready
         return ready

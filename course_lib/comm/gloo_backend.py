@@ -15,7 +15,7 @@ import torch.distributed as dist
 from course_lib.comm.buffers import Buffer, chunk_bounds, like
 from course_lib.comm.communicator import CommError, CommTimeoutError, Communicator
 
-__all__ = ["GlooCommunicator", "init_gloo"]
+__all__ = ["GlooCommunicator", "init_gloo", "master_store"]
 
 _REDUCIBLE = {"float16", "float32", "float64", "bfloat16", "int8", "uint8", "int32", "int64"}
 
@@ -27,26 +27,52 @@ def init_gloo(
     master_port: int,
     timeout: float = 60.0,
     ifname: str | None = None,
+    store: Any = None,
 ) -> GlooCommunicator:
     """Join the gloo process group at ``master_addr:master_port``; every rank must call it at once.
 
     ``ifname`` sets ``GLOO_SOCKET_IFNAME`` (e.g. ``"eth0"``): needed when ranks sit on different
     PCs and gloo would otherwise pick an interface (such as loopback) that the others cannot reach.
-    A process group that already exists on this process is destroyed first, so re-running a
-    notebook cell works.
+    ``store`` is a ``TCPStore`` that rank 0 already listens on (see :func:`master_store`);
+    without it rank 0 starts one on ``master_port``. A process group that already exists on this
+    process is destroyed first, so re-running a notebook cell works.
     """
     if ifname:
         os.environ["GLOO_SOCKET_IFNAME"] = ifname
     if dist.is_initialized():
         dist.destroy_process_group()
+    if store is None:
+        store = dist.TCPStore(
+            master_addr,
+            int(master_port),
+            world_size,
+            is_master=rank == 0,
+            timeout=timedelta(seconds=timeout),
+            wait_for_workers=False,
+        )
+    # Every rank passes an explicit store (not init_method="tcp://..."), so rank 0 can use one it
+    # opened before the port was announced: the port is never free between choosing and using it.
     dist.init_process_group(
-        "gloo",
-        init_method=f"tcp://{master_addr}:{int(master_port)}",
-        rank=rank,
-        world_size=world_size,
-        timeout=timedelta(seconds=timeout),
+        "gloo", store=store, rank=rank, world_size=world_size, timeout=timedelta(seconds=timeout)
     )
     return GlooCommunicator(timeout=timeout)
+
+
+def master_store(master_addr: str, world_size: int, timeout: float = 60.0) -> tuple[Any, int]:
+    """Open rank 0's rendezvous store on a port the OS picks; return it and that port.
+
+    Binding port 0 and keeping the socket open is the only race-free way to get a free port:
+    a port found free and closed again can be taken by another program before gloo binds it.
+    """
+    store = dist.TCPStore(
+        master_addr,
+        0,
+        world_size,
+        is_master=True,
+        timeout=timedelta(seconds=timeout),
+        wait_for_workers=False,
+    )
+    return store, int(store.port)
 
 
 class _Broken:
@@ -63,7 +89,10 @@ class GlooCommunicator(Communicator):
     """A communicator over a torch.distributed gloo group (default: the whole world).
 
     Gloo reports ``is_completed()`` only after ``wait()``, so waits use ``Work.wait(timeout)``;
-    a gloo timeout closes the connection, so the group must be recreated after one.
+    a gloo timeout closes the connection, so the group must be recreated after one. Peers are
+    addressed by global rank (``dst``, not torch 2.6's ``group_dst``), and a subgroup's ranks
+    follow the order given to :meth:`subgroup` however torch numbers the group (``new_group``'s
+    ``sort_ranks`` is much newer still), so no recent torch keyword is needed.
     """
 
     backend = "gloo"
@@ -75,7 +104,12 @@ class GlooCommunicator(Communicator):
             raise RuntimeError("no gloo process group: create one with init_gloo(...) first")
         self.group = group
         self.global_ranks = global_ranks or list(range(dist.get_world_size()))
-        super().__init__(dist.get_rank(group), dist.get_world_size(group), timeout)
+        rank = self.global_ranks.index(dist.get_rank())
+        super().__init__(rank, len(self.global_ranks), timeout)
+        # torch numbers a group's members in increasing global rank; row q of its allgather
+        # output belongs to global rank sorted(global_ranks)[q], so reorder rows to our ranks.
+        by_torch = sorted(self.global_ranks)
+        self._rows = [by_torch.index(g) for g in self.global_ranks]
         self._ops = {"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX, "min": dist.ReduceOp.MIN}
 
     @staticmethod
@@ -86,13 +120,15 @@ class GlooCommunicator(Communicator):
 
     def _post_send(self, arr: np.ndarray, dst: int, raw_tag: int) -> Any:
         try:
-            return dist.isend(self._tensor(arr), group=self.group, tag=raw_tag, group_dst=dst)
+            dst = self.global_ranks[dst]
+            return dist.isend(self._tensor(arr), dst, group=self.group, tag=raw_tag)
         except RuntimeError as exc:  # a closed connection: report it when waited for
             return _Broken(exc)
 
     def _post_recv(self, arr: np.ndarray, src: int, raw_tag: int) -> Any:
         try:
-            return dist.irecv(self._tensor(arr), group=self.group, tag=raw_tag, group_src=src)
+            src = self.global_ranks[src]
+            return dist.irecv(self._tensor(arr), src, group=self.group, tag=raw_tag)
         except RuntimeError as exc:
             return _Broken(exc)
 
@@ -126,21 +162,26 @@ class GlooCommunicator(Communicator):
             if name == "barrier":
                 self._run(dist.all_reduce(torch.zeros(1), group=g, async_op=True), name, deadline)
             elif name == "broadcast":
-                work = dist.broadcast(t, group_src=kw["src"], group=g, async_op=True)
+                work = dist.broadcast(t, self.global_ranks[kw["src"]], group=g, async_op=True)
                 self._run(work, name, deadline)
             elif name == "allreduce":
                 self._run(dist.all_reduce(t, self._ops[kw["op"]], g, async_op=True), name, deadline)
             elif name == "allgather":
                 out = torch.empty(self.world_size * t.numel(), dtype=t.dtype)
                 self._run(dist.all_gather_into_tensor(out, t, g, async_op=True), name, deadline)
+                out = out.reshape((self.world_size, t.numel()))[self._rows]
                 out = out.reshape((self.world_size, *buf.shape))
                 return out if isinstance(buf, torch.Tensor) else out.numpy()
             elif name == "reduce_scatter":
-                bounds = chunk_bounds(t.numel(), self.world_size)
-                inputs = [t[a:b].clone() for a, b in bounds]
-                out = torch.empty_like(inputs[self.rank])
-                work = dist.reduce_scatter(out, inputs, self._ops[kw["op"]], g, async_op=True)
-                self._run(work, name, deadline)
+                # Gloo gained a list reduce_scatter only after torch 2.6 (pytorch#149869), and it
+                # runs one allreduce per chunk anyway; one allreduce of a copy, then this rank's
+                # chunk, gives the same result on every torch version.
+                full = t.clone()
+                self._run(
+                    dist.all_reduce(full, self._ops[kw["op"]], g, async_op=True), name, deadline
+                )
+                a, b = chunk_bounds(full.numel(), self.world_size)[self.rank]
+                out = full[a:b].clone()
                 return out if isinstance(buf, torch.Tensor) else like(buf, out.numpy())
             else:
                 raise ValueError(f"unknown collective {name!r}")
@@ -148,7 +189,9 @@ class GlooCommunicator(Communicator):
 
     def _split(self, ranks: list[int]) -> GlooCommunicator | None:
         members = [self.global_ranks[r] for r in ranks]
-        group = dist.new_group(ranks=members, sort_ranks=False)
+        # new_group(sort_ranks=False) exists only in recent torch; the sorted group is fine
+        # because this class maps its own rank order onto torch's (see __init__).
+        group = dist.new_group(ranks=members)
         if self.rank not in ranks:
             return None
         return GlooCommunicator(group, members, self.timeout)

@@ -8,13 +8,25 @@ from typing import Any
 from course_lib.comm.communicator import Communicator
 from course_lib.comm.emulated_link import EmulatedLink, emulate
 
-__all__ = ["BACKENDS", "free_port", "make_communicator", "setup_communicators"]
+__all__ = [
+    "BACKENDS",
+    "free_port",
+    "make_communicator",
+    "master_address",
+    "rendezvous_peer",
+    "routed_address",
+    "setup_communicators",
+]
 
 BACKENDS = ("mpi", "gloo")
 
 
 def free_port(host: str = "") -> int:
-    """Return a TCP port that is free now (the OS picks it by binding port 0)."""
+    """Return a TCP port that is free now (the OS picks it by binding port 0).
+
+    It is free only now: another program may take it before it is used, so a caller that
+    starts processes with it should retry with a new port on "address already in use".
+    """
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind((host, 0))
         return sock.getsockname()[1]
@@ -29,12 +41,14 @@ def make_communicator(
     timeout: float = 60.0,
     link: EmulatedLink | None = None,
     ifname: str | None = None,
+    store: Any = None,
 ) -> Communicator:
     """Create this process's communicator for ``backend`` (``"mpi"`` or ``"gloo"``).
 
     ``mpi`` uses ``MPI.COMM_WORLD`` (rank and size come from MPI). ``gloo`` needs ``rank``,
-    ``world_size`` and rank 0's ``master_addr:master_port``, and every rank must call it at once.
-    With ``link``, the result is wrapped by :func:`emulate` and labelled as emulated.
+    ``world_size`` and rank 0's ``master_addr:master_port``, and every rank must call it at once;
+    rank 0 may pass the ``store`` it already opened on that port. With ``link``, the result is
+    wrapped by :func:`emulate` and labelled as emulated.
     """
     if backend == "mpi":
         from course_lib.comm.mpi_backend import MPICommunicator
@@ -45,37 +59,97 @@ def make_communicator(
 
         if rank is None or world_size is None or master_port is None:
             raise ValueError("backend='gloo' needs rank, world_size and master_port")
-        comm = init_gloo(rank, world_size, master_addr, master_port, timeout, ifname)
+        comm = init_gloo(rank, world_size, master_addr, master_port, timeout, ifname, store)
     else:
         raise ValueError(f"unknown backend {backend!r}: choose one of {BACKENDS}")
     return emulate(comm, link) if link is not None else comm
+
+
+def rendezvous_peer(hosts: list[str | None]) -> str | None:
+    """Return the first host that is not rank 0's (``hosts[0]``), or None if all share it.
+
+    Rank 0's address must be the one that *other* PCs reach it by. With ranks 0-3 on the
+    controller PC and the rest on lab PCs, rank 1 sits on rank 0's own PC, so only a different
+    host tells which network interface the others will come in on. Unknown hosts (None) are
+    skipped.
+    """
+    first = hosts[0] if hosts else None
+    return next((h for h in hosts[1:] if h is not None and h != first), None)
+
+
+def routed_address(peer_ip: str) -> str:
+    """Return this PC's IPv4 address on the interface that routes to ``peer_ip``."""
+    # Connecting a UDP socket sends nothing; it only asks the OS which interface routes to the
+    # peer, which gives this PC's address on the lab network rather than 127.0.1.1.
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+        sock.connect((peer_ip, 9))
+        return sock.getsockname()[0]
+
+
+def interface_address(ifname: str) -> str | None:
+    """Return the IPv4 address of network interface ``ifname`` on this PC, or None."""
+    import psutil
+
+    for addr in psutil.net_if_addrs().get(ifname, []):
+        if addr.family == socket.AF_INET:
+            return addr.address
+    return None
+
+
+def master_address(peer_host: str | None, ifname: str | None = None) -> str:
+    """Return the address rank 0 listens on for gloo, seen from the other ranks; run on rank 0.
+
+    ``127.0.0.1`` when every rank is on this PC (``peer_host`` None). Otherwise the address of
+    ``ifname`` (``GLOO_SOCKET_IFNAME``) when given, else of the interface that routes to
+    ``peer_host``, a PC that holds other ranks.
+    """
+    if peer_host is None:
+        return "127.0.0.1"
+    if ifname:
+        addr = interface_address(ifname)
+        if addr is None:
+            raise ValueError(f"network interface {ifname!r} has no IPv4 address on rank 0's PC")
+        return addr
+    try:
+        peer_ip = socket.gethostbyname(peer_host)
+    except OSError as exc:
+        raise ValueError(
+            f"rank 0 cannot resolve the host name {peer_host!r} of another rank ({exc}); "
+            "pass master_addr='rank 0's IP address' or ifname='eth0' to setup_communicators"
+        ) from exc
+    return routed_address(peer_ip)
+
+
+# Stores that rank 0's engine opened in _engine_rendezvous, by port, until _engine_create uses
+# them (kept here because the engine's namespace belongs to the student).
+_OPEN_STORES: dict[int, Any] = {}
 
 
 def _engine_create(name: str, backend: str, kwargs: dict[str, Any]) -> str:
     """Run on an engine: create the communicator and store it as ``name`` in the user namespace."""
     from IPython import get_ipython
 
-    from course_lib.comm.setup import make_communicator
+    from course_lib.comm import setup
 
-    comm = make_communicator(backend, **kwargs)
+    if backend == "gloo" and kwargs.get("rank") == 0:
+        kwargs = dict(kwargs, store=setup._OPEN_STORES.pop(kwargs["master_port"], None))
+    comm = setup.make_communicator(backend, **kwargs)
     get_ipython().user_ns[name] = comm
     return repr(comm)
 
 
-def _engine_rendezvous(peer_host: str | None) -> tuple[str, int]:
-    """Run on rank 0: return an address the other engines can reach, and a free port."""
-    import socket
+def _engine_rendezvous(
+    peer_host: str | None, ifname: str | None, addr: str | None, world_size: int, timeout: float
+) -> tuple[str, int]:
+    """Run on rank 0: open the rendezvous store; return the address to announce and its port."""
+    from course_lib.comm import setup
+    from course_lib.comm.gloo_backend import master_store
 
-    from course_lib.comm.setup import free_port
-
-    if peer_host is None:
-        return "127.0.0.1", free_port("127.0.0.1")
-    # Connecting a UDP socket sends nothing; it only asks the OS which interface routes to the
-    # peer, which gives this PC's address on the lab network rather than 127.0.1.1.
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
-        sock.connect((socket.gethostbyname(peer_host), 9))
-        addr = sock.getsockname()[0]
-    return addr, free_port(addr)
+    addr = addr or setup.master_address(peer_host, ifname)
+    setup._OPEN_STORES.clear()  # a store left by an earlier failed setup: close it
+    store, port = master_store(addr, world_size, timeout)
+    setup._OPEN_STORES[port] = store
+    return addr, port
 
 
 def setup_communicators(
@@ -110,10 +184,12 @@ def setup_communicators(
             )
         per_rank = [dict(kwargs) for _ in ids]
     else:
-        hosts = {info.get("host") for info in infos}
-        peer_host = None if len(hosts) <= 1 else infos[1].get("host")
-        addr, port = cluster.client[ids[0]].apply_sync(_engine_rendezvous, peer_host)
-        addr = master_addr or addr
+        peer_host = rendezvous_peer([info.get("host") for info in infos])
+        # Rank 0 opens the store on a port the OS picks and keeps it open, so no other program
+        # can take the port between choosing it and gloo using it.
+        addr, port = cluster.client[ids[0]].apply_sync(
+            _engine_rendezvous, peer_host, ifname, master_addr, len(ids), timeout
+        )
         common = dict(
             kwargs, world_size=len(ids), master_addr=addr, master_port=port, ifname=ifname
         )

@@ -4,17 +4,20 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 from course_lib.comm.setup import free_port
 
-__all__ = ["WORKER", "launch", "mpiexec"]
+__all__ = ["WORKER", "address_in_use", "launch", "mpiexec"]
 
 WORKER = Path(__file__).with_name("worker.py")
 ROOT = Path(__file__).resolve().parents[2]
+GRACE = 10.0  # seconds the other ranks get to report their own errors after one rank failed
 
 
 def mpiexec() -> str | None:
@@ -23,38 +26,85 @@ def mpiexec() -> str | None:
     return str(candidate) if candidate.exists() else None
 
 
+def address_in_use(output: str) -> bool:
+    """Return True when a rank's output says its port was taken (EADDRINUSE)."""
+    text = output.lower()
+    return "address already in use" in text or "eaddrinuse" in text
+
+
 def launch(backend: str, n: int, suite: str, timeout: float = 120.0) -> list[dict]:
     """Run ``worker.py BACKEND SUITE`` on ``n`` processes; return each rank's JSON result.
 
+    A gloo world whose port was taken between :func:`free_port` and rank 0 binding it (another
+    program can grab it in the seconds torch takes to import) is retried once on a new port.
     Raises AssertionError with every rank's output when a process fails or hangs.
     """
-    outdir = tempfile.mkdtemp(prefix="comm_test_")
-    env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1",
-               COMM_RESULT_DIR=outdir)  # fmt: skip
-    cmd = [sys.executable, str(WORKER), backend, suite]
-    if backend == "mpi":
-        procs = [subprocess.Popen([mpiexec(), "-n", str(n), *cmd], env=env, stdout=subprocess.PIPE,
-                                  stderr=subprocess.STDOUT, text=True)]  # fmt: skip
-    else:
-        port = free_port("127.0.0.1")  # never a hard-coded port (CS336's flaw)
-        procs = [
-            subprocess.Popen(cmd, env=dict(env, RANK=str(r), WORLD_SIZE=str(n), MASTER_PORT=str(port)),
-                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-            for r in range(n)
-        ]  # fmt: skip
-    outputs, failed = [], False
-    for proc in procs:
-        try:
-            out, _ = proc.communicate(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            out, _ = proc.communicate()
-            out += f"\n[launcher] killed after {timeout} s"
-            failed = True
-        failed |= proc.returncode != 0
-        outputs.append(out)
-    text = "\n".join(outputs)
-    results = [json.loads(f.read_text()) for f in sorted(Path(outdir).glob("rank*.json"))]
+    for attempt in (1, 2):
+        workdir = Path(tempfile.mkdtemp(prefix="comm_test_"))
+        outdir = workdir / "results"  # only rank*.json here: the worker counts these files
+        outdir.mkdir()
+        failed, text = _run_world(backend, n, suite, workdir, outdir, timeout)
+        if failed and backend == "gloo" and attempt == 1 and address_in_use(text):
+            continue
+        break
+    results = [json.loads(f.read_text()) for f in sorted(outdir.glob("rank*.json"))]
+    shutil.rmtree(workdir, ignore_errors=True)
     if failed or len(results) != n:
         raise AssertionError(f"{backend} x{n} suite {suite} failed:\n{text[-6000:]}")
     return sorted(results, key=lambda r: r["rank"])
+
+
+def _run_world(
+    backend: str, n: int, suite: str, workdir: Path, outdir: Path, timeout: float
+) -> tuple[bool, str]:
+    """Start one world, wait for it; return (whether it failed, every process's output)."""
+    env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1",
+               COMM_RESULT_DIR=str(outdir))  # fmt: skip
+    cmd = [sys.executable, str(WORKER), backend, suite]
+    if backend == "mpi":
+        worlds = [([mpiexec(), "-n", str(n), *cmd], env)]
+    else:
+        port = free_port("127.0.0.1")  # never a hard-coded port (CS336's flaw)
+        worlds = [(cmd, dict(env, RANK=str(r), WORLD_SIZE=str(n), MASTER_PORT=str(port)))
+                  for r in range(n)]  # fmt: skip
+    # Output goes to files, not pipes: a pipe nobody reads while we poll could fill and block.
+    logs = [workdir / f"out{i}.txt" for i in range(len(worlds))]
+    procs = []
+    for (args, proc_env), log in zip(worlds, logs, strict=True):
+        with open(log, "w") as sink:
+            procs.append(
+                subprocess.Popen(args, env=proc_env, stdout=sink, stderr=subprocess.STDOUT)
+            )
+    notes = _wait_all(procs, logs, timeout)
+    outputs = [log.read_text(errors="replace") for log in logs]
+    failed = bool(notes) or any(proc.returncode != 0 for proc in procs)
+    text = "\n".join(
+        f"--- process {i} (exit code {proc.returncode})\n{out}"
+        for i, (proc, out) in enumerate(zip(procs, outputs, strict=True))
+    )
+    return failed, text + "".join(f"\n[launcher] {note}" for note in notes)
+
+
+def _wait_all(procs: list[subprocess.Popen], logs: list[Path], timeout: float) -> list[str]:
+    """Wait for every process; kill the rest once one failed (after GRACE) or on timeout."""
+    deadline, failed_at, notes = time.monotonic() + timeout, None, []
+    while any(proc.poll() is None for proc in procs):
+        now = time.monotonic()
+        bad = [i for i, proc in enumerate(procs) if proc.returncode not in (None, 0)]
+        if bad and failed_at is None:
+            failed_at = now
+            # a taken port fails rank 0 at once and leaves the others waiting for it: stop now
+            if address_in_use(logs[bad[0]].read_text(errors="replace")):
+                failed_at -= GRACE
+        if failed_at is not None and now - failed_at >= GRACE:
+            notes.append(f"process(es) {bad} failed; killed the others, which waited for them")
+            break
+        if now > deadline:
+            notes.append(f"killed after {timeout:g} s")
+            break
+        time.sleep(0.05)
+    for proc in procs:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait()
+    return notes

@@ -99,9 +99,18 @@ def suite_collectives(comm) -> dict:
     return {"cases": cases}
 
 
+def tree_children(rank: int, world_size: int, src: int = 0) -> int:
+    """Return how many ranks ``rank`` sends to in a binomial-tree broadcast from ``src``."""
+    v, mask, children = (rank - src) % world_size, 1, 0
+    while mask < world_size and not v & mask:  # below our lowest set bit (all bits for src)
+        children += v + mask < world_size
+        mask <<= 1
+    return children
+
+
 def suite_counters(comm) -> dict:
     p, r = comm.world_size, comm.rank
-    n, out = 1001, {}
+    n, out = 1001, {"numel": 1001}
     bounds = chunk_bounds(n, p)
     nbytes = [(b - a) * 4 for a, b in bounds]
     for name, fn in [("ring", C.ring_allreduce), ("star", C.star_allreduce),
@@ -115,11 +124,21 @@ def suite_counters(comm) -> dict:
                            - nbytes[r]], (out["ring"], expected_ring)  # fmt: skip
     assert out["star"][0] == (4 * n * (p - 1) if r == 0 else 4 * n), out["star"]
     assert out["naive"][0] == 4 * n * (p - 1), out["naive"]
-    assert comm.stats.peers.get((r + 1) % p) is None or out["bcast"][0] % (4 * n) == 0
+    # binomial tree from rank 0: the whole buffer once to each child, once in (except the root)
+    kids = tree_children(r, p)
+    assert out["bcast"] == [4 * n * kids, kids, 4 * n * (r != 0)], (out["bcast"], kids)
+    # gossip: the model's message count is what the counters see, at s = 1 and s = N/2
+    for s in sorted({1, max(1, p // 2)}):
+        comm.stats.reset()
+        C.gossip_step(comm, np.ones(n, np.float32), s)
+        counted = predict("gossip_step", 0, p, LinkModel(alpha=1.0, beta=1.0), s=s)
+        out[f"gossip_s{s}"] = [comm.stats.messages_sent, counted]
+        assert comm.stats.messages_sent == counted, (s, out[f"gossip_s{s}"])
+        assert comm.stats.bytes_sent == 4 * n * counted
     comm.stats.reset()
     comm.allreduce(np.ones(n, np.float32))
     assert comm.stats.collectives["allreduce"].calls == 1 and comm.stats.bytes_sent == 0
-    out["ring_fraction"] = expected_ring / (4 * n)
+    out["ring_fraction"] = out["ring"][0] / (4 * n)  # measured: bytes this rank sent / buffer
     return out
 
 
@@ -167,9 +186,15 @@ def suite_errors(comm) -> dict:
     return seen
 
 
+# Short enough to keep the suites quick, long enough that ranks released together by a barrier
+# on a loaded 2-core machine still meet within it; only the silent rank may be reported.
+SHORT = 3.0
+
+
 def suite_timeouts(comm) -> dict:
     p, r, seen = comm.world_size, comm.rank, {}
-    comm.timeout = 1.5
+    comm.barrier()  # start together (gloo ranks leave init_process_group at different times)
+    comm.timeout = SHORT
     if comm.backend == "mpi":  # gloo closes every connection after its first timeout
         if r == 0:  # rank p-1 never sends
             try:
@@ -179,10 +204,10 @@ def suite_timeouts(comm) -> dict:
                 assert f"rank {p - 1}" in str(exc), exc
                 seen["timeout"] = str(exc)
         else:
-            time.sleep(2.0)
+            time.sleep(SHORT + 0.5)
         comm.timeout = 30.0
         comm.barrier()
-        comm.timeout = 1.5
+        comm.timeout = SHORT
     if r != p - 1:  # rank p-1 never calls allreduce
         try:
             comm.allreduce(np.ones(4))
@@ -191,13 +216,34 @@ def suite_timeouts(comm) -> dict:
             assert f"[{p - 1}]" in str(exc), exc
             seen["collective timeout"] = str(exc)
     else:
-        time.sleep(2.0)
+        time.sleep(SHORT + 0.5)
+    return seen
+
+
+def suite_p2p_timeout(comm) -> dict:
+    """Rank 0 receives from rank N-1, which never sends; on its own world, as gloo then closes."""
+    p, r, seen = comm.world_size, comm.rank, {}
+    comm.barrier()
+    comm.timeout = SHORT
+    if r == 0:
+        t0 = time.time()
+        try:
+            comm.recv(np.zeros(4), p - 1, tag=5)
+            raise AssertionError("recv did not time out")
+        except CommTimeoutError as exc:
+            seen["timeout"] = str(exc)
+            seen["seconds"] = time.time() - t0
+    elif r == p - 1:
+        time.sleep(SHORT + 1.0)  # alive but silent, until rank 0 has given up
     return seen
 
 
 def suite_main(comm) -> dict:
     return {"collectives": suite_collectives(comm), "counters": suite_counters(comm),
             "subgroup": suite_subgroup(comm), "check": suite_check(comm)}  # fmt: skip
+
+
+LOOSE = 3.0  # upper bound on measured / modelled time under load (test_comm_backends.py too)
 
 
 def suite_link(comm) -> dict:
@@ -220,7 +266,10 @@ def suite_link(comm) -> dict:
     out["expected"] = link.transfer_time(buf.nbytes)
     if r == 0:  # rank 0 times whole round trips; rank 1 stops before its last message lands
         out["ratio"] = out["emulated"] / out["expected"]
-        assert 1.0 <= out["ratio"] < 1.5, out  # a link charged twice would give 2
+        # never faster than alpha + n/B per message (the emulation guarantees it); the upper
+        # bound only catches gross errors, since a loaded machine adds real time on top.
+        # A link charged twice is caught exactly, without timing, by tests/test_emulated_link.py.
+        assert 1.0 <= out["ratio"] < LOOSE, out
     model = LinkModel.from_link(link)
     for name, fn in (("ring_allreduce", C.ring_allreduce), ("star_allreduce", C.star_allreduce)):
         x = np.ones(250_000, np.float32)
@@ -237,8 +286,8 @@ def suite_link(comm) -> dict:
         floor = predict(name, x.nbytes, p, LinkModel(alpha=0.0, beta=model.beta))
         out[name + "_floor"] = float(took[0]) / floor
         assert out[name + "_floor"] >= 0.98, (name, out)
-        # ranks beyond the core count share CPUs, and every wait spins a little: allow more
-        assert out[name] < (1.5 if p <= (os.cpu_count() or 1) else 2.2), (name, out)
+        # 4 busy-polling ranks on 2 loaded cores add real time: a loose bound, gross errors only
+        assert out[name] < LOOSE, (name, out)
     return out
 
 
@@ -253,6 +302,11 @@ def suite_subgroup(comm) -> dict:
     x = np.full(5, float(r + 1))
     assert np.array_equal(C.ring_allreduce(sub, x.copy()), np.full(5, float(p + 1)))
     assert np.array_equal(sub.allreduce(x.copy()), np.full(5, float(p + 1)))
+    # sub-rank 0 is global rank p-1: rows of allgather and broadcast's src follow sub-ranks
+    assert np.array_equal(sub.allgather(x.copy())[:, 0], [float(q + 1) for q in ranks])
+    assert np.array_equal(sub.broadcast(x.copy(), src=0), np.full(5, float(p)))
+    a, b = chunk_bounds(5, 2)[sub.rank]
+    assert np.array_equal(sub.reduce_scatter(x.copy()), np.full(b - a, float(p + 1)))
     return {"member": True, "sub_rank": sub.rank}
 
 
@@ -295,7 +349,7 @@ def main() -> None:
         with open(os.path.join(os.environ["COMM_RESULT_DIR"], f"rank{comm.rank}.json"), "w") as f:
             f.write(text)
         code = 0
-        if suite not in ("errors", "timeouts"):
+        if suite not in ("errors", "timeouts", "p2p_timeout"):
             comm.timeout = 60.0
             comm.barrier()
             return  # a normal exit: mpi4py calls MPI_Finalize, so mpiexec reports success
