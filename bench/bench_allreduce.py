@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -88,21 +89,69 @@ def worker(backend: str, quick: bool, out: str) -> None:
 
 
 def launch(backend: str, n: int, quick: bool) -> list[dict]:
-    out = tempfile.mktemp(suffix=".json")
-    cmd = [sys.executable, __file__, "--worker", backend, "--out", out] + (
+    """Run the worker on ``n`` ranks; return rank 0's rows, or exit naming the rank that failed."""
+    workdir = Path(tempfile.mkdtemp(prefix="bench_allreduce_"))
+    try:
+        for attempt in (1, 2):
+            rows = _run_world(backend, n, quick, workdir, last=attempt == 2)
+            if rows is not None:
+                return rows
+        raise AssertionError("unreachable")
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+def _run_world(backend: str, n: int, quick: bool, workdir: Path, last: bool) -> list[dict] | None:
+    """Start one world; return its rows, or None to retry on a new port (gloo, port taken)."""
+    out = workdir / "rows.json"
+    out.unlink(missing_ok=True)
+    cmd = [sys.executable, __file__, "--worker", backend, "--out", str(out)] + (
         ["--quick"] if quick else []
     )
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT))
     if backend == "mpi":
         mpiexec = str(Path(sys.executable).parent / "mpiexec")
-        subprocess.run([mpiexec, "-n", str(n), *cmd], env=env, check=True, timeout=900)
+        worlds = [([mpiexec, "-n", str(n), *cmd], env)]
     else:
         port = free_port("127.0.0.1")
-        procs = [subprocess.Popen(cmd, env=dict(env, RANK=str(r), WORLD_SIZE=str(n), MASTER_PORT=str(port)))
-                 for r in range(n)]  # fmt: skip
-        for proc in procs:
-            proc.wait(timeout=900)
-    return json.loads(Path(out).read_text())
+        worlds = [(cmd, dict(env, RANK=str(r), WORLD_SIZE=str(n), MASTER_PORT=str(port)))
+                  for r in range(n)]  # fmt: skip
+    logs = [workdir / f"rank{i}.log" for i in range(len(worlds))]
+    procs = []
+    for (args, proc_env), log in zip(worlds, logs, strict=True):
+        with open(log, "w") as sink:  # a file, not a pipe: nobody reads a pipe while we wait
+            procs.append(
+                subprocess.Popen(args, env=proc_env, stdout=sink, stderr=subprocess.STDOUT)
+            )
+    deadline, timed_out = time.monotonic() + 900, False
+    while any(proc.poll() is None for proc in procs):
+        if any(proc.returncode not in (None, 0) for proc in procs):
+            break  # the others would wait for the failed rank until their own timeouts
+        if time.monotonic() > deadline:
+            timed_out = True
+            break
+        time.sleep(0.1)
+    failed = [i for i, proc in enumerate(procs) if proc.returncode not in (None, 0)]
+    codes = {i: proc.returncode for i, proc in enumerate(procs) if i in failed}
+    killed = [i for i, proc in enumerate(procs) if proc.poll() is None]
+    for i in killed:
+        procs[i].kill()
+    for proc in procs:
+        proc.wait()
+    if not failed and not killed and out.exists():
+        return json.loads(out.read_text())
+    texts = [log.read_text(errors="replace") for log in logs]
+    who = "mpiexec" if backend == "mpi" else "rank"
+    first = failed[0] if failed else 0
+    if backend == "gloo" and not last and "address already in use" in texts[first].lower():
+        print(f"# {backend} x{n}: port {port} was taken before rank 0 bound it; retrying")
+        return None
+    what = [f"{who} {i} exited with code {code}" for i, code in codes.items()]
+    if killed:
+        what += [f"killed {who}(s) {killed}" + (" after 900 s" if timed_out else ", which waited")]
+    what += [] if failed or killed else ["no result file"]
+    sys.exit(f"{backend} x{n} failed: {'; '.join(what)}. Output of {who} {first}:\n"
+             f"{texts[first][-4000:]}")  # fmt: skip
 
 
 def main() -> None:

@@ -6,8 +6,17 @@ far cheaper than one launch per case.
 
 from __future__ import annotations
 
+import os
+import socket
+import time
+
+import comm_workers.launch
 import pytest
 from comm_workers.launch import launch, mpiexec
+
+from course_lib import collectives as C
+from course_lib.checks_comm import check_ring_allgather, stub_ring_allgather
+from course_lib.comm import free_port, setup_communicators
 
 BACKENDS = [
     pytest.param(
@@ -87,3 +96,51 @@ def test_emulated_link_slows_transfers_as_modelled(backend, n):
     for name in ("ring_allreduce", "star_allreduce"):
         # never faster than the bandwidth term alone (latency may overlap in the star)
         assert results[0][name + "_floor"] >= 0.98 and results[0][name] < 3.0, results[0]
+
+
+@pytest.mark.timeout(200)
+def test_gloo_launch_retries_when_its_port_is_taken(monkeypatch):
+    # the race: free_port's port is taken by another program before rank 0 binds it
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        ports = [taken.getsockname()[1]]
+        monkeypatch.setattr(
+            comm_workers.launch,
+            "free_port",
+            lambda host="": ports.pop() if ports else free_port(host),
+        )
+        results = launch("gloo", 2, "ready")
+    assert not ports and [r["world_size"] for r in results] == [2, 2]
+
+
+def _import_torch() -> int:
+    import torch  # noqa: F401 - so that no engine spends the rendezvous timeout importing it
+
+    return os.getpid()
+
+
+def _fails_on_rank_1(comm, buf):
+    if comm.rank == 1:
+        raise ValueError("a bug on rank 1 only")
+    return C.ring_allgather(comm, buf)
+
+
+@pytest.mark.timeout(300)
+def test_setup_communicators_gloo_and_the_exercise_check():
+    from course_lib.cluster import start_cluster
+
+    with start_cluster("local", 2) as cluster:
+        pids = cluster.run(_import_torch, timeout=120)
+        reprs = setup_communicators(cluster, backend="gloo", timeout=10)
+        assert all("gloo, 2 ranks" in r for r in reprs), reprs
+        assert check_ring_allgather(C.ring_allgather, cluster, verbose=False).passed
+        stub = check_ring_allgather(stub_ring_allgather, cluster, verbose=False)
+        assert not stub.passed and "not implemented" in stub.detail
+        # one rank fails: rank 0's communication timeout (10 s) ends the run before the run's
+        # own limit (10 + 15 s), so the verdict is FAIL and the engines are not restarted
+        t0 = time.monotonic()
+        verdict = check_ring_allgather(_fails_on_rank_1, cluster, verbose=False)
+        assert not verdict.passed and "EngineTimeout" not in verdict.detail, verdict
+        assert time.monotonic() - t0 < 25
+        assert cluster.run(os.getpid, timeout=30) == pids

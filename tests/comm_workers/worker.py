@@ -238,6 +238,11 @@ def suite_p2p_timeout(comm) -> dict:
     return seen
 
 
+def suite_ready(comm) -> dict:
+    """Only join the world (used to test the launcher)."""
+    return {"world_size": comm.world_size}
+
+
 def suite_main(comm) -> dict:
     return {"collectives": suite_collectives(comm), "counters": suite_counters(comm),
             "subgroup": suite_subgroup(comm), "check": suite_check(comm)}  # fmt: skip
