@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import copy
 import csv
 import re
@@ -9,25 +10,41 @@ import time
 from pathlib import Path
 
 import nbformat
+import numpy as np
+import psutil
 import pytest
 
+from course_lib import collectives as C
+from course_lib.checks_a2 import (
+    check_ring_allgather,
+    check_ring_allreduce,
+    check_ring_reduce_scatter,
+    ring_bytes_sent,
+)
+from course_lib.comm import chunk_bounds
 from course_lib.grading import (
     GradingLimits,
     answer_id,
     check_id,
     grade_folder,
     grade_notebook,
+    gradebook,
     release_notebook,
+    runner,
     stub_solution,
     write_feedback,
     write_gradebook,
 )
+from course_lib.grading import grade as grade_module
 from course_lib.grading.cells import BEGIN, END
+from course_lib.grading.guard import answer_problem, protected_names
 
 ROOT = Path(__file__).resolve().parents[1]
 SOURCES = ROOT / "assignments" / "source"
 RELEASED = ROOT / "notebooks" / "assignments"
-LIMITS = GradingLimits(cell_seconds=20, total_seconds=300)
+# Generous per cell: A2's set-up cell starts 4 engines (11 s on a quiet machine). No test here
+# expects a timeout under these limits, so a generous limit costs nothing.
+LIMITS = GradingLimits(cell_seconds=45, total_seconds=300)
 A1_FULL = {"A1.1": 2.0, "A1.2": 3.0, "A1.3": 3.0}
 A2_FULL = {"A2.1": 3.0, "A2.2": 2.0, "A2.3": 3.0}
 
@@ -75,9 +92,12 @@ def test_released_notebooks_are_up_to_date_and_hold_no_solution(name):
     source = _source(name)
     fresh = release_notebook(source, source.metadata["course"]["assignment"])
     committed = _released(name)
-    assert [c.source for c in committed.cells] == [c.source for c in fresh.cells], (
+    assert nbformat.writes(committed) == nbformat.writes(fresh), (
         "notebooks/assignments is stale: run ./kit release"
     )
+    # Nothing of the instructor's run: no saved progress bars, no execution timestamps.
+    assert "widgets" not in committed.metadata
+    assert not [c for c in committed.cells if "execution" in c.metadata]
     text = nbformat.writes(committed)
     assert BEGIN not in text and END not in text
     solution_lines = _solutions(source)
@@ -92,6 +112,40 @@ def test_released_notebooks_are_up_to_date_and_hold_no_solution(name):
             assert cell.outputs == [] and "NBVAL_CHECK_OUTPUT" not in cell.source
 
 
+def test_release_drops_widget_state_and_execution_timestamps():
+    source = _source("A1_sgd_conv")
+    source.metadata["widgets"] = {"application/vnd.jupyter.widget-state+json": {"state": {}}}
+    for cell in source.cells:
+        cell.metadata["execution"] = {"iopub.execute_input": "2026-11-22T01:04:26.428373Z"}
+    released = release_notebook(source, "A1")
+    text = nbformat.writes(released)
+    assert "widget-state" not in text and "iopub" not in text
+    assert answer_id(released.cells[3]) == "A1.1"  # the grader's metadata stays
+
+
+def test_every_check_cell_imports_its_own_checker():
+    # An answer that rebinds check_x earlier in the notebook cannot change what the check runs.
+    for name in ("A1_sgd_conv", "A2_ring_allreduce"):
+        for cell in _source(name).cells:
+            if check_id(cell) is None:
+                continue
+            tree = ast.parse(cell.source)
+            imported = {a.name for n in tree.body if isinstance(n, ast.ImportFrom) for a in n.names}
+            called = {
+                n.func.id
+                for n in ast.walk(tree)
+                if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)
+            }
+            checkers = {c for c in called if c.startswith("check_")}
+            assert checkers and checkers <= imported, (name, cell.source)
+
+
+def test_gradebook_write_leaves_no_temporary_file_when_it_fails(tmp_path):
+    with pytest.raises(TypeError):  # not text: the write fails after the temporary file exists
+        gradebook._atomic_write_text(tmp_path / "gradebook.csv", None)  # type: ignore[arg-type]
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_stub_keeps_indentation_and_refuses_unbalanced_markers():
     source = f"def f(x):\n    y = 1\n    {BEGIN}\n    return x + y\n    {END}\n"
     stub = stub_solution(source, "9.9", 'add "y"')
@@ -99,6 +153,68 @@ def test_stub_keeps_indentation_and_refuses_unbalanced_markers():
     compile(stub, "<stub>", "exec")
     with pytest.raises(ValueError, match="unbalanced solution markers"):
         stub_solution(f"{BEGIN}\nx = 1\n", "9.9", "hint")
+
+
+# -- the guard on answer cells (no kernel) -------------------------------------------------------
+
+FORGED_VERDICT = (
+    'check_sgd_step = lambda f: print("Exercise A1.1 sgd_step: PASS (equal to torch autograd + SGD '
+    'for batches of 1, 8, 64) [2/2 points]")'
+)
+
+
+@pytest.mark.parametrize(
+    ("code", "found"),
+    [
+        (FORGED_VERDICT, "line 1 rebinds check_sgd_step"),
+        ("def check_conv2d_layer(f):\n    pass", "rebinds check_conv2d_layer"),
+        ("print = lambda *args: None", "rebinds print"),
+        ("def f():\n    global verdict\n    verdict = 1", "line 2 rebinds verdict"),
+        ("cluster = None", "rebinds cluster"),  # the A2 checks run on it
+        ("from course_lib.checks_a1 import check_sgd_step as c", "imports course_lib.checks_a1"),
+        ("from course_lib import verdict as v", "imports course_lib.verdict"),
+        ("import course_lib.grading.grade", "imports course_lib.grading"),
+        ('setattr(np, "allclose", lambda *a, **k: True)', "uses setattr"),
+        ('globals()["check_sgd_step"] = None', "uses globals"),
+        ('exec("x = 1")', "uses exec"),
+        ("import importlib", "imports importlib"),
+        ("import builtins", "imports builtins"),
+        ('import sys\nsys.modules["course_lib.checks_a1"] = None', "sys.modules"),
+        ("import sys\nsys.stdout = None", "changes sys.stdout"),
+        ("np.allclose = lambda *a, **k: True", "changes np.allclose"),
+        ("%run forged.py", "uses get_ipython"),  # magics become get_ipython() calls
+        ("def f():\n    return f.__globals__", "uses the attribute __globals__"),
+        ("from numpy import *", "imports * from numpy"),
+    ],
+)
+def test_guard_names_what_an_answer_does_to_the_checks(code, found):
+    protected = protected_names(_source("A2_ring_allreduce")) | {"check_sgd_step"}
+    problem = answer_problem(code, protected, modules={"np", "torch", "F"})
+    assert problem is not None and found in problem, problem
+
+
+def test_guard_lets_ordinary_answers_through():
+    for name in ("A1_sgd_conv", "A2_ring_allreduce"):
+        source = _source(name)
+        protected = protected_names(source)
+        assert {"check_sgd_step", "cluster"} & protected and "verdict" in protected
+        for cell in source.cells:
+            if answer_id(cell):
+                assert answer_problem(cell.source, protected, {"np"}) is None, cell.source
+    ordinary = """
+import math
+import numpy as np
+import torch
+from course_lib.collectives import chunk_bounds
+from course_lib.comm import chunk_bounds as bounds
+
+def helper(x):
+    verdict = x.sum()  # a local of the student's own
+    y = np.zeros(3)
+    y[1:2] += math.pi
+    return torch.as_tensor(y), verdict
+"""
+    assert answer_problem(ordinary, protected_names(_source("A1_sgd_conv")), {"np"}) is None
 
 
 # -- grading A1 (kernels only) -------------------------------------------------------------------
@@ -168,7 +284,8 @@ def test_a_hang_and_a_crash_cost_only_their_own_exercises():
     rows = grade_notebook("looper", "A1", source, submission, limits)
     assert _points(rows) == {"A1.1": 2.0, "A1.2": 0.0, "A1.3": 0.0}
     reasons = {r.exercise: r.reason for r in rows}
-    assert reasons["A1.2"] == "timed out (cell limit 8 s)"
+    # 16 s when the set-up cell (importing torch) ran out of 8 s on a loaded machine: retried.
+    assert re.fullmatch(r"timed out \(cell limit (8|16) s\)", reasons["A1.2"]), reasons
     assert reasons["A1.3"].startswith(("timed out", "crashed its kernel"))
     assert time.monotonic() - started < 200
 
@@ -185,46 +302,259 @@ def test_total_time_limit_zeroes_the_notebook():
     assert all("total time limit of 12 s" in r.reason for r in rows)
 
 
+def _tiny_assignment(setup: str) -> nbformat.NotebookNode:
+    """Return a one-exercise source whose set-up cell runs ``setup``; its answer is trivial."""
+    nb = nbformat.v4.new_notebook(metadata=copy.deepcopy(_source("A1_sgd_conv").metadata))
+    answer = nbformat.v4.new_code_cell(
+        f"def answer():\n    {BEGIN}\n    return 42\n    {END}",
+        metadata={"course": {"answer": "T.1"}},
+    )
+    check = nbformat.v4.new_code_cell(
+        "# NBVAL_CHECK_OUTPUT\nprint(f\"Exercise T.1 answer: {'PASS' if answer() == 42 else 'FAIL'}\")",
+        metadata={"course": {"check": "T.1", "points": 1}},
+    )
+    check.outputs = [nbformat.v4.new_output("stream", text="Exercise T.1 answer: PASS\n")]
+    check.execution_count = 3  # nbval compares only cells that were run
+    nb.cells = [nbformat.v4.new_code_cell(setup), answer, check]
+    return nb
+
+
+def test_a_slow_setup_cell_is_retried_with_twice_the_limit():
+    limits = GradingLimits(cell_seconds=1.5, total_seconds=120)
+    slowish = _tiny_assignment("import time\ntime.sleep(2)")  # over 1.5 s, well under 3 s
+    rows = grade_notebook("ok", "T", slowish, slowish, limits)
+    assert [(r.points, r.reason) for r in rows] == [(1.0, "PASS")]
+
+
+def test_a_setup_cell_too_slow_twice_is_blamed_on_the_machine(monkeypatch):
+    # nbval's answer for a set-up cell that runs out of time on every run (no kernel needed).
+    runs = []
+
+    def setup_times_out(path, cell_seconds, total_seconds):
+        runs.append(cell_seconds)
+        timeout = f"Cell 0: Timeout of {cell_seconds:g} seconds exceeded executing cell"
+        return {0: ("failure", timeout), 1: ("skipped", ""), 2: ("skipped", "")}
+
+    monkeypatch.setattr(grade_module, "run_nbval", setup_times_out)
+    nb = _tiny_assignment("import torch")
+    rows = grade_notebook("unlucky", "T", nb, nb, GradingLimits(20, 300))
+    assert runs == [20, 40]
+    assert [(r.points, r.reason) for r in rows] == [
+        (
+            0.0,
+            "grading machine too slow: setup cell 0 exceeded 40 s; re-run with a longer "
+            "--cell-timeout",
+        )
+    ]
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def test_processes_a_run_leaves_behind_are_stopped_after_the_total_time_limit(tmp_path):
+    # The kernel and a process it starts in a session of its own both outlive nbval's process
+    # group when the total time limit kills it.
+    pids = tmp_path / "pids.txt"
+    nb = _tiny_assignment(
+        "import os, subprocess, time\n"
+        'child = subprocess.Popen(["sleep", "600"], start_new_session=True)\n'
+        f'open({str(pids)!r}, "w").write(f"{{os.getpid()}} {{child.pid}}")\n'
+        "time.sleep(600)"
+    )
+    rows = grade_notebook("stuck", "T", nb, nb, GradingLimits(8, 8), workdir=tmp_path)
+    assert "total time limit of 8 s" in rows[0].reason
+    kernel, child = map(int, pids.read_text().split())
+    assert not _alive(kernel) and not _alive(child)
+
+
 # -- grading A2 (real engines) ---------------------------------------------------------------------
 
-FORGETS_A_RANK = """
+BUILTIN_ALLREDUCE = """
 def ring_allreduce(comm, x):
-    if comm.rank == 0:
-        x = np.zeros_like(x)  # rank 0's contribution is forgotten
-    return ring_allgather(comm, ring_reduce_scatter(comm, x))
-"""
-
-AVERAGES_WRONG = """
-def ring_allreduce(comm, x):
-    ring_allgather(comm, ring_reduce_scatter(comm, x))
-    return x / (comm.world_size - 1)   # an average with the wrong count
+    return comm.allreduce(x)  # right numbers, no ring
 """
 
 
 @pytest.mark.slow
-def test_a2_source_passes_stub_fails_and_wrong_allreduce_fails_alone():
+def test_a2_source_passes_stub_fails_and_builtin_allreduce_fails_alone():
     source = _source("A2_ring_allreduce")
     rows = grade_notebook("teacher", "A2", source, source, LIMITS)
     assert _points(rows) == A2_FULL, rows
     rows = grade_notebook("blank", "A2", source, _released("A2_ring_allreduce"), LIMITS)
     assert _points(rows) == dict.fromkeys(A2_FULL, 0.0)
-    for wrong in (FORGETS_A_RANK, AVERAGES_WRONG):
-        rows = grade_notebook("wrong", "A2", source, _with_answer(source, "A2.3", wrong), LIMITS)
-        assert _points(rows) == {"A2.1": 3.0, "A2.2": 2.0, "A2.3": 0.0}
-        reason = next(r.reason for r in rows if r.exercise == "A2.3")
-        assert re.match(r"FAIL \(size 10: the result on rank \d is wrong", reason), reason
+    submission = _with_answer(source, "A2.3", BUILTIN_ALLREDUCE)
+    rows = grade_notebook("builtin", "A2", source, submission, LIMITS)
+    assert _points(rows) == {"A2.1": 3.0, "A2.2": 2.0, "A2.3": 0.0}
+    reason = next(r.reason for r in rows if r.exercise == "A2.3")
+    assert re.fullmatch(
+        r"FAIL \(rank \d uses the built-in comm.allreduce; write it from send/recv\)", reason
+    ), reason
+
+
+def _run_processes(ipython_dir: Path) -> dict[int, str]:
+    """Return {pid: command line} of the live processes started for one grading run."""
+    found = {}
+    for proc in psutil.process_iter(["cmdline"]):
+        try:
+            if proc.environ().get("IPYTHONDIR") == str(ipython_dir):
+                found[proc.pid] = " ".join(proc.info["cmdline"] or [])
+        except (psutil.Error, OSError):
+            continue
+    return found
+
+
+@pytest.mark.slow
+def test_a_kernel_crash_leaves_no_engines_or_controller_behind(tmp_path, monkeypatch):
+    seen: dict[int, str] = {}
+    stop = runner.stop_clusters
+
+    def stop_and_remember(ipython_dir: Path) -> None:
+        seen.update(_run_processes(ipython_dir))  # what the run left, before the clean-up
+        stop(ipython_dir)
+
+    monkeypatch.setattr(runner, "stop_clusters", stop_and_remember)
+    source = _tiny_assignment(
+        'from course_lib.cluster import start_cluster\ncluster = start_cluster("local", 1)'
+    )
+    source.cells.append(nbformat.v4.new_code_cell("cluster.stop()"))
+    crash = _with_answer(source, "T.1", "import os\nos._exit(1)")  # the engines are up by now
+    # nbval notices a dead kernel only when the cell limit is up, so keep it short.
+    rows = grade_notebook("crasher", "T", source, crash, GradingLimits(15, 200), workdir=tmp_path)
+    assert rows[0].points == 0.0
+    assert rows[0].reason.startswith(("crashed its kernel", "timed out")), rows
+    left = [pid for pid, cmd in seen.items() if "ipyparallel" in cmd]
+    assert len(left) >= 2, seen  # the dead kernel's controller and engine were still running...
+    assert not [pid for pid in seen if _alive(pid)]  # ...and are gone now
+
+
+# -- the A2 checks on engines, without notebooks --------------------------------------------------
+
+
+@pytest.mark.parametrize("world_size", [2, 3, 4])
+@pytest.mark.parametrize("size", [1, 10, 1001])
+def test_ring_bytes_are_every_chunk_but_one_per_phase(size, world_size):
+    itemsize = 4
+    nbytes = [(b - a) * itemsize for a, b in chunk_bounds(size, world_size)]
+    for rank in range(world_size):
+        scatter = ring_bytes_sent("reduce_scatter", size, itemsize, rank, world_size)
+        gather = ring_bytes_sent("allgather", size, itemsize, rank, world_size)
+        # the formula tests/comm_workers/worker.py checks the library's ring against
+        expected = 2 * sum(nbytes) - nbytes[rank] - nbytes[(rank + 1) % world_size]
+        assert ring_bytes_sent("allreduce", size, itemsize, rank, world_size) == expected
+        assert scatter + gather == expected
+
+
+def builtin_reduce_scatter(comm, x):
+    """Right chunk, from the backend's reduce-scatter."""
+    from course_lib.comm import chunk_bounds
+
+    lo, hi = chunk_bounds(len(x), comm.world_size)[comm.rank]
+    x[lo:hi] = comm.reduce_scatter(x)
+    return x
+
+
+def builtin_allgather(comm, x):
+    """Every chunk but one's own is zero on entry, so a sum gathers them."""
+    return comm.allreduce(x)
+
+
+def builtin_allreduce(comm, x):
+    return comm.allreduce(x)
+
+
+def whole_buffer_allreduce(comm, x):
+    """Right numbers, but the whole buffer goes round the ring: (N - 1) buffers, not 2(N - 1)/N."""
+
+    right, left = (comm.rank + 1) % comm.world_size, (comm.rank - 1) % comm.world_size
+    total, passing, incoming = x.copy(), x.copy(), np.empty_like(x)
+    for _ in range(comm.world_size - 1):
+        comm.sendrecv(passing, right, incoming, left)
+        total += incoming
+        passing = incoming.copy()
+    x[:] = total
+    return x
+
+
+def forgets_a_rank(comm, x):
+    import numpy as np
+
+    from course_lib.collectives import ring_allreduce
+
+    if comm.rank == 0:
+        x = np.zeros_like(x)  # rank 0's contribution is forgotten
+    return ring_allreduce(comm, x)
+
+
+def averages_wrong(comm, x):
+    from course_lib.collectives import ring_allreduce
+
+    ring_allreduce(comm, x)
+    return x / (comm.world_size - 1)  # an average with the wrong count
+
+
+def careful_ring_allreduce(comm, x):
+    """The library's ring, after a barrier: a barrier moves no data, so it is allowed."""
+    from course_lib.collectives import ring_allreduce
+
+    comm.barrier()
+    return ring_allreduce(comm, x)
+
+
+@pytest.fixture(scope="module")
+def ring_cluster():
+    from course_lib.cluster import start_cluster
+    from course_lib.comm import setup_communicators
+
+    with start_cluster("local", 4) as cluster:
+        setup_communicators(cluster, backend="gloo", timeout=10)
+        yield cluster
+
+
+@pytest.mark.slow
+def test_a2_checks_pass_the_library_ring_and_fail_built_ins_and_wrong_byte_counts(ring_cluster):
+    def verdict(check, fn) -> str:
+        result = check(fn, ring_cluster, verbose=False)
+        return f"{'PASS' if result.passed else 'FAIL'} {result.detail}"
+
+    for check, fn in [
+        (check_ring_reduce_scatter, C.ring_reduce_scatter),
+        (check_ring_allgather, C.ring_allgather),
+        (check_ring_allreduce, C.ring_allreduce),
+        (check_ring_allreduce, careful_ring_allreduce),
+    ]:
+        assert verdict(check, fn).startswith("PASS 4 ranks"), fn
+    builtin = r"FAIL rank \d uses the built-in comm\.{}; write it from send/recv"
+    assert re.fullmatch(
+        builtin.format("reduce_scatter"), verdict(check_ring_reduce_scatter, builtin_reduce_scatter)
+    )
+    assert re.fullmatch(
+        builtin.format("allreduce"), verdict(check_ring_allgather, builtin_allgather)
+    )
+    for check in (check_ring_reduce_scatter, check_ring_allreduce):
+        assert re.fullmatch(builtin.format("allreduce"), verdict(check, builtin_allreduce))
+    got = verdict(check_ring_allreduce, whole_buffer_allreduce)
+    assert re.fullmatch(
+        r"FAIL size 10: rank \d sent 120 bytes, a ring sends exactly \d+ \(float32\); .*", got
+    ), got
+    for wrong in (forgets_a_rank, averages_wrong):
+        got = verdict(check_ring_allreduce, wrong)
+        assert re.match(r"FAIL size 10: the result on rank \d is wrong", got), got
 
 
 # -- a class of 30 -------------------------------------------------------------------------------
 
 
 def _class_of_30(folder: Path) -> dict[str, dict[str, float]]:
-    """Write 30 submissions in 5 kinds; return the points each one must get."""
+    """Write 30 submissions in 6 kinds; return the points each one must get."""
     source, released = _source("A1_sgd_conv"), _released("A1_sgd_conv")
     correct = {ex: next(c.source for c in source.cells if answer_id(c) == ex) for ex in A1_FULL}
     expected = {}
     for i in range(30):
-        kind = i % 5
+        kind = i % 6
         nb = copy.deepcopy(released)
         if kind in (0, 1, 2):  # all correct; kind 1 also re-orders and adds cells
             for ex, code in correct.items():
@@ -238,6 +568,10 @@ def _class_of_30(folder: Path) -> dict[str, dict[str, float]]:
         elif kind == 3:  # A1.1 wrong, others right
             for ex, code in correct.items():
                 nb = _with_answer(nb, ex, WRONG_MEAN if ex == "A1.1" else code)
+            points = {"A1.1": 0.0, "A1.2": 3.0, "A1.3": 3.0}
+        elif kind == 4:  # A1.1 rebinds the checker to print PASS; others right
+            for ex, code in correct.items():
+                nb = _with_answer(nb, ex, FORGED_VERDICT if ex == "A1.1" else code)
             points = {"A1.1": 0.0, "A1.2": 3.0, "A1.3": 3.0}
         else:  # untouched stub
             points = dict.fromkeys(A1_FULL, 0.0)
@@ -271,3 +605,8 @@ def test_grading_a_class_of_30_writes_a_correct_gradebook(tmp_path):
     assert "Total: 6 / 8 points" in text and "A1 exercise A1.1: 0 / 2" in text
     broken = next(r for r in book if r["student"] == "broken")
     assert "could not read the notebook" in broken["reason"]
+    forger = {r["exercise"]: r["reason"] for r in book if r["student"] == "student04"}
+    assert forger["A1.1"].startswith(
+        "not graded: the answer cell line 1 rebinds check_sgd_step, which the check cells use"
+    )
+    assert forger["A1.2"] == forger["A1.3"] == "PASS"

@@ -6,33 +6,40 @@ taken from a submission. It is put into the instructor's source, whose check cel
 expected PASS verdicts, and nbval re-executes that notebook: a check cell passes only if the
 student's code reproduces the PASS line now.
 
-A cell that hangs or kills its kernel makes nbval skip every later cell. The grader then
-re-runs the notebook with that exercise's answer replaced by its stub, so the student loses the
-points of that exercise (and of exercises that use it) but not of the others.
+Before pasting, each answer cell is read with ``ast`` (:mod:`course_lib.grading.guard`): one that
+rebinds a checker, ``print`` or ``verdict``, imports the checks or reaches into namespaces is not
+run, and its exercise scores 0 with the reason. The check cells import their checker themselves,
+so a checker defined earlier in the notebook is not the one that runs.
+
+A cell that hangs or kills its kernel makes nbval skip every later cell. When it is an answer or
+a check, the grader re-runs the notebook with that exercise's answer replaced by its stub, so the
+student loses the points of that exercise (and of exercises that use it) but not of the others.
+When it is a set-up cell (starting engines, importing torch), the grading machine was too slow,
+not the student: the notebook is re-run once with twice the cell limit, and if that fails too the
+exercises that did not run say so.
+
+Each nbval run gets an IPython directory of its own. Clusters that the notebook starts record
+themselves there, so whatever a run leaves behind (a kernel killed on the total time limit cannot
+stop its engines, which run in sessions of their own) is found and stopped afterwards.
 """
 
 from __future__ import annotations
 
 import copy
-import os
 import re
-import signal
-import subprocess
-import sys
 import tempfile
 import time
-import xml.etree.ElementTree as ET
 from dataclasses import dataclass
 from pathlib import Path
 
 import nbformat
 
 from course_lib.grading.cells import answer_id, check_id, check_points, stub_solution
+from course_lib.grading.guard import rejected_answers
 from course_lib.grading.release import write_notebook_atomically
+from course_lib.grading.runner import run_nbval
 
 __all__ = ["ExerciseResult", "GradingLimits", "build_graded_notebook", "grade_notebook"]
-
-_ANSI = re.compile(r"\x1b\[[0-9;]*m|#x1B\[[0-9;]*m")
 
 
 @dataclass(frozen=True)
@@ -72,11 +79,7 @@ def build_graded_notebook(
     A missing answer (or an exercise in ``stubbed``) gets the stub, which fails its check.
     When a submission repeats an answer cell, the last copy counts (as it would in Jupyter).
     """
-    answers: dict[str, str] = {}
-    for cell in submission.cells if submission is not None else []:
-        exercise = answer_id(cell)
-        if exercise is not None and cell.get("cell_type") == "code":
-            answers[exercise] = cell.source
+    answers = _submitted_answers(submission)
     graded = copy.deepcopy(pristine)
     for cell in graded.cells:
         exercise = answer_id(cell)
@@ -87,6 +90,16 @@ def build_graded_notebook(
         else:
             cell.source = stub_solution(cell.source, exercise, "no answer was graded")
     return graded
+
+
+def _submitted_answers(submission: nbformat.NotebookNode | None) -> dict[str, str]:
+    """Return {exercise: code} of a submission's answer cells; the last copy of a cell counts."""
+    answers: dict[str, str] = {}
+    for cell in submission.cells if submission is not None else []:
+        exercise = answer_id(cell)
+        if exercise is not None and cell.get("cell_type") == "code":
+            answers[exercise] = cell.source
+    return answers
 
 
 def _exercise_cells(nb: nbformat.NotebookNode) -> tuple[dict[int, str], dict[int, str]]:
@@ -101,53 +114,14 @@ def _exercise_cells(nb: nbformat.NotebookNode) -> tuple[dict[int, str], dict[int
     return answers, checks
 
 
-def _run_nbval(path: Path, limits: GradingLimits) -> dict[int, tuple[str, str]] | None:
-    """Run nbval on ``path``; return {cell number: (outcome, message)}, or None past the limit."""
-    xml = path.with_suffix(".xml")
-    cmd = [
-        sys.executable, "-m", "pytest", str(path), "--nbval-lax",
-        f"--nbval-cell-timeout={limits.cell_seconds:g}", "-p", "no:cacheprovider",
-        "-q", f"--junitxml={xml}", "-o", "addopts=", "--rootdir", str(path.parent),
-    ]  # fmt: skip
-    # A session of its own, so that on the total time limit the kernel and whatever the
-    # student's code started go down with pytest.
-    proc = subprocess.Popen(
-        cmd, cwd=path.parent, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-        start_new_session=True,
-    )  # fmt: skip
-    try:
-        proc.wait(timeout=limits.total_seconds)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
-        return None
-    if not xml.exists():
-        return {}
-    results = {}
-    for case in ET.parse(xml).iter("testcase"):
-        match = re.search(r"Cell (\d+)", case.get("name", ""))
-        if not match:
-            continue
-        outcome, message = "passed", ""
-        for child in case:
-            if child.tag in ("failure", "error", "skipped"):
-                outcome = child.tag
-                message = _ANSI.sub("", (child.get("message") or "") + "\n" + (child.text or ""))
-        results[int(match[1])] = (outcome, message)
-    return results
-
-
-def _stuck_exercise(
-    results: dict[int, tuple[str, str]], answers: dict[int, str], checks: dict[int, str]
-) -> tuple[str | None, str]:
-    """Return the exercise whose cell hung or killed the kernel, and why; (None, "") if none."""
+def _stuck_cell(results: dict[int, tuple[str, str]]) -> tuple[int | None, str]:
+    """Return the number of the first cell that hung or killed the kernel, and why."""
     for number in sorted(results):
         outcome, message = results[number]
         if outcome in ("failure", "error") and (
             "Timeout of" in message or "Kernel died" in message
         ):
-            why = "timed out" if "Timeout of" in message else "crashed its kernel"
-            return answers.get(number) or checks.get(number), why
+            return number, "timed out" if "Timeout of" in message else "crashed its kernel"
     return None, ""
 
 
@@ -177,19 +151,21 @@ def grade_notebook(
     """Grade one submission against its pristine source; return one result per exercise."""
     answers, checks = _exercise_cells(pristine)
     points = {check_id(c): check_points(c) for c in pristine.cells if check_id(c) is not None}
-    stubbed: dict[str, str] = {}
+    # exercise -> why its answer is not run
+    stubbed = rejected_answers(pristine, _submitted_answers(submission))
+    cell_limit = limits.cell_seconds
+    slow_setup: tuple[int, str] | None = None  # (cell, reason) when a set-up cell failed twice
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="grade-", dir=workdir) as tmp:
-        while True:
+        for run in range(len(points) + 2):  # each re-run stubs one more exercise, or retries once
             graded = build_graded_notebook(pristine, submission, set(stubbed))
-            path = Path(tmp) / f"{assignment}_{len(stubbed)}.ipynb"
+            path = Path(tmp) / f"{assignment}_{run}.ipynb"
             write_notebook_atomically(graded, path)
             remaining = limits.total_seconds - (time.monotonic() - started)
             if remaining <= 0:
                 results = None
             else:
-                cell_limit = min(limits.cell_seconds, remaining)
-                results = _run_nbval(path, GradingLimits(cell_limit, remaining))
+                results = run_nbval(path, min(cell_limit, remaining), remaining)
             if results is None:
                 return [
                     ExerciseResult(
@@ -202,15 +178,36 @@ def grade_notebook(
                     )  # fmt: skip
                     for ex in points
                 ]
-            stuck, why = _stuck_exercise(results, answers, checks)
-            if stuck is None or stuck in stubbed:
+            number, why = _stuck_cell(results)
+            if number is None:
                 break
-            stubbed[stuck] = f"{why} (cell limit {limits.cell_seconds:g} s)"
+            stuck = answers.get(number) or checks.get(number)
+            if stuck is not None:
+                if stuck in stubbed:
+                    break
+                stubbed[stuck] = f"{why} (cell limit {cell_limit:g} s)"
+                continue
+            # A set-up cell (starting engines, importing torch) is not the student's: when it
+            # runs out of time, the grading machine is loaded. Once more, with twice the time.
+            if cell_limit == limits.cell_seconds:
+                cell_limit *= 2
+                continue
+            if why == "timed out":
+                why = (
+                    f"grading machine too slow: setup cell {number} exceeded {cell_limit:g} s; "
+                    "re-run with a longer --cell-timeout"
+                )
+            else:
+                why = f"grading machine failed: setup cell {number} crashed its kernel twice"
+            slow_setup = (number, why)
+            break
     rows = []
     for number, exercise in checks.items():
         outcome, message = results.get(number, ("error", "the check cell did not run"))
         if exercise in stubbed:
             reason = stubbed[exercise]
+        elif slow_setup is not None and number > slow_setup[0]:
+            reason, outcome = slow_setup[1], "skipped"
         else:
             reason = _reason(exercise, outcome, message)
         got = points[exercise] if outcome == "passed" and exercise not in stubbed else 0.0

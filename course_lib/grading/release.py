@@ -33,10 +33,14 @@ def release_notebook(source: nbformat.NotebookNode, assignment: str) -> nbformat
 
     Answer cells keep their metadata (the grader finds them by it). Cells lose their outputs
     and the ``# NBVAL_CHECK_OUTPUT`` line, which only makes sense beside a stored output, except
-    cells tagged ``keep-output``: they keep what students must see.
+    cells tagged ``keep-output``: they keep what students must see. What the instructor's run
+    recorded about itself goes: the widgets' saved state (progress bars of a finished run) and
+    each cell's execution timestamps.
     """
     released = copy.deepcopy(source)
+    released.metadata.pop("widgets", None)
     for cell in released.cells:
+        cell.metadata.pop("execution", None)
         exercise = answer_id(cell)
         if cell.cell_type != "code":
             continue
