@@ -348,6 +348,25 @@ def test_a_setup_cell_too_slow_twice_is_blamed_on_the_machine(monkeypatch):
     ]
 
 
+def test_a_slow_tear_down_cell_costs_nothing_and_is_not_retried(monkeypatch):
+    runs = []
+
+    def teardown_times_out(path, cell_seconds, total_seconds):
+        runs.append(cell_seconds)
+        return {
+            0: ("passed", ""),
+            1: ("passed", ""),
+            2: ("passed", ""),
+            3: ("failure", "Timeout of"),
+        }
+
+    monkeypatch.setattr(grade_module, "run_nbval", teardown_times_out)
+    nb = _tiny_assignment("import time")
+    nb.cells.append(nbformat.v4.new_code_cell("cluster.stop()"))
+    rows = grade_notebook("lucky", "T", nb, nb, GradingLimits(20, 300))
+    assert runs == [20] and [(r.points, r.reason) for r in rows] == [(1.0, "PASS")]
+
+
 def _alive(pid: int) -> bool:
     try:
         return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE

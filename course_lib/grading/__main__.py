@@ -35,7 +35,10 @@ def main(argv: list[str] | None = None) -> int:
     chk.add_argument("notebook", type=Path)
     for p in (gra, chk):
         p.add_argument("--source", type=Path, default=SOURCES)
-        p.add_argument("--cell-timeout", type=float, default=60.0, help="seconds per cell")
+        p.add_argument(
+            "--cell-timeout", type=float, default=60.0,
+            help="seconds per cell (a set-up cell that runs out gets one retry with twice this)",
+        )  # fmt: skip
         p.add_argument("--total-timeout", type=float, default=600.0, help="seconds per notebook")
     gra.add_argument("--jobs", type=int, default=2, help="notebooks graded at once")
     args = parser.parse_args(argv)

@@ -16,8 +16,12 @@ from __future__ import annotations
 
 import ast
 from collections.abc import Iterable
+from typing import TYPE_CHECKING
 
 from course_lib.grading.cells import answer_id, check_id
+
+if TYPE_CHECKING:
+    from nbformat import NotebookNode
 
 __all__ = [
     "FORBIDDEN_MODULES",
@@ -126,7 +130,7 @@ def _module_problem(module: str) -> str | None:
     return None
 
 
-def protected_names(pristine) -> frozenset[str]:
+def protected_names(pristine: NotebookNode) -> frozenset[str]:
     """Return the names an answer cell of ``pristine`` must not rebind.
 
     They are ``print``, ``verdict``, ``Verdict``, every ``check_*`` name, and every name the
@@ -209,7 +213,7 @@ def answer_problem(
     return None
 
 
-def rejected_answers(pristine, answers: dict[str, str]) -> dict[str, str]:
+def rejected_answers(pristine: NotebookNode, answers: dict[str, str]) -> dict[str, str]:
     """Return {exercise: reason} for the answers (exercise -> code) that are not to be run."""
     protected = protected_names(pristine)
     modules: set[str] = set()  # what the notebook's own cells import: np, torch, F
