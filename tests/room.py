@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import functools
+import itertools
 import os
 import shutil
 import signal
@@ -80,6 +81,7 @@ class Room:
     rate: str
     pcs: list[PC] = field(default_factory=list)
     procs: list[subprocess.Popen] = field(default_factory=list)
+    created: set[str] = field(default_factory=set)  # teardown deletes only these
 
     def command(self, pc: PC, argv: Sequence[str]) -> list[str]:
         """Return ``argv`` wrapped to run inside ``pc``: its network and its own host name."""
@@ -172,7 +174,7 @@ def _kill_namespace_processes(room: Room, grace: float = 3.0) -> None:
     for proc in room.procs:
         if proc.poll() is None:
             pids.add(proc.pid)
-    for pc in room.pcs:
+    for pc in (pc for pc in room.pcs if pc.netns in room.created):
         # Processes a command forked (an engine's children) live in the namespace too.
         done = subprocess.run(["ip", "netns", "pids", pc.netns], capture_output=True, text=True)
         pids.update(int(p) for p in done.stdout.split() if p.strip().isdigit())
@@ -201,22 +203,41 @@ def _teardown(room: Room) -> list[str]:
     """Remove everything of ``room``; return what could not be removed (each step is tried)."""
     errors = []
     steps = [lambda: _kill_namespace_processes(room)]
+    ours = [name for name in room.names if name in room.created]  # never a clashing stranger
     for pc in room.pcs:
         # Deleting the namespace destroys the veth end inside it, and with it the pair; the
         # host end is deleted by hand only if the namespace never got its end.
-        steps.append(functools.partial(_delete, "netns", pc.netns))
-        steps.append(functools.partial(shutil.rmtree, f"/etc/netns/{pc.netns}", True))
-    steps.append(lambda: _wait_until_gone([pc.host_veth for pc in room.pcs], within=2.0))
-    steps += [functools.partial(_delete, "link", pc.host_veth) for pc in room.pcs]
-    steps.append(functools.partial(_delete, "link", room.bridge))
+        if pc.netns in ours:
+            steps.append(functools.partial(_delete, "netns", pc.netns))
+            steps.append(functools.partial(shutil.rmtree, f"/etc/netns/{pc.netns}", True))
+    veths = [pc.host_veth for pc in room.pcs if pc.host_veth in ours]
+    steps.append(lambda: _wait_until_gone(veths, within=2.0))
+    steps += [functools.partial(_delete, "link", veth) for veth in veths]
+    if room.bridge in ours:
+        steps.append(functools.partial(_delete, "link", room.bridge))
     steps.append(_remove_netns_folder_if_empty)
     for step in steps:
         try:
             step()
         except Exception as exc:  # noqa: BLE001 - every other step must still run
             errors.append(f"{type(exc).__name__}: {exc}")
-    errors += [f"left behind: {name}" for name in _wait_until_gone(room.names)]
+    errors += [f"left behind: {name}" for name in _wait_until_gone(ours)]
     return errors
+
+
+_ROOMS = itertools.count()
+
+
+def _new_tag() -> str:
+    """Return a tag unique on this machine now: this pid and a counter, in base 36 (7 chars)."""
+    # Interface names have at most 15 characters ("rv" + tag + "p12"); a pid is < 2**22,
+    # five base-36 digits, and the counter adds two.
+    digits = "0123456789abcdefghijklmnopqrstuvwxyz"
+
+    def base36(n: int, width: int) -> str:
+        return "".join(digits[(n // 36**i) % 36] for i in reversed(range(width)))
+
+    return base36(os.getpid(), 5) + base36(next(_ROOMS), 2)
 
 
 def _remove_netns_folder_if_empty() -> None:
@@ -262,7 +283,7 @@ def emulated_room(n_pcs: int, rate: str = "1gbit", burst: str = BURST) -> Iterat
     """
     if not 1 <= n_pcs <= 200:
         raise ValueError(f"n_pcs={n_pcs}: use 1..200 PCs")
-    tag = f"{os.getpid() % 100000}{int(time.monotonic() * 1000) % 1000:03d}"[-7:]
+    tag = _new_tag()
     room = Room(tag=tag, subnet="", bridge=f"rbr{tag}", instructor_ip="", rate=rate)
     try:
         with _subnet_lock():
@@ -274,6 +295,7 @@ def emulated_room(n_pcs: int, rate: str = "1gbit", burst: str = BURST) -> Iterat
             room.subnet = f"{PREFIX}.{x}.0/24"
             room.instructor_ip = f"{PREFIX}.{x}.1"
             _sh("ip", "link", "add", room.bridge, "type", "bridge")
+            room.created.add(room.bridge)
             _sh("ip", "addr", "add", f"{room.instructor_ip}/24", "dev", room.bridge)
         _sh("ip", "link", "set", room.bridge, "up")
         for k in range(1, n_pcs + 1):
@@ -282,7 +304,9 @@ def emulated_room(n_pcs: int, rate: str = "1gbit", burst: str = BURST) -> Iterat
             room.pcs.append(pc)
             inner = f"rv{tag}q{k}"  # renamed to eth0 once inside the namespace
             _sh("ip", "netns", "add", pc.netns)
+            room.created.add(pc.netns)
             _sh("ip", "link", "add", pc.host_veth, "type", "veth", "peer", "name", inner)
+            room.created.add(pc.host_veth)
             _sh("ip", "link", "set", inner, "netns", pc.netns)
             ns = ("ip", "netns", "exec", pc.netns)
             _sh(*ns, "ip", "link", "set", inner, "name", pc.ifname)
