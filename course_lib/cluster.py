@@ -182,11 +182,28 @@ class CourseCluster:
             self.view.activate()
 
     def _describe_all(self) -> dict[int, dict[str, Any]]:
+        """Describe every registered engine; skip (and say so) engines that died but are still
+        listed: the controller drops a dead engine only after a few missed heartbeats."""
         pending = {
             eid: self.client[eid].apply_async(engine_side.describe_engine, False)
             for eid in self.client.ids
         }
-        return {eid: result.get(timeout=self.settings.timeout) for eid, result in pending.items()}
+        infos, dead = {}, []
+        for eid, result in pending.items():
+            try:
+                infos[eid] = result.get(timeout=self.settings.timeout)
+            except (ipp.error.EngineError, ipp.error.RemoteError) as exc:
+                if "died" not in str(exc) and not isinstance(exc, ipp.error.EngineError):
+                    raise
+                dead.append(eid)
+        if dead:
+            print(f"course_lib: engines {dead} died and are left out; {len(infos)} remain")
+        if not infos:
+            raise ClusterError(
+                f"every engine ({dead}) has died: restart them (`ipcluster engines ...` in the "
+                "lab, or start_cluster(...) again) and connect again"
+            )
+        return infos
 
     def activate(self) -> CourseCluster:
         """Register ``%px`` / ``%%px`` in IPython on the rank-ordered view; return self."""

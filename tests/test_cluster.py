@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 import ipyparallel as ipp
 import numpy as np
@@ -278,6 +279,20 @@ def test_exercise_0_1_check(local, answer, passes, reason):
     assert verdict.passed is passes
     assert reason in str(verdict)
     assert str(verdict).startswith("Exercise 0.1 sum_of_squares_on_engines: ")
+
+
+def test_connecting_while_a_dead_engine_is_still_listed_leaves_it_out(capsys):
+    with start_cluster("local", 3) as cl:
+        victim = cl.view.apply_sync(__import__("os").getpid)[2]
+        psutil.Process(victim).kill()
+        # connect at once, before the controller's heartbeats drop the dead engine
+        owned = cl.owned
+        client_file = (
+            Path(owned.profile_dir) / "security" / f"ipcontroller-{owned.cluster_id}-client.json"
+        )
+        with connect_cluster(connection_file=str(client_file)) as late:
+            assert late.world_size == 2 and late.view.pull("rank") == [0, 1]
+    assert "died and are left out; 2 remain" in capsys.readouterr().out
 
 
 def test_a_killed_engine_is_reported_and_restarted():

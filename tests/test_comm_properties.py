@@ -145,7 +145,14 @@ def test_rendezvous_peer_is_a_host_other_than_rank_0s():
 
 def test_master_address_on_one_pc_and_towards_a_peer(monkeypatch):
     assert master_address(None) == "127.0.0.1"  # every rank here: loopback
-    assert master_address(None, ifname="eth0") == "127.0.0.1"
+    # with ifname, its address wins even when every rank reports one host name (cloned PCs)
+    with pytest.raises(ValueError, match="no IPv4 address"):
+        master_address(None, ifname="no-such-interface")
+    for name, addrs in psutil.net_if_addrs().items():
+        for a in addrs:
+            if a.family == socket.AF_INET:
+                assert master_address(None, ifname=name) == a.address
+                break
     assert routed_address("127.0.0.1") == "127.0.0.1"  # the interface that routes there
     monkeypatch.setattr(socket, "gethostbyname", {"lab1": "127.0.0.1"}.__getitem__)
     assert master_address("lab1") == "127.0.0.1"

@@ -340,11 +340,6 @@ def _rendezvous_address(hosts: list[str], ifname: str) -> str:
     return master_address(rendezvous_peer(hosts), ifname)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="course_lib bug: master_address() returns 127.0.0.1 when every engine reports the "
-    "same host name, even with ifname given, so ranks on other PCs cannot reach rank 0",
-)
 def test_gloo_across_pcs_with_cloned_host_names_and_ifname(lab: Lab) -> None:
     # PCs installed from one disk image often share a host name; the interface name given by
     # the instructor must still give rank 0's address on the room's network.

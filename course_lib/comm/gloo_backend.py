@@ -19,6 +19,10 @@ __all__ = ["GlooCommunicator", "init_gloo", "master_store"]
 
 _REDUCIBLE = {"float16", "float32", "float64", "bfloat16", "int8", "uint8", "int32", "int64"}
 
+# The GLOO_SOCKET_IFNAME this process set for an earlier group, so a later call without
+# ``ifname`` drops it instead of silently reusing it (a value the user exported is kept).
+_ifname_we_set: str | None = None
+
 
 def init_gloo(
     rank: int,
@@ -37,8 +41,12 @@ def init_gloo(
     without it rank 0 starts one on ``master_port``. A process group that already exists on this
     process is destroyed first, so re-running a notebook cell works.
     """
+    global _ifname_we_set
     if ifname:
-        os.environ["GLOO_SOCKET_IFNAME"] = ifname
+        os.environ["GLOO_SOCKET_IFNAME"] = _ifname_we_set = ifname
+    elif _ifname_we_set and os.environ.get("GLOO_SOCKET_IFNAME") == _ifname_we_set:
+        del os.environ["GLOO_SOCKET_IFNAME"]  # an earlier call's choice, not the user's setting
+        _ifname_we_set = None
     if dist.is_initialized():
         dist.destroy_process_group()
     if store is None:

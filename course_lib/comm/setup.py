@@ -99,17 +99,18 @@ def interface_address(ifname: str) -> str | None:
 def master_address(peer_host: str | None, ifname: str | None = None) -> str:
     """Return the address rank 0 listens on for gloo, seen from the other ranks; run on rank 0.
 
-    ``127.0.0.1`` when every rank is on this PC (``peer_host`` None). Otherwise the address of
-    ``ifname`` (``GLOO_SOCKET_IFNAME``) when given, else of the interface that routes to
-    ``peer_host``, a PC that holds other ranks.
+    The address of ``ifname`` (``GLOO_SOCKET_IFNAME``) when given: it wins even when every rank
+    reports the same host name, as PCs cloned from one disk image do. Otherwise ``127.0.0.1``
+    when every rank is on this PC (``peer_host`` None), else the address of the interface that
+    routes to ``peer_host``, a PC that holds other ranks.
     """
-    if peer_host is None:
-        return "127.0.0.1"
     if ifname:
         addr = interface_address(ifname)
         if addr is None:
             raise ValueError(f"network interface {ifname!r} has no IPv4 address on rank 0's PC")
         return addr
+    if peer_host is None:
+        return "127.0.0.1"
     try:
         peer_ip = socket.gethostbyname(peer_host)
     except OSError as exc:
