@@ -37,7 +37,7 @@ from course_lib.grading import (
 )
 from course_lib.grading import grade as grade_module
 from course_lib.grading.cells import BEGIN, END
-from course_lib.grading.guard import answer_problem, protected_names
+from course_lib.grading.guard import answer_problem, protected_names, rejected_answers
 
 ROOT = Path(__file__).resolve().parents[1]
 SOURCES = ROOT / "assignments" / "source"
@@ -185,12 +185,39 @@ FORGED_VERDICT = (
         ("%run forged.py", "uses get_ipython"),  # magics become get_ipython() calls
         ("def f():\n    return f.__globals__", "uses the attribute __globals__"),
         ("from numpy import *", "imports * from numpy"),
+        # the library's own answers, whichever way they are reached
+        ("from course_lib.collectives import ring_allreduce", "library holds the reference"),
+        ("from course_lib.scratch import conv2d", "library holds the reference"),
+        ("from course_lib import collectives", "library holds the reference"),
+        ("import course_lib.comm", "imports course_lib: the kit's library"),
+        ("def f(comm, x):\n    return comm._builtin('allreduce', x)", "private attribute _builtin"),
+        # the assignment's own list (A1: NumPy only)
+        ("import torch.nn.functional as G", "imports torch.nn.functional, which this assignment"),
+        ("def f(x):\n    from scipy import signal", "imports scipy.signal, which this assignment"),
     ],
 )
 def test_guard_names_what_an_answer_does_to_the_checks(code, found):
     protected = protected_names(_source("A2_ring_allreduce")) | {"check_sgd_step"}
-    problem = answer_problem(code, protected, modules={"np", "torch", "F"})
+    forbidden = _source("A1_sgd_conv").metadata["course"]["forbidden_imports"]
+    problem = answer_problem(
+        code, protected, modules={"np", "torch", "F"}, forbidden_imports=forbidden
+    )
     assert problem is not None and found in problem, problem
+
+
+def test_each_assignment_forbids_its_own_imports():
+    conv_with_torch = "import torch\n\ndef conv2d_layer(x, w, b):\n    return torch.conv2d(x, w, b)"
+    ring_from_mpi = "def ring_allreduce(comm, x):\n    from mpi4py import MPI\n    return x"
+    a1, a2 = _source("A1_sgd_conv"), _source("A2_ring_allreduce")
+    assert (
+        "which this assignment does not allow"
+        in rejected_answers(a1, {"A1.3": conv_with_torch})["A1.3"]
+    )
+    assert rejected_answers(a2, {"A2.3": conv_with_torch, "A2.1": ring_from_mpi}).keys() == {
+        "A2.1",
+        "A2.3",
+    }
+    assert rejected_answers(a1, {"A1.1": ring_from_mpi}) == {}  # A1 does not forbid mpi4py
 
 
 def test_guard_lets_ordinary_answers_through():
@@ -198,15 +225,18 @@ def test_guard_lets_ordinary_answers_through():
         source = _source(name)
         protected = protected_names(source)
         assert {"check_sgd_step", "cluster"} & protected and "verdict" in protected
+        forbidden = source.metadata["course"]["forbidden_imports"]
         for cell in source.cells:
             if answer_id(cell):
-                assert answer_problem(cell.source, protected, {"np"}) is None, cell.source
+                assert answer_problem(cell.source, protected, {"np"}, forbidden) is None, (
+                    cell.source
+                )
     ordinary = """
 import math
 import numpy as np
 import torch
-from course_lib.collectives import chunk_bounds
 from course_lib.comm import chunk_bounds as bounds
+from course_lib import comm
 
 def helper(x):
     verdict = x.sum()  # a local of the student's own

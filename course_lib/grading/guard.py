@@ -26,6 +26,7 @@ if TYPE_CHECKING:
 __all__ = [
     "FORBIDDEN_MODULES",
     "FORBIDDEN_NAMES",
+    "LIBRARY_ALLOWED",
     "answer_problem",
     "protected_names",
     "rejected_answers",
@@ -44,6 +45,8 @@ FORBIDDEN_MODULES = (
     "course_lib.checks", "course_lib.grading", "course_lib.verdict",
     "importlib", "builtins", "IPython", "ipykernel",
 )  # fmt: skip
+# The only parts of course_lib an answer may import from (chunk_bounds, the error types).
+LIBRARY_ALLOWED = ("course_lib.comm",)
 # Attributes that lead from an object to a namespace (a module's, a frame's, a function's).
 _FORBIDDEN_ATTRIBUTES = frozenset(
     {
@@ -123,10 +126,26 @@ def _root(node: ast.AST) -> str | None:
     return node.id if isinstance(node, ast.Name) else None
 
 
-def _module_problem(module: str) -> str | None:
+def _within(name: str, module: str) -> bool:
+    """Return True when ``name`` is ``module`` or lies inside it (``torch.nn`` in ``torch``)."""
+    return name == module or name.startswith(module + ".")
+
+
+def _module_problem(module: str, forbidden: Iterable[str] = ()) -> str | None:
+    """Say why importing ``module`` (a dotted name, ``pkg.mod.name`` for from-imports) is refused."""
     # A prefix, so that course_lib.checks_a1 and course_lib.checks_comm are caught alike.
     if any(module.startswith(banned) for banned in FORBIDDEN_MODULES):
         return f"imports {module}"
+    # The kit's library holds the reference answers (course_lib.collectives.ring_allreduce,
+    # course_lib.scratch.conv2d): only the communicator's helpers may be imported from it.
+    if _within(module, "course_lib") and not any(_within(module, ok) for ok in LIBRARY_ALLOWED):
+        allowed = ", ".join(f"from {ok} import ..." for ok in LIBRARY_ALLOWED)
+        return (
+            f"imports {module}: the kit's library holds the reference answers (allowed: {allowed})"
+        )
+    for banned in forbidden:
+        if _within(module, banned):
+            return f"imports {module}, which this assignment does not allow"
     return None
 
 
@@ -152,7 +171,10 @@ def protected_names(pristine: NotebookNode) -> frozenset[str]:
 
 
 def answer_problem(
-    source: str, protected: Iterable[str] = _ALWAYS_PROTECTED, modules: Iterable[str] = ()
+    source: str,
+    protected: Iterable[str] = _ALWAYS_PROTECTED,
+    modules: Iterable[str] = (),
+    forbidden_imports: Iterable[str] = (),
 ) -> str | None:
     """Return what in an answer cell could forge a verdict ("line 2 rebinds print"), or None.
 
@@ -161,7 +183,10 @@ def answer_problem(
         protected: names the check cells rely on (see :func:`protected_names`).
         modules: names the notebook's other cells bind by import (``np``, ``torch``): an answer
             may use them, but not assign to their attributes.
+        forbidden_imports: modules this assignment's answers may not import (its notebook's
+            ``metadata.course.forbidden_imports``, e.g. ``torch`` for "NumPy only").
     """
+    forbidden_imports = tuple(forbidden_imports)
     tree = _parse(source)
     if tree is None:
         return None
@@ -181,7 +206,11 @@ def answer_problem(
         line = getattr(node, "lineno", 0)
         if isinstance(node, ast.Import):
             for alias in node.names:
-                if problem := _module_problem(alias.name):
+                # `import course_lib.comm` binds course_lib itself, and with it the whole library
+                name = alias.name if alias.asname else alias.name.split(".")[0]
+                if problem := _module_problem(alias.name, forbidden_imports) or (
+                    _module_problem(name, forbidden_imports)
+                ):
                     return f"line {line} {problem}"
         elif isinstance(node, ast.ImportFrom):
             module = "." * node.level + (node.module or "")
@@ -190,15 +219,21 @@ def answer_problem(
                     return f"line {line} imports * from {module}; import the names you use"
                 if module == "sys" and alias.name in ("modules", "_getframe"):
                     return f"line {line} imports sys.{alias.name}"
-                for name in (module, f"{module}.{alias.name}"):
-                    if problem := _module_problem(name):
-                        return f"line {line} {problem}"
+                # the module for the checks' own packages; the full name for the library
+                # rule, so that `from course_lib.comm import chunk_bounds` passes
+                if problem := _module_problem(f"{module}.{alias.name}", forbidden_imports):
+                    return f"line {line} {problem}"
+                if any(module.startswith(banned) for banned in FORBIDDEN_MODULES):
+                    return f"line {line} imports {module}"
         elif isinstance(node, ast.Name) and node.id in FORBIDDEN_NAMES:
             magic = " (IPython magics and ! commands call it)" if node.id == "get_ipython" else ""
             return f"line {line} uses {node.id}{magic}"
         elif isinstance(node, ast.Attribute):
             if node.attr in _FORBIDDEN_ATTRIBUTES:
                 return f"line {line} uses the attribute {node.attr}"
+            if node.attr.startswith("_") and not node.attr.startswith("__"):
+                # comm._builtin(...) and the like would bypass the counters the checks read
+                return f"line {line} uses the private attribute {node.attr}; use the public API"
             if node.attr == "modules" and _root(node.value) in sys_names:
                 return f"line {line} uses sys.modules"
             if isinstance(node.ctx, (ast.Store, ast.Del)) and _root(node) in imported:
@@ -221,9 +256,10 @@ def rejected_answers(pristine: NotebookNode, answers: dict[str, str]) -> dict[st
         if cell.get("cell_type") == "code" and answer_id(cell) is None:
             tree = _parse(cell.source)
             modules |= _imported_names([tree]) if tree is not None else set()
+    forbidden = pristine.metadata.get("course", {}).get("forbidden_imports", [])
     rejected = {}
     for exercise, code in answers.items():
-        problem = answer_problem(code, protected, modules)
+        problem = answer_problem(code, protected, modules, forbidden)
         if problem is not None:
             rejected[exercise] = (
                 f"not graded: the answer cell {problem}; an answer may define its own functions "
