@@ -184,11 +184,13 @@ class CourseCluster:
     def _describe_all(self) -> dict[int, dict[str, Any]]:
         """Describe every registered engine; skip (and say so) engines that died but are still
         listed: the controller drops a dead engine only after a few missed heartbeats."""
-        pending = {
-            eid: self.client[eid].apply_async(engine_side.describe_engine, False)
-            for eid in self.client.ids
-        }
-        infos, dead = {}, []
+        pending, dead = {}, []
+        for eid in self.client.ids:
+            try:
+                pending[eid] = self.client[eid].apply_async(engine_side.describe_engine, False)
+            except IndexError:  # unregistered between reading ids and addressing it
+                dead.append(eid)
+        infos = {}
         for eid, result in pending.items():
             try:
                 infos[eid] = result.get(timeout=self.settings.timeout)
@@ -250,8 +252,8 @@ class CourseCluster:
         while time.monotonic() < deadline:
             ids = list(self.client.ids)
             if len(ids) == n:
-                pending = [self.client[eid].apply_async(engine_side.engine_pid) for eid in ids]
-                try:
+                try:  # an old engine may unregister between reading ids and addressing it
+                    pending = [self.client[eid].apply_async(engine_side.engine_pid) for eid in ids]
                     pids = {result.get(timeout=2.0) for result in pending}
                 except Exception:  # noqa: BLE001 - a dying or stale engine just means "not yet"
                     pids = set()

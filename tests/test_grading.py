@@ -308,7 +308,9 @@ def test_a_hang_and_a_crash_cost_only_their_own_exercises():
     submission = _with_answer(
         submission, "A1.2", "def minibatch_sgd(*args):\n    while True:\n        pass"
     )
-    submission = _with_answer(submission, "A1.3", "import os\nos._exit(1)")
+    submission = _with_answer(
+        submission, "A1.3", "import os\nimport signal\nos.kill(os.getpid(), signal.SIGKILL)"
+    )
     limits = GradingLimits(cell_seconds=8, total_seconds=300)
     started = time.monotonic()
     rows = grade_notebook("looper", "A1", source, submission, limits)
@@ -470,7 +472,9 @@ def test_a_kernel_crash_leaves_no_engines_or_controller_behind(tmp_path, monkeyp
         'from course_lib.cluster import start_cluster\ncluster = start_cluster("local", 1)'
     )
     source.cells.append(nbformat.v4.new_code_cell("cluster.stop()"))
-    crash = _with_answer(source, "T.1", "import os\nos._exit(1)")  # the engines are up by now
+    crash = _with_answer(
+        source, "T.1", "import os\nimport signal\nos.kill(os.getpid(), signal.SIGKILL)"
+    )  # the engines are up by now
     # nbval notices a dead kernel only when the cell limit is up, so keep it short.
     rows = grade_notebook("crasher", "T", source, crash, GradingLimits(15, 200), workdir=tmp_path)
     assert rows[0].points == 0.0
