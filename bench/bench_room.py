@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 import tempfile
@@ -69,6 +70,8 @@ def worker(rank: int, world_size: int, addr: str, sizes_mb: list[int], reps: int
                   "rows": rows}  # fmt: skip
         Path(out).write_text(json.dumps(result))
     comm.barrier()
+    sys.stdout.flush()
+    os._exit(0)  # torch's teardown at exit sometimes aborts once rank 0 has gone
 
 
 def run_room(n_pcs: int, rate: str, sizes_mb: list[int], reps: int) -> dict:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -26,15 +27,33 @@ def check_sum_of_squares(
         status = view.client.queue_status()
         return {eid: status[eid]["completed"] for eid in view.targets}
 
+    def settled_counts() -> dict[int, int]:
+        """Counts once the previous call's late results are in (two equal reads in a row)."""
+        counts, deadline = completed(), time.monotonic() + 2.0
+        while time.monotonic() < deadline:
+            time.sleep(0.05)
+            again = completed()
+            if again == counts:
+                break
+            counts = again
+        return counts
+
     def body() -> str:
         sizes = (10, 1001, 3, random.SystemRandom().randrange(2_000, 50_000))
         for N in sizes:
-            before = completed()
+            before = settled_counts()
             got = sum_of_squares_on_engines(view, N)
             expected = (N - 1) * N * (2 * N - 1) // 6
             assert got == expected, f"N={N}: got {got!r}, expected {expected}"
-            after = completed()
-            idle = [rank for rank, eid in enumerate(view.targets) if after[eid] == before[eid]]
+            # the controller counts a task when it sees the result, a moment after the client
+            # may: poll briefly before calling an engine idle
+            deadline = time.monotonic() + 5.0
+            while True:
+                after = completed()
+                idle = [rank for rank, eid in enumerate(view.targets) if after[eid] == before[eid]]
+                if not idle or time.monotonic() > deadline:
+                    break
+                time.sleep(0.05)
             assert not idle, (
                 f"N={N}: the right number, but the engines of ranks {idle} ran nothing; "
                 "compute the squares there (scatter, then apply or execute)"
