@@ -28,7 +28,13 @@ sys.path.insert(0, str(ROOT))
 
 from course_lib import collectives as C  # noqa: E402
 from course_lib.comm import GIGABIT, emulate, free_port, make_communicator  # noqa: E402
-from course_lib.cost_model import LinkModel, allreduce_bound, ping_pong, predict  # noqa: E402
+from course_lib.cost_model import (  # noqa: E402
+    LinkModel,
+    allreduce_bound,
+    ping_pong,
+    predict,
+    time_allreduce,
+)
 
 ALGORITHMS = {
     "builtin": None,
@@ -37,21 +43,6 @@ ALGORITHMS = {
     "star_allreduce": C.star_allreduce,
     "allreduce_naive": C.allreduce_naive,
 }
-
-
-def timed(comm, name, x, reps):
-    """Return the median over ``reps`` of the slowest rank's time for one allreduce."""
-    fn = ALGORITHMS[name]
-    times = []
-    for _ in range(reps + 1):  # first run warms up buffers and connections
-        buf = x.copy()
-        comm.barrier()
-        t0 = time.perf_counter()
-        comm.allreduce(buf) if fn is None else fn(comm, buf)
-        took = np.array([time.perf_counter() - t0])
-        comm.allreduce(took, op="max")
-        times.append(float(took[0]))
-    return float(np.median(times[1:]))
 
 
 def worker(backend: str, quick: bool, out: str) -> None:
@@ -74,7 +65,7 @@ def worker(backend: str, quick: bool, out: str) -> None:
             reps = 2 if (quick or link_name == "emulated") else 5
             base = None
             for name in names:
-                t = timed(c, name, x, reps)
+                t = time_allreduce(c, ALGORITHMS[name], x, reps)
                 base = t if name == "builtin" else base
                 bound = allreduce_bound(x.nbytes, p, model.bandwidth)
                 pred = predict(name, x.nbytes, p, model) if name != "builtin" else float("nan")

@@ -31,25 +31,11 @@ sys.path.insert(0, str(ROOT / "tests"))
 
 from course_lib.collectives import ring_allreduce  # noqa: E402
 from course_lib.comm import make_communicator  # noqa: E402
-from course_lib.cost_model import allreduce_bound, ping_pong  # noqa: E402
+from course_lib.cost_model import allreduce_bound, ping_pong, time_allreduce  # noqa: E402
 
 # Rank 0's namespace is private to this run, so a fixed port there cannot be taken by others.
 PORT = 29500
 PING_SIZES = [2**k for k in range(10, 24, 2)] + [2**23]  # 1 KB .. 8 MB
-
-
-def timed(comm, fn, x: np.ndarray, reps: int) -> float:
-    """Return the median over ``reps`` of the slowest rank's time for one allreduce of ``x``."""
-    times = []
-    for _ in range(reps + 1):  # the first run warms up buffers and connections
-        buf = x.copy()
-        comm.barrier()
-        t0 = time.perf_counter()
-        comm.allreduce(buf) if fn is None else fn(comm, buf)
-        took = np.array([time.perf_counter() - t0])
-        comm.allreduce(took, op="max")
-        times.append(float(took[0]))
-    return float(np.median(times[1:]))
 
 
 def worker(rank: int, world_size: int, addr: str, sizes_mb: list[int], reps: int, out: str):
@@ -60,8 +46,8 @@ def worker(rank: int, world_size: int, addr: str, sizes_mb: list[int], reps: int
     rows = []
     for mb in sizes_mb:
         x = np.random.default_rng(rank).standard_normal(mb * 2**18).astype(np.float32)
-        builtin = timed(comm, None, x, reps)
-        ring = timed(comm, ring_allreduce, x, reps)
+        builtin = time_allreduce(comm, None, x, reps)
+        ring = time_allreduce(comm, ring_allreduce, x, reps)
         bound = allreduce_bound(x.nbytes, world_size, bandwidth)
         rows.append({"mb": mb, "builtin": builtin, "ring": ring, "bound": bound})
     if rank == 0:

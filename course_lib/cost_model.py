@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -25,6 +27,7 @@ __all__ = [
     "gossip_messages",
     "ping_pong",
     "predict",
+    "time_allreduce",
 ]
 
 
@@ -173,3 +176,26 @@ def ping_pong(
     comm.broadcast(times, src=a)  # ranks outside the pair learn the result too
     model = fit_alpha_beta(sizes, times)
     return Calibration(list(sizes), times.tolist(), model, comm.label, samples)
+
+
+def time_allreduce(
+    comm: Communicator,
+    fn: Callable[[Communicator, np.ndarray], Any] | None,
+    x: np.ndarray,
+    reps: int,
+) -> float:
+    """Return the median over ``reps`` of the slowest rank's seconds for one allreduce of ``x``.
+
+    ``fn`` is a from-scratch allreduce ``fn(comm, buf)``, or None for the backend's own; every
+    rank must call this together. ``x`` is not modified (each run reduces a copy).
+    """
+    times = []
+    for _ in range(reps + 1):  # the first run warms up buffers and connections
+        buf = x.copy()
+        comm.barrier()
+        t0 = time.perf_counter()
+        comm.allreduce(buf) if fn is None else fn(comm, buf)
+        took = np.array([time.perf_counter() - t0])
+        comm.allreduce(took, op="max")  # a collective ends when its slowest rank does
+        times.append(float(took[0]))
+    return float(np.median(times[1:]))
