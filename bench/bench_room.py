@@ -1,7 +1,7 @@
 """Benchmark allreduce across an emulated room of PCs: ring vs gloo's own vs the bandwidth bound.
 
 Builds a room of N PCs (network namespaces on a bridge, every link shaped to 1 Gbit/s with tc
-tbf; see ``tests/room.py``), starts one gloo rank per PC, and prints for 1, 8 and 32 MB of
+tbf; see ``course_lib/cluster/room.py``), starts one gloo rank per PC, and prints for 1, 8 and 32 MB of
 float32 the median time (slowest rank) of gloo's built-in allreduce and of ``ring_allreduce``,
 with their ratio to the bound 2(N-1)/N * S / B. B is measured in the same run: one-way
 ping-pong of the largest message between two PCs. Needs root, ``ip``, ``tc`` and ``unshare``.
@@ -27,7 +27,6 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "tests"))
 
 from course_lib.collectives import ring_allreduce  # noqa: E402
 from course_lib.comm import make_communicator  # noqa: E402
@@ -62,7 +61,7 @@ def worker(rank: int, world_size: int, addr: str, sizes_mb: list[int], reps: int
 
 def run_room(n_pcs: int, rate: str, sizes_mb: list[int], reps: int) -> dict:
     """Build a room of ``n_pcs`` PCs, run one worker per PC, return rank 0's results."""
-    from room import emulated_room
+    from course_lib.cluster.room import emulated_room
 
     workdir = Path(tempfile.mkdtemp(prefix="bench_room_"))
     out = workdir / "result.json"
@@ -105,7 +104,7 @@ def main() -> None:
     if args.worker is not None:
         worker(args.worker, args.world, args.addr, sizes_mb, args.repeats, args.out)
         return
-    from room import room_unavailable_reason
+    from course_lib.cluster.room import room_unavailable_reason
 
     reason = room_unavailable_reason()
     if reason:

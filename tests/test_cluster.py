@@ -10,7 +10,6 @@ import numpy as np
 import psutil
 import pytest
 
-from course_lib import cluster as cluster_module
 from course_lib.cluster import (
     ClusterError,
     ClusterSettings,
@@ -18,6 +17,7 @@ from course_lib.cluster import (
     connect_cluster,
     start_cluster,
 )
+from course_lib.cluster import launch as cluster_module
 
 # Bounds this file promises (generous: the machine is small and shared).
 INTERRUPT_BOUND_S = 15.0  # a local engine stuck in Python is interrupted and answers again
@@ -273,7 +273,7 @@ def _stub(view, N):
     ],
 )
 def test_exercise_0_1_check(local, answer, passes, reason):
-    from course_lib.checks_cluster import check_sum_of_squares
+    from course_lib.checks.lecture00 import check_sum_of_squares
 
     verdict = check_sum_of_squares(answer, local.view, verbose=False)
     assert verdict.passed is passes

@@ -15,7 +15,7 @@ import psutil
 import pytest
 
 from course_lib import collectives as C
-from course_lib.checks_a2 import (
+from course_lib.checks.a2 import (
     check_ring_allgather,
     check_ring_allreduce,
     check_ring_reduce_scatter,
@@ -171,7 +171,7 @@ FORGED_VERDICT = (
         ("print = lambda *args: None", "rebinds print"),
         ("def f():\n    global verdict\n    verdict = 1", "line 2 rebinds verdict"),
         ("cluster = None", "rebinds cluster"),  # the A2 checks run on it
-        ("from course_lib.checks_a1 import check_sgd_step as c", "imports course_lib.checks_a1"),
+        ("from course_lib.checks.a1 import check_sgd_step as c", "imports course_lib.checks.a1"),
         ("from course_lib import verdict as v", "imports course_lib.verdict"),
         ("import course_lib.grading.grade", "imports course_lib.grading"),
         ('setattr(np, "allclose", lambda *a, **k: True)', "uses setattr"),
@@ -179,7 +179,7 @@ FORGED_VERDICT = (
         ('exec("x = 1")', "uses exec"),
         ("import importlib", "imports importlib"),
         ("import builtins", "imports builtins"),
-        ('import sys\nsys.modules["course_lib.checks_a1"] = None', "sys.modules"),
+        ('import sys\nsys.modules["course_lib.checks.a1"] = None', "sys.modules"),
         ("import sys\nsys.stdout = None", "changes sys.stdout"),
         ("np.allclose = lambda *a, **k: True", "changes np.allclose"),
         ("%run forged.py", "uses get_ipython"),  # magics become get_ipython() calls

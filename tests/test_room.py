@@ -24,9 +24,15 @@ from typing import Any
 import numpy as np
 import psutil
 import pytest
-from room import Room, emulated_room, leftovers, netns_inode, room_unavailable_reason
 
 from course_lib.cluster import CourseCluster, connect_cluster, start_cluster
+from course_lib.cluster.room import (
+    Room,
+    emulated_room,
+    leftovers,
+    netns_inode,
+    room_unavailable_reason,
+)
 from course_lib.comm.setup import setup_communicators
 
 pytestmark = [
@@ -197,7 +203,16 @@ def test_every_engine_registers_and_the_doctor_is_happy(lab: Lab) -> None:
 def test_instructor_doctor_command_lists_every_pc(lab: Lab) -> None:
     # The README's `./kit doctor --profile lab` runs exactly this after setting up the venv.
     done = subprocess.run(
-        [sys.executable, "-m", "course_lib.doctor", "--profile", "lab", "--engines", "4"],
+        [
+            sys.executable,
+            "-m",
+            "course_lib.cluster",
+            "doctor",
+            "--profile",
+            "lab",
+            "--engines",
+            "4",
+        ],
         env=lab.instructor_env(),
         capture_output=True,
         text=True,

@@ -9,8 +9,8 @@ import torch.nn.functional as F
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from course_lib import checks_lectures12 as checks
 from course_lib import scratch
+from course_lib.checks import lectures01_02 as checks
 from course_lib.training import segmentation_scores
 
 # ---- from-scratch operators equal torch's -------------------------------------------------------

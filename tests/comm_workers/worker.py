@@ -316,7 +316,7 @@ def suite_subgroup(comm) -> dict:
 
 
 def suite_check(comm) -> dict:
-    from course_lib.checks_comm import check_ring_allgather_on_rank, stub_ring_allgather
+    from course_lib.checks.lecture03 import check_ring_allgather_on_rank, stub_ring_allgather
 
     detail = check_ring_allgather_on_rank(comm, C.ring_allgather)
     try:

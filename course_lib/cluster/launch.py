@@ -24,9 +24,9 @@ from typing import Any
 
 import ipyparallel as ipp
 
-from course_lib import engine_side
-from course_lib.doctor import DoctorReport, doctor
-from course_lib.recovery import EngineTimeout, RecoveryReport, recover, run_with_timeout
+from course_lib.cluster import engine_side
+from course_lib.cluster.doctor import DoctorReport, doctor
+from course_lib.cluster.recovery import EngineTimeout, RecoveryReport, recover, run_with_timeout
 
 __all__ = [
     "KINDS",

@@ -64,7 +64,7 @@ def _problem(comm: Communicator, size: int, got, want, bounds) -> str | None:
 def _engine_check(name: str, fn: Callable) -> str:
     from IPython import get_ipython
 
-    from course_lib.checks_comm import check_ring_allgather_on_rank
+    from course_lib.checks.lecture03 import check_ring_allgather_on_rank
 
     return check_ring_allgather_on_rank(get_ipython().user_ns[name], fn)
 

@@ -12,16 +12,30 @@ from __future__ import annotations
 import signal
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import ipyparallel as ipp
 
-from course_lib import engine_side
+from course_lib.cluster import engine_side
 
-if TYPE_CHECKING:
-    from course_lib.cluster import CourseCluster
+__all__ = ["EngineTimeout", "RecoverableCluster", "RecoveryReport", "recover", "run_with_timeout"]
 
-__all__ = ["EngineTimeout", "RecoveryReport", "recover", "run_with_timeout"]
+
+class RecoverableCluster(Protocol):
+    """What recovery needs of a cluster (``CourseCluster`` has it; recovery never imports it)."""
+
+    client: ipp.Client
+    ids_by_rank: list[int]
+    owned: ipp.Cluster | None
+    engine_info: dict[int, dict[str, Any]]
+    settings: Any
+
+    @property
+    def kind(self) -> str: ...
+
+    def wait_for_fresh_engines(self, old_pids: set[int], deadline: float) -> None: ...
+
+    def setup_engines(self) -> None: ...
 
 
 class EngineTimeout(TimeoutError):
@@ -51,7 +65,7 @@ class RecoveryReport:
         return text
 
 
-def _busy_ranks(cluster: CourseCluster) -> list[int]:
+def _busy_ranks(cluster: RecoverableCluster) -> list[int]:
     status = cluster.client.queue_status()
     return [
         rank
@@ -60,7 +74,7 @@ def _busy_ranks(cluster: CourseCluster) -> list[int]:
     ]
 
 
-def _all_answer(cluster: CourseCluster, timeout: float) -> bool:
+def _all_answer(cluster: RecoverableCluster, timeout: float) -> bool:
     deadline = time.monotonic() + timeout
     try:
         pending = [
@@ -73,7 +87,7 @@ def _all_answer(cluster: CourseCluster, timeout: float) -> bool:
     return True
 
 
-def recover(cluster: CourseCluster, grace: float = 10.0) -> RecoveryReport:
+def recover(cluster: RecoverableCluster, grace: float = 10.0) -> RecoveryReport:
     """Free hung engines: SIGINT for local engines, then a restart of all engines if needed.
 
     Returns a report; the cluster's view, ranks and ``%px`` magics point at the live engines
@@ -115,7 +129,7 @@ def _describe_failures(results: list[Any]) -> str:
 
 
 def run_with_timeout(
-    cluster: CourseCluster, fn: Any, args: tuple, kwargs: dict, timeout: float
+    cluster: RecoverableCluster, fn: Any, args: tuple, kwargs: dict, timeout: float
 ) -> list[Any]:
     """Run ``fn`` on every engine; on timeout recover the cluster and raise :class:`EngineTimeout`."""
     gone = [rank for rank, eid in enumerate(cluster.ids_by_rank) if eid not in cluster.client.ids]

@@ -11,7 +11,7 @@ from typing import Any
 
 import ipyparallel as ipp
 
-from course_lib import engine_side
+from course_lib.cluster import engine_side
 
 __all__ = ["COLUMNS", "VERSION_COLUMNS", "DoctorReport", "doctor"]
 
@@ -141,26 +141,3 @@ def doctor(
     if expected is not None and len(ids) < expected:
         problems.append(f"only {len(ids)} of {expected} engines are registered")
     return DoctorReport(rows, problems, flagged)
-
-
-def main(argv: list[str] | None = None) -> int:
-    """Print the doctor's table for a running cluster (the instructor's check before class)."""
-    import argparse
-
-    from course_lib.cluster import connect_cluster
-
-    parser = argparse.ArgumentParser(description="Check every engine of a running cluster.")
-    parser.add_argument("--profile", help="profile of the running cluster (ipcluster --profile)")
-    parser.add_argument("--file", help="its ipcontroller-client.json, instead of a profile")
-    parser.add_argument("--engines", type=int, default=None, help="engines to wait for")
-    args = parser.parse_args(argv)
-    if not (args.profile or args.file):
-        parser.error("give --profile NAME or --file PATH of the running cluster")
-    with connect_cluster(profile=args.profile, connection_file=args.file, n=args.engines) as cl:
-        report = cl.doctor()
-    print(report)
-    return 0 if report.ok else 1
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

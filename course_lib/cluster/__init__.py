@@ -1,0 +1,30 @@
+"""Layer 1, the cluster: start, connect to and stop engines; the doctor; recovery; the room.
+
+``start_cluster`` is the one way a notebook gets engines (see :mod:`course_lib.cluster.launch`).
+The modules below it never import this package's ``__init__``, so they import each other one
+way only: ``launch`` uses ``doctor``, ``recovery`` and ``engine_side``; ``room`` stands alone.
+"""
+
+from course_lib.cluster.launch import (
+    KINDS,
+    ClusterError,
+    ClusterSettings,
+    CourseCluster,
+    EngineTimeout,
+    connect_cluster,
+    default_engine_count,
+    find_mpiexec,
+    start_cluster,
+)
+
+__all__ = [
+    "KINDS",
+    "ClusterError",
+    "ClusterSettings",
+    "CourseCluster",
+    "EngineTimeout",
+    "connect_cluster",
+    "default_engine_count",
+    "find_mpiexec",
+    "start_cluster",
+]
