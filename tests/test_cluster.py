@@ -282,17 +282,32 @@ def test_exercise_0_1_check(local, answer, passes, reason):
 
 
 def test_connecting_while_a_dead_engine_is_still_listed_leaves_it_out(capsys):
-    with start_cluster("local", 3) as cl:
-        victim = cl.view.apply_sync(__import__("os").getpid)[2]
-        psutil.Process(victim).kill()
-        # connect at once, before the controller's heartbeats drop the dead engine
-        owned = cl.owned
-        client_file = (
-            Path(owned.profile_dir) / "security" / f"ipcontroller-{owned.cluster_id}-client.json"
-        )
-        with connect_cluster(connection_file=str(client_file)) as late:
-            assert late.world_size == 2 and late.view.pull("rank") == [0, 1]
-    assert "died and are left out; 2 remain" in capsys.readouterr().out
+    # The controller drops a dead engine after ~30 s of missed heartbeats; whether the late client
+    # still sees it listed depends on the machine's load. The outcome a student relies on (the
+    # live engines, ranked 0..n-1) must hold either way; the "left out" report is checked when the
+    # dead engine was still listed, and the attempt is repeated (rarely needed) until it was.
+    for _attempt in range(3):
+        with start_cluster("local", 3) as cl:
+            victim_id = cl.ids_by_rank[2]
+            victim = cl.view.apply_sync(__import__("os").getpid)[2]
+            psutil.Process(victim).kill()
+            owned = cl.owned
+            client_file = (
+                Path(owned.profile_dir)
+                / "security"
+                / f"ipcontroller-{owned.cluster_id}-client.json"
+            )
+            with connect_cluster(connection_file=str(client_file)) as late:
+                assert late.world_size == 2 and late.view.pull("rank") == [0, 1]
+                assert victim_id not in late.ids_by_rank
+                left_out = list(late.left_out)
+        printed = capsys.readouterr().out
+        if left_out:
+            assert left_out == [victim_id]
+            assert f"engines [{victim_id}] died and are left out; 2 remain" in printed
+            return
+        assert "died and are left out" not in printed
+    pytest.fail("the controller dropped the dead engine before every late connect (3 tries)")
 
 
 def test_a_killed_engine_is_reported_and_restarted():

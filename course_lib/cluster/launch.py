@@ -128,6 +128,8 @@ class CourseCluster:
         self.world_size = 0
         self.ids_by_rank: list[int] = []
         self.engine_info: dict[int, dict[str, Any]] = {}
+        #: engines the controller still listed when this cluster was set up, found dead and left out
+        self.left_out: list[int] = []
         self._activated = False
         self._view: ipp.DirectView | None = None
 
@@ -198,6 +200,7 @@ class CourseCluster:
                 if "died" not in str(exc) and not isinstance(exc, ipp.error.EngineError):
                     raise
                 dead.append(eid)
+        self.left_out = dead
         if dead:
             print(f"course_lib: engines {dead} died and are left out; {len(infos)} remain")
         if not infos:
