@@ -253,3 +253,27 @@ def test_a_failing_stage_is_named_and_the_others_do_not_hang(cluster):
             assert "rank 1" in messages[rank], messages
         assert messages[3] == "not in the pipeline"
         _communicators(cluster)  # a gloo timeout breaks the group: make a fresh one
+
+
+def test_lecture10_checks_pass_answers_and_fail_stubs_and_wrong_ones():
+    from course_lib.checks.lecture10 import (
+        check_balance,
+        check_one_f_one_b,
+        stub_balance,
+        stub_one_f_one_b,
+    )
+    from course_lib.parallel.pipeline_schedule import gpipe_schedule, one_f_one_b_schedule
+
+    assert check_one_f_one_b(one_f_one_b_schedule, verbose=False).passed
+    assert check_balance(balance_stages, verbose=False).passed
+    for check, stub in ((check_one_f_one_b, stub_one_f_one_b), (check_balance, stub_balance)):
+        verdict = check(stub, verbose=False)
+        assert not verdict.passed and "not implemented" in verdict.detail, verdict
+    verdict = check_one_f_one_b(gpipe_schedule, verbose=False)  # right bubble, too much memory
+    assert not verdict.passed and "1F1B stores at most" in verdict.detail, verdict
+    verdict = check_balance(even_stages_by_count, verbose=False)
+    assert not verdict.passed and "the best split's" in verdict.detail, verdict
+
+
+def even_stages_by_count(costs, p):
+    return even_stages(len(costs), p)

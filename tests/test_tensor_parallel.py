@@ -183,3 +183,47 @@ def test_width_that_cannot_be_split_names_the_fix(cluster):
     with pytest.raises(ValueError, match="at most 2 ranks"):
         shard_bounds(2, 3)
     assert [b - a for a, b in shard_bounds(10, 4)] == [3, 3, 2, 2]
+
+
+def column_by_allgather(comm, X, W_shard):
+    import torch
+
+    return torch.cat(list(comm.allgather((X @ W_shard.T).contiguous())), dim=-1)
+
+
+def row_by_allreduce(comm, X_shard, W_shard):
+    return comm.allreduce((X_shard @ W_shard.T).contiguous())
+
+
+def row_without_reduction(comm, X_shard, W_shard):
+    return X_shard @ W_shard.T
+
+
+def column_by_allreducing_everything(comm, X, W_shard):
+    import torch
+
+    k = W_shard.shape[0]
+    full = torch.zeros(X.shape[0], k * comm.world_size)
+    full[:, comm.rank * k : (comm.rank + 1) * k] = X @ W_shard.T
+    return comm.allreduce(full)
+
+
+@pytest.mark.timeout(300)
+def test_lecture09_checks_pass_answers_and_fail_stubs_and_wrong_ones(cluster):
+    from course_lib.checks.lecture09 import (
+        check_column_parallel,
+        check_row_parallel,
+        stub_column_parallel,
+        stub_row_parallel,
+    )
+
+    assert check_column_parallel(column_by_allgather, cluster, verbose=False).passed
+    assert check_row_parallel(row_by_allreduce, cluster, verbose=False).passed
+    for check, stub in ((check_column_parallel, stub_column_parallel),
+                        (check_row_parallel, stub_row_parallel)):  # fmt: skip
+        verdict = check(stub, cluster, verbose=False)
+        assert not verdict.passed and "not implemented" in verdict.detail, verdict
+    verdict = check_row_parallel(row_without_reduction, cluster, verbose=False)
+    assert not verdict.passed and "differs from X @ W.T" in verdict.detail, verdict
+    verdict = check_column_parallel(column_by_allreducing_everything, cluster, verbose=False)
+    assert not verdict.passed and "the split needs only" in verdict.detail, verdict

@@ -16,7 +16,7 @@ into a timeline, so a slider can explore p, m and uneven stages in milliseconds.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 __all__ = [
@@ -122,13 +122,15 @@ class Timeline:
 
 
 def simulate(
-    name: str,
+    name: str | Callable[[int, int, int], list[Action]],
     forward_costs: Sequence[float],
     num_microbatches: int,
     backward_costs: Sequence[float] | None = None,
     comm_cost: float = 0,
 ) -> Timeline:
     """Run schedule ``name`` on paper: stage s's forward of one micro-batch takes forward_costs[s].
+
+    ``name`` is one of :data:`SCHEDULES` or a function ``(p, m, stage) -> actions`` of your own.
 
     ``backward_costs`` defaults to twice the forward (a backward computes two gradients);
     ``comm_cost`` is the time one activation (or gradient) takes between neighbouring stages.
@@ -138,7 +140,7 @@ def simulate(
     back = list(backward_costs) if backward_costs is not None else [2 * c for c in forward_costs]
     if len(back) != p:
         raise ValueError(f"got {p} forward costs but {len(back)} backward costs: one per stage")
-    plans = [schedule(name, p, m, s) for s in range(p)]
+    plans = [name(p, m, s) if callable(name) else schedule(name, p, m, s) for s in range(p)]
     done: dict[tuple[str, int, int], float] = {}  # (kind, stage, micro-batch) -> end time
     free, nxt = [0] * p, [0] * p  # ints, so Fraction costs stay exact
     stored, peaks = [0] * p, [0] * p
@@ -164,7 +166,8 @@ def simulate(
                 nxt[s] += 1
                 progressed = True
         if not progressed:  # cannot happen for the schedules above; guards a new one
-            raise RuntimeError(f"schedule {name!r} deadlocks at positions {nxt}")
+            waiting = {s: plans[s][nxt[s]] for s in range(p) if nxt[s] < len(plans[s])}
+            raise RuntimeError(f"the schedule deadlocks: stages wait for each other at {waiting}")
     return Timeline(intervals, p, peaks)
 
 
