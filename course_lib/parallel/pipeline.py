@@ -120,18 +120,27 @@ def balance_stages(costs: Sequence[float], num_stages: int) -> list[tuple[int, i
 
 
 def measure_layer_costs(model: nn.Sequential, X: torch.Tensor, repeats: int = 5) -> list[float]:
-    """Return each layer's median seconds for a forward and a backward pass on input ``X``."""
+    """Return each layer's fastest seconds (of ``repeats``) for a forward and a backward pass.
+
+    Runs on one thread and keeps the minimum: on a shared machine other processes only ever add
+    time, and a thread team waiting for a descheduled member can stall for milliseconds.
+    """
     times = np.zeros((repeats + 1, len(model)))
-    for r in range(repeats + 1):  # the first round warms up (allocations, lazy init)
-        x = X
-        for j, layer in enumerate(model):
-            x = x.detach().requires_grad_()
-            t0 = time.perf_counter()
-            y = layer(x)
-            y.backward(torch.ones_like(y))
-            times[r, j] = time.perf_counter() - t0
-            x = y
-    return np.median(times[1:], axis=0).tolist()
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        for r in range(repeats + 1):  # the first round warms up (allocations, lazy init)
+            x = X
+            for j, layer in enumerate(model):
+                x = x.detach().requires_grad_()
+                t0 = time.perf_counter()
+                y = layer(x)
+                y.backward(torch.ones_like(y))
+                times[r, j] = time.perf_counter() - t0
+                x = y
+    finally:
+        torch.set_num_threads(threads)
+    return times[1:].min(axis=0).tolist()
 
 
 def split_stages(model: nn.Sequential, bounds: Sequence[tuple[int, int]]) -> list[nn.Sequential]:
@@ -222,7 +231,8 @@ def pipeline_step(
                     with timed("recv", i):
                         grad = comm.recv(torch.empty_like(out), s + 1, _TAG0 + 2 * i + 1)
                 with timed("B", i):
-                    out.backward(grad)
+                    if out.requires_grad:  # False only on a first stage without parameters
+                        out.backward(grad)
                 if not first:
                     with timed("send", i):
                         send(x.grad, s - 1, _TAG0 + 2 * i + 1)
