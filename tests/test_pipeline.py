@@ -217,7 +217,7 @@ def _failing_stage(name: str) -> str:
 def test_every_schedule_trains_like_one_process_and_gpipe_equals_1f1b(cluster):
     for size in (2, 3, 4):
         grads = {}
-        for name in SCHEDULES:
+        for name in SCHEDULES if size == 3 else ("gpipe", "1f1b"):  # naive once: it is slow
             results = [r for r in cluster.run(_train, size, name, 4, 3, timeout=120) if r]
             assert len(results) == size
             for rank, res in enumerate(results):

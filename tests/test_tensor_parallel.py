@@ -167,7 +167,7 @@ def test_column_row_and_pair_equal_one_linear(cluster):
 
 @pytest.mark.timeout(300)
 def test_mlp_trained_tensor_parallel_equals_one_process(cluster):
-    for size in (2, 4):
+    for size in (4,):  # 30 hidden neurons: 8, 8, 7, 7
         results = [r for r in cluster.run(_train_case, size, 5, timeout=120) if r is not None]
         assert len(results) == size
         for rank, errs in enumerate(results):
