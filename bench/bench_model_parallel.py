@@ -17,12 +17,10 @@ cores, so the measured bubble there says more about the machine than about the s
 from __future__ import annotations
 
 import argparse
-import statistics
-import time
 
 from course_lib.cluster import start_cluster
 from course_lib.comm import setup_communicators
-from course_lib.parallel.pipeline_schedule import bubble_formula, simulate
+from course_lib.parallel.pipeline_schedule import Timeline, bubble_formula, simulate
 
 HIDDEN, BATCH, LAYERS = 512, 64, 4  # MLP 64 -> 512 x LAYERS -> 10
 
@@ -42,6 +40,10 @@ def make_model():
 
 def _engine_step(kind: str, repeats: int, m: int = 1, schedule: str = "gpipe") -> dict:
     """Run ``repeats`` steps of ``kind`` on this engine; return median seconds, bytes, timeline."""
+
+    import statistics
+    import time
+
     import numpy as np
     import torch
     from IPython import get_ipython
@@ -129,7 +131,9 @@ def main() -> None:
     for p in (2,) if args.quick else (2, 4):
         with start_cluster("local", p, torch_threads=1) as cluster:
             setup_communicators(cluster, backend="gloo", timeout=60)
-            cluster.view.push({"make_model": make_model})
+            # functions of this script run on the engines with the engines' globals: send ours
+            constants = {"HIDDEN": HIDDEN, "BATCH": BATCH, "LAYERS": LAYERS}
+            cluster.view.push({"make_model": make_model, **constants})
             print(f"\n{p} engines (gloo, loopback), MLP 64-{HIDDEN}x{LAYERS}-10, batch {BATCH}:")
             print(f"  {'strategy':22s} {'step ms':>8s} {'bytes/rank (max)':>17s} "
                   f"{'predicted':>10s} {'bubble':>7s} {'formula':>8s} {'simulated':>9s}")  # fmt: skip
@@ -142,8 +146,6 @@ def main() -> None:
                 label = kind if kind != "pipeline" else f"{sched} m={m}"
                 extra = ""
                 if kind == "pipeline":
-                    from course_lib.parallel.pipeline_schedule import Timeline
-
                     t = Timeline.merge([r["timeline"] for r in res])
                     f = [sum(iv.end - iv.start for iv in t.intervals
                              if iv.stage == s and iv.kind == "F") / m for s in range(p)]  # fmt: skip
