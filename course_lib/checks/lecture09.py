@@ -1,0 +1,115 @@
+"""Checks for the exercises of lecture 9 (model parallelism), run on real engines.
+
+Each check calls the student's function on every engine with that engine's communicator and
+compares the result with one full matrix product; it also reads the communicator's counters, so
+an answer that moves more than the split needs (gathering all of W, say) does not pass.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from course_lib.verdict import Verdict, run_check
+
+__all__ = [
+    "check_column_parallel",
+    "check_on_rank",
+    "check_row_parallel",
+    "stub_column_parallel",
+    "stub_row_parallel",
+]
+
+
+def stub_column_parallel(comm: Any, X: Any, W_shard: Any) -> Any:
+    """The released stub of Exercise 9.1."""
+    raise NotImplementedError(
+        "Exercise 9.1: compute X @ W_shard.T, then gather every rank's columns"
+    )
+
+
+def stub_row_parallel(comm: Any, X_shard: Any, W_shard: Any) -> Any:
+    """The released stub of Exercise 9.2."""
+    raise NotImplementedError("Exercise 9.2: compute the partial product, then sum it over ranks")
+
+
+def check_on_rank(comm: Any, fn: Callable, exercise: str) -> str:
+    """Run ``fn`` on this rank for several shapes; raise AssertionError when wrong (every rank calls it)."""
+    import torch
+
+    p, r = comm.world_size, comm.rank
+    for batch, d_in, d_out in ((1, p, p), (5, 3 * p, 2 * p), (16, 8 * p, 4 * p)):
+        gen = torch.Generator().manual_seed(batch)  # the same X and W on every rank
+        X, W = torch.randn(batch, d_in, generator=gen), torch.randn(d_out, d_in, generator=gen)
+        want = X @ W.T
+        comm.stats.reset()
+        if exercise == "9.1":
+            k = d_out // p  # output neurons per rank
+            got, allowed = fn(comm, X, W[r * k : (r + 1) * k]), batch * k * 4
+        else:
+            k = d_in // p  # input features per rank
+            got = fn(comm, X[:, r * k : (r + 1) * k], W[:, r * k : (r + 1) * k])
+            allowed = batch * d_out * 4
+        error = _problem(
+            comm, got, want, allowed, f"rank {r}, X {tuple(X.shape)}, W {tuple(W.shape)}"
+        )
+        failed = comm.allreduce(np.array([1 if error else 0], dtype=np.int64), op="max")
+        if failed[0]:  # every rank stops at the same case, or the others would wait
+            raise AssertionError(error or f"X {tuple(X.shape)}: another rank's result was wrong")
+    what = "gathered output columns" if exercise == "9.1" else "one allreduce of partial sums"
+    return f"{p} ranks, 3 shapes, {what}"
+
+
+def _problem(comm: Any, got: Any, want: Any, allowed: int, where: str) -> str | None:
+    import torch
+
+    got = torch.as_tensor(got)
+    if tuple(got.shape) != tuple(want.shape):
+        return f"{where}: result has shape {tuple(got.shape)}, expected {tuple(want.shape)}"
+    if not torch.allclose(got.float(), want, atol=1e-4, rtol=1e-5):
+        return f"{where}: result differs from X @ W.T by up to {(got - want).abs().max():.3g}"
+    sent = comm.stats.bytes_sent + sum(c.bytes for c in comm.stats.collectives.values())
+    if sent > allowed:
+        return (
+            f"{where}: handed {sent} bytes to the network, the split needs only {allowed} "
+            "(send this rank's own result, not the inputs or the weights)"
+        )
+    return None
+
+
+def _engine_check(name: str, fn: Callable, exercise: str) -> str:
+    from IPython import get_ipython
+
+    from course_lib.checks.lecture09 import check_on_rank
+
+    return check_on_rank(get_ipython().user_ns[name], fn, exercise)
+
+
+def _check(exercise: str, title: str, fn: Callable, cluster: Any, comm_name: str, verbose: bool,
+           timeout: float) -> Verdict:  # fmt: skip
+    def body() -> str:
+        try:
+            return cluster.run(_engine_check, comm_name, fn, exercise, timeout=timeout)[0]
+        except Exception as exc:  # noqa: BLE001 - ipyparallel wraps the engine's exception
+            inner = getattr(exc, "ename", None)
+            if inner == "NotImplementedError" or "NotImplementedError" in str(exc):
+                raise NotImplementedError(f"Exercise {exercise}: write {title}") from None
+            if inner == "AssertionError":
+                raise AssertionError(getattr(exc, "evalue", str(exc))) from None
+            raise
+
+    return run_check(exercise, title, body, verbose=verbose)
+
+
+def check_column_parallel(fn: Callable, cluster: Any, *, comm_name: str = "comm",
+                          verbose: bool = True, timeout: float = 90.0) -> Verdict:  # fmt: skip
+    """Exercise 9.1: ``fn(comm, X, W_shard)`` returns the full ``X @ W.T`` on every rank."""
+    return _check("9.1", "column-parallel matmul", fn, cluster, comm_name, verbose, timeout)
+
+
+def check_row_parallel(fn: Callable, cluster: Any, *, comm_name: str = "comm",
+                       verbose: bool = True, timeout: float = 90.0) -> Verdict:  # fmt: skip
+    """Exercise 9.2: ``fn(comm, X_shard, W_shard)`` returns the full ``X @ W.T`` on every rank."""
+    return _check("9.2", "row-parallel matmul", fn, cluster, comm_name, verbose, timeout)

@@ -1,0 +1,279 @@
+"""Pipeline parallelism: the schedules on paper (exact), and on real engines (gloo over 2, 3 and 4
+local engines, sub-communicators of one 4-engine world) against one process.
+
+Tolerance for "equals one process": float32. The pipeline sums each parameter's gradient over m
+micro-batches (each a mean divided by m) where one process takes one mean over the batch, so the
+two differ by rounding only (~1e-7 relative); after 3 SGD steps we allow atol 1e-5. GPipe and
+1F1B run the very same per-micro-batch computations and accumulate in the same order (micro-batch
+0 first), so their gradients must be bitwise equal.
+
+The measured bubble of a balanced pipeline is not asserted here: 4 engines share 2 cores, so
+stages do not really run at once; ``bench/bench_model_parallel.py`` prints it beside the formula.
+"""
+
+from __future__ import annotations
+
+from fractions import Fraction
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from course_lib.parallel.pipeline import (
+    PipelineSettings,
+    balance_stages,
+    even_stages,
+    measure_layer_costs,
+    split_stages,
+)
+from course_lib.parallel.pipeline_schedule import (
+    SCHEDULES,
+    bubble_formula,
+    schedule,
+    simulate,
+)
+
+ATOL = 1e-5
+
+
+def make_model() -> nn.Sequential:
+    """Seven layers, so 2, 3 and 4 stages all work (3 unevenly)."""
+    return nn.Sequential(
+        nn.Linear(12, 16), nn.Tanh(), nn.Linear(16, 16), nn.Tanh(),
+        nn.Linear(16, 16), nn.Tanh(), nn.Linear(16, 5),
+    )  # fmt: skip
+
+
+# ---- on paper --------------------------------------------------------------------------------
+@pytest.mark.parametrize("p, m", [(1, 1), (2, 1), (2, 3), (3, 4), (4, 4), (4, 8), (5, 16)])
+def test_simulated_bubble_equals_the_formula_exactly(p, m):
+    f = [Fraction(3)] * p  # exact arithmetic: the equality is exact, not approximate
+    for name in ("gpipe", "1f1b"):
+        timeline = simulate(name, f, m, backward_costs=[Fraction(5)] * p)
+        assert timeline.bubble_fraction == Fraction(p - 1, m + p - 1), name
+    assert simulate("gpipe", [1] * p, m).bubble_fraction == bubble_formula(p, m)
+    assert simulate("naive", f, m).bubble_fraction == Fraction(p - 1, p)
+
+
+def test_simulated_memory_gpipe_keeps_m_1f1b_keeps_p_minus_stage():
+    p, m = 4, 8
+    assert simulate("gpipe", [1] * p, m).peak_activations == [m] * p
+    assert simulate("1f1b", [1] * p, m).peak_activations == [4, 3, 2, 1]
+    assert simulate("naive", [1] * p, m).peak_activations == [1] * p
+
+
+def test_every_schedule_runs_each_microbatch_once_forward_before_backward():
+    for name in SCHEDULES:
+        for s in range(4):
+            actions = schedule(name, 4, 6, s)
+            assert sorted(actions) == sorted(
+                [("F", i) for i in range(6)] + [("B", i) for i in range(6)]
+            )
+            assert all(actions.index(("F", i)) < actions.index(("B", i)) for i in range(6))
+
+
+def test_uneven_stages_make_the_slowest_stage_set_the_pace():
+    timeline = simulate("gpipe", [1, 1, 3], 8, backward_costs=[1, 1, 3])
+    assert timeline.makespan >= 8 * 6  # stage 2 alone is busy 8 * (3 + 3)
+    assert timeline.bubble_fraction > bubble_formula(3, 8)
+
+
+def test_balance_stages_minimises_the_slowest_stage():
+    assert balance_stages([1, 1, 1, 1, 4], 2) == [(0, 4), (4, 5)]
+    assert balance_stages([4, 1, 1, 1, 1, 4], 3) == [(0, 1), (1, 5), (5, 6)]
+    assert balance_stages([1.0] * 7, 7) == [(i, i + 1) for i in range(7)]
+    costs = measure_layer_costs(make_model(), torch.randn(8, 12), repeats=2)
+    assert len(costs) == 7 and all(c > 0 for c in costs)
+
+
+def test_bad_pipeline_input_names_the_fix():
+    with pytest.raises(ValueError, match="cannot cut a model of 7 layers into 8 stages.*at most 7"):
+        even_stages(7, 8)
+    with pytest.raises(ValueError, match="at most 2 engines"):
+        balance_stages([1.0, 2.0], 3)
+    with pytest.raises(ValueError, match=r"divisors of the batch size \[1, 2, 5, 10\]"):
+        PipelineSettings("gpipe", num_microbatches=3, batch_size=10)
+    with pytest.raises(ValueError, match="choose one of"):
+        PipelineSettings("pipedream", 2, 4)
+    with pytest.raises(ValueError, match="must cover layers 0..7"):
+        split_stages(make_model(), [(0, 3), (4, 7)])
+
+
+# ---- on engines ------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def cluster():
+    """One cluster of 4 local engines for this module, with gloo ``comm`` and ``comm2..comm4``."""
+    from course_lib.cluster import start_cluster
+
+    with start_cluster("local", 4) as cluster:
+        cluster.run(_import_torch, timeout=180)
+        _communicators(cluster)
+        yield cluster
+
+
+def _communicators(cluster) -> None:
+    from course_lib.comm import setup_communicators
+
+    setup_communicators(cluster, backend="gloo", timeout=20)
+    cluster.run(_make_subgroups, timeout=60)
+
+
+def _import_torch() -> None:
+    import torch  # noqa: F401
+
+
+def _make_subgroups() -> None:
+    from IPython import get_ipython
+
+    ns = get_ipython().user_ns
+    for size in (2, 3, 4):  # every rank calls subgroup, ranks outside get None
+        ns[f"comm{size}"] = ns["comm"].subgroup(list(range(size)))
+
+
+def _train(size: int, name: str, m: int, steps: int) -> dict | None:
+    """Train ``make_model()`` ``steps`` steps pipelined over ``comm{size}`` and in one process."""
+    import copy
+
+    import torch
+    from IPython import get_ipython
+
+    from course_lib.parallel.pipeline import PipelineSettings, even_stages, pipeline_step
+    from course_lib.parallel.pipeline import split_stages as split
+
+    comm = get_ipython().user_ns[f"comm{size}"]
+    if comm is None:
+        return None
+    torch.manual_seed(0)
+    model = make_model()
+    ref = copy.deepcopy(model)
+    X, y = torch.randn(steps, 16, 12), torch.randint(0, 5, (steps, 16))
+    bounds = even_stages(len(model), size)
+    stage, ref_stage = split(model, bounds)[comm.rank], split(ref, bounds)[comm.rank]
+    settings = PipelineSettings(name, m, 16)
+    opt, ref_opt = (torch.optim.SGD(n.parameters(), lr=0.3) for n in (model, ref))
+    first, last = comm.rank == 0, comm.rank == size - 1
+    out: dict = {"losses": [], "ref_losses": []}
+    for step in range(steps):
+        opt.zero_grad()
+        loss, timeline = pipeline_step(
+            stage, comm, settings, X[step] if first else None, y[step] if last else None
+        )
+        if step == 0:
+            out["grads"] = [p.grad.numpy().copy() for p in stage.parameters()]
+        opt.step()
+        ref_opt.zero_grad()
+        ref_loss = torch.nn.functional.cross_entropy(ref(X[step]), y[step])
+        ref_loss.backward()
+        ref_opt.step()
+        out["losses"].append(loss)
+        out["ref_losses"].append(ref_loss.item())
+    out["error"] = max(
+        (a - b).abs().max().item()
+        for a, b in zip(stage.parameters(), ref_stage.parameters(), strict=True)
+    )
+    out["peak"] = timeline.peak_activations[0]
+    return out
+
+
+class FailOnCall(nn.Module):
+    """Identity that raises on its ``n``-th forward call (a bug in one stage)."""
+
+    def __init__(self, n: int) -> None:
+        super().__init__()
+        self.n, self.calls = n, 0
+
+    def forward(self, x):
+        self.calls += 1
+        if self.calls == self.n:
+            raise ValueError("a bug in this stage")
+        return x
+
+
+def _failing_stage(name: str) -> str:
+    import torch
+    from IPython import get_ipython
+
+    from course_lib.parallel.pipeline import PipelineSettings, even_stages, pipeline_step
+
+    comm = get_ipython().user_ns["comm3"]
+    if comm is None:
+        return "not in the pipeline"
+    comm.timeout = 4.0  # the neighbours of the failing stage give up after 4 s
+    torch.manual_seed(0)
+    model = make_model()
+    stage = split_stages(model, even_stages(len(model), 3))[comm.rank]
+    if comm.rank == 1:
+        stage = nn.Sequential(*stage, FailOnCall(3))  # fails on micro-batch 2's forward
+    X, y = torch.randn(16, 12), torch.randint(0, 5, (16,))
+    try:
+        pipeline_step(stage, comm, PipelineSettings(name, 4, 16), X, y)
+    except Exception as exc:  # noqa: BLE001 - the test reads every rank's message
+        return f"{type(exc).__name__}: {exc}"
+    return "no error"
+
+
+@pytest.mark.timeout(400)
+def test_every_schedule_trains_like_one_process_and_gpipe_equals_1f1b(cluster):
+    for size in (2, 3, 4):
+        grads = {}
+        for name in SCHEDULES if size == 3 else ("gpipe", "1f1b"):  # naive once: it is slow
+            results = [r for r in cluster.run(_train, size, name, 4, 3, timeout=120) if r]
+            assert len(results) == size
+            for rank, res in enumerate(results):
+                assert res["error"] < ATOL, (size, name, rank, res["error"])
+            last = results[-1]
+            np.testing.assert_allclose(last["losses"], last["ref_losses"], atol=ATOL)
+            assert last["losses"][0] - last["losses"][-1] > 1e-3  # it really trained
+            grads[name] = [r["grads"] for r in results]
+        for rank in range(size):
+            for g_gpipe, g_1f1b in zip(grads["gpipe"][rank], grads["1f1b"][rank], strict=True):
+                assert np.array_equal(g_gpipe, g_1f1b), (size, rank)
+
+
+@pytest.mark.timeout(200)
+def test_1f1b_stores_at_most_p_microbatches_gpipe_stores_m(cluster):
+    m, p = 8, 4
+    peaks = {name: [r["peak"] for r in cluster.run(_train, p, name, m, 1, timeout=120)]
+             for name in SCHEDULES}  # fmt: skip
+    assert peaks["gpipe"] == [m] * p
+    assert peaks["1f1b"] == [4, 3, 2, 1]  # stage s keeps p - s
+    assert peaks["naive"] == [1] * p
+
+
+@pytest.mark.timeout(200)
+def test_a_failing_stage_is_named_and_the_others_do_not_hang(cluster):
+    for name in ("gpipe", "1f1b"):
+        messages = cluster.run(_failing_stage, name, timeout=60)
+        assert "PipelineStageError: stage 1 (rank 1 of 3) failed in the forward pass of " \
+               "micro-batch 2" in messages[1], messages  # fmt: skip
+        assert "a bug in this stage" in messages[1]
+        for rank in (0, 2):  # the neighbours time out (or see the closed connection)
+            assert messages[rank].startswith(f"PipelineStageError: stage {rank} "), messages
+            assert "rank 1" in messages[rank], messages
+        assert messages[3] == "not in the pipeline"
+        _communicators(cluster)  # a gloo timeout breaks the group: make a fresh one
+
+
+def test_lecture10_checks_pass_answers_and_fail_stubs_and_wrong_ones():
+    from course_lib.checks.lecture10 import (
+        check_balance,
+        check_one_f_one_b,
+        stub_balance,
+        stub_one_f_one_b,
+    )
+    from course_lib.parallel.pipeline_schedule import gpipe_schedule, one_f_one_b_schedule
+
+    assert check_one_f_one_b(one_f_one_b_schedule, verbose=False).passed
+    assert check_balance(balance_stages, verbose=False).passed
+    for check, stub in ((check_one_f_one_b, stub_one_f_one_b), (check_balance, stub_balance)):
+        verdict = check(stub, verbose=False)
+        assert not verdict.passed and "not implemented" in verdict.detail, verdict
+    verdict = check_one_f_one_b(gpipe_schedule, verbose=False)  # right bubble, too much memory
+    assert not verdict.passed and "1F1B stores at most" in verdict.detail, verdict
+    verdict = check_balance(even_stages_by_count, verbose=False)
+    assert not verdict.passed and "the best split's" in verdict.detail, verdict
+
+
+def even_stages_by_count(costs, p):
+    return even_stages(len(costs), p)
