@@ -64,6 +64,7 @@ class _Bucket:
         self.flat = torch.zeros(total)
         self.pending = len(params)
         self.ready_at = self.start = self.end = 0.0
+        self.launched_in_backward = False
         self.done = threading.Event()
 
     def put(self, slot: int, grad: torch.Tensor | None) -> None:
@@ -117,12 +118,13 @@ class BucketedAllreduce(GradientExchange):
             bucket.put(slot, p.grad)
             bucket.pending -= 1
             if bucket.pending == 0:
-                self._launch(bucket)
+                self._launch(bucket, in_backward=True)
 
         return on_grad_ready
 
-    def _launch(self, bucket: _Bucket) -> None:
+    def _launch(self, bucket: _Bucket, in_backward: bool) -> None:
         bucket.ready_at = time.time()
+        bucket.launched_in_backward = in_backward
         self._queue.put(bucket.index)
 
     # ---- the communication thread -------------------------------------------------------
@@ -165,7 +167,7 @@ class BucketedAllreduce(GradientExchange):
                 for slot, p in enumerate(bucket.params):
                     bucket.put(slot, p.grad)
                 bucket.pending = 0
-                self._launch(bucket)
+                self._launch(bucket, in_backward=False)
         limit = comm.timeout + 30.0
         for bucket in self.buckets:
             if not bucket.done.wait(limit):
@@ -181,7 +183,8 @@ class BucketedAllreduce(GradientExchange):
                 p.grad = bucket.flat[a : a + p.numel()].view_as(p).clone()
             timeline.buckets.append(
                 {"index": bucket.index, "nbytes": bucket.flat.numel() * 4,
-                 "ready": bucket.ready_at, "start": bucket.start, "end": bucket.end}
+                 "ready": bucket.ready_at, "start": bucket.start, "end": bucket.end,
+                 "launched_in_backward": bucket.launched_in_backward}
             )  # fmt: skip
             bucket.done.clear()
             bucket.pending = len(bucket.params)

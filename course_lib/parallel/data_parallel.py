@@ -147,7 +147,10 @@ def _alive(cluster: Any, eid: int) -> bool:
         return False
     info = cluster.engine_info.get(eid, {})
     if info.get("host") == socket.gethostname() and info.get("pid"):
-        return psutil.pid_exists(info["pid"]) and psutil.Process(info["pid"]).status() != "zombie"
+        try:
+            return psutil.Process(info["pid"]).status() != psutil.STATUS_ZOMBIE
+        except psutil.NoSuchProcess:
+            return False
     return True
 
 
@@ -169,27 +172,29 @@ def _run(cluster: Any, ids: list[int], fn: Any, args: tuple, timeout: float) -> 
         gone = [r for r in waiting if not _alive(cluster, ids[r])]
         if len(gone) == len(waiting):  # all done, or all that are not done are dead
             break
-    died, failed = [(r, None) for r in gone], []
-    hung = [r for r, p in enumerate(pending) if not p.ready() and r not in gone]
+    died, failed, hung = [], [], []
     for rank, p in enumerate(pending):
-        if rank in hung or rank in gone:
-            continue
-        try:
-            p.get(timeout=0)
-        except ipp.error.EngineError as exc:
-            died.append((rank, exc))
-        except ipp.error.RemoteError as exc:
-            failed.append((rank, exc))
+        if not _alive(cluster, ids[rank]):
+            died.append(rank)
+        elif not p.ready():
+            hung.append(rank)
+        else:
+            try:
+                p.get(timeout=0)
+            except ipp.error.EngineError:
+                died.append(rank)
+            except ipp.error.RemoteError as exc:
+                failed.append((rank, exc))
     if not (died or failed or hung):
         return [p.get() for p in pending]
-    survivors = [ids[r] for r in range(len(ids)) if r not in {d for d, _ in died} | set(hung)]
+    survivors = [ids[r] for r in range(len(ids)) if r not in died + hung]
     if survivors:  # their communicators saw a failure: the next run creates new ones
         cluster.client[survivors].apply_sync(replica.engine_comm_key, "")
     parts = []
     if died:
         done = cluster.client[survivors].apply_sync(replica.engine_progress) if survivors else []
         when = f" after step {min(done)} of this run" if done else ""
-        parts += [f"{_describe(cluster, ids, r)} died{when}" for r, _ in died]
+        parts += [f"{_describe(cluster, ids, r)} died{when}" for r in died]
         parts.append("restart the engines (cluster.recover(), or start_cluster again) and re-run")
     if hung:
         report = cluster.recover()
