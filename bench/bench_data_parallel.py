@@ -95,8 +95,8 @@ def main(argv: list[str] | None = None) -> int:
                     )  # fmt: skip
                     if n > 1 and link is None and real_model is None:
                         ids = cluster.ids_by_rank[:n]
-                        alpha, beta = cluster.client[ids].apply_sync(engine_link_model, COMM_NAME)[0]
-                        real_model = LinkModel(alpha, beta)
+                        fits = cluster.client[ids].apply_sync(engine_link_model, COMM_NAME)
+                        real_model = LinkModel(*fits[0])
                     model = LinkModel.from_link(link) if link else real_model
                     row = _summary(result)
                     pred = predicted_comm(method, result.gradient_bytes, n, model) if model else 0

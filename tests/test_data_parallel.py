@@ -150,8 +150,12 @@ def test_every_method_equals_one_process_and_sends_its_bytes(cluster, reference,
             sent, received, coll = _expected_bytes(method, n, rec["rank"], nbytes, buckets)
             slack = 4 * 2 * (n - 1) * max(1, len(buckets))  # one float per ring chunk
             got = (rec["bytes_sent"], rec["bytes_received"], rec["collective_bytes"])
-            if not all(abs(g - w) <= slack for g, w in zip(got, (sent, received, coll), strict=True)):
-                problems.append(f"{method} rank {rec['rank']}: bytes {got} != {(sent, received, coll)}")
+            if not all(
+                abs(g - w) <= slack for g, w in zip(got, (sent, received, coll), strict=True)
+            ):
+                problems.append(
+                    f"{method} rank {rec['rank']}: bytes {got} != {(sent, received, coll)}"
+                )
                 break
     assert not problems, "\n".join(problems)
 
@@ -206,7 +210,9 @@ def test_unknown_method_and_bad_options_are_refused():
 
 def test_engine_dying_mid_epoch_is_reported_and_the_client_survives():
     with start_cluster("local", 2) as cl:
-        with pytest.raises(DataParallelError, match=r"rank 1 \(engine \d+ on host \S+, pid \d+\) died"):
+        with pytest.raises(
+            DataParallelError, match=r"rank 1 \(engine \d+ on host \S+, pid \d+\) died"
+        ):
             train_data_parallel(cl, model=DiesMidEpoch, dataset=small_digits, config=CONFIG,
                                 method="ring", comm_timeout=20, timeout=240)  # fmt: skip
         survivor = cl.ids_by_rank[0]

@@ -83,7 +83,8 @@ class StepRecorder:
             self.comm.barrier()  # returns once the slowest rank has finished its backward
             timeline.mark("wait", start)
             self._bytes = tuple(  # the barrier's own (empty) message is not gradient traffic
-                b + (now - was) for b, now, was in zip(self._bytes, self._counters(), before, strict=True)
+                b + (now - was)
+                for b, now, was in zip(self._bytes, self._counters(), before, strict=True)
             )
         self.exchange.exchange(self.comm, net, timeline)
 

@@ -80,8 +80,7 @@ def flatten_grads(params: list[nn.Parameter]) -> torch.Tensor:
     so every rank's buffer has the same size (what DDP does for unused parameters).
     """
     parts = [
-        (p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1).float()
-        for p in params
+        (p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1).float() for p in params
     ]
     return torch.cat(parts) if parts else torch.zeros(0)
 
