@@ -63,6 +63,10 @@ class StepRecorder:
             handle.remove()
         self._handles.clear()
 
+    def reset_counters(self) -> None:
+        """Count bytes from now on (call after resetting the communicator's stats)."""
+        self._bytes = self._counters()
+
     def _counters(self) -> tuple[int, int, int]:
         stats = self.comm.stats
         collective = sum(c.bytes for c in stats.collectives.values())

@@ -168,7 +168,7 @@ def engine_train(
     sampler = GlobalBatchSampler(len(data), comm.rank, n, config.batch_size, seed=config.seed)
     local = replace(config, batch_size=config.batch_size // n)
     comm.stats.reset()
-    recorder._bytes = recorder._counters()
+    recorder.reset_counters()
     try:
         history = fit(module, data, local, test_set=test_set, sampler=sampler,
                       grad_hook=recorder.grad_hook, optimizer=optimizer, progress=False,
