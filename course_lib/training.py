@@ -28,6 +28,7 @@ __all__ = [
     "train_step",
     "evaluate",
     "segmentation_scores",
+    "make_optimizer",
     "fit",
 ]
 
@@ -194,6 +195,13 @@ def evaluate(
     return metrics
 
 
+def make_optimizer(net: nn.Module, config: TrainConfig) -> torch.optim.Optimizer:
+    """Return the optimiser ``config`` names (SGD with momentum, or Adam) over ``net``'s parameters."""
+    if config.optimizer == "adam":
+        return torch.optim.Adam(net.parameters(), lr=config.lr)
+    return torch.optim.SGD(net.parameters(), lr=config.lr, momentum=config.momentum)
+
+
 def fit(
     net: nn.Module,
     train_set: Dataset,
@@ -204,6 +212,7 @@ def fit(
     device: torch.device | str | None = None,
     sampler: Sampler | None = None,
     grad_hook: Callable[[nn.Module], None] | None = None,
+    optimizer: torch.optim.Optimizer | None = None,
     progress: bool = True,
 ) -> History:
     """Train ``net`` in place with mini-batch SGD (or Adam) and return its :class:`History`.
@@ -213,6 +222,8 @@ def fit(
             default: reshuffle the whole set every epoch from ``config.seed``.
         grad_hook: called as ``grad_hook(net)`` after backward, before the optimiser step —
             the place where data parallelism averages gradients.
+        optimizer: an optimiser already built over ``net``'s parameters (data parallelism adds
+            timing hooks to it, or shards it); default: :func:`make_optimizer` from ``config``.
         progress: show a progress bar over epochs (tqdm: a widget in Jupyter, text in a terminal).
     """
     from tqdm.auto import tqdm
@@ -220,10 +231,8 @@ def fit(
     device = torch.device(device) if device is not None else default_device()
     net.to(device)
     loss_fn = loss_fn or nn.CrossEntropyLoss(ignore_index=255)
-    if config.optimizer == "adam":
-        optimizer = torch.optim.Adam(net.parameters(), lr=config.lr)
-    else:
-        optimizer = torch.optim.SGD(net.parameters(), lr=config.lr, momentum=config.momentum)
+    if optimizer is None:
+        optimizer = make_optimizer(net, config)
     generator = torch.Generator().manual_seed(config.seed)
     train_loader = DataLoader(
         train_set, batch_size=config.batch_size, sampler=sampler,

@@ -1,0 +1,148 @@
+"""Per-step accounting of data-parallel training: where each rank's time and bytes went.
+
+On every engine a :class:`StepRecorder` hooks into the loop (a forward pre-hook, the gradient
+hook, the optimiser's step hooks) and writes one plain dict per step: seconds of forward +
+backward (``compute``), of waiting for the slowest rank (``wait``), of communication after
+backward (``comm``) and of the optimiser (``step``); bytes sent and received point-to-point and
+bytes handed to built-in collectives (from the communicator's counters); and the wall-clock
+start and end of each phase and of each bucket's communication, for a timeline.
+
+Wall-clock times (``time.time()``) of different engines are comparable on one PC; across PCs
+they are only as good as the PCs' clock synchronisation (NTP: about a millisecond).
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from typing import Any
+
+from torch import nn
+
+from course_lib.comm.communicator import Communicator
+from course_lib.parallel.exchange import GradientExchange, StepTimeline
+
+__all__ = ["PHASES", "StepRecorder", "summarize_steps", "format_table"]
+
+PHASES = ("compute", "wait", "comm", "step")
+
+
+class StepRecorder:
+    """Time one rank's steps and count its bytes; ``records`` holds one dict per step.
+
+    ``measure_wait``: before an exchange that runs after backward, time a barrier, which is how
+    long this rank waits for the slowest one to finish its backward. Overlapped methods
+    (buckets, DDP) skip it: a barrier would stop communication from overlapping backward.
+    """
+
+    def __init__(
+        self,
+        comm: Communicator,
+        exchange: GradientExchange,
+        net: nn.Module,
+        measure_wait: bool = True,
+    ) -> None:
+        self.comm, self.exchange, self.net = comm, exchange, net
+        self.measure_wait = measure_wait and not exchange.overlaps_backward
+        self.records: list[dict[str, Any]] = []
+        self.epoch = 0
+        self._timeline = StepTimeline()
+        self._t0 = 0.0
+        self._bytes = self._counters()
+        self._handles: list[Any] = []
+
+    def attach(self, module: nn.Module, optimizer: Any) -> None:
+        """Register the forward pre-hook on ``module`` and step hooks on ``optimizer``."""
+        self._handles.append(module.register_forward_pre_hook(self._on_forward))
+        self._handles.append(optimizer.register_step_pre_hook(self._on_step_start))
+        self._handles.append(optimizer.register_step_post_hook(self._on_step_end))
+
+    def detach(self) -> None:
+        """Remove every hook this recorder registered."""
+        for handle in self._handles:
+            handle.remove()
+        self._handles.clear()
+
+    def reset_counters(self) -> None:
+        """Count bytes from now on (call after resetting the communicator's stats)."""
+        self._bytes = self._counters()
+
+    def _counters(self) -> tuple[int, int, int]:
+        stats = self.comm.stats
+        collective = sum(c.bytes for c in stats.collectives.values())
+        return stats.bytes_sent, stats.bytes_received, collective
+
+    def _on_forward(self, module: nn.Module, args: Any) -> None:
+        if module.training:  # evaluation passes run in eval mode and are not steps
+            self._timeline = StepTimeline()
+            self._t0 = time.time()
+
+    def grad_hook(self, net: nn.Module) -> None:
+        """The loop's gradient hook: mark the end of backward, wait, exchange."""
+        timeline = self._timeline
+        timeline.mark("compute", self._t0)
+        if self.measure_wait and self.comm.world_size > 1:
+            start = time.time()
+            before = self._counters()
+            self.comm.barrier()  # returns once the slowest rank has finished its backward
+            timeline.mark("wait", start)
+            self._bytes = tuple(  # the barrier's own (empty) message is not gradient traffic
+                b + (now - was)
+                for b, now, was in zip(self._bytes, self._counters(), before, strict=True)
+            )
+        self.exchange.exchange(self.comm, net, timeline)
+
+    def _on_step_start(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        self._step_start = time.time()
+
+    def _on_step_end(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        timeline = self._timeline
+        timeline.mark("step", self._step_start)
+        step = len(self.records)
+        self.exchange.after_step(self.comm, self.net, step)
+        now = self._counters()
+        sent, received, collective = (a - b for a, b in zip(now, self._bytes, strict=True))
+        self._bytes = now
+        record: dict[str, Any] = {"rank": self.comm.rank, "epoch": self.epoch, "step": step}
+        for phase in PHASES:
+            start, end = timeline.phases.get(phase, (0.0, 0.0))
+            record[f"{phase}_s"] = end - start
+            record[f"{phase}_at"] = (start, end)
+        record["total_s"] = timeline.phases["step"][1] - timeline.phases["compute"][0]
+        record.update(bytes_sent=sent, bytes_received=received, collective_bytes=collective)
+        record["buckets"] = list(timeline.buckets)
+        self.records.append(record)
+
+
+def summarize_steps(records: list[dict[str, Any]], skip_first: int = 1) -> list[dict[str, Any]]:
+    """Return one row per rank: median seconds of each phase and of the step, bytes per step.
+
+    The first ``skip_first`` steps (connection set-up, allocation) are left out when there are
+    more steps than that.
+    """
+    rows = []
+    for rank in sorted({r["rank"] for r in records}):
+        mine = [r for r in records if r["rank"] == rank]
+        mine = mine[skip_first:] if len(mine) > skip_first else mine
+        row: dict[str, Any] = {"rank": rank, "steps": len(mine)}
+        for key in [f"{p}_s" for p in PHASES] + ["total_s"]:
+            row[key] = statistics.median(r[key] for r in mine)
+        for key in ("bytes_sent", "bytes_received", "collective_bytes"):
+            row[key] = statistics.median(r[key] for r in mine)
+        rows.append(row)
+    return rows
+
+
+def format_table(rows: list[dict[str, Any]]) -> str:
+    """Return ``rows`` of :func:`summarize_steps` as a fixed-width text table (ms and kB)."""
+    head = f"{'rank':>4} {'compute':>9} {'wait':>8} {'comm':>8} {'step':>8} {'total':>9} "
+    head += f"{'sent kB':>9} {'recv kB':>9} {'coll. kB':>9}"
+    lines = [head, "-" * len(head)]
+    for r in rows:
+        ms = [1e3 * r[k] for k in ("compute_s", "wait_s", "comm_s", "step_s", "total_s")]
+        kb = [r[k] / 1e3 for k in ("bytes_sent", "bytes_received", "collective_bytes")]
+        lines.append(
+            f"{r['rank']:>4} {ms[0]:>7.2f}ms {ms[1]:>6.2f}ms {ms[2]:>6.2f}ms {ms[3]:>6.2f}ms "
+            f"{ms[4]:>7.2f}ms {kb[0]:>9.1f} {kb[1]:>9.1f} {kb[2]:>9.1f}"
+        )
+    return "\n".join(lines)
