@@ -190,6 +190,7 @@ KILLED_SAVE = """
 import os, sys, time
 import torch
 from course_lib import checkpoint
+from course_lib.checkpoint import files
 from course_lib.models import MLP
 from course_lib.training import History, TrainConfig
 
@@ -206,12 +207,12 @@ def stop_here(*args):
     time.sleep(600)
 
 if where == "mid-write":  # half of the file is on disk
-    real = checkpoint._write_all
+    real = files._write_all
     def half(handle, data, chunk=1 << 20):
         real(handle, data[: len(data) // 2])
         handle.flush()
         stop_here()
-    checkpoint._write_all = half
+    files._write_all = half
 else:  # written and fsynced, not yet renamed
     os.replace = stop_here
 big = MLP(hidden=(2048, 2048))  # about 17 MB of float32 weights: many writes
