@@ -25,6 +25,7 @@ from course_lib.checkpoint import (
     checkpoint_files,
     latest_checkpoint,
     load_checkpoint,
+    rank_state_for,
     save_checkpoint,
 )
 from course_lib.data import ShardSampler, load_dataset
@@ -183,7 +184,28 @@ def test_other_settings_or_world_size_are_clear_errors(train_set, tmp_path):
     with pytest.raises(CheckpointError, match=r"saved by 1 rank\(s\) in the middle of epoch 1; "
                        r"resuming on 2 is defined only at an epoch boundary"):  # fmt: skip
         load_checkpoint(mid, world_size=2)
-    assert load_checkpoint(boundary, world_size=2)["epochs_done"] == 1  # boundary: allowed
+    ckpt = load_checkpoint(boundary, world_size=2)  # an epoch boundary: allowed
+    assert rank_state_for(ckpt, 1, 2) is None  # no saved streams for a new world size
+    assert rank_state_for(ckpt, 0, 1)["sampler"]["world_size"] == 3
+
+
+@pytest.mark.parametrize("world_size", [1, 2, 4])
+def test_a_global_batch_holds_the_same_samples_on_any_world_size(world_size):
+    # Why resuming at an epoch boundary on another world size continues the same run (up to
+    # summation order): step t of every rank together covers perm[t*B:(t+1)*B].
+    global_batch, n = 24, 96
+    steps = [set() for _ in range(n // global_batch)]
+    for rank in range(world_size):
+        sampler = ShardSampler(n, rank, world_size, seed=5, even=True)
+        sampler.set_epoch(2)
+        order = list(sampler)
+        per_rank = global_batch // world_size
+        for t, step in enumerate(steps):
+            step.update(order[t * per_rank : (t + 1) * per_rank])
+    single = ShardSampler(n, 0, 1, seed=5)
+    single.set_epoch(2)
+    order = list(single)
+    assert steps == [set(order[t * global_batch : (t + 1) * global_batch]) for t in range(4)]
 
 
 KILLED_SAVE = """

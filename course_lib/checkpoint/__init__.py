@@ -26,7 +26,9 @@ rank 0 only: its replica (every replica is equal after each step), the optimiser
 history, and ``ranks``, the list of every rank's :func:`rank_state` (its random streams, its
 sampler and its running loss), gathered to rank 0. On resume every rank reads the same file,
 checks it with ``load_checkpoint(path, net=net, world_size=N)``, loads weights and optimiser
-state and calls ``restore_rank_state(ckpt["ranks"][rank], generator, sampler)``.
+state (``restore_training_state``), and, when ``rank_state_for(ckpt, rank, N)`` returns a state
+(same world size), ``restore_rank_state(state, generator, sampler)`` and, mid-epoch,
+``skip_done_steps(iter(loader), ckpt, rank)``.
 
 - Same world size: defined anywhere, mid-epoch included; the result is bit for bit the
   uninterrupted run's.
@@ -52,6 +54,7 @@ from course_lib.checkpoint.files import (
 from course_lib.checkpoint.state import (
     make_checkpoint,
     rank_state,
+    rank_state_for,
     restore_rank_state,
     restore_streams,
     restore_training_state,
@@ -68,6 +71,7 @@ __all__ = [
     "load_checkpoint",
     "make_checkpoint",
     "rank_state",
+    "rank_state_for",
     "restore_rank_state",
     "restore_streams",
     "restore_training_state",

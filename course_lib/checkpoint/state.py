@@ -28,6 +28,7 @@ __all__ = [
     "SAME_SETTINGS",
     "make_checkpoint",
     "rank_state",
+    "rank_state_for",
     "restore_rank_state",
     "restore_streams",
     "restore_training_state",
@@ -66,6 +67,21 @@ def rank_state(
         "seen": seen,
         "total_loss": total_loss,
     }
+
+
+def rank_state_for(ckpt: dict[str, Any], rank: int, world_size: int) -> dict[str, Any] | None:
+    """Return rank ``rank``'s saved state, or None when the world size changed (re-seed then).
+
+    Call on a checkpoint that ``load_checkpoint(path, world_size=world_size)`` accepted: a new
+    world size is then at an epoch boundary, where each rank builds a fresh ShardSampler.
+    """
+    if not 0 <= rank < world_size:
+        raise ValueError(f"rank must be in 0..{world_size - 1}, got {rank}")
+    if ckpt["world_size"] != world_size:
+        if ckpt["steps_done"] != 0:  # load_checkpoint refuses this; a hand-made dict may not
+            raise CheckpointError("a new world size can resume only from an epoch boundary")
+        return None
+    return ckpt["ranks"][rank]
 
 
 def restore_streams(state: dict[str, Any]) -> None:
