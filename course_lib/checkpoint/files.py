@@ -84,11 +84,15 @@ def latest_checkpoint(folder: str | os.PathLike) -> Path | None:
 def _write_durably(path: Path, data: bytes) -> None:
     """Write ``data`` to ``path`` atomically: temp file, fsync, os.replace, fsync the folder."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}.partial")
-    with open(tmp, "wb") as handle:
-        _write_all(handle, data)
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "wb") as handle:
+            _write_all(handle, data)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except BaseException:  # a full disk, say; a killed process leaves it to the next save
+        tmp.unlink(missing_ok=True)
+        raise
     # The rename lives in the folder's entry: without this fsync a power cut can undo it.
     folder = os.open(path.parent, os.O_RDONLY)
     try:
@@ -122,7 +126,9 @@ def save_checkpoint(
     header = HEADER.pack(MAGIC, len(payload), hashlib.sha256(payload).digest())
     path = folder / f"epoch{checkpoint['epochs_done']:04d}-step{checkpoint['steps_done']:06d}.ckpt"
     _write_durably(path, header + payload)
-    for old in checkpoint_files(folder)[: -config.keep]:
+    # Later positions are from a run this one resumed from an earlier point: superseded.
+    kept = [p for p in checkpoint_files(folder) if p.name <= path.name]
+    for old in [p for p in checkpoint_files(folder) if p.name > path.name] + kept[: -config.keep]:
         old.unlink(missing_ok=True)
     return path
 
