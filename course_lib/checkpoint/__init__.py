@@ -13,9 +13,9 @@ history, wall times aside.
 renames it into place with ``os.replace`` and fsyncs the folder: the name points at the old
 state or the complete new one, never at half a file, also when the process is killed or the
 machine loses power mid-save. Write-then-rename alone is atomic; the folder also keeps the last
-``keep`` (2) checkpoints, because a checkpoint can be complete and still unusable — copied
-halfway to another lab PC, or, in data parallelism, written while another rank was dying — and
-then the previous one is there to resume from. A temporary file left by a killed save starts
+``keep`` (2) checkpoints, because a file can be complete when written and unusable later —
+copied halfway to another lab PC, damaged on disk — and then the previous one is there to
+resume from (the error names it). A temporary file left by a killed save starts
 with ``.`` and ends ``.partial``; readers ignore it and the next save removes it. Files are
 checked on load (a header with the payload's length and SHA-256), so a truncated or corrupt
 file, or one from another model or world size, is a :class:`CheckpointError` naming the file
