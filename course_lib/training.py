@@ -8,6 +8,7 @@ optimiser's ``step()``. A data-parallel loop inserts gradient communication betw
 
 from __future__ import annotations
 
+import os
 import random
 import time
 from collections.abc import Callable
@@ -18,6 +19,8 @@ import torch
 from matplotlib.figure import Figure
 from torch import nn
 from torch.utils.data import DataLoader, Dataset, Sampler
+
+from course_lib import checkpoint as ckpt_lib
 
 __all__ = [
     "TrainConfig",
@@ -214,6 +217,8 @@ def fit(
     grad_hook: Callable[[nn.Module], None] | None = None,
     optimizer: torch.optim.Optimizer | None = None,
     progress: bool = True,
+    checkpoint: ckpt_lib.CheckpointConfig | str | os.PathLike | None = None,
+    resume_from: str | os.PathLike | None = None,
 ) -> History:
     """Train ``net`` in place with mini-batch SGD (or Adam) and return its :class:`History`.
 
@@ -225,6 +230,10 @@ def fit(
         optimizer: an optimiser already built over ``net``'s parameters (data parallelism adds
             timing hooks to it, or shards it); default: :func:`make_optimizer` from ``config``.
         progress: show a progress bar over epochs (tqdm: a widget in Jupyter, text in a terminal).
+        checkpoint: a folder (or a :class:`course_lib.checkpoint.CheckpointConfig`): save the
+            whole training state there after every epoch (and every ``every_steps`` steps).
+        resume_from: a checkpoint file, or a folder (its newest): continue that run, bit for
+            bit as if it had not stopped; ``config`` must match it except ``num_epochs``/target.
     """
     from tqdm.auto import tqdm
 
@@ -240,13 +249,27 @@ def fit(
     )  # fmt: skip
     test_loader = DataLoader(test_set, batch_size=256) if test_set is not None else None
     history = History()
-    bar = tqdm(range(1, config.num_epochs + 1), desc="epoch", disable=not progress, leave=True)
+    saver = ckpt_lib.CheckpointConfig.of(checkpoint)
+    resume = None
+    if resume_from is not None:
+        resume = ckpt_lib.resume_run(resume_from, net, optimizer, config, generator, sampler,
+                                     history)  # fmt: skip
+    first_epoch = resume["epochs_done"] + 1 if resume is not None else 1
+    bar = tqdm(
+        range(first_epoch, config.num_epochs + 1), desc="epoch", disable=not progress, leave=True
+    )
     for epoch in bar:
         if hasattr(sampler, "set_epoch"):
             sampler.set_epoch(epoch - 1)
         net.train()
         start, seen, total_loss = time.perf_counter(), 0, 0.0
-        for X, y in train_loader:
+        # A mid-epoch checkpoint keeps the loader's generator as the epoch began: a resumed run
+        # replays the epoch's order from it and skips the steps already done.
+        epoch_start_loader, batches, step = generator.get_state(), iter(train_loader), 0
+        if resume is not None and resume["steps_done"]:
+            step, seen, total_loss = ckpt_lib.skip_done_steps(batches, resume)
+        resume = None
+        for X, y in batches:
             step_start = time.perf_counter()
             X, y = X.to(device), y.to(device)
             loss, _ = compute_gradients(net, X, y, loss_fn)
@@ -258,6 +281,11 @@ def fit(
             history.step_times.append(time.perf_counter() - step_start)
             total_loss += loss * len(X)
             seen += len(X)
+            step += 1
+            if saver is not None and saver.due(step, len(train_loader)):
+                ckpt_lib.save_run(saver, net, optimizer, config, history, epochs_done=epoch - 1,
+                                  steps_done=step, loader=epoch_start_loader, sampler=sampler,
+                                  seen=seen, total_loss=total_loss)  # fmt: skip
         record = {"epoch": epoch, "epoch_time": time.perf_counter() - start}
         # Train metrics are measured after the epoch, on the weights the epoch ended with.
         eval_train = DataLoader(train_set, batch_size=256, sampler=sampler)
@@ -266,6 +294,9 @@ def fit(
         if test_loader is not None:
             record.update({f"test_{k}": v for k, v in evaluate(net, test_loader, loss_fn).items()})
         history.epochs.append(record)
+        if saver is not None:
+            ckpt_lib.save_run(saver, net, optimizer, config, history, epochs_done=epoch,
+                              steps_done=0, loader=generator, sampler=sampler)  # fmt: skip
         bar.set_postfix(
             {k: round(v, 4) for k, v in record.items() if k.endswith(("loss", "accuracy"))}
         )

@@ -1,20 +1,65 @@
-"""Command line for the cluster layer: ``python -m course_lib.cluster doctor --profile lab``."""
+"""Command line for the cluster layer: ``python -m course_lib.cluster doctor | room ...``.
+
+``doctor --profile lab`` checks every engine of a running cluster; ``room up N [--rate 1gbit]``,
+``room status``, ``room run PC -- CMD`` and ``room down`` manage an emulated room that stays up
+between commands (see :mod:`course_lib.cluster.room_state`).
+"""
 
 from __future__ import annotations
 
 import argparse
-
-from course_lib.cluster.launch import connect_cluster
+import sys
+from pathlib import Path
 
 __all__ = ["main"]
 
 
 def doctor_main(args: argparse.Namespace) -> int:
     """Print the doctor's table for a running cluster (the instructor's check before class)."""
+    from course_lib.cluster.launch import connect_cluster
+
     with connect_cluster(profile=args.profile, connection_file=args.file, n=args.engines) as cl:
         report = cl.doctor()
     print(report)
     return 0 if report.ok else 1
+
+
+def room_main(args: argparse.Namespace) -> int:
+    """Bring the emulated room up or down, show it, or run a command in one of its PCs."""
+    from course_lib.cluster import room_state
+
+    state = Path(args.state) if args.state else room_state.default_state_file()
+    try:
+        if args.action == "up":
+            room = room_state.room_up(args.pcs, args.rate, state)
+            print(room_state.describe_room(room, state))
+        elif args.action == "down":
+            room, errors = room_state.room_down(state)
+            if room is None:
+                print(f"no room is up (no state file {state}): nothing to remove")
+            elif errors:
+                print(f"room {room.tag}: could not remove: {'; '.join(errors)}", file=sys.stderr)
+                return 1
+            else:
+                print(f"room {room.tag} removed: {len(room.pcs)} PCs, bridge {room.bridge}")
+        elif args.action == "status":
+            room = room_state.read_state(state)
+            if room is None:
+                print(f"no room is up (no state file {state}); start one with ./kit room up N")
+                return 0
+            text = room_state.describe_room(room, state, check=True)
+            print(text)
+            return 1 if "INCOMPLETE" in text else 0
+        else:  # run
+            argv = args.argv[1:] if args.argv[:1] == ["--"] else args.argv
+            if not argv:
+                print("kit room run: give a command: ./kit room run pc1 -- CMD", file=sys.stderr)
+                return 2
+            return room_state.run_in_room(args.pc, argv, state)
+    except (room_state.RoomError, ValueError) as exc:
+        print(f"kit room {args.action}: {exc}", file=sys.stderr)
+        return 1
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -25,7 +70,20 @@ def main(argv: list[str] | None = None) -> int:
     doc.add_argument("--profile", help="profile of the running cluster (ipcluster --profile)")
     doc.add_argument("--file", help="its ipcontroller-client.json, instead of a profile")
     doc.add_argument("--engines", type=int, default=None, help="engines to wait for")
+    room = jobs.add_parser("room", help="an emulated room of PCs on this machine (needs root)")
+    room.add_argument("--state", help="state file (default: $COURSE_ROOM_STATE or .kit/room.json)")
+    actions = room.add_subparsers(dest="action", required=True)
+    up = actions.add_parser("up", help="build a room of N PCs that stays up")
+    up.add_argument("pcs", type=int, metavar="N", help="number of PCs")
+    up.add_argument("--rate", default="1gbit", help="every link's rate (tc syntax: 1gbit, 100mbit)")
+    actions.add_parser("down", help="remove the room that `up` built")
+    actions.add_parser("status", help="show the room that is up")
+    run = actions.add_parser("run", help="run a command inside one PC: run pc1 -- CMD")
+    run.add_argument("pc", help="pc1, pc2, ... (or the PC's namespace)")
+    run.add_argument("argv", nargs=argparse.REMAINDER, help="the command")
     args = parser.parse_args(argv)
+    if args.job == "room":
+        return room_main(args)
     if not (args.profile or args.file):
         doc.error("give --profile NAME or --file PATH of the running cluster")
     return doctor_main(args)

@@ -14,6 +14,11 @@ UTS namespace each), and resolve every PC's name through a per-PC ``/etc/hosts``
 Everything the room created (namespaces, veths, the bridge, the ``/etc/netns`` folders, and the
 processes started in it) is removed on exit, also when the body raises. Needs root, ``ip``,
 ``tc`` and ``unshare``; :func:`room_unavailable_reason` says why a machine cannot.
+
+One implementation serves both lifetimes: :func:`build_room` creates a room and
+:func:`teardown_room` removes what it created; ``emulated_room`` pairs them in a ``with``, and
+``./kit room up N`` / ``down`` (:mod:`course_lib.cluster.room_state`) call them from two commands,
+keeping the room's names in a state file in between.
 """
 
 from __future__ import annotations
@@ -36,11 +41,14 @@ from typing import Any
 __all__ = [
     "PC",
     "Room",
+    "build_room",
     "emulated_room",
     "leftovers",
+    "missing_prerequisite",
     "netns_inode",
     "room_unavailable_reason",
     "run_in_pc",
+    "teardown_room",
 ]
 
 PREFIX = "10.77"  # rooms live in 10.77.X.0/24; X is picked free on this machine
@@ -199,8 +207,12 @@ def _alive(pid: int) -> bool:
         return False
 
 
-def _teardown(room: Room) -> list[str]:
-    """Remove everything of ``room``; return what could not be removed (each step is tried)."""
+def teardown_room(room: Room) -> list[str]:
+    """Remove everything ``room`` created, and stop what runs in its PCs; return what is left.
+
+    Only names in ``room.created`` are deleted (never a stranger's with a clashing name); every
+    step is tried, and the returned list says what could not be removed (empty: all gone).
+    """
     errors = []
     steps = [lambda: _kill_namespace_processes(room)]
     ours = [name for name in room.names if name in room.created]  # never a clashing stranger
@@ -272,18 +284,18 @@ def leftovers(names: Sequence[str]) -> list[str]:
     return [name for name in names if name in namespaces or name in links]
 
 
-@contextlib.contextmanager
-def emulated_room(n_pcs: int, rate: str = "1gbit", burst: str = BURST) -> Iterator[Room]:
-    """Create ``n_pcs`` PCs on a bridge with every link shaped to ``rate``; remove all on exit.
+def build_room(n_pcs: int, rate: str = "1gbit", burst: str = BURST, tag: str | None = None) -> Room:
+    """Create ``n_pcs`` PCs on a bridge with every link shaped to ``rate``; return the Room.
 
     The bridge (the instructor's PC, the root namespace) gets ``10.77.X.1/24``, PC ``k``
     (``room.pcs[k - 1]``, namespace ``pc{k}_{tag}``) gets ``10.77.X.{k+1}`` on ``eth0`` with a
     default route through the instructor, so it also reaches the machine's other addresses.
-    ``rate`` and ``burst`` are tbf's (``"1gbit"``, ``"100mbit"``; ``"256kb"``).
+    ``rate`` and ``burst`` are tbf's (``"1gbit"``, ``"100mbit"``; ``"256kb"``). The room stays
+    up until :func:`teardown_room`; if building fails, what was built is removed first.
     """
     if not 1 <= n_pcs <= 200:
         raise ValueError(f"n_pcs={n_pcs}: use 1..200 PCs")
-    tag = _new_tag()
+    tag = tag or _new_tag()
     room = Room(tag=tag, subnet="", bridge=f"rbr{tag}", instructor_ip="", rate=rate)
     try:
         with _subnet_lock():
@@ -324,30 +336,44 @@ def emulated_room(n_pcs: int, rate: str = "1gbit", burst: str = BURST) -> Iterat
             (folder / "hosts").write_text(_hosts_file(room))
             (folder / "resolv.conf").write_text(RESOLV_CONF)
     except BaseException:
-        errors = _teardown(room)
+        errors = teardown_room(room)
         if errors:
             raise RuntimeError(f"room set-up failed and teardown left: {errors}") from None
         raise
+    return room
+
+
+@contextlib.contextmanager
+def emulated_room(n_pcs: int, rate: str = "1gbit", burst: str = BURST) -> Iterator[Room]:
+    """Yield a room built by :func:`build_room`; remove all of it on exit, also on error."""
+    room = build_room(n_pcs, rate, burst)
     body_failed = True
     try:
         yield room
         body_failed = False
     finally:
-        errors = _teardown(room)
+        errors = teardown_room(room)
         if errors and not body_failed:
             raise RuntimeError(f"room teardown failed: {'; '.join(errors)}")
+
+
+def missing_prerequisite() -> str | None:
+    """Return what this machine lacks for a room (root, ``ip``, ``tc``...) and the fix, or None."""
+    if os.name != "posix" or not Path("/proc/self/ns/net").exists():
+        return "needs Linux network namespaces: run it on a Linux machine (or a Linux VM)"
+    if os.geteuid() != 0:
+        return "needs root for network namespaces, veths and tc qdiscs: run it with sudo"
+    for tool, package in (("ip", "iproute2"), ("tc", "iproute2"), ("unshare", "util-linux")):
+        if shutil.which(tool) is None:
+            return f"`{tool}` is not installed: install {package} (apt install {package})"
+    return None
 
 
 @functools.cache
 def room_unavailable_reason() -> str | None:
     """Return why this machine cannot host an emulated room, or None when it can."""
-    if os.name != "posix" or not Path("/proc/self/ns/net").exists():
-        return "needs Linux network namespaces"
-    if os.geteuid() != 0:
-        return "needs root (network namespaces, veths and tc qdiscs)"
-    for tool in ("ip", "tc", "unshare"):
-        if shutil.which(tool) is None:
-            return f"`{tool}` is not installed (iproute2 / util-linux)"
+    if (missing := missing_prerequisite()) is not None:
+        return missing
     try:
         with emulated_room(1) as room:
             done = room.run(room.pcs[0], ["hostname"], timeout=10)

@@ -82,6 +82,25 @@ class ShardSampler(Sampler[int]):
         """Select the epoch whose permutation the next iteration uses."""
         self.epoch = epoch
 
+    def state_dict(self) -> dict[str, int | bool | str]:
+        """Return the settings and epoch that fix this sampler's order (for a checkpoint)."""
+        names = ("num_samples", "rank", "world_size", "seed", "shuffle", "even", "epoch")
+        return {"type": type(self).__name__, **{name: getattr(self, name) for name in names}}
+
+    def load_state_dict(self, state: dict[str, int | bool | str]) -> None:
+        """Continue from ``state``; raise ValueError if it belongs to another shard or set."""
+        mine = self.state_dict()
+        differ = [f"{k}={state.get(k)!r} there, {v!r} here" for k, v in mine.items()
+                  if k != "epoch" and state.get(k) != v]  # fmt: skip
+        if differ:
+            raise ValueError(
+                f"the saved sampler state is for another shard ({'; '.join(differ)}): resume "
+                f"each rank with ShardSampler({state.get('num_samples')}, rank, "
+                f"{state.get('world_size')}, seed={state.get('seed')}), or change the world size "
+                f"only at an epoch boundary with a freshly built sampler"
+            )
+        self.epoch = int(state["epoch"])
+
     def __iter__(self) -> Iterator[int]:
         return iter(
             shard_indices(

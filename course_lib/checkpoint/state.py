@@ -1,0 +1,205 @@
+"""The training state in a checkpoint: each rank's random streams and sampler, and the run's.
+
+:func:`rank_state` / :func:`restore_rank_state` are what every rank of a data-parallel loop
+saves and restores; :func:`save_run` / :func:`resume_run` / :func:`skip_done_steps` are what
+``training.fit`` (one process) calls. See :mod:`course_lib.checkpoint` for the contract.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from course_lib.checkpoint.files import (
+    FORMAT,
+    CheckpointConfig,
+    CheckpointError,
+    load_checkpoint,
+    save_checkpoint,
+)
+
+__all__ = [
+    "SAME_SETTINGS",
+    "make_checkpoint",
+    "rank_state",
+    "rank_state_for",
+    "restore_rank_state",
+    "restore_streams",
+    "restore_training_state",
+    "resume_run",
+    "save_run",
+    "skip_done_steps",
+]
+
+#: Settings that must match for a resumed run to continue the same run (num_epochs may grow).
+SAME_SETTINGS = ("lr", "batch_size", "momentum", "optimizer", "seed")
+
+
+def rank_state(
+    generator: torch.Generator,
+    sampler: Any = None,
+    *,
+    seen: int = 0,
+    total_loss: float = 0.0,
+) -> dict[str, Any]:
+    """Return this process's random streams, sampler state and running loss (nothing modified).
+
+    ``generator`` is the DataLoader's; pass its state at the start of the current epoch when
+    saving mid-epoch (a resumed run replays the epoch's order from it and skips the done steps).
+    """
+    name, keys, pos, has_gauss, cached = np.random.get_state()
+    sampler_state = (
+        sampler.state_dict() if hasattr(sampler, "state_dict") else {"type": type(sampler).__name__}
+    )
+    return {
+        "python": random.getstate(),
+        "numpy": (name, torch.from_numpy(keys.astype(np.int64)), pos, has_gauss, cached),
+        "torch": torch.get_rng_state(),
+        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None,
+        "loader": generator.get_state() if isinstance(generator, torch.Generator) else generator,
+        "sampler": sampler_state,
+        "seen": seen,
+        "total_loss": total_loss,
+    }
+
+
+def rank_state_for(ckpt: dict[str, Any], rank: int, world_size: int) -> dict[str, Any] | None:
+    """Return rank ``rank``'s saved state, or None when the world size changed (re-seed then).
+
+    Call on a checkpoint that ``load_checkpoint(path, world_size=world_size)`` accepted: a new
+    world size is then at an epoch boundary, where each rank builds a fresh ShardSampler.
+    """
+    if not 0 <= rank < world_size:
+        raise ValueError(f"rank must be in 0..{world_size - 1}, got {rank}")
+    if ckpt["world_size"] != world_size:
+        if ckpt["steps_done"] != 0:  # load_checkpoint refuses this; a hand-made dict may not
+            raise CheckpointError("a new world size can resume only from an epoch boundary")
+        return None
+    return ckpt["ranks"][rank]
+
+
+def restore_streams(state: dict[str, Any]) -> None:
+    """Set the global random streams (Python, NumPy, torch CPU and CUDA) to ``state``."""
+    random.setstate(state["python"])
+    name, keys, pos, has_gauss, cached = state["numpy"]
+    np.random.set_state((name, keys.numpy().astype(np.uint32), pos, has_gauss, cached))
+    torch.set_rng_state(state["torch"])
+    if state["cuda"] is not None and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def restore_rank_state(state: dict[str, Any], generator: torch.Generator, sampler: Any) -> None:
+    """Set every random stream, ``generator`` and ``sampler`` to ``state`` (from rank_state)."""
+    if hasattr(sampler, "load_state_dict"):
+        try:
+            sampler.load_state_dict(state["sampler"])  # raises on another world size or shard
+        except ValueError as exc:
+            raise CheckpointError(str(exc)) from None
+    elif state["sampler"].get("type") != type(sampler).__name__:
+        raise CheckpointError(
+            f"the checkpoint was saved with sampler {state['sampler'].get('type')}, this run "
+            f"uses {type(sampler).__name__}: resume with the same sampler"
+        )
+    restore_streams(state)
+    generator.set_state(state["loader"])
+
+
+def make_checkpoint(
+    net: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    config: Any,
+    history: Any,
+    *,
+    epochs_done: int,
+    steps_done: int,
+    ranks: list[dict[str, Any]],
+) -> dict[str, Any]:
+    """Return the checkpoint of a run after ``epochs_done`` epochs and ``steps_done`` more steps."""
+    return {
+        "format": FORMAT,
+        "epochs_done": epochs_done,
+        "steps_done": steps_done,
+        "world_size": len(ranks),
+        "model": {k: v.detach().cpu().clone() for k, v in net.state_dict().items()},
+        "optimizer": optimizer.state_dict(),
+        "config": {name: getattr(config, name) for name in SAME_SETTINGS},
+        "history": {"epochs": list(history.epochs), "step_times": list(history.step_times)},
+        "ranks": ranks,
+    }
+
+
+def save_run(
+    where: CheckpointConfig | str | os.PathLike,
+    net: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    config: Any,
+    history: Any,
+    *,
+    epochs_done: int,
+    steps_done: int,
+    loader: torch.Generator | torch.Tensor,
+    sampler: Any,
+    seen: int = 0,
+    total_loss: float = 0.0,
+) -> Path:
+    """Save a one-process run (fit's checkpoint); ``loader``: the generator at the epoch's start."""
+    ranks = [rank_state(loader, sampler, seen=seen, total_loss=total_loss)]
+    checkpoint = make_checkpoint(net, optimizer, config, history, epochs_done=epochs_done,
+                                 steps_done=steps_done, ranks=ranks)  # fmt: skip
+    return save_checkpoint(where, checkpoint)
+
+
+def restore_training_state(
+    ckpt: dict[str, Any], net: nn.Module, optimizer: torch.optim.Optimizer, config: Any
+) -> None:
+    """Load weights and optimiser state from ``ckpt`` after checking the run's settings match."""
+    differ = [
+        f"{name}={ckpt['config'][name]!r} there, {getattr(config, name)!r} here"
+        for name in SAME_SETTINGS
+        if ckpt["config"][name] != getattr(config, name)
+    ]
+    if differ:
+        raise CheckpointError(
+            f"checkpoint {ckpt['path']} belongs to a run with other settings ({'; '.join(differ)})"
+            f": resume with the same TrainConfig (only num_epochs and target may change)"
+        )
+    with torch.no_grad():
+        net.load_state_dict(ckpt["model"])
+    optimizer.load_state_dict(ckpt["optimizer"])
+
+
+def resume_run(
+    resume_from: str | os.PathLike,
+    net: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    config: Any,
+    generator: torch.Generator,
+    sampler: Any,
+    history: Any,
+) -> dict[str, Any]:
+    """Restore a one-process run from ``resume_from`` in place (fit's resume); return the checkpoint."""
+    ckpt = load_checkpoint(resume_from, net=net, world_size=1)
+    restore_training_state(ckpt, net, optimizer, config)
+    history.epochs[:] = ckpt["history"]["epochs"]
+    history.step_times[:] = ckpt["history"]["step_times"]
+    restore_rank_state(ckpt["ranks"][0], generator, sampler)
+    return ckpt
+
+
+def skip_done_steps(batches: Any, ckpt: dict[str, Any], rank: int = 0) -> tuple[int, int, float]:
+    """Consume the batches a mid-epoch checkpoint had trained on; return (steps, seen, loss sum).
+
+    ``batches`` is the epoch's fresh DataLoader iterator, made after :func:`restore_rank_state`
+    set the loader's generator to the epoch's start, so it yields the same order as before.
+    """
+    state = ckpt["ranks"][rank]
+    for _ in range(ckpt["steps_done"]):
+        next(batches)
+    restore_streams(state)  # loading the skipped batches may have drawn random numbers
+    return ckpt["steps_done"], state["seen"], state["total_loss"]
