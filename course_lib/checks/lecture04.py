@@ -1,0 +1,184 @@
+"""Checks for the exercises of lecture 4 (data parallelism), run on real engines.
+
+Exercise 4.1 trains with the student's averaging on every engine (through
+:func:`~course_lib.parallel.data_parallel.train_data_parallel`) and compares every replica with
+one process trained on the whole global batch, and each rank's bytes with a parameter server's.
+Exercise 4.2 compares the student's prediction of one exchange with the alpha-beta formulas.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+from torch.utils.data import TensorDataset
+
+from course_lib.comm.communicator import Communicator
+from course_lib.cost_model import LinkModel, predict
+from course_lib.data.digits import load_digits
+from course_lib.models import MLP
+from course_lib.parallel.parameter_server import ParameterServer, ParameterServerSource000
+from course_lib.parallel.reference import max_weight_difference, train_one_process, weights_match
+from course_lib.training import TrainConfig
+from course_lib.verdict import Verdict, run_check
+
+__all__ = [
+    "EXERCISE_METHOD",
+    "check_parameter_server",
+    "check_sync_time",
+    "reference_ps_average",
+    "reference_sync_time",
+    "source000_ps_average",
+    "stub_ps_average",
+    "stub_sync_time",
+]
+
+EXERCISE_METHOD = "exercise_4_1"
+CHECK_CONFIG = TrainConfig(num_epochs=2, batch_size=48, lr=0.5, momentum=0.5, seed=5)
+
+
+def check_net() -> MLP:
+    """The check's network: 64 -> 13 -> 10 (985 values, a number no world size divides)."""
+    return MLP(64, (13,))
+
+
+def check_digits() -> TensorDataset:
+    """The first 240 training digits: 5 global batches of 48 per epoch."""
+    X, y = load_digits().tensors
+    return TensorDataset(X[:240], y[:240])
+
+
+# ---- Exercise 4.1: the parameter server's averaging -------------------------------------------
+def stub_ps_average(comm: Communicator, flat: np.ndarray) -> None:
+    """The released stub of Exercise 4.1."""
+    raise NotImplementedError("Exercise 4.1: write the parameter server's averaging")
+
+
+def reference_ps_average(comm: Communicator, flat: np.ndarray) -> None:
+    """The library's parameter server (rank 0 serves and computes), as a function."""
+    ParameterServer().average(comm, flat)
+
+
+def source000_ps_average(comm: Communicator, flat: np.ndarray) -> None:
+    """Source 000's published combination: must FAIL the check."""
+    ParameterServerSource000().average(comm, flat)
+
+
+def _register(fn: Callable) -> str:
+    """Register ``fn(comm, flat)`` as exchange method ``EXERCISE_METHOD`` in this process."""
+    from course_lib.parallel.exchange import FlatExchange
+    from course_lib.parallel.registry import register_exchange
+
+    class ExerciseExchange(FlatExchange):
+        name = EXERCISE_METHOD
+
+        def average(self, comm: Communicator, flat: np.ndarray) -> None:
+            out = fn(comm, flat)
+            if out is not None and out is not flat:  # an answer may return a new array
+                np.copyto(flat, np.asarray(out, dtype=flat.dtype).reshape(flat.shape))
+
+    register_exchange(ExerciseExchange)
+    return EXERCISE_METHOD
+
+
+def _expected_bytes(rank: int, n: int, nbytes: int) -> tuple[int, int]:
+    """(sent, received) point-to-point per step: a worker S each way, the server (N-1) S."""
+    return ((n - 1) * nbytes,) * 2 if rank == 0 else (nbytes, nbytes)
+
+
+def _parameter_server_body(fn: Callable, cluster: Any, world_size: int | None) -> str:
+    from course_lib.parallel.data_parallel import DataParallelError, train_data_parallel
+
+    _register(fn)
+    cluster.run(_register, fn, timeout=60)
+    try:
+        result = train_data_parallel(
+            cluster, model=check_net, dataset=check_digits, config=CHECK_CONFIG,
+            method=EXERCISE_METHOD, world_size=world_size, comm_timeout=20, timeout=240,
+        )  # fmt: skip
+    except DataParallelError as exc:
+        if "NotImplementedError" in str(exc):
+            raise NotImplementedError(
+                "Exercise 4.1: write the parameter server's averaging"
+            ) from None
+        raise AssertionError(str(exc).replace("data-parallel run failed: ", "")) from None
+    n = result.world_size
+    if n < 2:
+        raise AssertionError("the check needs at least 2 engines (start_cluster('local', 4))")
+    if not result.replicas_equal:
+        raise AssertionError(
+            f"the replicas differ by up to {result.max_replica_difference:.2e} after training: "
+            "every rank must end with the same averaged gradient"
+        )
+    reference = train_one_process(check_net, check_digits, CHECK_CONFIG)
+    worst = max_weight_difference(result.weights, reference)
+    if not weights_match(result.weights, reference):
+        raise AssertionError(
+            f"the replicas agree with each other but differ from one process trained on the "
+            f"whole batch by up to {worst:.2e}: divide the sum of all {n} gradients (the "
+            "server's own included) by N once, after adding them"
+        )
+    for rec in result.records:
+        if rec["collective_bytes"]:
+            raise AssertionError(
+                f"rank {rec['rank']} used a built-in collective ({rec['collective_bytes']} bytes):"
+                " write the exchange with comm.send / comm.recv (isend / irecv)"
+            )
+        want = _expected_bytes(rec["rank"], n, result.gradient_bytes)
+        got = (rec["bytes_sent"], rec["bytes_received"])
+        if got != want:
+            raise AssertionError(
+                f"rank {rec['rank']} sent / received {got} bytes in step {rec['step']}; a "
+                f"parameter server's {'server' if rec['rank'] == 0 else 'worker'} moves {want} "
+                f"(gradient of {result.gradient_bytes} bytes)"
+            )
+    steps = len(result.records) // n
+    return (
+        f"{n} engines, {steps} steps equal to one process within {worst:.1e}, server bytes (N-1)S"
+    )
+
+
+def check_parameter_server(
+    fn: Callable, cluster: Any, *, world_size: int | None = None, verbose: bool = True
+) -> Verdict:
+    """Exercise 4.1: train with ``fn(comm, flat)`` as the averaging on the engines; compare.
+
+    Passes when every replica equals one process trained on the whole global batch (within
+    float32 rounding) and each rank moved exactly a parameter server's bytes point-to-point.
+    """
+    body = lambda: _parameter_server_body(fn, cluster, world_size)  # noqa: E731
+    return run_check("4.1", "parameter server", body, verbose=verbose)
+
+
+# ---- Exercise 4.2: predict one exchange ---------------------------------------------------------
+def stub_sync_time(method: str, nbytes: float, world_size: int, alpha: float, beta: float) -> float:
+    """The released stub of Exercise 4.2."""
+    raise NotImplementedError("Exercise 4.2: predict the exchange's time")
+
+
+def reference_sync_time(
+    method: str, nbytes: float, world_size: int, alpha: float, beta: float
+) -> float:
+    """The cost model's time of one exchange: the star (server) or the ring."""
+    algorithm = {"parameter_server": "star_allreduce", "ring": "ring_allreduce"}[method]
+    return predict(algorithm, nbytes, world_size, LinkModel(alpha, beta))
+
+
+def _sync_time_body(fn: Callable) -> str:
+    cases = [(m, n, p, a, b) for m in ("parameter_server", "ring") for n in (4e3, 8.33e6)
+             for p in (2, 3, 6) for a, b in ((50e-6, 1 / 125e6), (1e-3, 1 / 12.5e6))]  # fmt: skip
+    for method, nbytes, p, alpha, beta in cases:
+        got = float(fn(method, nbytes, p, alpha, beta))
+        want = reference_sync_time(method, nbytes, p, alpha, beta)
+        if not np.isclose(got, want, rtol=1e-6, atol=1e-12):
+            raise AssertionError(
+                f"{method}, {nbytes:g} bytes, N={p}, alpha={alpha:g} s, 1/beta={1 / beta:g} B/s:"
+                f" got {got:.4g} s, the alpha-beta model gives {want:.4g} s"
+            )
+    return f"{len(cases)} cases: server 2(N-1)(a+nb), ring 2(N-1)(a+nb/N)"
+
+
+def check_sync_time(fn: Callable, *, verbose: bool = True) -> Verdict:
+    """Exercise 4.2: ``fn(method, nbytes, world_size, alpha, beta)`` against the cost model."""
+    return run_check("4.2", "predicted exchange time", lambda: _sync_time_body(fn), verbose=verbose)
