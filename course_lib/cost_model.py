@@ -1,8 +1,10 @@
-"""The alpha-beta cost model of collectives, and its calibration by ping-pong between two ranks.
+"""The alpha-beta-gamma cost model of collectives, and its calibration by ping-pong.
 
 A message of ``n`` bytes takes $\\alpha + n\\beta$: ``alpha`` is the latency (seconds), ``beta``
-the time per byte (1 / bandwidth). Each algorithm's time follows from how many messages of which
-size lie on its critical path (Thakur, Rabenseifner & Gropp 2005; Chan et al. 2007).
+the time per byte (1 / bandwidth). Reducing ``n`` bytes into a buffer costs $n\\gamma$ more
+(``gamma``, seconds per byte of arithmetic). Each algorithm's time follows from how many messages
+of which size, and how many bytes reduced, lie on its critical path (Thakur, Rabenseifner &
+Gropp 2005; Chan et al. 2007).
 """
 
 from __future__ import annotations
@@ -22,9 +24,12 @@ __all__ = [
     "ALGORITHMS",
     "Calibration",
     "LinkModel",
+    "REDUCED_BYTES",
     "allreduce_bound",
+    "allreduce_times",
     "fit_alpha_beta",
     "gossip_messages",
+    "measure_gamma",
     "ping_pong",
     "predict",
     "time_allreduce",
@@ -33,15 +38,17 @@ __all__ = [
 
 @dataclass(frozen=True)
 class LinkModel:
-    """Latency ``alpha`` (s) and time per byte ``beta`` (s/byte) of one link."""
+    """Latency ``alpha`` (s), time per byte ``beta`` (s/byte), reduction time per byte ``gamma``."""
 
     alpha: float
     beta: float
+    gamma: float = 0.0
 
     def __post_init__(self) -> None:
-        if self.alpha < 0 or self.beta <= 0:
+        if self.alpha < 0 or self.beta <= 0 or self.gamma < 0:
             raise ValueError(
-                f"need alpha >= 0 and beta > 0, got alpha={self.alpha}, beta={self.beta}"
+                f"need alpha >= 0, beta > 0 and gamma >= 0, got alpha={self.alpha}, "
+                f"beta={self.beta}, gamma={self.gamma}"
             )
 
     @property
@@ -78,6 +85,20 @@ ALGORITHMS = {
 }
 
 
+# Bytes each algorithm reduces (adds) on its critical path, for the gamma term: the ring's owner
+# adds N-1 chunks of n/N; the star's root adds N-1 whole buffers; recursive doubling adds one
+# whole buffer per exchange (plus the fold-in of an extra rank when N is not a power of two).
+REDUCED_BYTES = {
+    "ring_allreduce": lambda n, p: (p - 1) * n / p,
+    "ring_reduce_scatter": lambda n, p: (p - 1) * n / p,
+    "star_allreduce": lambda n, p: (p - 1) * n,
+    "allreduce_naive": lambda n, p: (p - 1) * n,
+    "recursive_doubling_allreduce": lambda n, p: (
+        (int(math.log2(p)) + (0 if p & (p - 1) == 0 else 1)) * n if p > 1 else 0.0
+    ),
+}
+
+
 def gossip_messages(world_size: int, s: int = 1) -> int:
     """Return the messages each rank sends in one ``gossip_step`` at partner distance ``s``.
 
@@ -107,7 +128,24 @@ def predict(
         raise ValueError(f"{algorithm} takes no options, got {sorted(options)}")
     if set(options) - {"s"}:
         raise ValueError(f"gossip_step takes only the option s, got {sorted(options)}")
-    return float(ALGORITHMS[algorithm](nbytes, world_size, model.alpha, model.beta, **options))
+    seconds = ALGORITHMS[algorithm](nbytes, world_size, model.alpha, model.beta, **options)
+    if model.gamma and algorithm in REDUCED_BYTES:
+        seconds += model.gamma * REDUCED_BYTES[algorithm](nbytes, world_size)
+    return float(seconds)
+
+
+def measure_gamma(nbytes: int = 4 * 2**20, repeats: int = 20) -> float:
+    """Return this process's seconds per byte to add one float32 buffer into another (median)."""
+    if nbytes < 4:
+        raise ValueError(f"nbytes must be at least 4 (one float32), got {nbytes}")
+    out, other = np.ones(nbytes // 4, np.float32), np.ones(nbytes // 4, np.float32)
+    np.add(out, other, out=out)  # warm-up: first touch of the pages
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        np.add(out, other, out=out)
+        times.append(time.perf_counter() - t0)
+    return float(np.median(times)) / out.nbytes
 
 
 def allreduce_bound(nbytes: float, world_size: int, bandwidth: float) -> float:
@@ -189,8 +227,24 @@ def time_allreduce(
     ``fn`` is a from-scratch allreduce ``fn(comm, buf)``, or None for the backend's own; every
     rank must call this together. ``x`` is not modified (each run reduces a copy).
     """
+    return float(np.median(allreduce_times(comm, fn, x, reps, warmup=1)))
+
+
+def allreduce_times(
+    comm: Communicator,
+    fn: Callable[[Communicator, np.ndarray], Any] | None,
+    x: np.ndarray,
+    reps: int,
+    warmup: int = 2,
+) -> np.ndarray:
+    """Return the slowest rank's seconds for each of ``reps`` allreduces of ``x``, after ``warmup``.
+
+    Same contract as :func:`time_allreduce`; returns every sample, so callers can show the spread.
+    """
+    if reps < 1 or warmup < 0:
+        raise ValueError(f"need reps >= 1 and warmup >= 0, got reps={reps}, warmup={warmup}")
     times = []
-    for _ in range(reps + 1):  # the first run warms up buffers and connections
+    for _ in range(reps + warmup):  # warm-up runs set up buffers, connections and caches
         buf = x.copy()
         comm.barrier()
         t0 = time.perf_counter()
@@ -198,4 +252,4 @@ def time_allreduce(
         took = np.array([time.perf_counter() - t0])
         comm.allreduce(took, op="max")  # a collective ends when its slowest rank does
         times.append(float(took[0]))
-    return float(np.median(times[1:]))
+    return np.array(times[warmup:])

@@ -103,7 +103,7 @@ class History:
             ax.grid(alpha=0.3)
             ax.legend()
         ax_loss.set_ylabel("loss")
-        ax_acc.set_ylabel("accuracy / mIoU")
+        ax_acc.set_ylabel("accuracy / mIoU" if self.metric("train_miou") else "accuracy")
         if title:
             fig.suptitle(title)
         fig.tight_layout()

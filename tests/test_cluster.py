@@ -136,7 +136,7 @@ def test_mpi_engines_have_distinct_ranks_and_allreduce_is_correct(mpi):
     assert mpi.view.pull("rank") == [0, 1, 2]
 
 
-def test_mpi_deadlock_is_detected_and_recovered(mpi):
+def test_mpi_hang_is_detected_and_recovered(mpi):
     def one_rank_raises():
         from mpi4py import MPI
 

@@ -20,6 +20,7 @@ from course_lib import collectives as C
 from course_lib.comm import EmulatedLink, chunk_bounds
 from course_lib.comm.setup import master_address, rendezvous_peer, routed_address
 from course_lib.cost_model import (
+    ALGORITHMS,
     LinkModel,
     allreduce_bound,
     fit_alpha_beta,
@@ -96,6 +97,35 @@ def test_ring_schedule_sends_each_chunk_once_per_phase(p):
         # what rank r sends at step k is what rank r+1 receives at step k
         nxt = C.ring_schedule((r + 1) % p, p)
         assert all(a[1] == b[2] for a, b in zip(steps, nxt, strict=True))
+
+
+@pytest.mark.parametrize("p", [2, 3, 4, 5, 6, 7, 8])
+def test_recursive_doubling_takes_the_steps_the_model_charges(p):
+    # alpha = 1, beta = 0: the formula's value is its number of message steps
+    predicted = ALGORITHMS["recursive_doubling_allreduce"](0, p, 1.0, 0.0)
+    schedules = [C.doubling_schedule(r, p) for r in range(p)]
+    assert predicted == max(len(s) for s in schedules)  # the longest rank is the critical path
+    counts = run_threads(
+        p, lambda comm: (C.recursive_doubling_allreduce(comm, np.ones(3)), comm.stats)[1]
+    )
+    for r, (stats, schedule) in enumerate(zip(counts, schedules, strict=True)):
+        for peer in range(p):  # the counters of the real run follow the schedule, peer by peer
+            sends = sum(a in ("send", "exchange") and q == peer for a, q in schedule)
+            recvs = sum(a in ("recv", "exchange") and q == peer for a, q in schedule)
+            assert (stats.peer(peer).messages_sent, stats.peer(peer).messages_received) == (
+                sends,
+                recvs,
+            ), f"rank {r}, peer {peer}"
+
+
+def test_gamma_adds_the_reduced_bytes():
+    m, mg = LinkModel(alpha=0.0, beta=1.0), LinkModel(alpha=0.0, beta=1.0, gamma=0.5)
+    n = 1200
+    assert predict("ring_allreduce", n, 4, mg) - predict("ring_allreduce", n, 4, m) == 0.5 * 900
+    assert predict("recursive_doubling_allreduce", n, 6, mg) - predict(
+        "recursive_doubling_allreduce", n, 6, m
+    ) == pytest.approx(0.5 * 3 * n)
+    assert predict("ring_allgather", n, 4, mg) == predict("ring_allgather", n, 4, m)
 
 
 def test_fit_recovers_alpha_and_beta():

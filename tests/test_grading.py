@@ -256,6 +256,20 @@ def test_instructor_source_a1_gets_full_points():
     assert all(row.reason == "PASS" for row in rows)
 
 
+def test_a1_3_fails_a_conv_that_swaps_the_kernel_height_and_width():
+    from course_lib.checks.a1 import check_conv2d_layer
+
+    cell = next(c.source for c in _source("A1_sgd_conv").cells if "def conv2d_layer" in c.source)
+    solution = "\n".join(line for line in cell.splitlines() if "###" not in line)
+    swapped = solution.replace("c_out, _, kh, kw = K.shape", "c_out, _, kw, kh = K.shape")
+    assert swapped != solution
+    for code, passes in ((solution, True), (swapped, False)):
+        namespace = {"np": np}
+        exec(code, namespace)
+        verdict = check_conv2d_layer(namespace["conv2d_layer"], verbose=False)
+        assert verdict.passed is passes, verdict
+
+
 def test_released_stub_a1_fails_every_check():
     rows = grade_notebook("blank", "A1", _source("A1_sgd_conv"), _released("A1_sgd_conv"), LIMITS)
     assert _points(rows) == dict.fromkeys(A1_FULL, 0.0)

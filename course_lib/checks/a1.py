@@ -97,21 +97,35 @@ def check_conv2d_layer(conv2d_layer: Callable, *, verbose: bool = True) -> Verdi
 
     def body() -> str:
         rng = np.random.default_rng(303)
+        # (c_in, c_out, h, w, kh, kw, stride, padding): non-square images and kernels, so a
+        # layer that swaps kh and kw (or h and w) fails; strides 1 to 3, paddings 0 to 2.
         cases = [
-            (1, 1, 5, 5, 3, 1, 0),
-            (3, 4, 8, 7, 3, 1, 1),
-            (2, 3, 9, 9, 2, 2, 0),
-            (2, 2, 7, 6, 3, 2, 2),
+            (1, 1, 5, 5, 3, 3, 1, 0),
+            (3, 4, 8, 7, 3, 1, 1, 1),
+            (2, 3, 9, 10, 2, 3, 2, 0),
+            (2, 2, 7, 6, 1, 3, 2, 2),
+            (1, 2, 11, 9, 4, 2, 3, 1),
         ]
-        for c_in, c_out, h, w, k, stride, padding in cases:
+        for c_in, c_out, h, w, kh, kw, stride, padding in cases:
             X = rng.normal(size=(c_in, h, w))
-            K = rng.normal(size=(c_out, c_in, k, k))
+            K = rng.normal(size=(c_out, c_in, kh, kw))
             bias = rng.normal(size=c_out)
-            got = conv2d_layer(X.copy(), K.copy(), bias.copy(), stride, padding)
             want = F.conv2d(
                 torch.tensor(X)[None], torch.tensor(K), torch.tensor(bias), stride, padding
             )[0].numpy()
-            assert_close(f"output (stride {stride}, padding {padding})", got, want)
-        return f"equal to torch's conv2d in {len(cases)} cases of channels, stride and padding"
+            try:
+                got = conv2d_layer(X.copy(), K.copy(), bias.copy(), stride, padding)
+            except (ValueError, IndexError) as exc:  # e.g. kh and kw swapped: shapes disagree
+                raise AssertionError(
+                    f"{kh}x{kw} kernel, stride {stride}, padding {padding}: "
+                    f"{type(exc).__name__}: {exc}"
+                ) from None
+            assert_close(
+                f"output ({kh}x{kw} kernel, stride {stride}, padding {padding})", got, want
+            )
+        return (
+            f"equal to torch's conv2d in {len(cases)} cases of channels, non-square kernels, "
+            "stride and padding"
+        )
 
     return run_check("A1.3", "conv2d_layer", body, max_points=A1_POINTS["A1.3"], verbose=verbose)

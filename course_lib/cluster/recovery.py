@@ -1,7 +1,8 @@
 """Recover a cluster whose engines hang, and keep the notebook's client alive while doing it.
 
-The classic case is an MPI deadlock (ipyparallel's "Cluster API" example): one rank raises, the
-others wait forever in a collective that rank never reaches. A rank blocked inside MPI cannot be
+The classic case is an MPI hang (ipyparallel's "Cluster API" example): one rank raises, the
+others wait forever in a collective that rank never reaches. (Not a deadlock, which needs a
+circular wait: nobody here waits for the ranks that wait.) A rank blocked inside MPI cannot be
 interrupted (the wait is in C, where Python's SIGINT handler never runs), and its world
 communicator cannot be trusted afterwards, so MPI engines are restarted together. Local engines
 stuck in Python code are first interrupted with SIGINT, which keeps their variables.
@@ -150,7 +151,11 @@ def run_with_timeout(
             hung = [rank for rank, r in enumerate(results) if not r.ready()]
             failures = _describe_failures(results)
             report = recover(cluster)
-            why = f" ({failures}: the others waited for it, a deadlock)" if failures else ""
+            why = (
+                f" ({failures}: the others waited for a rank that never came, a hang)"
+                if failures
+                else ""
+            )
             raise EngineTimeout(
                 f"ranks {hung} did not answer within {timeout:g} s{why}. Recovered: {report}",
                 report,

@@ -9,11 +9,12 @@ from course_lib.collectives.ring import (
     ring_schedule,
 )
 from course_lib.collectives.star import allreduce_naive, star_allreduce
-from course_lib.collectives.tree import recursive_doubling_allreduce
+from course_lib.collectives.tree import doubling_schedule, recursive_doubling_allreduce
 
 __all__ = [
     "allreduce_naive",
     "broadcast_naive",
+    "doubling_schedule",
     "gossip_partners",
     "gossip_step",
     "next_distance",

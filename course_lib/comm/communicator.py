@@ -55,6 +55,7 @@ class Handle:
         self.name = dtype_name(buf)
         self.t0 = time.perf_counter()
         self.done = False
+        self.limit = comm.timeout  # seconds the current wait allows (for the error message)
         if kind == "send":
             leaves, arrives = comm._clock.depart(self.arr.nbytes) if comm._clock else (0.0, 0.0)
             self.leaves = leaves
@@ -121,7 +122,7 @@ class Handle:
         if not finished:
             raise CommTimeoutError(
                 f"rank {self.comm.rank}: {what} rank {self.peer} (tag {self.tag}) timed out after "
-                f"{self.comm.timeout:g} s: rank {self.peer} never answered (it {verb} nothing); "
+                f"{self.limit:g} s: rank {self.peer} never answered (it {verb} nothing); "
                 "check that it calls the matching send/recv. Recreate the communicator after this."
             )
 
@@ -146,7 +147,10 @@ def wait_all(handles: list[Handle], timeout: float | None = None) -> None:
     if not pending:
         return
     comm = pending[0].comm
-    deadline = time.time() + (comm.timeout if timeout is None else timeout)
+    limit = comm.timeout if timeout is None else timeout
+    deadline = time.time() + limit
+    for h in pending:
+        h.limit = limit
     until = max(h._complete(deadline) for h in pending)
     if until:
         sleep_until(until)
