@@ -362,7 +362,7 @@ def test_a_setup_cell_too_slow_twice_is_blamed_on_the_machine(monkeypatch):
     # nbval's answer for a set-up cell that runs out of time on every run (no kernel needed).
     runs = []
 
-    def setup_times_out(path, cell_seconds, total_seconds):
+    def setup_times_out(path, cell_seconds, total_seconds, **sandbox):
         runs.append(cell_seconds)
         timeout = f"Cell 0: Timeout of {cell_seconds:g} seconds exceeded executing cell"
         return {0: ("failure", timeout), 1: ("skipped", ""), 2: ("skipped", "")}
@@ -383,7 +383,7 @@ def test_a_setup_cell_too_slow_twice_is_blamed_on_the_machine(monkeypatch):
 def test_a_slow_tear_down_cell_costs_nothing_and_is_not_retried(monkeypatch):
     runs = []
 
-    def teardown_times_out(path, cell_seconds, total_seconds):
+    def teardown_times_out(path, cell_seconds, total_seconds, **sandbox):
         runs.append(cell_seconds)
         return {
             0: ("passed", ""),

@@ -38,8 +38,24 @@ from course_lib.grading.cells import answer_id, check_id, check_points, stub_sol
 from course_lib.grading.guard import rejected_answers
 from course_lib.grading.release import write_notebook_atomically
 from course_lib.grading.runner import run_nbval
+from course_lib.grading.sandbox import SandboxLimits, sandbox_problem
 
-__all__ = ["ExerciseResult", "GradingLimits", "build_graded_notebook", "grade_notebook"]
+__all__ = [
+    "ExerciseResult",
+    "GradingLimits",
+    "build_graded_notebook",
+    "grade_notebook",
+    "resolve_sandbox",
+]
+
+
+def resolve_sandbox(sandbox: SandboxLimits | None | str) -> SandboxLimits | None:
+    """Turn "auto" into the default limits where a sandbox can be made here, else None."""
+    if sandbox == "auto":
+        return SandboxLimits() if sandbox_problem() is None else None
+    if sandbox is not None and not isinstance(sandbox, SandboxLimits):
+        raise ValueError(f"sandbox={sandbox!r}: use SandboxLimits(...), None or 'auto'")
+    return sandbox
 
 
 @dataclass(frozen=True)
@@ -147,8 +163,16 @@ def grade_notebook(
     submission: nbformat.NotebookNode | None,
     limits: GradingLimits,
     workdir: Path | None = None,
+    sandbox: SandboxLimits | None | str = "auto",
+    hidden: tuple[str, ...] = (),
 ) -> list[ExerciseResult]:
-    """Grade one submission against its pristine source; return one result per exercise."""
+    """Grade one submission against its pristine source; return one result per exercise.
+
+    ``sandbox``: the limits of the sandbox the kernel runs in; None runs it unisolated, and
+    "auto" (the default) sandboxes with the default limits where this machine can. ``hidden``:
+    paths the kernel must not see (it sees none outside the system, Python and the kit anyway).
+    """
+    sandbox = resolve_sandbox(sandbox)
     answers, checks = _exercise_cells(pristine)
     points = {check_id(c): check_points(c) for c in pristine.cells if check_id(c) is not None}
     # exercise -> why its answer is not run
@@ -165,7 +189,9 @@ def grade_notebook(
             if remaining <= 0:
                 results = None
             else:
-                results = run_nbval(path, min(cell_limit, remaining), remaining)
+                results = run_nbval(
+                    path, min(cell_limit, remaining), remaining, sandbox=sandbox, hidden=hidden
+                )
             if results is None:
                 return [
                     ExerciseResult(
