@@ -25,7 +25,7 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-__all__ = ["SandboxLimits", "kernel_name", "prepare_sandbox", "sandbox_problem"]
+__all__ = ["SandboxLimits", "kernel_name", "kit_package", "prepare_sandbox", "sandbox_problem"]
 
 KERNEL_NAME = "course-sandbox"
 _INIT = Path(__file__).with_name("sandbox_init.py")
@@ -54,7 +54,8 @@ class SandboxLimits:
                 )
 
 
-def _kit_package() -> Path:
+def kit_package() -> Path:
+    """The folder of the kit's package ``course_lib`` that this process imports."""
     import course_lib
 
     return Path(course_lib.__file__).resolve().parent
@@ -67,7 +68,7 @@ def _readonly_paths() -> list[str]:
         for variant in (Path(prefix), Path(prefix).resolve()):
             if str(variant) not in paths:
                 paths.append(str(variant))
-    paths.append(str(_kit_package()))
+    paths.append(str(kit_package()))
     return [p for p in paths if os.path.lexists(p)]
 
 
@@ -119,7 +120,9 @@ def sandbox_problem() -> str | None:
     with tempfile.TemporaryDirectory(prefix="sandbox-probe-") as tmp:
         env = prepare_sandbox(Path(tmp), Path(tmp, "ipython"), SandboxLimits())
         Path(tmp, "ipython").mkdir()
-        spec = json.loads(Path(env["JUPYTER_PATH"], "kernels", KERNEL_NAME, "kernel.json").read_text())
+        spec = json.loads(
+            Path(env["JUPYTER_PATH"], "kernels", KERNEL_NAME, "kernel.json").read_text()
+        )
         argv = spec["argv"][: spec["argv"].index("--") + 1]
         probe = "import socket; socket.create_connection(('127.0.0.1', 9), 1)"
         try:
