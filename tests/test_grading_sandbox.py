@@ -27,7 +27,20 @@ from course_lib.grading.sandbox import (
 ROOT = Path(__file__).resolve().parents[1]
 SOURCES = ROOT / "assignments" / "source"
 SITE = Path(sysconfig.get_paths()["purelib"])
-needs_sandbox = pytest.mark.skipif(sandbox_problem() is not None, reason=str(sandbox_problem()))
+# Skipped only where namespaces are missing (not Linux, or unshare refused): any other failure
+# to start the sandbox is a defect, and fails the tests.
+_PROBLEM = sandbox_problem()
+needs_sandbox = pytest.mark.skipif(
+    _PROBLEM is not None and ("unshare" in _PROBLEM or not sys.platform.startswith("linux")),
+    reason=str(_PROBLEM),
+)
+
+
+@pytest.fixture(autouse=True)
+def _sandbox_works():
+    assert _PROBLEM is None or "unshare" in _PROBLEM or not sys.platform.startswith("linux"), (
+        _PROBLEM
+    )
 
 PROBE = """
 import json, os, pathlib, socket, sys

@@ -230,6 +230,7 @@ def grade_notebook(
             slow_setup = (number, why)
             break
     rows = []
+    answer_cells = {exercise: number for number, exercise in answers.items()}
     for number, exercise in checks.items():
         outcome, message = results.get(number, ("error", "the check cell did not run"))
         if exercise in stubbed:
@@ -238,6 +239,11 @@ def grade_notebook(
             reason, outcome = slow_setup[1], "skipped"
         else:
             reason = _reason(exercise, outcome, message)
+            answer_outcome, answer_message = results.get(answer_cells.get(exercise, -1), ("", ""))
+            if outcome != "passed" and answer_outcome in ("failure", "error"):
+                error = _reason(exercise, "error", answer_message)  # why the answer itself failed
+                if error.startswith("error: "):
+                    reason = "the answer cell raised " + error.removeprefix("error: ")
         got = points[exercise] if outcome == "passed" and exercise not in stubbed else 0.0
         rows.append(ExerciseResult(student, assignment, exercise, got, points[exercise], reason))
     return rows
