@@ -416,7 +416,9 @@ def test_processes_a_run_leaves_behind_are_stopped_after_the_total_time_limit(tm
         f'open({str(pids)!r}, "w").write(f"{{os.getpid()}} {{child.pid}}")\n'
         "time.sleep(600)"
     )
-    rows = grade_notebook("stuck", "T", nb, nb, GradingLimits(8, 8), workdir=tmp_path)
+    # Unisolated (the fallback where no sandbox can be made): the kernel writes to tmp_path and
+    # its processes are found by their mark. In the sandbox, its PID namespace ends them all.
+    rows = grade_notebook("stuck", "T", nb, nb, GradingLimits(8, 8), workdir=tmp_path, sandbox=None)
     assert "total time limit of 8 s" in rows[0].reason
     kernel, child = map(int, pids.read_text().split())
     assert not _alive(kernel) and not _alive(child)
@@ -476,7 +478,10 @@ def test_a_kernel_crash_leaves_no_engines_or_controller_behind(tmp_path, monkeyp
         source, "T.1", "import os\nimport signal\nos.kill(os.getpid(), signal.SIGKILL)"
     )  # the engines are up by now
     # nbval notices a dead kernel only when the cell limit is up, so keep it short.
-    rows = grade_notebook("crasher", "T", source, crash, GradingLimits(15, 200), workdir=tmp_path)
+    # Unisolated, as above: in the sandbox the engines die with the kernel's PID namespace.
+    rows = grade_notebook(
+        "crasher", "T", source, crash, GradingLimits(15, 200), workdir=tmp_path, sandbox=None
+    )
     assert rows[0].points == 0.0
     assert rows[0].reason.startswith(("crashed its kernel", "timed out")), rows
     left = [pid for pid, cmd in seen.items() if "ipyparallel" in cmd]

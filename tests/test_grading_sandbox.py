@@ -12,7 +12,7 @@ import nbformat
 import pytest
 
 from course_lib.grading import __main__ as cli
-from course_lib.grading.attacks import ATTACKS, outside_address, write_attack_class
+from course_lib.grading.attacks import ATTACKS, outside_address, poison_code, write_attack_class
 from course_lib.grading.grade import GradingLimits
 from course_lib.grading.gradebook import grade_folder, write_gradebook
 from course_lib.grading.integrity import fingerprint
@@ -41,6 +41,7 @@ def _sandbox_works():
     assert _PROBLEM is None or "unshare" in _PROBLEM or not sys.platform.startswith("linux"), (
         _PROBLEM
     )
+
 
 PROBE = """
 import json, os, pathlib, socket, sys
@@ -117,9 +118,9 @@ def test_attacks_cost_the_attacker_and_nothing_else(tmp_path):
         if attack.listener is not None:
             attack.listener.close()
     got = {(r.student, r.exercise): r for r in rows}
-    for student, exercise, what, _code in ATTACKS:
+    for student, exercise, what, _code, why in ATTACKS:
         row = got[(student, exercise)]
-        assert row.points == 0 and row.reason, (what, row)
+        assert row.points == 0 and why in row.reason, (what, row)  # tried, and stopped by that
         assert "changed the grading environment" not in row.reason, (what, row)  # stopped early
     honest = {
         s: {r.exercise: r.points for r in rows if r.student == s} for s in attack.expected_honest
@@ -128,13 +129,9 @@ def test_attacks_cost_the_attacker_and_nothing_else(tmp_path):
     assert not attack.unchanged()
     assert fingerprint(SITE, False, venv_before) == venv_before
     assert not attack.connections
-    reasons = {(s, e): got[(s, e)].reason for s, e, _, _ in ATTACKS}
-    assert "FileNotFoundError" in reasons[("attacker_a", "A1.3")]  # the sources are not there
-    assert "Read-only file system" in reasons[("attacker_a", "A1.1")]
-    assert "MemoryError" in reasons[("attacker_c", "A1.3")]
 
 
-POISON = next(code for s, e, _, code in ATTACKS if (s, e) == ("attacker_a", "A1.1"))
+POISON = next(code for s, e, _, code, _ in ATTACKS if (s, e) == ("attacker_a", "A1.1"))
 
 
 @pytest.mark.slow
@@ -146,7 +143,7 @@ def test_unisolated_the_guard_blames_the_poisoner_restores_the_kit_and_regrades(
     poisoner = nbformat.from_dict(json.loads(nbformat.writes(released)))
     for cell in poisoner.cells:
         if cell.metadata.get("course", {}).get("answer") == "A1.1":
-            cell.source = POISON.format(kit=str(kit_package()), pass_a11=pass_line)
+            cell.source = POISON.format(kit=str(kit_package()), poison=poison_code(pass_line))
     for student, nb in (("a_poisoner", poisoner), ("b_blank", released)):
         (tmp_path / "subs" / student).mkdir(parents=True)
         nbformat.write(nb, tmp_path / "subs" / student / "A1_sgd_conv.ipynb")

@@ -23,7 +23,14 @@ import nbformat
 from course_lib.grading.cells import answer_id, check_id
 from course_lib.grading.sandbox import kit_package
 
-__all__ = ["ATTACKS", "AttackClass", "outside_address", "self_test", "write_attack_class"]
+__all__ = [
+    "ATTACKS",
+    "AttackClass",
+    "outside_address",
+    "poison_code",
+    "self_test",
+    "write_attack_class",
+]
 
 _COPY_ANSWER = """import json, pathlib, sys, tempfile
 nb = json.loads(pathlib.Path({path!r}).read_text())
@@ -34,38 +41,48 @@ pathlib.Path(folder, "{module}.py").write_text("import numpy as np\\n" + code)
 sys.path.insert(0, folder)
 from {module} import {name}
 """
-# (student, exercise, what it tries, answer code); {placeholders} are filled per class.
+# (student, exercise, what it tries, answer code, what the sandbox makes it fail with);
+# {placeholders} in the code are filled per class.
 ATTACKS = [
     ("attacker_a", "A1.1", "poison the kit's checks for later students",
      "import pathlib\nwith open(pathlib.Path({kit!r}, 'checks', 'a1.py'), 'a') as f:\n"
-     "    f.write('\\ndef check_sgd_step(fn):\\n    print({pass_a11!r})\\n')\n"),
+     "    f.write({poison!r})\n", "Read-only file system"),
     ("attacker_a", "A1.2", "write the gradebook and the feedback folder",
      "import pathlib\npathlib.Path({gradebook!r}).write_text('attacker_a,A1,A1.2,3,3,PASS\\n')\n"
-     "pathlib.Path({feedback!r}).write_text('Total: 0 / 8 points\\n')\n"),
+     "pathlib.Path({feedback!r}).write_text('Total: 0 / 8 points\\n')\n", "FileNotFoundError"),
     ("attacker_a", "A1.3", "steal the solution from the instructor sources",
-     _COPY_ANSWER.format(path="{source}", exercise="A1.3", module="stolen", name="conv2d_layer")),
+     _COPY_ANSWER.format(path="{source}", exercise="A1.3", module="stolen", name="conv2d_layer"),
+     "FileNotFoundError"),
     ("attacker_b", "A1.1", "write a .pth file into the venv's site-packages",
-     "import pathlib\npathlib.Path({site!r}, 'zz_course_attack.pth').write_text('import os\\n')\n"),
+     "import pathlib\npathlib.Path({site!r}, 'zz_course_attack.pth').write_text('import os\\n')\n",
+     "Read-only file system"),
     ("attacker_b", "A1.2", "copy another student's submission",
-     _COPY_ANSWER.format(path="{victim1}", exercise="A1.2", module="copied", name="minibatch_sgd")),
+     _COPY_ANSWER.format(path="{victim1}", exercise="A1.2", module="copied", name="minibatch_sgd"),
+     "FileNotFoundError"),
     ("attacker_b", "A1.3", "overwrite another student's submission",
-     "import pathlib\npathlib.Path({victim2!r}).write_text('{{}}')\n"),
+     "import pathlib\npathlib.Path({victim2!r}).write_text('{{}}')\n", "FileNotFoundError"),
     ("attacker_c", "A1.1", "fork bomb",
      "import subprocess, sys, time\nsubprocess.Popen([sys.executable, '-c', 'import os, time\\n"
      "while True:\\n    try:\\n        os.fork()\\n    except OSError:\\n        time.sleep(30)'])\n"
-     "time.sleep(8)\nsubprocess.run(['true'])\n"),
+     "time.sleep(8)\nsubprocess.run(['true'])\n", "BlockingIOError"),
     ("attacker_c", "A1.2", "fill the disk",
      "chunk = b'x' * 2**20\nwith open('filler.bin', 'wb') as f:\n    while True:\n"
-     "        f.write(chunk)\n"),
+     "        f.write(chunk)\n", "No space left on device"),
     ("attacker_c", "A1.3", "allocate far more memory than the limit",
-     "import numpy as np\nhog = np.empty({hog_bytes}, dtype=np.uint8)\n"),
+     "import numpy as np\nhog = np.empty({hog_bytes}, dtype=np.uint8)\n", "MemoryError"),
     ("attacker_d", "A1.1", "connect to an address outside the sandbox",
      "import socket\nwith socket.create_connection(({host!r}, {port}), timeout=5) as s:\n"
-     "    s.sendall(b'answers please')\n"),
+     "    s.sendall(b'answers please')\n", "Network is unreachable"),
     ("attacker_d", "A1.2", "write into the kit",
-     "import pathlib\npathlib.Path({kit!r}, 'grading', 'zz_attack.py').write_text('x = 1\\n')\n"),
+     "import pathlib\npathlib.Path({kit!r}, 'grading', 'zz_attack.py').write_text('x = 1\\n')\n",
+     "Read-only file system"),
 ]  # fmt: skip
 HONEST = ("honest_1", "honest_2")  # all correct; A1.1 wrong (the other two correct)
+
+
+def poison_code(pass_line: str) -> str:
+    """Code that, appended to the kit's ``checks/a1.py``, makes every A1.1 answer print PASS."""
+    return f"\ndef check_sgd_step(fn):\n    print({pass_line!r})\n"
 
 
 def outside_address() -> str | None:
@@ -151,13 +168,14 @@ def write_attack_class(
         "kit": str(kit_package()), "site": sysconfig.get_paths()["purelib"],
         "source": str(Path(source_dir).resolve() / "A1_sgd_conv.ipynb"),
         "gradebook": str(grades / "gradebook.csv"), "feedback": str(grades / "feedback" / "honest_1.md"),
-        "victim1": str(victims[0]), "victim2": str(victims[1]), "pass_a11": passes["A1.1"],
+        "victim1": str(victims[0]), "victim2": str(victims[1]), "poison": poison_code(passes["A1.1"]),
         "host": host or "192.0.2.1", "port": listener.getsockname()[1] if listener else 9,
         "hog_bytes": 4 * memory_mb * 2**20,
     }  # fmt: skip
     if attackers:
         for student in sorted({a[0] for a in ATTACKS}):
-            write(student, {ex: code.format(**fill) for s, ex, _, code in ATTACKS if s == student})
+            answers = {ex: code.format(**fill) for s, ex, _, code, _ in ATTACKS if s == student}
+            write(student, answers)
     watched = [*victims, grades / "gradebook.csv", grades / "feedback" / "honest_1.md"]
     watched += [p for p in Path(source_dir).rglob("*") if p.is_file()]
     watched += [p for p in kit_package().rglob("*") if p.is_file() and "__pycache__" not in p.parts]
@@ -189,9 +207,9 @@ def self_test(keep: Path | None = None) -> int:
                          sandbox=limits)  # fmt: skip
     got = {(r.student, r.exercise): r for r in rows}
     held = True
-    for student, exercise, what, _ in ATTACKS:
+    for student, exercise, what, _, why in ATTACKS:
         row = got[(student, exercise)]
-        ok = row.points == 0 and bool(row.reason)
+        ok = row.points == 0 and why in row.reason
         held &= ok
         print(f"{'HELD ' if ok else 'FAILED'} {what:55s} {exercise} {row.points:g} pts: "
               f"{row.reason[:70]}")  # fmt: skip
