@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import copy
 import hashlib
+import re
 import socket
 import sysconfig
 import tempfile
@@ -32,6 +33,7 @@ __all__ = [
     "write_attack_class",
 ]
 
+_REFUSED = "Read-only file system|Permission denied"  # a read-only bind, or not the owner
 _COPY_ANSWER = """import json, pathlib, sys, tempfile
 nb = json.loads(pathlib.Path({path!r}).read_text())
 code = next("".join(c["source"]) for c in nb["cells"]
@@ -41,12 +43,12 @@ pathlib.Path(folder, "{module}.py").write_text("import numpy as np\\n" + code)
 sys.path.insert(0, folder)
 from {module} import {name}
 """
-# (student, exercise, what it tries, answer code, what the sandbox makes it fail with);
+# (student, exercise, what it tries, answer code, the error the sandbox stops it with: a regex);
 # {placeholders} in the code are filled per class.
 ATTACKS = [
     ("attacker_a", "A1.1", "poison the kit's checks for later students",
      "import pathlib\nwith open(pathlib.Path({kit!r}, 'checks', 'a1.py'), 'a') as f:\n"
-     "    f.write({poison!r})\n", "Read-only file system"),
+     "    f.write({poison!r})\n", _REFUSED),
     ("attacker_a", "A1.2", "write the gradebook and the feedback folder",
      "import pathlib\npathlib.Path({gradebook!r}).write_text('attacker_a,A1,A1.2,3,3,PASS\\n')\n"
      "pathlib.Path({feedback!r}).write_text('Total: 0 / 8 points\\n')\n", "FileNotFoundError"),
@@ -55,7 +57,7 @@ ATTACKS = [
      "FileNotFoundError"),
     ("attacker_b", "A1.1", "write a .pth file into the venv's site-packages",
      "import pathlib\npathlib.Path({site!r}, 'zz_course_attack.pth').write_text('import os\\n')\n",
-     "Read-only file system"),
+     _REFUSED),
     ("attacker_b", "A1.2", "copy another student's submission",
      _COPY_ANSWER.format(path="{victim1}", exercise="A1.2", module="copied", name="minibatch_sgd"),
      "FileNotFoundError"),
@@ -75,7 +77,7 @@ ATTACKS = [
      "    s.sendall(b'answers please')\n", "Network is unreachable"),
     ("attacker_d", "A1.2", "write into the kit",
      "import pathlib\npathlib.Path({kit!r}, 'grading', 'zz_attack.py').write_text('x = 1\\n')\n",
-     "Read-only file system"),
+     _REFUSED),
 ]  # fmt: skip
 HONEST = ("honest_1", "honest_2")  # all correct; A1.1 wrong (the other two correct)
 
@@ -209,7 +211,7 @@ def self_test(keep: Path | None = None) -> int:
     held = True
     for student, exercise, what, _, why in ATTACKS:
         row = got[(student, exercise)]
-        ok = row.points == 0 and why in row.reason
+        ok = row.points == 0 and re.search(why, row.reason) is not None
         held &= ok
         print(f"{'HELD ' if ok else 'FAILED'} {what:55s} {exercise} {row.points:g} pts: "
               f"{row.reason[:70]}")  # fmt: skip

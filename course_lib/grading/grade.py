@@ -18,7 +18,10 @@ When it is a set-up cell (starting engines, importing torch), the grading machin
 not the student: the notebook is re-run once with twice the cell limit, and if that fails too the
 exercises that did not run say so.
 
-Each nbval run gets an IPython directory of its own. Clusters that the notebook starts record
+Where the machine allows (Linux namespaces), each run's kernel and everything it starts run in
+a sandbox (:mod:`course_lib.grading.sandbox`) that shows them no solutions and lets them change
+nothing outside a throwaway folder; elsewhere, the notebook runs unisolated and the gradebook
+says so. Each nbval run gets an IPython directory of its own. Clusters that the notebook starts record
 themselves there, so whatever a run leaves behind (a kernel killed on the total time limit cannot
 stop its engines, which run in sessions of their own) is found and stopped afterwards.
 """
