@@ -126,7 +126,6 @@ def test_attacks_cost_the_attacker_and_nothing_else(tmp_path):
         if (row := got[(student, exercise)]).points != 0 or not re.search(why, row.reason)
     ]
     assert not missed
-        assert "changed the grading environment" not in row.reason, (what, row)  # stopped early
     honest = {
         s: {r.exercise: r.points for r in rows if r.student == s} for s in attack.expected_honest
     }
