@@ -66,10 +66,11 @@ ATTACKS = [
     ("attacker_c", "A1.1", "fork bomb",
      "import subprocess, sys, time\nsubprocess.Popen([sys.executable, '-c', 'import os, time\\n"
      "while True:\\n    try:\\n        os.fork()\\n    except OSError:\\n        time.sleep(30)'])\n"
-     "time.sleep(8)\nsubprocess.run(['true'])\n", "BlockingIOError"),
+     "deadline = time.time() + 40\nwhile time.time() < deadline:  # until no process is left\n"
+     "    subprocess.run(['true'])\n    time.sleep(0.5)\n", "BlockingIOError"),
     ("attacker_c", "A1.2", "fill the disk",
      "chunk = b'x' * 2**20\nwith open('filler.bin', 'wb') as f:\n    while True:\n"
-     "        f.write(chunk)\n", "No space left on device"),
+     "        f.write(chunk)\n", "No space left on device|File too large"),
     ("attacker_c", "A1.3", "allocate far more memory than the limit",
      "import numpy as np\nhog = np.empty({hog_bytes}, dtype=np.uint8)\n", "MemoryError"),
     ("attacker_d", "A1.1", "connect to an address outside the sandbox",
@@ -172,7 +173,7 @@ def write_attack_class(
         "gradebook": str(grades / "gradebook.csv"), "feedback": str(grades / "feedback" / "honest_1.md"),
         "victim1": str(victims[0]), "victim2": str(victims[1]), "poison": poison_code(passes["A1.1"]),
         "host": host or "192.0.2.1", "port": listener.getsockname()[1] if listener else 9,
-        "hog_bytes": 4 * memory_mb * 2**20,
+        "hog_bytes": 3 * memory_mb * 2**19,  # 1.5 x the limit (np.empty touches no page)
     }  # fmt: skip
     if attackers:
         for student in sorted({a[0] for a in ATTACKS}):
