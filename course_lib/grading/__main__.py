@@ -108,7 +108,11 @@ def _choose_sandbox(args: argparse.Namespace) -> tuple[SandboxLimits | None | bo
     """Return (sandbox limits, or None to run unisolated, or False to refuse; a warning)."""
     problem = "--no-sandbox was given" if args.no_sandbox else sandbox_problem()
     if problem is None:
-        limits = SandboxLimits(args.memory_mb, args.processes, args.cpu_seconds, args.disk_mb)
+        try:
+            limits = SandboxLimits(args.memory_mb, args.processes, args.cpu_seconds, args.disk_mb)
+        except ValueError as exc:
+            print(f"grade: {exc}", file=sys.stderr)
+            return False, ""
         return limits, ""
     warning = (
         f"GRADED UNISOLATED ({problem}): answers ran with the grader's rights and could read "
