@@ -12,6 +12,7 @@ from __future__ import annotations
 import copy
 import hashlib
 import re
+import shutil
 import socket
 import sysconfig
 import tempfile
@@ -228,4 +229,8 @@ def self_test(keep: Path | None = None) -> int:
         held &= ok
         print(f"{'HELD ' if ok else 'FAILED'} {what}")
     print("selftest: every attack held" if held else "selftest: SOME ATTACKS WENT THROUGH")
+    if attack.listener is not None:
+        attack.listener.close()
+    if keep is None:
+        shutil.rmtree(folder, ignore_errors=True)
     return 0 if held else 1
