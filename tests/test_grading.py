@@ -376,7 +376,7 @@ def test_a_setup_cell_too_slow_twice_is_blamed_on_the_machine(monkeypatch):
     # nbval's answer for a set-up cell that runs out of time on every run (no kernel needed).
     runs = []
 
-    def setup_times_out(path, cell_seconds, total_seconds):
+    def setup_times_out(path, cell_seconds, total_seconds, **sandbox):
         runs.append(cell_seconds)
         timeout = f"Cell 0: Timeout of {cell_seconds:g} seconds exceeded executing cell"
         return {0: ("failure", timeout), 1: ("skipped", ""), 2: ("skipped", "")}
@@ -397,7 +397,7 @@ def test_a_setup_cell_too_slow_twice_is_blamed_on_the_machine(monkeypatch):
 def test_a_slow_tear_down_cell_costs_nothing_and_is_not_retried(monkeypatch):
     runs = []
 
-    def teardown_times_out(path, cell_seconds, total_seconds):
+    def teardown_times_out(path, cell_seconds, total_seconds, **sandbox):
         runs.append(cell_seconds)
         return {
             0: ("passed", ""),
@@ -430,7 +430,9 @@ def test_processes_a_run_leaves_behind_are_stopped_after_the_total_time_limit(tm
         f'open({str(pids)!r}, "w").write(f"{{os.getpid()}} {{child.pid}}")\n'
         "time.sleep(600)"
     )
-    rows = grade_notebook("stuck", "T", nb, nb, GradingLimits(8, 8), workdir=tmp_path)
+    # Unisolated (the fallback where no sandbox can be made): the kernel writes to tmp_path and
+    # its processes are found by their mark. In the sandbox, its PID namespace ends them all.
+    rows = grade_notebook("stuck", "T", nb, nb, GradingLimits(8, 8), workdir=tmp_path, sandbox=None)
     assert "total time limit of 8 s" in rows[0].reason
     kernel, child = map(int, pids.read_text().split())
     assert not _alive(kernel) and not _alive(child)
@@ -490,7 +492,10 @@ def test_a_kernel_crash_leaves_no_engines_or_controller_behind(tmp_path, monkeyp
         source, "T.1", "import os\nimport signal\nos.kill(os.getpid(), signal.SIGKILL)"
     )  # the engines are up by now
     # nbval notices a dead kernel only when the cell limit is up, so keep it short.
-    rows = grade_notebook("crasher", "T", source, crash, GradingLimits(15, 200), workdir=tmp_path)
+    # Unisolated, as above: in the sandbox the engines die with the kernel's PID namespace.
+    rows = grade_notebook(
+        "crasher", "T", source, crash, GradingLimits(15, 200), workdir=tmp_path, sandbox=None
+    )
     assert rows[0].points == 0.0
     assert rows[0].reason.startswith(("crashed its kernel", "timed out")), rows
     left = [pid for pid, cmd in seen.items() if "ipyparallel" in cmd]

@@ -1,8 +1,13 @@
-"""Command line: ``python -m course_lib.grading release | grade | check`` (also ``./kit ...``)."""
+"""Command line: ``python -m course_lib.grading release | grade | check | selftest``.
+
+Also ``./kit release``, ``./kit grade``, ``./kit check``; ``./kit grade --self-test`` runs
+``selftest``: a small class with attackers, graded in the sandbox, and what held.
+"""
 
 from __future__ import annotations
 
 import argparse
+import sys
 import time
 from pathlib import Path
 
@@ -15,6 +20,7 @@ from course_lib.grading.gradebook import (
     write_gradebook,
 )
 from course_lib.grading.release import release_all
+from course_lib.grading.sandbox import SandboxLimits, sandbox_problem
 
 ROOT = Path(__file__).resolve().parents[2]
 SOURCES = ROOT / "assignments" / "source"
@@ -41,21 +47,49 @@ def main(argv: list[str] | None = None) -> int:
         )  # fmt: skip
         p.add_argument("--total-timeout", type=float, default=600.0, help="seconds per notebook")
     gra.add_argument("--jobs", type=int, default=2, help="notebooks graded at once")
+    gra.add_argument("--no-sandbox", action="store_true", help="run the notebooks unisolated")
+    gra.add_argument(
+        "--require-sandbox", action="store_true",
+        help="refuse to grade where no sandbox can be made (instead of grading unisolated)",
+    )  # fmt: skip
+    defaults = SandboxLimits()
+    for name, unit in (("memory", "MB of address space per process"),
+                       ("processes", "processes and threads per notebook"),
+                       ("cpu-time", "CPU seconds per process"), ("disk", "MB of /tmp")):  # fmt: skip
+        field = {"memory": "memory_mb", "cpu-time": "cpu_seconds", "disk": "disk_mb"}.get(
+            name, name
+        )
+        gra.add_argument(f"--{name}", type=int, default=getattr(defaults, field), dest=field,
+                         help=f"sandbox limit: {unit} (default %(default)s)")  # fmt: skip
+    sel = sub.add_parser("selftest", help="grade a class with attackers; print what held")
+    sel.add_argument("--keep", type=Path, default=None, help="keep the class and grades here")
     args = parser.parse_args(argv)
 
     if args.command == "release":
         for path in release_all(args.source, args.dest):
             print(f"released {path}")
         return 0
+    if args.command == "selftest":
+        from course_lib.grading.attacks import self_test
+
+        return self_test(args.keep)
     limits = GradingLimits(args.cell_timeout, args.total_timeout)
     started = time.perf_counter()
     if args.command == "grade":
-        rows = grade_folder(args.submissions, args.source, limits, jobs=args.jobs)
-        write_gradebook(rows, args.out / "gradebook.csv")
+        sandbox, warning = _choose_sandbox(args)
+        if sandbox is False:
+            return 2
+        rows = grade_folder(
+            args.submissions, args.source, limits, jobs=args.jobs, sandbox=sandbox,
+            hidden=(str(args.out),),
+        )  # fmt: skip
+        write_gradebook(rows, args.out / "gradebook.csv", warning)
         feedback = write_feedback(rows, args.out / "feedback")
         students = len(feedback)
         print(f"graded {students} students in {time.perf_counter() - started:.0f} s: "
               f"{args.out / 'gradebook.csv'}, {args.out / 'feedback'}/")  # fmt: skip
+        if warning:
+            print(f"WARNING: {warning}", file=sys.stderr)
         return 0
     import nbformat
 
@@ -68,6 +102,28 @@ def main(argv: list[str] | None = None) -> int:
               f"— {row.reason}")  # fmt: skip
     print(f"total {sum(r.points for r in rows):g}/{sum(r.max_points for r in rows):g}")
     return 0
+
+
+def _choose_sandbox(args: argparse.Namespace) -> tuple[SandboxLimits | None | bool, str]:
+    """Return (sandbox limits, or None to run unisolated, or False to refuse; a warning)."""
+    problem = "--no-sandbox was given" if args.no_sandbox else sandbox_problem()
+    if problem is None:
+        try:
+            limits = SandboxLimits(args.memory_mb, args.processes, args.cpu_seconds, args.disk_mb)
+        except ValueError as exc:
+            print(f"grade: {exc}", file=sys.stderr)
+            return False, ""
+        return limits, ""
+    warning = (
+        f"GRADED UNISOLATED ({problem}): answers ran with the grader's rights and could read "
+        "the solutions; the kit, sources and venv were checked after each notebook"
+    )
+    if args.require_sandbox:
+        print(f"grade: no sandbox can be made here ({problem}); --require-sandbox refuses "
+              "to grade without one: grade on Linux with namespaces enabled", file=sys.stderr)  # fmt: skip
+        return False, warning
+    print(f"WARNING: {warning}", file=sys.stderr)
+    return None, warning
 
 
 if __name__ == "__main__":

@@ -18,7 +18,10 @@ When it is a set-up cell (starting engines, importing torch), the grading machin
 not the student: the notebook is re-run once with twice the cell limit, and if that fails too the
 exercises that did not run say so.
 
-Each nbval run gets an IPython directory of its own. Clusters that the notebook starts record
+Where the machine allows (Linux namespaces), each run's kernel and everything it starts run in
+a sandbox (:mod:`course_lib.grading.sandbox`) that shows them no solutions and lets them change
+nothing outside a throwaway folder; elsewhere, the notebook runs unisolated and the gradebook
+says so. Each nbval run gets an IPython directory of its own. Clusters that the notebook starts record
 themselves there, so whatever a run leaves behind (a kernel killed on the total time limit cannot
 stop its engines, which run in sessions of their own) is found and stopped afterwards.
 """
@@ -38,8 +41,24 @@ from course_lib.grading.cells import answer_id, check_id, check_points, stub_sol
 from course_lib.grading.guard import rejected_answers
 from course_lib.grading.release import write_notebook_atomically
 from course_lib.grading.runner import run_nbval
+from course_lib.grading.sandbox import SandboxLimits, sandbox_problem
 
-__all__ = ["ExerciseResult", "GradingLimits", "build_graded_notebook", "grade_notebook"]
+__all__ = [
+    "ExerciseResult",
+    "GradingLimits",
+    "build_graded_notebook",
+    "grade_notebook",
+    "resolve_sandbox",
+]
+
+
+def resolve_sandbox(sandbox: SandboxLimits | None | str) -> SandboxLimits | None:
+    """Turn "auto" into the default limits where a sandbox can be made here, else None."""
+    if sandbox == "auto":
+        return SandboxLimits() if sandbox_problem() is None else None
+    if sandbox is not None and not isinstance(sandbox, SandboxLimits):
+        raise ValueError(f"sandbox={sandbox!r}: use SandboxLimits(...), None or 'auto'")
+    return sandbox
 
 
 @dataclass(frozen=True)
@@ -147,8 +166,16 @@ def grade_notebook(
     submission: nbformat.NotebookNode | None,
     limits: GradingLimits,
     workdir: Path | None = None,
+    sandbox: SandboxLimits | None | str = "auto",
+    hidden: tuple[str, ...] = (),
 ) -> list[ExerciseResult]:
-    """Grade one submission against its pristine source; return one result per exercise."""
+    """Grade one submission against its pristine source; return one result per exercise.
+
+    ``sandbox``: the limits of the sandbox the kernel runs in; None runs it unisolated, and
+    "auto" (the default) sandboxes with the default limits where this machine can. ``hidden``:
+    paths the kernel must not see (it sees none outside the system, Python and the kit anyway).
+    """
+    sandbox = resolve_sandbox(sandbox)
     answers, checks = _exercise_cells(pristine)
     points = {check_id(c): check_points(c) for c in pristine.cells if check_id(c) is not None}
     # exercise -> why its answer is not run
@@ -165,7 +192,9 @@ def grade_notebook(
             if remaining <= 0:
                 results = None
             else:
-                results = run_nbval(path, min(cell_limit, remaining), remaining)
+                results = run_nbval(
+                    path, min(cell_limit, remaining), remaining, sandbox=sandbox, hidden=hidden
+                )
             if results is None:
                 return [
                     ExerciseResult(
@@ -204,6 +233,7 @@ def grade_notebook(
             slow_setup = (number, why)
             break
     rows = []
+    answer_cells = {exercise: number for number, exercise in answers.items()}
     for number, exercise in checks.items():
         outcome, message = results.get(number, ("error", "the check cell did not run"))
         if exercise in stubbed:
@@ -212,6 +242,11 @@ def grade_notebook(
             reason, outcome = slow_setup[1], "skipped"
         else:
             reason = _reason(exercise, outcome, message)
+            answer_outcome, answer_message = results.get(answer_cells.get(exercise, -1), ("", ""))
+            if outcome != "passed" and answer_outcome in ("failure", "error"):
+                error = _reason(exercise, "error", answer_message)  # why the answer itself failed
+                if error.startswith("error: "):
+                    reason = "the answer cell raised " + error.removeprefix("error: ")
         got = points[exercise] if outcome == "passed" and exercise not in stubbed else 0.0
         rows.append(ExerciseResult(student, assignment, exercise, got, points[exercise], reason))
     return rows

@@ -5,16 +5,20 @@ from __future__ import annotations
 import csv
 import io
 import os
+import sys
 import tempfile
 from collections import defaultdict
 from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from pathlib import Path
 
 import nbformat
 
 from course_lib.grading.cells import check_id, check_points
-from course_lib.grading.grade import ExerciseResult, GradingLimits, grade_notebook
+from course_lib.grading.grade import ExerciseResult, GradingLimits, grade_notebook, resolve_sandbox
+from course_lib.grading.integrity import EnvironmentGuard
+from course_lib.grading.sandbox import SandboxLimits, kit_package
 
 __all__ = [
     "assignment_of",
@@ -68,7 +72,12 @@ def assignment_of(path: Path, nb: nbformat.NotebookNode | None, known: Iterable[
 
 
 def _grade_one(
-    student: str, path: Path, sources: dict[str, nbformat.NotebookNode], limits: GradingLimits
+    student: str,
+    path: Path,
+    sources: dict[str, nbformat.NotebookNode],
+    limits: GradingLimits,
+    sandbox: SandboxLimits | None = None,
+    hidden: tuple[str, ...] = (),
 ) -> list[ExerciseResult]:
     try:
         submission = nbformat.read(path, as_version=4)
@@ -87,7 +96,9 @@ def _grade_one(
             for c in pristine.cells
             if check_id(c) is not None
         ]
-    return grade_notebook(student, assignment, pristine, submission, limits)
+    return grade_notebook(
+        student, assignment, pristine, submission, limits, sandbox=sandbox, hidden=hidden
+    )
 
 
 def grade_folder(
@@ -96,26 +107,69 @@ def grade_folder(
     limits: GradingLimits | None = None,
     jobs: int = 2,
     progress: bool = True,
+    sandbox: SandboxLimits | None | str = "auto",
+    hidden: tuple[str, ...] = (),
 ) -> list[ExerciseResult]:
-    """Grade every submission under ``submissions``; return all rows, sorted by student."""
+    """Grade every submission under ``submissions``; return all rows, sorted by student.
+
+    Each notebook runs in a sandbox (``sandbox``: its limits, None for none, "auto" where this
+    machine can) that never sees the sources, the submissions or ``hidden``. The kit, the
+    sources and the venv are checked after every ``jobs`` notebooks graded together; see
+    :func:`_grade_guarded` for what happens on a change.
+    """
     limits = limits or GradingLimits()
+    sandbox = resolve_sandbox(sandbox)
     sources = load_sources(source_dir)
     pairs = find_submissions(submissions)
+    hidden = (str(source_dir), str(submissions), *hidden)
     rows: list[ExerciseResult] = []
     bar = None
     if progress:
         from tqdm.auto import tqdm
 
         bar = tqdm(total=len(pairs), unit="notebook", desc="grading")
-    with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
-        futures = [pool.submit(_grade_one, s, p, sources, limits) for s, p in pairs]
-        for future in futures:
-            rows.extend(future.result())
-            if bar is not None:
-                bar.update()
+
+    def grade(pair: tuple[str, Path]) -> list[ExerciseResult]:
+        return _grade_one(*pair, sources, limits, sandbox, hidden)
+
+    with EnvironmentGuard(kit_package(), Path(source_dir)) as guard:
+        with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
+            for start in range(0, len(pairs), max(1, jobs)):
+                batch = pairs[start : start + max(1, jobs)]
+                rows.extend(_grade_guarded(batch, pool, grade, guard))
+                if bar is not None:
+                    bar.update(len(batch))
     if bar is not None:
         bar.close()
     return sorted(rows, key=lambda r: (r.student, r.assignment, r.exercise))
+
+
+def _grade_guarded(batch, pool, grade, guard: EnvironmentGuard) -> list[ExerciseResult]:
+    """Grade ``batch`` at once; on a change to the kit, sources or venv, find who made it.
+
+    The change is undone and every notebook of the batch (all graded since the last clean
+    check) is graded again, one at a time with a check after each: the one whose run changes
+    the environment again is the culprit, and gets 0 for each exercise with the reason.
+    """
+    results = list(pool.map(grade, batch))
+    changed = guard.changes()
+    if not changed:
+        return [row for rows in results for row in rows]
+    guard.restore()
+    print(f"grading: a notebook of {', '.join(s for s, _ in batch)} changed the grading "
+          f"environment ({'; '.join(changed[:3])}): restored, grading them again one by one",
+          file=sys.stderr)  # fmt: skip
+    rows: list[ExerciseResult] = []
+    for pair, first in zip(batch, results, strict=True):
+        again = grade(pair) if len(batch) > 1 else first
+        changed_now = guard.changes() if len(batch) > 1 else changed
+        if changed_now:
+            guard.restore()
+            reason = f"changed the grading environment ({'; '.join(changed_now[:3])})"
+            print(f"grading: {pair[0]} {reason}: 0 points, files restored", file=sys.stderr)
+            again = [replace(row, points=0.0, reason=reason) for row in again]
+        rows.extend(again)
+    return rows
 
 
 def _atomic_write_text(path: Path, text: str) -> None:
@@ -131,9 +185,14 @@ def _atomic_write_text(path: Path, text: str) -> None:
         raise
 
 
-def write_gradebook(rows: list[ExerciseResult], path: Path) -> None:
-    """Write the gradebook CSV (student, assignment, exercise, points, max_points, reason)."""
+def write_gradebook(rows: list[ExerciseResult], path: Path, warning: str = "") -> None:
+    """Write the gradebook CSV (student, assignment, exercise, points, max_points, reason).
+
+    A ``warning`` (e.g. that the notebooks ran unisolated) becomes a first line ``# ...``.
+    """
     buffer = io.StringIO()
+    if warning:
+        buffer.write(f"# {warning}\n")
     writer = csv.writer(buffer)
     writer.writerow(FIELDS)
     for row in rows:

@@ -7,9 +7,9 @@ kernel as the check cells. An answer that rebinds ``check_sgd_step`` (or ``print
 ``ast`` before it is pasted and names the first such thing it finds; the grader then grades the
 exercise as unanswered, with that reason.
 
-This is a guard against rewriting the verdict, not a sandbox: answers still run with the
-grader's rights (files, processes, network). Grade submissions you do not trust in a throwaway
-account or container.
+This is a guard against rewriting the verdict inside the kernel. Files, processes and network
+are the sandbox's business (:mod:`course_lib.grading.sandbox`): there the kernel sees no
+solutions and changes nothing outside its own throwaway folder.
 """
 
 from __future__ import annotations

@@ -20,6 +20,8 @@ import tempfile
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
+from course_lib.grading.sandbox import SandboxLimits, kernel_name, prepare_sandbox
+
 __all__ = ["run_nbval", "stop_clusters"]
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*m|#x1B\[[0-9;]*m")
@@ -66,9 +68,17 @@ def stop_clusters(ipython_dir: Path) -> None:
 
 
 def run_nbval(
-    path: Path, cell_seconds: float, total_seconds: float
+    path: Path,
+    cell_seconds: float,
+    total_seconds: float,
+    sandbox: SandboxLimits | None = None,
+    hidden: tuple[str, ...] = (),
 ) -> dict[int, tuple[str, str]] | None:
-    """Run nbval on ``path``; return {cell number: (outcome, message)}, or None past the limit."""
+    """Run nbval on ``path``; return {cell number: (outcome, message)}, or None past the limit.
+
+    With ``sandbox``, the kernel (and all it starts) runs in a sandbox with those limits, which
+    never shows it ``hidden`` (see :mod:`course_lib.grading.sandbox`); nbval stays outside.
+    """
     xml = path.with_suffix(".xml")
     cmd = [
         sys.executable, "-m", "pytest", str(path), "--nbval-lax",
@@ -79,6 +89,10 @@ def run_nbval(
     # tells the clean-up below which ones are this run's.
     ipython_dir = Path(tempfile.mkdtemp(prefix="ipython-", dir=path.parent))
     env = {**os.environ, "IPYTHONDIR": str(ipython_dir)}
+    if sandbox is not None:
+        run_dir = Path(tempfile.mkdtemp(prefix="sandbox-", dir=path.parent))
+        env.update(prepare_sandbox(run_dir, ipython_dir, sandbox, (*hidden, str(path.parent))))
+        cmd += ["-p", "course_lib.grading.nbval_ipc", f"--nbval-kernel-name={kernel_name()}"]
     try:
         # A session of its own, so that on the total time limit pytest and the processes that
         # stay in its session go down together (the kernel and engines are found by the mark).

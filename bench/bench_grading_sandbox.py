@@ -1,0 +1,81 @@
+"""Benchmark grading with and without the sandbox: the same class of A1 submissions, side by side.
+
+Writes N correct A1 submissions, grades them unisolated and sandboxed (alternating, ``--rounds``
+times each, 2 notebooks at once as ``./kit grade`` does), and prints the seconds per class,
+per notebook, and the sandboxed / unisolated ratio of the medians (target: at most 1.3).
+Both runs include the integrity checks after each pair of notebooks.
+
+    .venv/bin/python bench/bench_grading_sandbox.py            # a class of 30, 1 round
+    .venv/bin/python bench/bench_grading_sandbox.py --quick    # a class of 6
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import nbformat
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from course_lib.grading import GradingLimits, answer_id, grade_folder  # noqa: E402
+from course_lib.grading.sandbox import SandboxLimits, sandbox_problem  # noqa: E402
+
+SOURCES = ROOT / "assignments" / "source"
+
+
+def write_class(folder: Path, size: int) -> None:
+    """Write ``size`` submissions with the instructor's answers (every one gets full points)."""
+    source = nbformat.read(SOURCES / "A1_sgd_conv.ipynb", as_version=4)
+    for i in range(size):
+        nb = copy.deepcopy(source)
+        for cell in nb.cells:
+            if cell.cell_type == "code" and not answer_id(cell):
+                cell.outputs = []
+        (folder / f"student{i:02d}").mkdir(parents=True)
+        nbformat.write(nb, folder / f"student{i:02d}" / "A1_sgd_conv.ipynb")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--students", type=int, default=30)
+    parser.add_argument("--rounds", type=int, default=1)
+    parser.add_argument("--jobs", type=int, default=2)
+    parser.add_argument("--quick", action="store_true", help="a class of 6, one round")
+    args = parser.parse_args()
+    if args.quick:
+        args.students, args.rounds = 6, 1
+    problem = sandbox_problem()
+    if problem is not None:
+        print(f"no sandbox on this machine ({problem}): nothing to compare")
+        return 1
+    limits = GradingLimits(cell_seconds=120, total_seconds=900)
+    times: dict[str, list[float]] = {"unisolated": [], "sandboxed": []}
+    with tempfile.TemporaryDirectory(prefix="bench-grading-") as tmp:
+        write_class(Path(tmp) / "class", args.students)
+        for _ in range(args.rounds):
+            for mode, sandbox in (("unisolated", None), ("sandboxed", SandboxLimits())):
+                started = time.perf_counter()
+                rows = grade_folder(Path(tmp) / "class", SOURCES, limits, jobs=args.jobs,
+                                    progress=False, sandbox=sandbox)  # fmt: skip
+                times[mode].append(time.perf_counter() - started)
+                full = sum(r.points == r.max_points for r in rows)
+                print(f"{mode:>10}: {times[mode][-1]:6.1f} s for {args.students} notebooks "
+                      f"({times[mode][-1] / args.students:.1f} s each), {full}/{len(rows)} "
+                      "exercises at full points", flush=True)  # fmt: skip
+    base, boxed = (statistics.median(times[m]) for m in ("unisolated", "sandboxed"))
+    print(
+        f"median over {args.rounds} round(s), {args.jobs} at once: unisolated {base:.1f} s, "
+        f"sandboxed {boxed:.1f} s, ratio {boxed / base:.2f} (target <= 1.3)"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
