@@ -16,10 +16,11 @@ import pytest
 
 from course_lib import collectives as C
 from course_lib.checks.a2 import (
-    check_ring_allgather,
-    check_ring_allreduce,
-    check_ring_reduce_scatter,
-    ring_bytes_sent,
+    check_allgather_doubling,
+    check_rabenseifner_allreduce,
+    check_reduce_scatter_halving,
+    rabenseifner_bytes_sent,
+    rabenseifner_partners,
 )
 from course_lib.comm import chunk_bounds
 from course_lib.grading import (
@@ -440,26 +441,51 @@ def test_processes_a_run_leaves_behind_are_stopped_after_the_total_time_limit(tm
 
 # -- grading A2 (real engines) ---------------------------------------------------------------------
 
-BUILTIN_ALLREDUCE = """
-def ring_allreduce(comm, x):
-    return comm.allreduce(x)  # right numbers, no ring
-"""
+# The library's ring (course_lib.collectives.ring), transcribed into the answer cells under the
+# assignment's names: right numbers and, for lengths divisible by N, the same bytes per rank as
+# Rabenseifner's algorithm, but it talks to r +- 1, not r XOR 2^k.
+RING_TRANSCRIPTION = {
+    "A2.1": """
+def reduce_scatter_halving(comm, x):
+    r, p = comm.rank, comm.world_size
+    bounds = chunk_bounds(len(x), p)
+    for s in range(1, p):
+        (a, b), (c, d) = bounds[(r - s) % p], bounds[(r - s - 1) % p]
+        incoming = np.empty(d - c, dtype=x.dtype)
+        comm.sendrecv(x[a:b], (r + 1) % p, incoming, (r - 1) % p)
+        x[c:d] += incoming
+    return x
+""",
+    "A2.2": """
+def allgather_doubling(comm, x):
+    r, p = comm.rank, comm.world_size
+    bounds = chunk_bounds(len(x), p)
+    for s in range(p, 2 * p - 1):
+        (a, b), (c, d) = bounds[(r - s) % p], bounds[(r - s - 1) % p]
+        comm.sendrecv(x[a:b], (r + 1) % p, x[c:d], (r - 1) % p)
+    return x
+""",
+}
+RING_REASON = (
+    r"FAIL \(rank 0 sent to ranks \[1\] and received from \[3\]; "
+    r"its partners are r XOR 2\^k = \[1, 2\], exchange with each one both ways\)"
+)
 
 
 @pytest.mark.slow
-def test_a2_source_passes_stub_fails_and_builtin_allreduce_fails_alone():
+def test_a2_source_passes_stub_fails_and_ring_transcription_fails_on_partners():
     source = _source("A2_ring_allreduce")
     rows = grade_notebook("teacher", "A2", source, source, LIMITS)
     assert _points(rows) == A2_FULL, rows
     rows = grade_notebook("blank", "A2", source, _released("A2_ring_allreduce"), LIMITS)
     assert _points(rows) == dict.fromkeys(A2_FULL, 0.0)
-    submission = _with_answer(source, "A2.3", BUILTIN_ALLREDUCE)
-    rows = grade_notebook("builtin", "A2", source, submission, LIMITS)
-    assert _points(rows) == {"A2.1": 3.0, "A2.2": 2.0, "A2.3": 0.0}
-    reason = next(r.reason for r in rows if r.exercise == "A2.3")
-    assert re.fullmatch(
-        r"FAIL \(rank \d uses the built-in comm.allreduce; write it from send/recv\)", reason
-    ), reason
+    submission = source  # A2.3 stays the source's: halving then doubling, here the ring's two
+    for exercise, code in RING_TRANSCRIPTION.items():
+        submission = _with_answer(submission, exercise, code)
+    rows = grade_notebook("ring", "A2", source, submission, LIMITS)
+    assert _points(rows) == dict.fromkeys(A2_FULL, 0.0), rows
+    for row in rows:
+        assert re.fullmatch(RING_REASON, row.reason), row.reason
 
 
 def _run_processes(ipython_dir: Path) -> dict[int, str]:
@@ -506,18 +532,30 @@ def test_a_kernel_crash_leaves_no_engines_or_controller_behind(tmp_path, monkeyp
 # -- the A2 checks on engines, without notebooks --------------------------------------------------
 
 
-@pytest.mark.parametrize("world_size", [2, 3, 4])
-@pytest.mark.parametrize("size", [1, 10, 1001])
-def test_ring_bytes_are_every_chunk_but_one_per_phase(size, world_size):
+@pytest.mark.parametrize("world_size", [2, 4, 8])
+@pytest.mark.parametrize("size", [1, 10, 1001, 4096])
+def test_rabenseifner_bytes_are_the_ring_volume_over_partners_r_xor_2k(size, world_size):
     itemsize = 4
     nbytes = [(b - a) * itemsize for a, b in chunk_bounds(size, world_size)]
     for rank in range(world_size):
-        scatter = ring_bytes_sent("reduce_scatter", size, itemsize, rank, world_size)
-        gather = ring_bytes_sent("allgather", size, itemsize, rank, world_size)
-        # the formula tests/comm_workers/worker.py checks the library's ring against
-        expected = 2 * sum(nbytes) - nbytes[rank] - nbytes[(rank + 1) % world_size]
-        assert ring_bytes_sent("allreduce", size, itemsize, rank, world_size) == expected
-        assert scatter + gather == expected
+        partners = rabenseifner_partners(rank, world_size)
+        assert sorted(rank ^ p for p in partners) == [2**k for k in range(len(partners))]
+        assert 2 ** len(partners) == world_size
+        scatter = rabenseifner_bytes_sent("reduce_scatter", size, itemsize, rank, world_size)
+        gather = rabenseifner_bytes_sent("allgather", size, itemsize, rank, world_size)
+        both = rabenseifner_bytes_sent("allreduce", size, itemsize, rank, world_size)
+        assert both == {p: scatter[p] + gather[p] for p in partners}
+        # The halves sent while halving are disjoint and cover every chunk but the rank's own.
+        assert sum(scatter.values()) == sum(nbytes) - nbytes[rank]
+        if size % world_size == 0:  # then the volume is the ring's, (N - 1) / N per phase
+            assert sum(gather.values()) == sum(scatter.values())
+            assert sum(both.values()) == 2 * (world_size - 1) * size * itemsize // world_size
+
+
+# The source notebook's answers, run as they are (so the tests grade what students are shown).
+for _cell in _source("A2_ring_allreduce").cells:
+    if answer_id(_cell):
+        exec(compile(_cell.source, f"A2 source {answer_id(_cell)}", "exec"))
 
 
 def builtin_reduce_scatter(comm, x):
@@ -529,51 +567,27 @@ def builtin_reduce_scatter(comm, x):
     return x
 
 
-def builtin_allgather(comm, x):
-    """Every chunk but one's own is zero on entry, so a sum gathers them."""
-    return comm.allreduce(x)
-
-
 def builtin_allreduce(comm, x):
     return comm.allreduce(x)
 
 
-def whole_buffer_allreduce(comm, x):
-    """Right numbers, but the whole buffer goes round the ring: (N - 1) buffers, not 2(N - 1)/N."""
+def doubling_whole_buffers(comm, x):
+    """Right numbers and right partners, but whole buffers: log2(N) buffers, not 2(N - 1)/N."""
+    from course_lib.collectives import recursive_doubling_allreduce
 
-    right, left = (comm.rank + 1) % comm.world_size, (comm.rank - 1) % comm.world_size
-    total, passing, incoming = x.copy(), x.copy(), np.empty_like(x)
-    for _ in range(comm.world_size - 1):
-        comm.sendrecv(passing, right, incoming, left)
-        total += incoming
-        passing = incoming.copy()
-    x[:] = total
-    return x
+    return recursive_doubling_allreduce(comm, x)
 
 
 def forgets_a_rank(comm, x):
-    import numpy as np
-
-    from course_lib.collectives import ring_allreduce
-
     if comm.rank == 0:
         x = np.zeros_like(x)  # rank 0's contribution is forgotten
-    return ring_allreduce(comm, x)
+    return rabenseifner_allreduce(comm, x)  # noqa: F821 - defined by the source's answer
 
 
-def averages_wrong(comm, x):
-    from course_lib.collectives import ring_allreduce
-
-    ring_allreduce(comm, x)
-    return x / (comm.world_size - 1)  # an average with the wrong count
-
-
-def careful_ring_allreduce(comm, x):
-    """The library's ring, after a barrier: a barrier moves no data, so it is allowed."""
-    from course_lib.collectives import ring_allreduce
-
+def careful_allreduce(comm, x):
+    """The answer after a barrier: a barrier moves no data, so it is allowed."""
     comm.barrier()
-    return ring_allreduce(comm, x)
+    return rabenseifner_allreduce(comm, x)  # noqa: F821 - defined by the source's answer
 
 
 @pytest.fixture(scope="module")
@@ -583,38 +597,46 @@ def ring_cluster():
 
     with start_cluster("local", 4) as cluster:
         setup_communicators(cluster, backend="gloo", timeout=10)
+        cluster.view.execute("import numpy as np; from course_lib.comm import chunk_bounds")
         yield cluster
 
 
 @pytest.mark.slow
-def test_a2_checks_pass_the_library_ring_and_fail_built_ins_and_wrong_byte_counts(ring_cluster):
+def test_a2_checks_pass_rabenseifner_and_fail_the_ring_built_ins_and_whole_buffers(ring_cluster):
     def verdict(check, fn) -> str:
         result = check(fn, ring_cluster, verbose=False)
         return f"{'PASS' if result.passed else 'FAIL'} {result.detail}"
 
     for check, fn in [
-        (check_ring_reduce_scatter, C.ring_reduce_scatter),
-        (check_ring_allgather, C.ring_allgather),
-        (check_ring_allreduce, C.ring_allreduce),
-        (check_ring_allreduce, careful_ring_allreduce),
+        (check_reduce_scatter_halving, reduce_scatter_halving),  # noqa: F821
+        (check_allgather_doubling, allgather_doubling),  # noqa: F821
+        (check_rabenseifner_allreduce, rabenseifner_allreduce),  # noqa: F821
+        (check_rabenseifner_allreduce, careful_allreduce),
     ]:
-        assert verdict(check, fn).startswith("PASS 4 ranks"), fn
+        assert verdict(check, fn).startswith("PASS 4 ranks, partners r XOR 2^k"), fn
+    # The library's ring: right numbers, same total bytes, wrong partners.
+    partners = r"FAIL rank 0 sent to ranks \[1\] and received from \[3\]; its partners are .*"
+    for check, fn in [
+        (check_reduce_scatter_halving, C.ring_reduce_scatter),
+        (check_allgather_doubling, C.ring_allgather),
+        (check_rabenseifner_allreduce, C.ring_allreduce),
+    ]:
+        got = verdict(check, fn)
+        assert re.fullmatch(partners, got), got
     builtin = r"FAIL rank \d uses the built-in comm\.{}; write it from send/recv"
+    got = verdict(check_reduce_scatter_halving, builtin_reduce_scatter)
+    assert re.fullmatch(builtin.format("reduce_scatter"), got), got
+    for check in (check_allgather_doubling, check_rabenseifner_allreduce):
+        got = verdict(check, builtin_allreduce)
+        assert re.fullmatch(builtin.format("allreduce"), got), got
+    got = verdict(check_rabenseifner_allreduce, doubling_whole_buffers)
     assert re.fullmatch(
-        builtin.format("reduce_scatter"), verdict(check_ring_reduce_scatter, builtin_reduce_scatter)
-    )
-    assert re.fullmatch(
-        builtin.format("allreduce"), verdict(check_ring_allgather, builtin_allgather)
-    )
-    for check in (check_ring_reduce_scatter, check_ring_allreduce):
-        assert re.fullmatch(builtin.format("allreduce"), verdict(check, builtin_allreduce))
-    got = verdict(check_ring_allreduce, whole_buffer_allreduce)
-    assert re.fullmatch(
-        r"FAIL size 10: rank \d sent 120 bytes, a ring sends exactly \d+ \(float32\); .*", got
+        r"FAIL size 10: rank 0 sent 40 bytes to rank 1, the algorithm sends exactly 24 there "
+        r"\(float32\); .*",
+        got,
     ), got
-    for wrong in (forgets_a_rank, averages_wrong):
-        got = verdict(check_ring_allreduce, wrong)
-        assert re.match(r"FAIL size 10: the result on rank \d is wrong", got), got
+    got = verdict(check_rabenseifner_allreduce, forgets_a_rank)
+    assert re.match(r"FAIL size 10: the result on rank \d is wrong", got), got
 
 
 # -- a class of 30 -------------------------------------------------------------------------------

@@ -1,14 +1,17 @@
-"""Checks of assignment A2 (ring reduce-scatter, ring allgather, ring allreduce) on real engines.
+"""Checks of assignment A2 (Rabenseifner's allreduce: halving reduce-scatter, doubling allgather).
 
 The student's function is sent to every engine and called there with the engine's
 communicator (``comm``, made by :func:`course_lib.comm.setup_communicators`). Its result is
-compared with the backend's own built-in allreduce on the same inputs. Inputs are small integers
-stored as floats, so every summation order gives the same exact answer and verdicts are
-deterministic.
+compared with the backend's own built-in reduce-scatter / allreduce on the same inputs. Inputs are
+small integers stored as floats, so every summation order gives the same exact answer and verdicts
+are deterministic.
 
-The right numbers are not enough: calling the built-in collective gives them too. So the check
-also reads the communicator's counters: no built-in collective may be called, and every rank must
-send exactly a ring's bytes point-to-point (:func:`ring_bytes_sent`).
+The right numbers are not enough: the built-in collective gives them too, and so does the ring of
+:mod:`course_lib.collectives` (which sends the same total bytes as Rabenseifner's algorithm). So
+the check also reads the communicator's per-peer counters: no built-in collective may be called,
+rank ``r`` may talk only to its partners ``r XOR 2^k``, and to each partner it must send exactly
+the bytes the algorithm sends there (:func:`rabenseifner_bytes_sent`; Thakur, Rabenseifner &
+Gropp 2005, "Optimization of collective communication operations in MPICH").
 """
 
 from __future__ import annotations
@@ -21,30 +24,46 @@ from course_lib.verdict import Verdict, run_check
 __all__ = [
     "A2_POINTS",
     "A2_SIZES",
-    "check_ring_allgather",
-    "check_ring_allreduce",
-    "check_ring_reduce_scatter",
-    "ring_bytes_sent",
+    "check_allgather_doubling",
+    "check_rabenseifner_allreduce",
+    "check_reduce_scatter_halving",
+    "rabenseifner_bytes_sent",
+    "rabenseifner_partners",
 ]
 
 A2_POINTS = {"A2.1": 3.0, "A2.2": 2.0, "A2.3": 3.0}
-A2_SIZES = (10, 1001, 4096)  # one shorter than most chunkings, one not divisible, one even
+A2_SIZES = (10, 1001, 4096)  # uneven chunks (3, 3, 2, 2 on 4 ranks), not divisible, even
 
 
-def ring_bytes_sent(kind: str, size: int, itemsize: int, rank: int, world_size: int) -> int:
-    """Return the bytes ``rank`` sends in a ring ``kind`` of ``size`` elements of ``itemsize``.
+def rabenseifner_partners(rank: int, world_size: int) -> list[int]:
+    """Return ``rank XOR 2^k`` for ``k = 0 .. log2(world_size) - 1``: the ranks it exchanges with."""
+    return [rank ^ (1 << k) for k in range(world_size.bit_length() - 1)]
 
-    In reduce-scatter rank ``r`` sends every chunk but its own (chunk ``r`` is the one it finishes);
-    in allgather every chunk but ``r + 1`` (the last one to reach it); allreduce does both.
-    Chunks follow :func:`course_lib.comm.chunk_bounds`, so they differ by one element at most.
+
+def rabenseifner_bytes_sent(
+    kind: str, size: int, itemsize: int, rank: int, world_size: int
+) -> dict[int, int]:
+    """Return ``{partner: bytes}`` that ``rank`` sends in ``kind`` ("reduce_scatter", ...).
+
+    Blocks are runs of whole chunks (``chunk_bounds`` layout, chunk lengths differ by one at most).
+    At distance ``d`` the halving reduce-scatter sends the ``d`` aligned chunks around
+    ``rank XOR d`` (the half the partner keeps); the doubling allgather sends the ``d`` aligned
+    chunks around ``rank`` (everything it has so far). Allreduce is both.
     """
     from course_lib.comm.buffers import chunk_bounds
 
     nbytes = [(stop - start) * itemsize for start, stop in chunk_bounds(size, world_size)]
-    total = size * itemsize
-    scatter = total - nbytes[rank]
-    gather = total - nbytes[(rank + 1) % world_size]
-    return {"reduce_scatter": scatter, "allgather": gather, "allreduce": scatter + gather}[kind]
+
+    def block(owner: int, d: int) -> int:  # bytes of the d aligned chunks holding chunk `owner`
+        first = owner // d * d
+        return sum(nbytes[first : first + d])
+
+    sent: dict[int, int] = {}
+    for partner in rabenseifner_partners(rank, world_size):
+        d = rank ^ partner
+        scatter, gather = block(partner, d), block(rank, d)
+        sent[partner] = {"reduce_scatter": scatter, "allgather": gather}.get(kind, scatter + gather)
+    return sent
 
 
 def _run_case(fn: Callable, kind: str, size: int, dtype: str, comm_name: str) -> str:
@@ -52,6 +71,7 @@ def _run_case(fn: Callable, kind: str, size: int, dtype: str, comm_name: str) ->
     import numpy as np
     from IPython import get_ipython
 
+    from course_lib.checks.a2 import rabenseifner_bytes_sent, rabenseifner_partners
     from course_lib.comm.buffers import chunk_bounds
 
     comm = get_ipython().user_ns[comm_name]
@@ -60,20 +80,17 @@ def _run_case(fn: Callable, kind: str, size: int, dtype: str, comm_name: str) ->
     x = rng.integers(-8, 9, size).astype(dtype)
     reference = comm.allreduce(x.copy())
     lo, hi = chunk_bounds(size, world_size)[rank]
-    comm.stats.reset()
-    if kind == "allgather":
-        buf = np.zeros(size, dtype=dtype)
-        buf[lo:hi] = reference[lo:hi]
-        got = fn(comm, buf)
-        expected, part = reference, "the gathered buffer"
+    if kind == "reduce_scatter":
+        expected = np.asarray(comm.reduce_scatter(x.copy())).reshape(-1)
+        part = f"chunk {rank} (elements {lo}:{hi})"
     else:
-        got = fn(comm, x.copy())
-        expected = reference if kind == "allreduce" else reference[lo:hi]
-        part = "the result" if kind == "allreduce" else f"chunk {rank} (elements {lo}:{hi})"
-        if got is not None and kind == "reduce_scatter":
-            got = np.asarray(got).reshape(-1)[lo:hi]
-    sent = comm.stats.bytes_sent
-    # A barrier moves no data, so it cannot stand in for the ring; every other built-in can.
+        expected, part = reference, "the result"
+    if kind == "allgather":  # on entry rank r holds only its own (finished) chunk
+        x = np.zeros(size, dtype=dtype)
+        x[lo:hi] = reference[lo:hi]
+    comm.stats.reset()
+    got = fn(comm, x)
+    # A barrier moves no data, so it cannot stand in for the exchanges; every other built-in can.
     builtin = sorted(name for name in comm.stats.collectives if name != "barrier")
     if builtin:
         names = " and ".join(f"comm.{name}" for name in builtin)
@@ -81,15 +98,28 @@ def _run_case(fn: Callable, kind: str, size: int, dtype: str, comm_name: str) ->
     if got is None:
         return f"rank {rank} returned None; return the buffer"
     got = np.asarray(got).reshape(-1)
+    if kind == "reduce_scatter" and got.shape == reference.shape:
+        got = got[lo:hi]
     if got.shape != expected.shape or not np.array_equal(got, expected):
         wrong = int((got != expected).sum()) if got.shape == expected.shape else "all"
         return f"size {size}: {part} on rank {rank} is wrong ({wrong} elements differ)"
-    want = ring_bytes_sent(kind, size, np.dtype(dtype).itemsize, rank, world_size)
-    if sent != want:
+    peers = comm.stats.peers
+    sent_to = sorted(p for p, s in peers.items() if s.messages_sent)
+    received_from = sorted(p for p, s in peers.items() if s.messages_received)
+    partners = sorted(rabenseifner_partners(rank, world_size))
+    if sent_to != partners or received_from != partners:
         return (
-            f"size {size}: rank {rank} sent {sent} bytes, a ring sends exactly {want} "
-            f"({dtype}); is every step passing one chunk, once?"
+            f"rank {rank} sent to ranks {sent_to} and received from {received_from}; its partners "
+            f"are r XOR 2^k = {partners}, exchange with each one both ways"
         )
+    want = rabenseifner_bytes_sent(kind, size, np.dtype(dtype).itemsize, rank, world_size)
+    for partner in partners:
+        if peers[partner].bytes_sent != want[partner]:
+            return (
+                f"size {size}: rank {rank} sent {peers[partner].bytes_sent} bytes to rank "
+                f"{partner}, the algorithm sends exactly {want[partner]} there ({dtype}); "
+                "send only the half of the block the partner keeps (or, gathering, your block)"
+            )
     return ""
 
 
@@ -98,6 +128,9 @@ def _check(
 ) -> Verdict:
     def body() -> str:
         world_size = cluster.world_size
+        assert world_size >= 2 and world_size & (world_size - 1) == 0, (
+            f"the check needs a power-of-two number of engines, not {world_size}; start 4"
+        )
         # The function runs on the engines; under its own name there, later answers can call it.
         cluster.view.push({fn.__name__: fn}, block=True)
         for size in A2_SIZES:
@@ -105,27 +138,29 @@ def _check(
                 results = cluster.run(_run_case, fn, kind, size, dtype, comm_name, timeout=60)
                 for why in results:
                     assert not why, why
-        return f"{world_size} ranks, {len(A2_SIZES)} sizes, float32 and float64"
+        return f"{world_size} ranks, partners r XOR 2^k, {len(A2_SIZES)} sizes, float32 and float64"
 
     return run_check(exercise, name, body, max_points=A2_POINTS[exercise], verbose=verbose)
 
 
-def check_ring_reduce_scatter(
+def check_reduce_scatter_halving(
     fn: Callable, cluster: Any, *, comm_name: str = "comm", verbose: bool = True
 ) -> Verdict:
-    """A2.1: ``fn(comm, x)`` returns ``x`` with chunk ``rank`` holding the sum over ranks."""
-    return _check("A2.1", "ring_reduce_scatter", fn, cluster, "reduce_scatter", comm_name, verbose)
+    """A2.1: ``fn(comm, x)`` returns ``x`` with chunk ``rank`` summed, by recursive halving."""
+    return _check(
+        "A2.1", "reduce_scatter_halving", fn, cluster, "reduce_scatter", comm_name, verbose
+    )
 
 
-def check_ring_allgather(
+def check_allgather_doubling(
     fn: Callable, cluster: Any, *, comm_name: str = "comm", verbose: bool = True
 ) -> Verdict:
-    """A2.2: ``fn(comm, x)`` fills every chunk of ``x`` from the rank that owns it."""
-    return _check("A2.2", "ring_allgather", fn, cluster, "allgather", comm_name, verbose)
+    """A2.2: ``fn(comm, x)`` fills every chunk of ``x`` from its owner, by recursive doubling."""
+    return _check("A2.2", "allgather_doubling", fn, cluster, "allgather", comm_name, verbose)
 
 
-def check_ring_allreduce(
+def check_rabenseifner_allreduce(
     fn: Callable, cluster: Any, *, comm_name: str = "comm", verbose: bool = True
 ) -> Verdict:
-    """A2.3: ``fn(comm, x)`` returns the sum over ranks, sending exactly a ring's bytes."""
-    return _check("A2.3", "ring_allreduce", fn, cluster, "allreduce", comm_name, verbose)
+    """A2.3: ``fn(comm, x)`` returns the sum over ranks: halving reduce-scatter, doubling allgather."""
+    return _check("A2.3", "rabenseifner_allreduce", fn, cluster, "allreduce", comm_name, verbose)
