@@ -88,7 +88,7 @@ def _solutions(nb: nbformat.NotebookNode) -> list[str]:
 # -- release -----------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("name", ["A1_sgd_conv", "A2_ring_allreduce"])
+@pytest.mark.parametrize("name", ["A1_sgd_conv", "A2_rabenseifner_allreduce"])
 def test_released_notebooks_are_up_to_date_and_hold_no_solution(name):
     source = _source(name)
     fresh = release_notebook(source, source.metadata["course"]["assignment"])
@@ -126,7 +126,7 @@ def test_release_drops_widget_state_and_execution_timestamps():
 
 def test_every_check_cell_imports_its_own_checker():
     # An answer that rebinds check_x earlier in the notebook cannot change what the check runs.
-    for name in ("A1_sgd_conv", "A2_ring_allreduce"):
+    for name in ("A1_sgd_conv", "A2_rabenseifner_allreduce"):
         for cell in _source(name).cells:
             if check_id(cell) is None:
                 continue
@@ -198,7 +198,7 @@ FORGED_VERDICT = (
     ],
 )
 def test_guard_names_what_an_answer_does_to_the_checks(code, found):
-    protected = protected_names(_source("A2_ring_allreduce")) | {"check_sgd_step"}
+    protected = protected_names(_source("A2_rabenseifner_allreduce")) | {"check_sgd_step"}
     forbidden = _source("A1_sgd_conv").metadata["course"]["forbidden_imports"]
     problem = answer_problem(
         code, protected, modules={"np", "torch", "F"}, forbidden_imports=forbidden
@@ -209,7 +209,7 @@ def test_guard_names_what_an_answer_does_to_the_checks(code, found):
 def test_each_assignment_forbids_its_own_imports():
     conv_with_torch = "import torch\n\ndef conv2d_layer(x, w, b):\n    return torch.conv2d(x, w, b)"
     ring_from_mpi = "def ring_allreduce(comm, x):\n    from mpi4py import MPI\n    return x"
-    a1, a2 = _source("A1_sgd_conv"), _source("A2_ring_allreduce")
+    a1, a2 = _source("A1_sgd_conv"), _source("A2_rabenseifner_allreduce")
     assert (
         "which this assignment does not allow"
         in rejected_answers(a1, {"A1.3": conv_with_torch})["A1.3"]
@@ -222,7 +222,7 @@ def test_each_assignment_forbids_its_own_imports():
 
 
 def test_guard_lets_ordinary_answers_through():
-    for name in ("A1_sgd_conv", "A2_ring_allreduce"):
+    for name in ("A1_sgd_conv", "A2_rabenseifner_allreduce"):
         source = _source(name)
         protected = protected_names(source)
         assert {"check_sgd_step", "cluster"} & protected and "verdict" in protected
@@ -474,10 +474,10 @@ RING_REASON = (
 
 @pytest.mark.slow
 def test_a2_source_passes_stub_fails_and_ring_transcription_fails_on_partners():
-    source = _source("A2_ring_allreduce")
+    source = _source("A2_rabenseifner_allreduce")
     rows = grade_notebook("teacher", "A2", source, source, LIMITS)
     assert _points(rows) == A2_FULL, rows
-    rows = grade_notebook("blank", "A2", source, _released("A2_ring_allreduce"), LIMITS)
+    rows = grade_notebook("blank", "A2", source, _released("A2_rabenseifner_allreduce"), LIMITS)
     assert _points(rows) == dict.fromkeys(A2_FULL, 0.0)
     submission = source  # A2.3 stays the source's: halving then doubling, here the ring's two
     for exercise, code in RING_TRANSCRIPTION.items():
@@ -553,7 +553,7 @@ def test_rabenseifner_bytes_are_the_ring_volume_over_partners_r_xor_2k(size, wor
 
 
 # The source notebook's answers, run as they are (so the tests grade what students are shown).
-for _cell in _source("A2_ring_allreduce").cells:
+for _cell in _source("A2_rabenseifner_allreduce").cells:
     if answer_id(_cell):
         exec(compile(_cell.source, f"A2 source {answer_id(_cell)}", "exec"))
 
