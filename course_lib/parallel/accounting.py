@@ -24,7 +24,7 @@ from course_lib.parallel.exchange import GradientExchange, StepTimeline
 
 __all__ = ["PHASES", "StepRecorder", "summarize_steps", "format_table"]
 
-PHASES = ("compute", "wait", "comm", "step")
+PHASES = ("compute", "wait", "comm", "step", "sync")
 
 
 class StepRecorder:
@@ -99,7 +99,7 @@ class StepRecorder:
         timeline = self._timeline
         timeline.mark("step", self._step_start)
         step = len(self.records)
-        self.exchange.after_step(self.comm, self.net, step)
+        self.exchange.after_step(self.comm, self.net, step, timeline)
         now = self._counters()
         sent, received, collective = (a - b for a, b in zip(now, self._bytes, strict=True))
         self._bytes = now
@@ -108,8 +108,10 @@ class StepRecorder:
             start, end = timeline.phases.get(phase, (0.0, 0.0))
             record[f"{phase}_s"] = end - start
             record[f"{phase}_at"] = (start, end)
-        record["total_s"] = timeline.phases["step"][1] - timeline.phases["compute"][0]
+        last_end = max(end for _, end in timeline.phases.values())
+        record["total_s"] = last_end - timeline.phases["compute"][0]
         record.update(bytes_sent=sent, bytes_received=received, collective_bytes=collective)
+        record.update(timeline.notes)
         record["buckets"] = list(timeline.buckets)
         self.records.append(record)
 
@@ -135,14 +137,15 @@ def summarize_steps(records: list[dict[str, Any]], skip_first: int = 1) -> list[
 
 def format_table(rows: list[dict[str, Any]]) -> str:
     """Return ``rows`` of :func:`summarize_steps` as a fixed-width text table (ms and kB)."""
-    head = f"{'rank':>4} {'compute':>9} {'wait':>8} {'comm':>8} {'step':>8} {'total':>9} "
-    head += f"{'sent kB':>9} {'recv kB':>9} {'coll. kB':>9}"
+    synced = any(r["sync_s"] > 0 for r in rows)  # only methods that average weights after steps
+    head = f"{'rank':>4} {'compute':>9} {'wait':>8} {'comm':>8} {'step':>8} "
+    head += f"{'sync':>8} " if synced else ""
+    head += f"{'total':>9} {'sent kB':>9} {'recv kB':>9} {'coll. kB':>9}"
     lines = [head, "-" * len(head)]
     for r in rows:
-        ms = [1e3 * r[k] for k in ("compute_s", "wait_s", "comm_s", "step_s", "total_s")]
+        ms = [1e3 * r[k] for k in ("compute_s", "wait_s", "comm_s", "step_s", "sync_s", "total_s")]
         kb = [r[k] / 1e3 for k in ("bytes_sent", "bytes_received", "collective_bytes")]
-        lines.append(
-            f"{r['rank']:>4} {ms[0]:>7.2f}ms {ms[1]:>6.2f}ms {ms[2]:>6.2f}ms {ms[3]:>6.2f}ms "
-            f"{ms[4]:>7.2f}ms {kb[0]:>9.1f} {kb[1]:>9.1f} {kb[2]:>9.1f}"
-        )
+        line = f"{r['rank']:>4} {ms[0]:>7.2f}ms {ms[1]:>6.2f}ms {ms[2]:>6.2f}ms {ms[3]:>6.2f}ms "
+        line += f"{ms[4]:>6.2f}ms " if synced else ""
+        lines.append(line + f"{ms[5]:>7.2f}ms {kb[0]:>9.1f} {kb[1]:>9.1f} {kb[2]:>9.1f}")
     return "\n".join(lines)

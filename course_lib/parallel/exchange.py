@@ -10,8 +10,9 @@ the exchange object; the training loop never changes. An exchange is asked, in t
   ZeRO stage 1-3, replaces it here; the default keeps it);
 * ``exchange(comm, net, timeline)`` after every backward: leave in each trainable ``p.grad`` the
   mean over all ranks, recording when communication ran in ``timeline``;
-* ``after_step(comm, net, step)`` after every optimiser step (Local-SGD averages *weights* every
-  ``p`` steps here, source 001 Algorithm 1; the default does nothing);
+* ``after_step(comm, net, step, timeline)`` after every optimiser step (Local-SGD averages
+  *weights* every ``p`` steps here, source 001 Algorithm 1, marking the ``sync`` phase; the
+  default does nothing);
 * ``detach()`` at the end.
 
 This module holds the base class and the methods that exchange one flat buffer after backward:
@@ -50,18 +51,24 @@ __all__ = [
 class StepTimeline:
     """Wall-clock marks (``time.time()``) of one step on one rank, filled by the loop and exchange.
 
-    ``phases`` maps a phase name (``compute``, ``wait``, ``comm``, ``step``) to its
+    ``phases`` maps a phase name (``compute``, ``wait``, ``comm``, ``step``, ``sync``) to its
     ``(start, end)``; ``buckets`` holds one dict per bucket communicated during or after
     backward: ``index``, ``nbytes``, ``ready`` (its gradients were all produced), ``start`` and
-    ``end`` of its communication.
+    ``end`` of its communication. ``notes`` holds numbers an exchange wants in the step's record
+    (bytes before and after compression, seconds per stage, ...); they are added up per step.
     """
 
     phases: dict[str, tuple[float, float]] = field(default_factory=dict)
     buckets: list[dict[str, Any]] = field(default_factory=list)
+    notes: dict[str, float] = field(default_factory=dict)
 
     def mark(self, phase: str, start: float, end: float | None = None) -> None:
         """Record that ``phase`` ran from ``start`` to ``end`` (default: now)."""
         self.phases[phase] = (start, time.time() if end is None else end)
+
+    def note(self, key: str, value: float) -> None:
+        """Add ``value`` to this step's ``key`` (a new key starts at 0); it lands in the record."""
+        self.notes[key] = self.notes.get(key, 0) + value
 
 
 def trainable_parameters(net: nn.Module) -> list[nn.Parameter]:
@@ -118,8 +125,10 @@ class GradientExchange:
         """Replace every trainable ``p.grad`` by its mean over all ranks; every rank calls it."""
         raise NotImplementedError(f"{type(self).__name__} must implement exchange()")
 
-    def after_step(self, comm: Communicator, net: nn.Module, step: int) -> None:
-        """Run after optimiser step ``step`` (counting from 0); default: nothing."""
+    def after_step(
+        self, comm: Communicator, net: nn.Module, step: int, timeline: StepTimeline
+    ) -> None:
+        """Run after optimiser step ``step`` (counting from 0), marking ``sync``; default: nothing."""
 
     def detach(self) -> None:
         """Remove hooks and threads set up by :meth:`attach`."""

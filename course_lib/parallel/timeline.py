@@ -10,9 +10,11 @@ from course_lib.parallel.accounting import PHASES
 
 __all__ = ["PHASE_COLORS", "plot_breakdown", "plot_timeline"]
 
-PHASE_COLORS = {"compute": "tab:blue", "wait": "tab:gray", "comm": "tab:red", "step": "tab:green"}
+PHASE_COLORS = {"compute": "tab:blue", "wait": "tab:gray", "comm": "tab:red", "step": "tab:green",
+                "sync": "tab:purple"}  # fmt: skip
 _LABELS = {"compute": "forward + backward", "wait": "waiting for the slowest rank",
-           "comm": "communication after backward", "step": "optimiser step"}  # fmt: skip
+           "comm": "communication after backward", "step": "optimiser step",
+           "sync": "averaging weights after the step"}  # fmt: skip
 
 
 def plot_breakdown(rows: list[dict[str, Any]], title: str = "") -> Figure:
@@ -23,6 +25,8 @@ def plot_breakdown(rows: list[dict[str, Any]], title: str = "") -> Figure:
     bottom = [0.0] * len(rows)
     for phase in PHASES:
         heights = [1e3 * r[f"{phase}_s"] for r in rows]
+        if not any(heights):  # a phase this method does not have (no legend entry for it)
+            continue
         ax.bar(ranks, heights, bottom=bottom, color=PHASE_COLORS[phase], label=_LABELS[phase])
         bottom = [b + h for b, h in zip(bottom, heights, strict=True)]
     ax.set_xticks(ranks, [f"rank {r}" for r in ranks])
