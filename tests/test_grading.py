@@ -159,24 +159,28 @@ def test_stub_keeps_indentation_and_refuses_unbalanced_markers():
 # -- the guard on answer cells (no kernel) -------------------------------------------------------
 
 FORGED_VERDICT = (
-    'check_sgd_step = lambda f: print("Exercise A1.1 sgd_step: PASS (equal to torch autograd + SGD '
-    'for batches of 1, 8, 64) [2/2 points]")'
+    'check_smoothed_cross_entropy = lambda f: print("Exercise A1.1 smoothed_cross_entropy: PASS '
+    "(loss and gradient equal to torch's label-smoothed cross-entropy in 5 cases, large logits "
+    'included) [2/2 points]")'
 )
 
 
 @pytest.mark.parametrize(
     ("code", "found"),
     [
-        (FORGED_VERDICT, "line 1 rebinds check_sgd_step"),
+        (FORGED_VERDICT, "line 1 rebinds check_smoothed_cross_entropy"),
         ("def check_conv2d_layer(f):\n    pass", "rebinds check_conv2d_layer"),
         ("print = lambda *args: None", "rebinds print"),
         ("def f():\n    global verdict\n    verdict = 1", "line 2 rebinds verdict"),
         ("cluster = None", "rebinds cluster"),  # the A2 checks run on it
-        ("from course_lib.checks.a1 import check_sgd_step as c", "imports course_lib.checks.a1"),
+        (
+            "from course_lib.checks.a1 import check_sgd_momentum as c",
+            "imports course_lib.checks.a1",
+        ),
         ("from course_lib import verdict as v", "imports course_lib.verdict"),
         ("import course_lib.grading.grade", "imports course_lib.grading"),
         ('setattr(np, "allclose", lambda *a, **k: True)', "uses setattr"),
-        ('globals()["check_sgd_step"] = None', "uses globals"),
+        ('globals()["check_sgd_momentum"] = None', "uses globals"),
         ('exec("x = 1")', "uses exec"),
         ("import importlib", "imports importlib"),
         ("import builtins", "imports builtins"),
@@ -198,7 +202,9 @@ FORGED_VERDICT = (
     ],
 )
 def test_guard_names_what_an_answer_does_to_the_checks(code, found):
-    protected = protected_names(_source("A2_rabenseifner_allreduce")) | {"check_sgd_step"}
+    protected = protected_names(_source("A2_rabenseifner_allreduce")) | {
+        "check_smoothed_cross_entropy"
+    }
     forbidden = _source("A1_sgd_conv").metadata["course"]["forbidden_imports"]
     problem = answer_problem(
         code, protected, modules={"np", "torch", "F"}, forbidden_imports=forbidden
@@ -225,7 +231,7 @@ def test_guard_lets_ordinary_answers_through():
     for name in ("A1_sgd_conv", "A2_rabenseifner_allreduce"):
         source = _source(name)
         protected = protected_names(source)
-        assert {"check_sgd_step", "cluster"} & protected and "verdict" in protected
+        assert {"check_sgd_momentum", "cluster"} & protected and "verdict" in protected
         forbidden = source.metadata["course"]["forbidden_imports"]
         for cell in source.cells:
             if answer_id(cell):
@@ -278,12 +284,15 @@ def test_released_stub_a1_fails_every_check():
 
 
 WRONG_MEAN = """
-def sgd_step(W, b, X, y, lr):
+def smoothed_cross_entropy(W, b, X, y, eps):
+    n, k = len(y), W.shape[1]
     Z = X @ W + b
-    P = np.exp(Z - Z.max(axis=1, keepdims=True))
-    P /= P.sum(axis=1, keepdims=True)
-    P[np.arange(len(y)), y] -= 1.0          # forgot to divide by the batch size
-    return W - lr * (X.T @ P), b - lr * P.sum(axis=0)
+    Z = Z - Z.max(axis=1, keepdims=True)
+    log_P = Z - np.log(np.exp(Z).sum(axis=1, keepdims=True))
+    Q = np.full((n, k), eps / k)
+    Q[np.arange(n), y] += 1.0 - eps
+    G = np.exp(log_P) - Q                   # forgot to divide by the batch size
+    return -(Q * log_P).sum() / n, X.T @ G, G.sum(axis=0)
 """
 
 
@@ -301,7 +310,7 @@ def test_wrong_answer_fails_its_exercise_only_and_edited_outputs_do_not_help():
     rows = grade_notebook("mixed", "A1", source, submission, LIMITS)
     assert _points(rows) == {"A1.1": 0.0, "A1.2": 3.0, "A1.3": 3.0}
     reason = next(r.reason for r in rows if r.exercise == "A1.1")
-    assert reason.startswith("FAIL (W (batch 8) differs from the reference")
+    assert reason.startswith("FAIL (dW (batch 8, 4 classes, eps 0.2) differs from the reference")
 
 
 def test_edited_outputs_and_check_cells_are_graded_on_what_the_code_computes():
@@ -321,7 +330,7 @@ def test_a_hang_and_a_crash_cost_only_their_own_exercises():
     source = _source("A1_sgd_conv")
     submission = copy.deepcopy(source)
     submission = _with_answer(
-        submission, "A1.2", "def minibatch_sgd(*args):\n    while True:\n        pass"
+        submission, "A1.2", "def sgd_momentum(*args):\n    while True:\n        pass"
     )
     submission = _with_answer(
         submission, "A1.3", "import os\nimport signal\nos.kill(os.getpid(), signal.SIGKILL)"
@@ -705,6 +714,7 @@ def test_grading_a_class_writes_a_correct_gradebook(tmp_path):
     assert "could not read the notebook" in broken["reason"]
     forger = {r["exercise"]: r["reason"] for r in book if r["student"] == "student04"}
     assert forger["A1.1"].startswith(
-        "not graded: the answer cell line 1 rebinds check_sgd_step, which the check cells use"
+        "not graded: the answer cell line 1 rebinds check_smoothed_cross_entropy, which the check "
+        "cells use"
     )
     assert forger["A1.2"] == forger["A1.3"] == "PASS"

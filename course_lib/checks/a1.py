@@ -1,8 +1,9 @@
-"""Checks of assignment A1 (mini-batch SGD and a convolution layer from scratch).
+"""Checks of assignment A1 (label smoothing, SGD with momentum, a convolution layer from scratch).
 
-Each check compares the student's NumPy code with torch (autograd, ``F.conv2d``) on fixed
-seeds, so its verdict line is the same on every run: the grader compares it with the
-instructor's stored PASS line.
+Each check compares the student's NumPy code with torch (``F.cross_entropy`` with
+``label_smoothing``, ``torch.optim.SGD``, ``F.conv2d``) on fixed seeds, so its verdict line is
+the same on every run: the grader compares it with the instructor's stored PASS line. The
+library's ``scratch.py`` (plain cross-entropy, plain SGD) answers none of A1.1 and A1.2.
 """
 
 from __future__ import annotations
@@ -15,16 +16,16 @@ import torch.nn.functional as F
 
 from course_lib.verdict import Verdict, assert_close, run_check
 
-__all__ = ["check_sgd_step", "check_minibatch_sgd", "check_conv2d_layer", "A1_POINTS"]
+__all__ = [
+    "check_smoothed_cross_entropy",
+    "check_sgd_momentum",
+    "check_conv2d_layer",
+    "torch_loss_and_grad",
+    "A1_POINTS",
+]
 
 A1_POINTS = {"A1.1": 2.0, "A1.2": 3.0, "A1.3": 3.0}
-
-
-def _torch_sgd_step(W, b, X, y, lr):
-    Wt = torch.tensor(W, requires_grad=True)
-    bt = torch.tensor(b, requires_grad=True)
-    F.cross_entropy(torch.tensor(X) @ Wt + bt, torch.tensor(y)).backward()
-    return (Wt - lr * Wt.grad).detach().numpy(), (bt - lr * bt.grad).detach().numpy()
+SMOOTHING = 0.1  # the label smoothing of the loss A1.2's check trains on
 
 
 def _problem(rng: np.random.Generator, n: int, d: int, k: int):
@@ -36,60 +37,133 @@ def _problem(rng: np.random.Generator, n: int, d: int, k: int):
     )
 
 
-def check_sgd_step(sgd_step: Callable, *, verbose: bool = True) -> Verdict:
-    """A1.1: ``sgd_step(W, b, X, y, lr) -> (W, b)``: one step on the mean cross-entropy."""
+def _torch_loss(W, b, X, y, eps: float) -> torch.Tensor:
+    return F.cross_entropy(torch.as_tensor(X) @ W + b, torch.as_tensor(y), label_smoothing=eps)
+
+
+def torch_loss_and_grad(W, b, X, y, eps: float = SMOOTHING):
+    """Return (loss, dW, db) of the mean label-smoothed cross-entropy, by torch autograd."""
+    Wt = torch.tensor(W, requires_grad=True)
+    bt = torch.tensor(b, requires_grad=True)
+    loss = _torch_loss(Wt, bt, X, y, eps)
+    loss.backward()
+    return loss.item(), Wt.grad.numpy(), bt.grad.numpy()
+
+
+def check_smoothed_cross_entropy(
+    smoothed_cross_entropy: Callable, *, verbose: bool = True
+) -> Verdict:
+    """A1.1: ``smoothed_cross_entropy(W, b, X, y, eps) -> (loss, dW, db)`` against torch."""
 
     def body() -> str:
         rng = np.random.default_rng(101)
-        shapes = [(1, 3, 2), (8, 5, 4), (64, 64, 10)]
-        for n, d, k in shapes:
+        # (n, d, k, eps, logit scale): k >= 3 tells eps / k from eps / (k - 1); eps = 0 is the
+        # plain cross-entropy; logits in the hundreds make log(softmax) underflow to -inf.
+        cases = [
+            (1, 3, 2, 0.1, 1.0),
+            (8, 5, 4, 0.2, 1.0),
+            (64, 20, 10, 0.1, 1.0),
+            (16, 6, 5, 0.0, 1.0),
+            (8, 4, 3, 0.3, 400.0),
+        ]
+        for n, d, k, eps, scale in cases:
             W, b, X, y = _problem(rng, n, d, k)
-            W_in, b_in = W.copy(), b.copy()
-            got_W, got_b = sgd_step(W_in, b_in, X, y, 0.1)
-            want_W, want_b = _torch_sgd_step(W, b, X, y, 0.1)
-            assert_close(f"W (batch {n})", got_W, want_W)
-            assert_close(f"b (batch {n})", got_b, want_b)
+            X = X * scale
+            got = smoothed_cross_entropy(W.copy(), b.copy(), X.copy(), y.copy(), eps)
+            if not isinstance(got, tuple) or len(got) != 3:
+                raise AssertionError("smoothed_cross_entropy must return a tuple (loss, dW, db)")
+            loss, dW, db = got
+            want_loss, want_dW, want_db = torch_loss_and_grad(W, b, X, y, eps)
+            where = f"batch {n}, {k} classes, eps {eps}"
+            if not np.all(np.isfinite(np.asarray(loss, dtype=float))):
+                raise AssertionError(
+                    f"loss is {loss} ({where}, logits up to {np.abs(X @ W + b).max():.0f}): "
+                    "log(softmax(Z)) underflows; compute log p as Z - logsumexp(Z)"
+                )
+            assert_close(f"loss ({where})", np.asarray(loss, dtype=float), np.array(want_loss))
+            assert_close(f"dW ({where})", dW, want_dW)
+            assert_close(f"db ({where})", db, want_db)
         return (
-            f"equal to torch autograd + SGD for batches of {', '.join(str(s[0]) for s in shapes)}"
+            f"loss and gradient equal to torch's label-smoothed cross-entropy in {len(cases)} "
+            "cases, large logits included"
         )
 
-    return run_check("A1.1", "sgd_step", body, max_points=A1_POINTS["A1.1"], verbose=verbose)
+    name = "smoothed_cross_entropy"
+    return run_check("A1.1", name, body, max_points=A1_POINTS["A1.1"], verbose=verbose)
 
 
-def check_minibatch_sgd(minibatch_sgd: Callable, *, verbose: bool = True) -> Verdict:
-    """A1.2: ``minibatch_sgd(step, W, b, X, y, lr, batch_size, num_epochs, rng) -> (W, b)``.
+def _torch_sgd_momentum(W, b, X, y, lr_at, momentum, weight_decay, batch_size, num_epochs, seed):
+    """Return (W, b) after torch.optim.SGD's run: decay on W only, lr_at(t) at global step t."""
+    Wt = torch.tensor(W, requires_grad=True)
+    bt = torch.tensor(b, requires_grad=True)
+    groups = [{"params": [Wt], "weight_decay": weight_decay}, {"params": [bt], "weight_decay": 0.0}]
+    opt = torch.optim.SGD(groups, lr=lr_at(0), momentum=momentum)
+    rng, t = np.random.default_rng(seed), 0
+    for _ in range(num_epochs):
+        order = rng.permutation(len(X))
+        for start in range(0, len(X), batch_size):
+            idx = order[start : start + batch_size]
+            for group in opt.param_groups:
+                group["lr"] = lr_at(t)
+            opt.zero_grad()
+            _torch_loss(Wt, bt, X[idx], y[idx], SMOOTHING).backward()
+            opt.step()
+            t += 1
+    return Wt.detach().numpy(), bt.detach().numpy()
 
-    Contract: each epoch draws ``rng.permutation(len(X))`` and calls ``step`` on consecutive
-    batches of ``batch_size`` (the last one may be shorter). The check passes torch's step, so
-    a wrong A1.1 does not cost A1.2's points.
+
+def warmup_then_step(t: int) -> float:
+    """The schedule of A1.2's last case: linear warm-up over 4 steps, then halve every 6 steps."""
+    return 0.2 * min(1.0, (t + 1) / 4) * 0.5 ** (t // 6)
+
+
+def check_sgd_momentum(sgd_momentum: Callable, *, verbose: bool = True) -> Verdict:
+    """A1.2: ``sgd_momentum(loss_and_grad, W, b, X, y, lr_at, momentum, weight_decay,
+    batch_size, num_epochs, rng) -> (W, b)`` against ``torch.optim.SGD``.
+
+    The check passes torch's loss and gradient, so a wrong A1.1 does not cost A1.2's points.
     """
 
     def body() -> str:
-        cases = [(10, 3, 2), (37, 8, 3), (20, 20, 1)]  # (n, batch_size, num_epochs)
-        for n, batch_size, num_epochs in cases:
+        def constant(t: int) -> float:
+            return 0.1
+
+        # (what it adds, n, batch_size, num_epochs, momentum, weight_decay, schedule): each case
+        # adds one feature to the one before, so the first failure names what is missing.
+        cases = [
+            ("plain mini-batch SGD", 10, 4, 1, 0.0, 0.0, constant),
+            ("momentum 0.9 over 2 epochs", 10, 3, 2, 0.9, 0.0, constant),
+            ("weight decay 0.05 on W", 37, 8, 3, 0.9, 0.05, constant),
+            ("warm-up then step decay", 20, 6, 4, 0.5, 0.1, warmup_then_step),
+        ]
+        for what, n, batch_size, num_epochs, momentum, weight_decay, lr_at in cases:
             W, b, X, y = _problem(np.random.default_rng(n), n, 6, 3)
-            got_W, got_b = minibatch_sgd(
-                _torch_sgd_step,
+            got = sgd_momentum(
+                torch_loss_and_grad,
                 W.copy(),
                 b.copy(),
                 X,
                 y,
-                0.05,
+                lr_at,
+                momentum,
+                weight_decay,
                 batch_size,
                 num_epochs,
                 np.random.default_rng(7),
             )
-            rng = np.random.default_rng(7)
-            for _ in range(num_epochs):
-                order = rng.permutation(n)
-                for start in range(0, n, batch_size):
-                    idx = order[start : start + batch_size]
-                    W, b = _torch_sgd_step(W, b, X[idx], y[idx], 0.05)
-            assert_close(f"W (n={n}, batch {batch_size})", got_W, W)
-            assert_close(f"b (n={n}, batch {batch_size})", got_b, b)
-        return f"{len(cases)} runs equal to torch, including a short last batch"
+            if not isinstance(got, tuple) or len(got) != 2:
+                raise AssertionError("sgd_momentum must return a tuple (W, b)")
+            want_W, want_b = _torch_sgd_momentum(
+                W, b, X, y, lr_at, momentum, weight_decay, batch_size, num_epochs, 7
+            )
+            assert_close(f"W ({what})", got[0], want_W)
+            assert_close(f"b ({what})", got[1], want_b)
+        return (
+            f"equal to torch.optim.SGD in {len(cases)} runs: momentum, weight decay on W, "
+            "a learning-rate schedule, a short last batch"
+        )
 
-    return run_check("A1.2", "minibatch_sgd", body, max_points=A1_POINTS["A1.2"], verbose=verbose)
+    return run_check("A1.2", "sgd_momentum", body, max_points=A1_POINTS["A1.2"], verbose=verbose)
 
 
 def check_conv2d_layer(conv2d_layer: Callable, *, verbose: bool = True) -> Verdict:

@@ -60,7 +60,7 @@ ATTACKS = [
      "import pathlib\npathlib.Path({site!r}, 'zz_course_attack.pth').write_text('import os\\n')\n",
      _REFUSED),
     ("attacker_b", "A1.2", "copy another student's submission",
-     _COPY_ANSWER.format(path="{victim1}", exercise="A1.2", module="copied", name="minibatch_sgd"),
+     _COPY_ANSWER.format(path="{victim1}", exercise="A1.2", module="copied", name="sgd_momentum"),
      "FileNotFoundError"),
     ("attacker_b", "A1.3", "overwrite another student's submission",
      "import pathlib\npathlib.Path({victim2!r}).write_text('{{}}')\n", "FileNotFoundError"),
@@ -86,7 +86,7 @@ HONEST = ("honest_1", "honest_2")  # all correct; A1.1 wrong (the other two corr
 
 def poison_code(pass_line: str) -> str:
     """Code that, appended to the kit's ``checks/a1.py``, makes every A1.1 answer print PASS."""
-    return f"\ndef check_sgd_step(fn):\n    print({pass_line!r})\n"
+    return f"\ndef check_smoothed_cross_entropy(fn):\n    print({pass_line!r})\n"
 
 
 def outside_address() -> str | None:
@@ -162,7 +162,9 @@ def write_attack_class(
         nbformat.write(nb, path)
         return path
 
-    wrong = correct["A1.1"].replace("P /= len(y)", "P /= 1.0")
+    wrong = correct["A1.1"].replace("- Q) / n", "- Q)")  # forgets the mean in the gradient
+    if wrong == correct["A1.1"]:
+        raise ValueError("the A1.1 solution changed: make the honest wrong answer wrong again")
     victims = [write(HONEST[0], correct), write(HONEST[1], dict(correct, **{"A1.1": wrong}))]
     expected = {HONEST[0]: {"A1.1": 2.0, "A1.2": 3.0, "A1.3": 3.0},
                 HONEST[1]: {"A1.1": 0.0, "A1.2": 3.0, "A1.3": 3.0}}  # fmt: skip

@@ -1,7 +1,7 @@
 """Refuse answer cells that reach for the checks instead of solving the exercise.
 
 The grader pastes a student's answer cell into the instructor's copy, where it runs in the same
-kernel as the check cells. An answer that rebinds ``check_sgd_step`` (or ``print``, or the
+kernel as the check cells. An answer that rebinds ``check_sgd_momentum`` (or ``print``, or the
 ``cluster`` the A2 checks run on), patches ``np.allclose`` or rewrites later cells through
 ``get_ipython()`` would make a wrong answer print PASS. :func:`answer_problem` reads the cell with
 ``ast`` before it is pasted and names the first such thing it finds; the grader then grades the
@@ -154,7 +154,7 @@ def protected_names(pristine: NotebookNode) -> frozenset[str]:
 
     They are ``print``, ``verdict``, ``Verdict``, every ``check_*`` name, and every name the
     check cells use that no answer defines (such as the ``cluster`` the A2 checks run on); the
-    functions the answers define (``sgd_step``) are, of course, the answers' to define.
+    functions the answers define (``sgd_momentum``) are, of course, the answers' to define.
     """
     answered, used = set(), set()
     for cell in pristine.cells:
