@@ -57,8 +57,8 @@ def check_smoothed_cross_entropy(
 
     def body() -> str:
         rng = np.random.default_rng(101)
-        # (n, d, k, eps, logit scale): k >= 3 tells eps / k from eps / (k - 1); eps = 0 is the
-        # plain cross-entropy; logits in the hundreds make log(softmax) underflow to -inf.
+        # (n, d, k, eps, logit scale): eps / (k - 1) differs from torch's eps / k for any k;
+        # eps = 0 is lecture 1's loss; logits in the hundreds make log(softmax) underflow.
         cases = [
             (1, 3, 2, 0.1, 1.0),
             (8, 5, 4, 0.2, 1.0),
@@ -112,7 +112,7 @@ def _torch_sgd_momentum(W, b, X, y, lr_at, momentum, weight_decay, batch_size, n
     return Wt.detach().numpy(), bt.detach().numpy()
 
 
-def warmup_then_step(t: int) -> float:
+def _warmup_then_step(t: int) -> float:
     """The schedule of A1.2's last case: linear warm-up over 4 steps, then halve every 6 steps."""
     return 0.2 * min(1.0, (t + 1) / 4) * 0.5 ** (t // 6)
 
@@ -134,7 +134,7 @@ def check_sgd_momentum(sgd_momentum: Callable, *, verbose: bool = True) -> Verdi
             ("plain mini-batch SGD", 10, 4, 1, 0.0, 0.0, constant),
             ("momentum 0.9 over 2 epochs", 10, 3, 2, 0.9, 0.0, constant),
             ("weight decay 0.05 on W", 37, 8, 3, 0.9, 0.05, constant),
-            ("warm-up then step decay", 20, 6, 4, 0.5, 0.1, warmup_then_step),
+            ("warm-up then step decay", 20, 6, 4, 0.5, 0.1, _warmup_then_step),
         ]
         for what, n, batch_size, num_epochs, momentum, weight_decay, lr_at in cases:
             W, b, X, y = _problem(np.random.default_rng(n), n, 6, 3)
