@@ -442,8 +442,14 @@ def test_processes_a_run_leaves_behind_are_stopped_after_the_total_time_limit(tm
     )
     # Unisolated (the fallback where no sandbox can be made): the kernel writes to tmp_path and
     # its processes are found by their mark. In the sandbox, its PID namespace ends them all.
-    rows = grade_notebook("stuck", "T", nb, nb, GradingLimits(8, 8), workdir=tmp_path, sandbox=None)
-    assert "total time limit of 8 s" in rows[0].reason
+    # On a loaded machine the kernel may not even reach the cell within 8 s: then the run proves
+    # nothing about leftovers, so it is repeated with a longer limit (never a weaker assertion).
+    for limit in (8, 24, 72):
+        rows = grade_notebook("stuck", "T", nb, nb, GradingLimits(limit, limit), workdir=tmp_path,
+                              sandbox=None)  # fmt: skip
+        if pids.exists():
+            break
+    assert f"total time limit of {limit} s" in rows[0].reason
     kernel, child = map(int, pids.read_text().split())
     assert not _alive(kernel) and not _alive(child)
 
