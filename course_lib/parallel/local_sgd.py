@@ -30,7 +30,6 @@ gossip variants are source 001's Algorithms 2 and 3 literally: they mix *gradien
 from __future__ import annotations
 
 import time
-from typing import Any
 
 import numpy as np
 import torch
@@ -166,9 +165,3 @@ class LocalSGD(GradientExchange):
     def __repr__(self) -> str:
         extra = f", t={self.threshold:g}" if self.averaging == "gossip_sparse" else ""
         return f"<LocalSGD p={self.period} {self.averaging}{extra} {self.order}>"
-
-    @property
-    def options(self) -> dict[str, Any]:
-        """Return the constructor's settings (for labels and the single-process simulation)."""
-        return {"period": self.period, "averaging": self.averaging,
-                "threshold": self.threshold, "order": self.order}  # fmt: skip

@@ -134,20 +134,26 @@ def scheme_schedule(
 
 
 def predict_drift(
-    schedule: Sequence[np.ndarray | None], world_size: int, sigma: float = 1.0
+    schedule: Sequence[np.ndarray | None],
+    world_size: int,
+    sigma: float = 1.0,
+    noise_mixing: Sequence[np.ndarray] | None = None,
 ) -> np.ndarray:
     """Return the predicted RMS distance of a replica from the mean after each step.
 
-    Each step adds independent noise of variance ``sigma**2`` to every replica, then applies
-    that step's matrix (None: none). The result is proportional to ``sigma``; without any
-    mixing it is the random walk $\\sigma \\sqrt{k (P - 1) / P}$.
+    Each step adds independent noise of variance ``sigma**2`` to every replica (first mixed
+    by that step's ``noise_mixing`` matrix M, covariance $\\sigma^2 M M^T$: source 001's
+    gradient gossip, which mixes the gradients and never the weights), then applies that
+    step's ``schedule`` matrix to the weights (None: none). Proportional to ``sigma``; with no
+    mixing at all it is the random walk $\\sigma \\sqrt{k (P - 1) / P}$.
     """
     p = world_size
     centre = np.eye(p) - allreduce_matrix(p)
     cov = np.zeros((p, p))
     out = []
-    for w in schedule:
-        cov = cov + sigma**2 * np.eye(p)
+    for k, w in enumerate(schedule):
+        m = noise_mixing[k] if noise_mixing is not None else np.eye(p)
+        cov = cov + sigma**2 * (m @ m.T)
         if w is not None:
             cov = w @ cov @ w.T
         out.append(np.sqrt(max(np.trace(centre @ cov @ centre), 0.0) / p))
