@@ -14,7 +14,8 @@ Local-SGD's averaging, never for gossip). An emulated straggler
 is longer by ``straggler_sleep_s`` (in the record), and the others' ``wait`` shows it.
 ``measure_drift_every=k`` adds, after every k-th step, each replica's distance from the mean of
 the replicas (``drift``): an extra allreduce of the weights, for measurement only, whose bytes
-and seconds are kept out of the step's figures (its seconds are in ``drift_s``).
+and seconds are kept out of the step's figures (its seconds are in ``drift_s``). Being a
+collective, it also lines the ranks up: measure a scheme's waiting in a run without it.
 
 Wall-clock times (``time.time()``) of different engines are comparable on one PC; across PCs
 they are only as good as the PCs' clock synchronisation (NTP: about a millisecond).
@@ -95,7 +96,8 @@ class StepRecorder:
             self._t0 = time.time()
 
     def grad_hook(self, net: nn.Module) -> None:
-        """The loop's gradient hook: mark the end of backward (and a straggler's sleep), wait, exchange."""
+        """The loop's gradient hook: mark the end of backward (and any straggler's sleep), wait,
+        exchange."""
         timeline = self._timeline
         timeline.mark("compute", self._t0)
         if self.straggler is not None:

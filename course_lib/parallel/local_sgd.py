@@ -68,7 +68,7 @@ def average_weights_sparse(
 
 
 class LocalSGD(GradientExchange):
-    """Local-SGD(p) of source 001: gradients stay local, weights are averaged every ``period`` steps."""
+    """Local-SGD(p) of source 001: gradients stay local, weights averaged every ``period`` steps."""
 
     name = "local_sgd"
 

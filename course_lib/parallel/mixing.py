@@ -98,7 +98,7 @@ def contraction(w: np.ndarray) -> float:
 
 
 def spectral_gap(w: np.ndarray) -> float:
-    """Return $1 - \\lVert W - J \\rVert_2$ (for symmetric W: 1 - the second-largest |eigenvalue|)."""
+    """Return $1 - \\lVert W - J \\rVert_2$ (symmetric W: 1 - the second-largest |eigenvalue|)."""
     return 1.0 - contraction(w)
 
 
@@ -161,7 +161,7 @@ def predict_drift(
 
 
 def fit_noise_scale(predicted_unit: np.ndarray, measured: np.ndarray) -> float:
-    """Return the ``sigma`` that best scales a ``sigma = 1`` prediction onto ``measured`` (least squares)."""
+    """Return the ``sigma`` that best scales a ``sigma = 1`` prediction onto ``measured``."""
     a, b = np.asarray(predicted_unit, float), np.asarray(measured, float)
     denom = float(a @ a)
     if denom == 0:
