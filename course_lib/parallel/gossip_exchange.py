@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import time
 
+import torch
 from torch import nn
 
 from course_lib.collectives.gossip import gossip_sparse_step, gossip_step, next_distance
@@ -63,7 +64,7 @@ class GossipExchange(GradientExchange):
         unflatten_into_grads(flat, params)
         self.distance = next_distance(self.distance, comm.world_size)
 
-    def mix(self, comm: Communicator, flat) -> None:
+    def mix(self, comm: Communicator, flat: torch.Tensor) -> None:
         """Overwrite ``flat`` with $(x_l + x_i + x_r) / 3$ at the current distance."""
         gossip_step(comm, flat, self.distance)
 
@@ -91,7 +92,7 @@ class SparseGossipExchange(GossipExchange):
         self._timeline = timeline
         super().exchange(comm, net, timeline)
 
-    def mix(self, comm: Communicator, flat) -> None:
+    def mix(self, comm: Communicator, flat: torch.Tensor) -> None:
         """Overwrite ``flat`` with the mean of the three sparsified gradients."""
         sent = int((flat.abs() > self.threshold).sum())
         gossip_sparse_step(comm, flat, self.distance, self.threshold)
