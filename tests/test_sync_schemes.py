@@ -84,7 +84,9 @@ def _weights_here() -> dict:
 def _peer_bytes_here() -> dict[int, int]:
     from IPython import get_ipython
 
-    stats = get_ipython().user_ns["dp_comm"].stats
+    from course_lib.parallel.data_parallel import COMM_NAME
+
+    stats = get_ipython().user_ns[COMM_NAME].stats
     return {r: p.bytes_sent for r, p in stats.peers.items()}
 
 
@@ -228,6 +230,7 @@ def test_a_straggler_makes_bsp_wait_every_step_and_local_sgd_only_when_it_averag
     n, delay, slow = 4, 0.05, 1
     bsp = run(cluster, n, method="local_sgd", period=1, stragglers={slow: Straggler(delay=delay)})
     assert "emulated stragglers: rank 1" in bsp.table()
+    assert "emulated stragglers" in bsp.plot_timeline().axes[0].get_title()
     by_step = {}
     for rec in bsp.records:
         by_step.setdefault(rec["step"], {})[rec["rank"]] = rec

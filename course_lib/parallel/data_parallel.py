@@ -100,13 +100,15 @@ class DataParallelResult:
         """Return a stacked bar per rank of the median step's phases."""
         from course_lib.parallel.timeline import plot_breakdown
 
-        return plot_breakdown(self.summary(), title=f"{self.method}: {self.label}")
+        slow = f"; {self.straggler_label}" if self.stragglers else ""
+        return plot_breakdown(self.summary(), title=f"{self.method}: {self.label}{slow}")
 
     def plot_timeline(self, steps: tuple[int, int] | None = None) -> Figure:
         """Return a Gantt chart per rank of ``steps`` (default: the last two steps)."""
         from course_lib.parallel.timeline import plot_timeline
 
-        return plot_timeline(self.records, steps=steps, title=f"{self.method}: {self.label}")
+        slow = f"; {self.straggler_label}" if self.stragglers else ""
+        return plot_timeline(self.records, steps=steps, title=f"{self.method}: {self.label}{slow}")
 
     def __repr__(self) -> str:
         same = "equal" if self.replicas_equal else f"DIFFER by {self.max_replica_difference:.2e}"
