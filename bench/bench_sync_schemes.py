@@ -1,0 +1,150 @@
+"""Benchmark the synchronisation schemes: source 001's ten configurations, and a straggler.
+
+Part 1 re-runs source 001's ten configurations (Local-SGD 1 / 4 / 16 / 32 x allreduce / gossip
+/ gossip + sparsification) on 4 local engines over gloo and the emulated Gigabit link (125 MB/s,
+50 us), with a documented stand-in for the source's CIFAR-10 CNN that runs offline: the digits
+MLP (64 -> 128 -> 10, 9 610 weights), the same number of epochs for every configuration. Per
+configuration it prints the test accuracy (mean over the replicas, which differ under Local-SGD
+and gossip), the whole run's time, communication (``comm`` + ``sync`` phases), synchronisation
+(communication + waiting, as the source defines it), and values sent per rank (float32 values;
+sparse gossip's indices are counted in bytes), with the reduction against configuration 1.
+
+Part 2: median step of each scheme on 4 engines with and without one emulated straggler (rank 1
+at half speed; a sleep after its backward), loopback link.
+
+All engines share this PC's cores: times are this machine's, emulated-link figures are labelled.
+
+    .venv/bin/python bench/bench_sync_schemes.py            # a few minutes
+    .venv/bin/python bench/bench_sync_schemes.py --quick    # 1 epoch (configuration 10 never syncs)
+    .venv/bin/python bench/bench_sync_schemes.py --stragglers-only
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from functools import partial
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from course_lib.cluster import start_cluster  # noqa: E402
+from course_lib.comm import GIGABIT  # noqa: E402
+from course_lib.data.digits import load_digits  # noqa: E402
+from course_lib.models import MLP  # noqa: E402
+from course_lib.parallel.data_parallel import train_data_parallel  # noqa: E402
+from course_lib.parallel.stragglers import Straggler  # noqa: E402
+from course_lib.training import TrainConfig  # noqa: E402
+
+GRADIENT_THRESHOLD = 0.01  # Algorithm 3 at p = 1: |gradient| above this is sent
+WEIGHT_THRESHOLD = 0.001  # p > 1: weights that moved more than this since the last averaging
+CONFIGURATIONS = [  # source 001's numbering
+    (1, "allreduce"), (1, "gossip"), (1, "gossip_sparse"),
+    (4, "allreduce"), (4, "gossip"), (4, "gossip_sparse"),
+    (16, "allreduce"), (16, "gossip"), (16, "gossip_sparse"),
+    (32, "allreduce"),
+]  # fmt: skip
+
+
+def options(period: int, averaging: str) -> dict:
+    """Return ``train_data_parallel`` keywords for one configuration."""
+    opts = {"method": "local_sgd", "period": period, "averaging": averaging}
+    if averaging == "gossip_sparse":
+        opts["threshold"] = GRADIENT_THRESHOLD if period == 1 else WEIGHT_THRESHOLD
+    return opts
+
+
+def figures(result) -> dict:
+    """Return accuracy, times and values sent per rank of one run (sums over its steps)."""
+    n = result.world_size
+    acc = statistics.mean(h.epochs[-1]["test_accuracy"] for h in result.histories)
+    per_rank = lambda key: sum(r[key] for r in result.records) / n  # noqa: E731
+    comm = per_rank("comm_s") + per_rank("sync_s")
+    steps = [r for r in result.records if r["rank"] == 0]
+    end = max(v[1] for k, v in steps[-1].items() if k.endswith("_at"))
+    total = end - steps[0]["compute_at"][0]  # rank 0's training, evaluation passes included
+    sent = per_rank("bytes_sent") + per_rank("collective_bytes")
+    values = sum(r.get("values_sent", 0) for r in result.records) / n
+    return {"acc": acc, "total": total, "comm": comm, "sync": comm + per_rank("wait_s"),
+            "bytes": sent, "values": values}  # fmt: skip
+
+
+def ten_configurations(cluster, epochs: int) -> None:
+    """Part 1: print the table of source 001's ten configurations."""
+    config = TrainConfig(num_epochs=epochs, batch_size=64, lr=0.1, seed=0)
+    test = load_digits(train=False)  # a data set (shipped to the engines), not a function
+    rows = []
+    for k, (period, averaging) in enumerate(CONFIGURATIONS, start=1):
+        result = train_data_parallel(cluster, model=partial(MLP, 64, (128,)), dataset=load_digits,
+                                     config=config, test_set=test, link=GIGABIT,
+                                     **options(period, averaging))  # fmt: skip
+        row = figures(result)
+        if averaging == "allreduce":  # values handed to the backend; a ring moves 2(N-1)/N of them
+            values = row["bytes"] / 4 * 2 * (result.world_size - 1) / result.world_size
+        else:
+            values = row["bytes"] / 4 if averaging == "gossip" else row["values"]
+        rows.append((k, period, averaging, row, values))
+    base = rows[0][4]
+    print(f"\nsource 001's ten configurations: digits MLP, 4 engines, {epochs} epochs, "
+          f"{GIGABIT.label} (gloo)")  # fmt: skip
+    print(
+        "values sent per rank: gossip counts its messages; allreduce the ring's 2(N-1)/N per "
+        "value handed to the backend; sparse gossip the values (indices: another 4 bytes each)"
+    )
+    print(f"{'#':>2} {'p':>3} {'averaging':<14} {'test acc':>8} {'total s':>8} {'comm s':>7} "
+          f"{'sync s':>7} {'values sent':>12} {'less':>6}")  # fmt: skip
+    for k, period, averaging, row, values in rows:
+        print(f"{k:>2} {period:>3} {averaging:<14} {row['acc']:>8.3f} {row['total']:>8.2f} "
+              f"{row['comm']:>7.2f} {row['sync']:>7.2f} {values:>12.0f} "
+              f"{base / max(values, 1):>5.1f}x")  # fmt: skip
+
+
+def stragglers(cluster, steps_config: TrainConfig) -> None:
+    """Part 2: median step per scheme, with and without rank 1 at half speed."""
+    schemes = {"BSP (local_sgd p=1)": options(1, "allreduce"),
+               "Local-SGD(4)": options(4, "allreduce"),
+               "gossip (Alg. 2)": {"method": "gossip"}}  # fmt: skip
+    print(
+        "\nmedian step (ms) on 4 engines, loopback, MLP 64-512-512-10; straggler = rank 1 at "
+        "0.5x speed, or + 20 ms per step (emulated); others' mean wait and comm per step"
+    )
+    print(
+        f"{'scheme':<22} {'straggler':<10} {'median step':>12} {'others wait':>12} "
+        f"{'others comm':>12}"
+    )
+    cases = {"none": None, "0.5x speed": {1: 0.5}, "+20 ms": {1: Straggler(delay=0.02)}}
+    for name, opts in schemes.items():
+        for label, slow in cases.items():
+            result = train_data_parallel(cluster, model=partial(MLP, 64, (512, 512)),
+                                         dataset=load_digits, config=steps_config,
+                                         stragglers=slow, **opts)  # fmt: skip
+            by_step: dict[int, float] = {}
+            for r in result.records:
+                by_step[r["step"]] = max(by_step.get(r["step"], 0.0), r["total_s"])
+            others = [r for r in result.records if r["rank"] != 1]
+            wait = statistics.mean(r["wait_s"] for r in others)
+            comm = statistics.mean(r["comm_s"] + r["sync_s"] for r in others)
+            step = statistics.median(by_step.values())
+            print(f"{name:<22} {label:<10} {1e3 * step:>10.2f}ms {1e3 * wait:>10.2f}ms "
+                  f"{1e3 * comm:>10.2f}ms")  # fmt: skip
+
+
+def main() -> None:
+    """Start 4 engines, run both parts, stop the engines."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="1 epoch instead of 3")
+    parser.add_argument("--stragglers-only", action="store_true", help="skip the ten configs")
+    args = parser.parse_args()
+    started = time.perf_counter()
+    with start_cluster("local", 4) as cluster:
+        if not args.stragglers_only:
+            ten_configurations(cluster, epochs=1 if args.quick else 3)
+        stragglers(cluster, TrainConfig(num_epochs=1, batch_size=64, lr=0.1, seed=0))
+    print(f"\nwhole benchmark: {time.perf_counter() - started:.0f} s")
+
+
+if __name__ == "__main__":
+    main()
