@@ -17,7 +17,14 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-__all__ = ["FLOAT_DTYPES", "Compressor", "Payload", "PayloadError", "as_float32"]
+__all__ = [
+    "FLOAT_DTYPES",
+    "Compressor",
+    "Payload",
+    "PayloadError",
+    "as_float32",
+    "mean_in_rank_order",
+]
 
 #: The dtypes a gradient may have; the decompressed array comes back in the same one.
 FLOAT_DTYPES = ("float16", "float32", "float64")
@@ -126,3 +133,16 @@ def check_finite(flat: np.ndarray, name: str, kind: str) -> None:
             f"gradient {name or '(unnamed)'} holds {bad} inf/NaN values; {kind} cannot encode them. "
             "Lower the learning rate or clip gradients (torch.nn.utils.clip_grad_norm_)"
         )
+
+
+def mean_in_rank_order(arrays: list[np.ndarray]) -> np.ndarray:
+    """Return the float32 mean of ``arrays``, summed in list (rank) order, then divided.
+
+    Floating-point addition is not associative: every rank that sums the same arrays in the
+    same order gets the same bits, which keeps data-parallel replicas equal.
+    """
+    total = np.array(arrays[0], dtype=np.float32, copy=True).reshape(-1)
+    for a in arrays[1:]:
+        total += a.reshape(-1)
+    total /= np.float32(len(arrays))
+    return total

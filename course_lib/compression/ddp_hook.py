@@ -1,0 +1,92 @@
+"""The kit's compressors as a PyTorch DDP communication hook (``register_comm_hook``).
+
+DDP hands each bucket of gradients (one flat tensor) to a hook, which must return a future of
+the averaged bucket (Li et al. 2020; torch's ``fp16_compress_hook`` and PowerSGD are hooks).
+:func:`compression_hook` runs the same compressor objects as the kit's own exchange:
+
+* summable payloads (``none``, ``float16``) are divided by N in their own dtype and allreduced,
+  exactly as torch's ``fp16_compress_hook`` does, so the two give the same bits;
+* all others are framed (:mod:`~course_lib.compression.wire`), gathered from every rank (sizes
+  first, then the frames padded to the longest), decoded and averaged in rank order, as the
+  exchange's ``allgather`` carrier does.
+
+::
+
+    state = CompressionHookState(make_compressor("int8", error_feedback=True), make_codec("zstd"))
+    ddp.register_comm_hook(state, compression_hook)
+
+Error feedback is kept per bucket (``bucket0``, ``bucket1``, ...): DDP fixes its buckets after
+the first step, so each bucket always holds the same gradients.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from course_lib.compression.base import Compressor, mean_in_rank_order
+from course_lib.compression.codecs import Codec
+from course_lib.compression.wire import pack, unpack
+
+__all__ = ["CompressionHookState", "compression_hook"]
+
+
+@dataclass
+class CompressionHookState:
+    """The hook's state: the compressor (with its residuals), the codec, the process group."""
+
+    compressor: Compressor
+    codec: Codec = field(default_factory=Codec)
+    process_group: Any = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.compressor, Compressor):
+            raise TypeError(
+                f"compressor must be a Compressor (use make_compressor('int8')), got {self.compressor!r}"
+            )
+
+    @property
+    def summable(self) -> bool:
+        """True when buckets travel by allreduce (summable payloads, no codec)."""
+        return self.compressor.summable and self.codec.name == "none"
+
+
+def compression_hook(state: CompressionHookState, bucket: Any) -> torch.futures.Future:
+    """Average one DDP bucket through ``state.compressor``; return a future of the bucket."""
+    group = state.process_group if state.process_group is not None else dist.group.WORLD
+    world_size = dist.get_world_size(group)
+    buffer = bucket.buffer()
+    payload, _ = state.compressor.compress(buffer, f"bucket{bucket.index()}")
+    if state.summable:
+        state.compressor.prescale(payload, world_size)  # what fp16_compress_hook's div_ does
+        values = torch.from_numpy(payload.parts["values"])
+        fut = dist.all_reduce(values, group=group, async_op=True).get_future()
+
+        def unpack_sum(f: torch.futures.Future) -> torch.Tensor:
+            payload.parts["values"] = f.value()[0].numpy()
+            buffer.copy_(torch.from_numpy(state.compressor.decompress(payload).reshape(-1)))
+            return buffer
+
+        return fut.then(unpack_sum)
+    frame = torch.frombuffer(bytearray(pack(payload, state.codec)), dtype=torch.uint8)
+    sizes = torch.empty(world_size, dtype=torch.int64)
+    dist.all_gather_into_tensor(sizes, torch.tensor([frame.numel()]), group=group)
+    longest = int(sizes.max())
+    padded = torch.zeros(longest, dtype=torch.uint8)
+    padded[: frame.numel()] = frame
+    rows = torch.empty(world_size * longest, dtype=torch.uint8)
+    fut = dist.all_gather_into_tensor(rows, padded, group=group, async_op=True).get_future()
+
+    def decode_mean(f: torch.futures.Future) -> torch.Tensor:
+        table = rows.numpy().reshape(world_size, longest)
+        decoded = [
+            state.compressor.decompress(unpack(table[r, : int(sizes[r])])[0])
+            for r in range(world_size)
+        ]
+        buffer.copy_(torch.from_numpy(mean_in_rank_order(decoded)))
+        return buffer
+
+    return fut.then(decode_mean)
