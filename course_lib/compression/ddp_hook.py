@@ -15,8 +15,12 @@ the averaged bucket (Li et al. 2020; torch's ``fp16_compress_hook`` and PowerSGD
     state = CompressionHookState(make_compressor("int8", error_feedback=True), make_codec("zstd"))
     ddp.register_comm_hook(state, compression_hook)
 
-Error feedback is kept per bucket (``bucket0``, ``bucket1``, ...): DDP fixes its buckets after
-the first step, so each bucket always holds the same gradients.
+Error feedback needs each residual value to meet the same gradient value every step, but DDP
+rebuilds its buckets after the first iteration, in the order the gradients became ready (the
+reason PowerSGD's hook starts compressing only from iteration 2). So the hook first puts a
+bucket's gradients in the model's parameter order (``positions``, set from the model) and keys
+the residual by the parameters the bucket holds; the residual of the first iteration's buckets
+is dropped if the rebuild regroups them.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import torch
 import torch.distributed as dist
 
@@ -41,6 +46,12 @@ class CompressionHookState:
     compressor: Compressor
     codec: Codec = field(default_factory=Codec)
     process_group: Any = None
+    #: ``id(parameter) -> its position in the model`` (:meth:`set_model`); empty: bucket order.
+    positions: dict[int, int] = field(default_factory=dict)
+
+    def set_model(self, params: list[torch.nn.Parameter]) -> None:
+        """Lay buckets out in the order of ``params`` (e.g. ``list(model.parameters())``)."""
+        self.positions = {id(p): i for i, p in enumerate(params)}
 
     def __post_init__(self) -> None:
         if not isinstance(self.compressor, Compressor):
@@ -59,7 +70,8 @@ def compression_hook(state: CompressionHookState, bucket: Any) -> torch.futures.
     group = state.process_group if state.process_group is not None else dist.group.WORLD
     world_size = dist.get_world_size(group)
     buffer = bucket.buffer()
-    payload, _ = state.compressor.compress(buffer, f"bucket{bucket.index()}")
+    canonical, name, restore = _canonical(state, bucket)
+    payload, _ = state.compressor.compress(canonical, name)
     if state.summable:
         state.compressor.prescale(payload, world_size)  # what fp16_compress_hook's div_ does
         values = torch.from_numpy(payload.parts["values"])
@@ -67,7 +79,7 @@ def compression_hook(state: CompressionHookState, bucket: Any) -> torch.futures.
 
         def unpack_sum(f: torch.futures.Future) -> torch.Tensor:
             payload.parts["values"] = f.value()[0].numpy()
-            buffer.copy_(torch.from_numpy(state.compressor.decompress(payload).reshape(-1)))
+            restore(state.compressor.decompress(payload).reshape(-1))
             return buffer
 
         return fut.then(unpack_sum)
@@ -86,7 +98,30 @@ def compression_hook(state: CompressionHookState, bucket: Any) -> torch.futures.
             state.compressor.decompress(unpack(table[r, : int(sizes[r])])[0])
             for r in range(world_size)
         ]
-        buffer.copy_(torch.from_numpy(mean_in_rank_order(decoded)))
+        restore(mean_in_rank_order(decoded))
         return buffer
 
     return fut.then(decode_mean)
+
+
+def _canonical(state: CompressionHookState, bucket: Any) -> tuple[torch.Tensor, str, Any]:
+    """Return the bucket's gradients in model order, a name for them, and a function to put
+    values (in that order) back into the bucket."""
+    buffer = bucket.buffer()
+    params = bucket.parameters()
+    if not state.positions or not params:
+        return buffer, f"bucket{bucket.index()}", lambda v: buffer.copy_(torch.from_numpy(v))
+    keys = [state.positions[id(p)] for p in params]
+    sizes = [p.numel() for p in params]
+    starts = np.concatenate([[0], np.cumsum(sizes)])  # gradients lie back to back in the bucket
+    order = sorted(range(len(params)), key=keys.__getitem__)
+    canonical = torch.cat([buffer[starts[i] : starts[i + 1]] for i in order])
+    name = "params " + ",".join(str(keys[i]) for i in order)
+
+    def restore(values: np.ndarray) -> None:
+        at = 0
+        for i in order:
+            buffer[starts[i] : starts[i + 1]] = torch.from_numpy(values[at : at + sizes[i]])
+            at += sizes[i]
+
+    return canonical, name, restore

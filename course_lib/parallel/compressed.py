@@ -10,8 +10,9 @@ a payload (*compress*), frame it with a checked header and code its bytes lossle
 send it (*communicate*), then check and decode every rank's frame (*decode*), turn payloads back
 into float32 (*decompress*) and take the mean (*average*). Each stage's seconds and the bytes
 before and after it go into the step's record (``compress_s``, ``code_s``, ``decode_s``,
-``decompress_s``; ``bytes_gradient``, ``bytes_compressed``, ``bytes_coded``), communication into
-the ``comm`` phase.
+``decompress_s``; ``bytes_gradient``, ``bytes_compressed``, ``bytes_coded`` of this rank's own
+gradient, and on a parameter server ``bytes_coded_downlink`` of the mean it sends back),
+communication into the ``comm`` phase.
 
 How payloads travel (``carrier``):
 
@@ -22,8 +23,9 @@ How payloads travel (``carrier``):
   the longest) and sums the decoded gradients in rank order, so every replica computes the same
   bits. Sparse and scaled payloads need this: their indices and scales differ between ranks.
 * ``parameter_server``: source 000's star. Workers send size then frame to rank 0; rank 0 decodes,
-  averages, compresses the mean again (with its own error feedback when asked: the downlink is
-  compressed too, as in the source) and sends it back; every rank, rank 0 included, applies the
+  averages, compresses the mean again (quantisers again, with their own error feedback when
+  asked, as the source sent int8 both ways; sparse payloads as the exact non-zeros of the mean,
+  at most N times as many as one rank sent) and sends it back; every rank, rank 0 included, applies the
   decoded downlink, so the replicas stay equal.
 """
 
@@ -53,6 +55,7 @@ from course_lib.parallel.exchange import (
 __all__ = ["CARRIERS", "SIZE_TAG", "FRAME_TAG", "CompressedExchange"]
 
 CARRIERS = ("auto", "allreduce", "allgather", "parameter_server")
+SPARSIFIERS = ("topk", "randomk", "threshold")
 SIZE_TAG, FRAME_TAG = 8140, 8141  # clear of the collectives' 8100-8108 and the server's 8120
 
 
@@ -115,10 +118,18 @@ class CompressedExchange(GradientExchange):
             self.compressor_name, error_feedback=self.error_feedback, **self.settings
         )
 
+    def _new_downlink(self) -> Compressor:
+        """Return the compressor for the server's mean: the mean of sparse vectors is sparse
+        (at most N k values), so its non-zeros go exactly; quantisers quantise it again, with
+        their own error feedback when asked (source 000 sent int8 both ways)."""
+        if self.compressor_name in SPARSIFIERS:
+            return make_compressor("threshold", threshold=0.0)
+        return self._new_compressor()
+
     def attach(self, comm: Communicator, net: nn.Module) -> nn.Module:
         """Start fresh residuals and give stochastic compressors this rank's random stream."""
         self.compressor = self._new_compressor()
-        self.downlink = self._new_compressor()  # the server's own memory for what it sends back
+        self.downlink = self._new_downlink()
         for comp, stream in ((self.compressor, comm.rank), (self.downlink, comm.world_size)):
             if hasattr(comp, "reseed"):
                 comp.reseed(stream)
@@ -153,15 +164,16 @@ class CompressedExchange(GradientExchange):
         b = self._bounds
         return [(name, flat[b[i] : b[i + 1]]) for i, name in enumerate(self._names)]
 
-    def _decompress(self, payloads: list[Payload]) -> np.ndarray:
-        parts = [self.compressor.decompress(p).reshape(-1) for p in payloads]
+    def _decompress(self, payloads: list[Payload], compressor: Compressor | None = None):
+        compressor = compressor or self.compressor
+        parts = [compressor.decompress(p).reshape(-1) for p in payloads]
         return np.concatenate(parts).astype(np.float32, copy=False)
 
-    def _code(self, payloads: list[Payload], timeline: StepTimeline) -> np.ndarray:
+    def _code(self, payloads: list[Payload], timeline: StepTimeline, key: str = "bytes_coded"):
         start = time.perf_counter()
         frame = np.frombuffer(pack_many(payloads, self.codec), np.uint8)
         timeline.note("code_s", time.perf_counter() - start)
-        timeline.note("bytes_coded", frame.nbytes)
+        timeline.note(key, frame.nbytes)
         return frame
 
     def _mean_of_frames(self, frames: list[np.ndarray], count: int, timeline: StepTimeline):
@@ -214,11 +226,11 @@ class CompressedExchange(GradientExchange):
             down_payloads = [self.downlink.compress(g, f"down/{name}")[0]
                              for name, g in self._pieces(mean)]  # fmt: skip
             timeline.note("compress_s", time.perf_counter() - again)
-            down = self._code(down_payloads, timeline)
+            down = self._code(down_payloads, timeline, "bytes_coded_downlink")
             wait_all([h for r in range(1, n) for h in isend_bytes(comm, down, r)])
             timeline.mark("comm", start)
         begin = time.perf_counter()
-        mean = self._decompress(unpack_many(down, count))
+        mean = self._decompress(unpack_many(down, count), self.downlink)
         timeline.note("decompress_s", time.perf_counter() - begin)
         return mean
 

@@ -22,6 +22,7 @@ from course_lib.compression.codecs import make_codec
 from course_lib.compression.ddp_hook import CompressionHookState, compression_hook
 from course_lib.compression.registry import make_compressor
 from course_lib.parallel.ddp_bridge import DDPExchange
+from course_lib.parallel.exchange import trainable_parameters
 
 __all__ = ["HOOKS", "CompressedDDPExchange"]
 
@@ -66,6 +67,7 @@ class CompressedDDPExchange(DDPExchange):
         """Wrap ``net`` in DDP with the compression hook; fresh residuals for this run."""
         self._state = self._new_state()
         self._state.process_group = getattr(comm, "group", None)
+        self._state.set_model(trainable_parameters(net))
         if hasattr(self._state.compressor, "reseed"):
             self._state.compressor.reseed(comm.rank)
         return super().attach(comm, net)
