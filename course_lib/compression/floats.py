@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
+import torch
 
 from course_lib.compression.base import Compressor, Payload, as_float32, check_finite, payload_of
 
@@ -59,7 +60,10 @@ class Float16(Compressor):
                 f"gradient {name or '(unnamed)'} has values above {_FLOAT16_MAX:g}, the largest "
                 "float16: use compressor 'int8' (it scales by the maximum) or clip gradients"
             )
-        return payload_of(self.name, shape, dtype, values=flat.astype(np.float16)), None
+        # torch's cast uses the CPU's F16C instructions: ~10x NumPy's, the same rounding (IEEE
+        # round to nearest even), so the bits equal torch's fp16_compress_hook's.
+        half = torch.from_numpy(flat if flat.flags.writeable else flat.copy()).half().numpy()
+        return payload_of(self.name, shape, dtype, values=half), None
 
     def decode_values(self, payload: Payload) -> np.ndarray:
         """Return the float16 values widened to float32 (exact)."""

@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from course_lib.compression.base import Compressor, Payload, as_float32, check_finite, payload_of
+from course_lib.compression.base import Compressor, Payload, as_float32, payload_of
 
 __all__ = ["Int8MaxAbs", "Int8Settings", "int8_decode", "int8_encode"]
 
@@ -42,7 +42,13 @@ class Int8Settings:
 
 def int8_encode(flat: np.ndarray, rounding: str = "truncate") -> tuple[np.ndarray, np.float32]:
     """Return ``(q, m)``: ``q = int8(g / m * 127)`` (float32 arithmetic) and ``m = max |g|``."""
-    m = np.float32(np.abs(flat).max()) if flat.size else np.float32(0)
+    # max(max g, -min g) is max |g| without a temporary array (half the time of abs().max()).
+    m = np.float32(max(flat.max(), -flat.min())) if flat.size else np.float32(0)
+    if not np.isfinite(m):
+        raise ValueError(
+            "the gradient holds inf or NaN values; int8 max-abs cannot encode them. "
+            "Lower the learning rate or clip gradients (torch.nn.utils.clip_grad_norm_)"
+        )
     if m == 0:
         return np.zeros(flat.size, np.int8), m
     scaled = flat / m * np.float32(127)  # g / max -> [-1, 1]; x 127 -> [-127, 127]
@@ -68,8 +74,10 @@ class Int8MaxAbs(Compressor):
     def compress(self, tensor: Any, name: str = "") -> tuple[Payload, Any]:
         """Return ``q`` (int8) and ``scale`` (``m``, float32) for ``tensor``."""
         flat, shape, dtype = as_float32(tensor)
-        check_finite(flat, name, "int8 max-abs")
-        q, m = int8_encode(flat, self.settings.rounding)
+        try:  # the maximum is inf or NaN exactly when a value is: no separate pass to check
+            q, m = int8_encode(flat, self.settings.rounding)
+        except ValueError as exc:
+            raise ValueError(f"gradient {name or '(unnamed)'}: {exc}") from None
         return payload_of(self.name, shape, dtype, q=q, scale=np.array([m], np.float32)), None
 
     def decode_values(self, payload: Payload) -> np.ndarray:
