@@ -295,3 +295,32 @@ def test_values_no_format_can_carry_are_refused():
         make("float16").compress(np.array([1e6], np.float32), "big")
     with pytest.raises(ValueError, match=r"gradient w: the gradient holds inf or NaN values; int8"):
         make("int8").compress(np.array([1.0, np.nan], np.float32), "w")
+
+
+# ---- lecture 7's exercise checks --------------------------------------------------------------
+
+
+def test_lecture07_checks_pass_the_reference_and_fail_stubs_and_wrong_answers():
+    from course_lib.checks import lecture07 as ch
+
+    def reference_ef(g, residual, quantize):
+        sent = quantize(g + residual)
+        return sent, g + residual - sent
+
+    def top_k(g, k):
+        idx = np.argsort(np.abs(g))[-k:]
+        return idx, g[idx]
+
+    assert ch.check_int8_quantize(int8_encode)
+    assert ch.check_error_feedback(reference_ef)
+    assert ch.check_top_k(top_k)
+    for check, stub in ((ch.check_int8_quantize, ch.stub_int8_quantize),
+                        (ch.check_error_feedback, ch.stub_error_feedback_step),
+                        (ch.check_top_k, ch.stub_top_k)):  # fmt: skip
+        assert not check(stub)
+    rounding = lambda g: int8_encode(g, "nearest")  # noqa: E731 - not the source's cast
+    no_memory = lambda g, r, quantize: (quantize(g), r)  # noqa: E731 - forgets the residual
+    smallest = lambda g, k: (np.argsort(np.abs(g))[:k], g[np.argsort(np.abs(g))[:k]])  # noqa: E731
+    assert not ch.check_int8_quantize(rounding)
+    assert not ch.check_error_feedback(no_memory)
+    assert not ch.check_top_k(smallest)
