@@ -324,3 +324,15 @@ def test_lecture07_checks_pass_the_reference_and_fail_stubs_and_wrong_answers():
     assert not ch.check_int8_quantize(rounding)
     assert not ch.check_error_feedback(no_memory)
     assert not ch.check_top_k(smallest)
+
+
+def test_a_well_formed_frame_with_a_nonsense_header_is_refused():
+    import json
+    import struct
+    import zlib
+
+    text = json.dumps({"kind": "int8", "shape": [2], "codec": "none", "body": 0}).encode()
+    head = struct.pack("<4sBI", b"CLGC", 1, len(text)) + text  # no "parts", no "raw"
+    frame = head + struct.pack("<I", zlib.crc32(head)) + struct.pack("<I", zlib.crc32(b""))
+    with pytest.raises(PayloadError, match="unreadable parts"):
+        unpack(frame)

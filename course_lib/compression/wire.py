@@ -84,12 +84,19 @@ def _header(buf: memoryview, offset: int) -> tuple[dict, int]:
     (crc,) = _CRC.unpack_from(buf, end)
     if crc != zlib.crc32(buf[offset:end]):
         raise PayloadError("payload header is corrupt (CRC32 mismatch): it changed on the way")
-    header = json.loads(bytes(buf[offset + _PREFIX.size : end]))
+    try:
+        header = json.loads(bytes(buf[offset + _PREFIX.size : end]))
+        header["kind"], header["shape"], header["codec"], header["body"]  # noqa: B018 - present?
+    except (ValueError, KeyError, TypeError) as exc:
+        raise PayloadError(f"payload header is not a valid header ({exc})") from None
     return header, end + _CRC.size
 
 
 def _check_parts(header: dict) -> list[tuple[str, np.dtype, int]]:
-    parts = [(name, np.dtype(dt), int(n)) for name, dt, n in header["parts"]]
+    try:
+        parts = [(name, np.dtype(dt), int(n)) for name, dt, n in header["parts"]]
+    except (KeyError, TypeError, ValueError) as exc:
+        raise PayloadError(f"payload header lists unreadable parts ({exc})") from None
     if any(dt.name not in _PART_DTYPES or n < 0 for _, dt, n in parts):
         raise PayloadError(f"payload header lists parts this kit cannot read: {header['parts']}")
     if header["dtype"] not in FLOAT_DTYPES:
