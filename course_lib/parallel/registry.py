@@ -15,6 +15,8 @@ from __future__ import annotations
 from typing import Any
 
 from course_lib.parallel.buckets import BucketedAllreduce
+from course_lib.parallel.compressed import CompressedExchange
+from course_lib.parallel.compressed_ddp import CompressedDDPExchange
 from course_lib.parallel.ddp_bridge import DDPExchange
 from course_lib.parallel.exchange import (
     BuiltinAllreduce,
@@ -52,6 +54,8 @@ for _cls in (
     LocalSGD,
     GossipExchange,
     SparseGossipExchange,
+    CompressedExchange,
+    CompressedDDPExchange,
 ):
     register_exchange(_cls)
 
