@@ -257,7 +257,7 @@ def train_data_parallel(
         config: ``batch_size`` is the *global* batch, split evenly over the ranks.
         method: a name in ``EXCHANGES``: ``parameter_server``, ``parameter_server_source000``,
             ``allreduce_naive``, ``ring``, ``builtin``, ``bucketed``, ``ddp``, ``local_sgd``,
-            ``gossip``, ``gossip_sparse``.
+            ``gossip``, ``gossip_sparse``, ``compressed``, ``ddp_compressed``.
         backend, link: the communicator (``"gloo"`` or ``"mpi"``), optionally emulating ``link``.
         measure_wait: time a barrier where the method waits for every rank ("waiting").
         stragglers: ``{rank: speed fraction or Straggler}``: slow those ranks down on purpose
