@@ -12,6 +12,7 @@ __all__ = ["TAGS", "reduce_into", "reducible_flat"]
 TAGS = {
     "star": 8100, "naive": 8101, "ring_rs": 8102, "ring_ag": 8103, "doubling": 8104,
     "bcast": 8105, "bcast_naive": 8106, "gossip": 8107, "ping": 8108,
+    "gossip_sparse": 8110,  # and 8111, 8112: count, indices, values
 }  # fmt: skip
 
 _UFUNCS = {"sum": np.add, "max": np.maximum, "min": np.minimum}

@@ -8,7 +8,13 @@ from course_lib.collectives.common import TAGS, reducible_flat
 from course_lib.comm.buffers import Buffer
 from course_lib.comm.communicator import Communicator, wait_all
 
-__all__ = ["gossip_partners", "gossip_step", "next_distance"]
+__all__ = [
+    "gossip_partners",
+    "gossip_sparse_exchange",
+    "gossip_sparse_step",
+    "gossip_step",
+    "next_distance",
+]
 
 
 def gossip_partners(rank: int, world_size: int, s: int) -> tuple[int, int]:
@@ -53,3 +59,79 @@ def gossip_step(comm: Communicator, tensor: Buffer, s: int = 1) -> Buffer:
     arr += from_right
     arr /= 3
     return tensor
+
+
+def _exchange_sparse(
+    comm: Communicator, index: np.ndarray, values: np.ndarray, peer_out: int, peer_in: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """Send ``index``/``values`` to ``peer_out``, receive ``peer_in``'s; return them.
+
+    Variable-length payloads: the count goes first (one int64), so the receiver can size its
+    buffers; an empty selection sends the count alone.
+    """
+    tag = TAGS["gossip_sparse"]
+    count_in = np.zeros(1, np.int64)
+    count_out = np.array([index.size], np.int64)
+    wait_all([comm.irecv(count_in, peer_in, tag), comm.isend(count_out, peer_out, tag)])
+    n = int(count_in[0])
+    idx_in, val_in = np.empty(n, np.int32), np.empty(n, values.dtype)
+    handles = []
+    if n:
+        handles += [comm.irecv(idx_in, peer_in, tag + 1), comm.irecv(val_in, peer_in, tag + 2)]
+    if index.size:
+        handles += [comm.isend(index, peer_out, tag + 1), comm.isend(values, peer_out, tag + 2)]
+    wait_all(handles)
+    return idx_in, val_in
+
+
+def gossip_sparse_exchange(
+    comm: Communicator, index: np.ndarray, values: np.ndarray, s: int
+) -> list[tuple[np.ndarray, np.ndarray]]:
+    """Send ``(index, values)`` to both partners at distance ``s``; return what each sent.
+
+    ``index`` (int32) and ``values`` may have any length, different on every rank. Returns
+    two ``(indices, values)`` pairs, the left partner's first; when ``l = r`` the one exchange
+    is returned twice, as Algorithm 2 counts it. Bytes per partner: 8 + ``index.nbytes`` +
+    ``values.nbytes``.
+    """
+    p, i = comm.world_size, comm.rank
+    if not 1 <= s < p:
+        raise ValueError(f"distance s must be in 1..{p - 1}, got {s}")
+    index = np.ascontiguousarray(index, dtype=np.int32)
+    values = np.ascontiguousarray(values)
+    left, right = gossip_partners(i, p, s)
+    from_left = _exchange_sparse(comm, index, values, right, left)
+    if left == right:
+        return [from_left, from_left]
+    return [from_left, _exchange_sparse(comm, index, values, left, right)]
+
+
+def gossip_sparse_step(
+    comm: Communicator, tensor: Buffer, s: int, threshold: float
+) -> tuple[Buffer, np.ndarray]:
+    """Algorithm 3 of source 001: gossip only the components with ``|x| > threshold``.
+
+    Each rank sends its partners at distance ``s`` the indices (int32) and values of its
+    components above ``threshold`` (after a count, so the lengths may differ), and replaces
+    ``tensor`` in place by $(\\hat x_l + \\hat x_i + \\hat x_r) / 3$, where $\\hat x$ keeps the
+    components above the threshold and is zero elsewhere (its own too: a component that nobody
+    sent becomes 0, i.e. that weight is not updated). Returns ``tensor`` and the sorted indices
+    that any of the three sent. Bytes per partner: 8 + 8 per component sent.
+    """
+    arr = reducible_flat(tensor, "sum")
+    if arr.dtype.kind != "f":
+        raise TypeError(f"gossip averages, so it needs a floating-point buffer, got {arr.dtype}")
+    if not threshold >= 0:
+        raise ValueError(f"threshold must be >= 0 (source 001 found t = 1 best), got {threshold}")
+    if comm.world_size == 1:  # nobody to gossip with: unchanged, as gossip_step
+        return tensor, np.arange(arr.size)
+    index = np.flatnonzero(np.abs(arr) > threshold).astype(np.int32)
+    values = arr[index].copy()
+    mixed = np.zeros_like(arr)
+    mixed[index] = values
+    touched = [index]
+    for idx_in, val_in in gossip_sparse_exchange(comm, index, values, s):
+        np.add.at(mixed, idx_in, val_in)
+        touched.append(idx_in)
+    arr[:] = mixed / 3
+    return tensor, np.unique(np.concatenate(touched))

@@ -7,6 +7,15 @@ backward (``comm``) and of the optimiser (``step``); bytes sent and received poi
 bytes handed to built-in collectives (from the communicator's counters); and the wall-clock
 start and end of each phase and of each bucket's communication, for a timeline.
 
+Waiting is timed only where the method waits for every rank (the exchange's ``sync_point`` and
+``synchronises_at``: every step for bulk-synchronous methods, every ``p``-th step before
+Local-SGD's averaging, never for gossip). An emulated straggler
+(:mod:`course_lib.parallel.stragglers`) sleeps right after its backward: its ``compute`` phase
+is longer by ``straggler_sleep_s`` (in the record), and the others' ``wait`` shows it.
+``measure_drift_every=k`` adds, after every k-th step, each replica's distance from the mean of
+the replicas (``drift``): an extra allreduce of the weights, for measurement only, whose bytes
+and seconds are kept out of the step's figures (its seconds are in ``drift_s``).
+
 Wall-clock times (``time.time()``) of different engines are comparable on one PC; across PCs
 they are only as good as the PCs' clock synchronisation (NTP: about a millisecond).
 """
@@ -17,10 +26,13 @@ import statistics
 import time
 from typing import Any
 
+import numpy as np
+import torch
 from torch import nn
 
 from course_lib.comm.communicator import Communicator
 from course_lib.parallel.exchange import GradientExchange, StepTimeline
+from course_lib.parallel.stragglers import Straggler, slow_down
 
 __all__ = ["PHASES", "StepRecorder", "summarize_steps", "format_table"]
 
@@ -30,9 +42,10 @@ PHASES = ("compute", "wait", "comm", "step", "sync")
 class StepRecorder:
     """Time one rank's steps and count its bytes; ``records`` holds one dict per step.
 
-    ``measure_wait``: before an exchange that runs after backward, time a barrier, which is how
-    long this rank waits for the slowest one to finish its backward. Overlapped methods
-    (buckets, DDP) skip it: a barrier would stop communication from overlapping backward.
+    ``measure_wait``: where the exchange synchronises every rank, time a barrier first, which
+    is how long this rank waits for the slowest one. Overlapped methods (buckets, DDP) skip it:
+    a barrier would stop communication from overlapping backward. ``straggler``: sleep after
+    each backward as this (emulated) slow rank. ``measure_drift_every``: see the module text.
     """
 
     def __init__(
@@ -41,9 +54,13 @@ class StepRecorder:
         exchange: GradientExchange,
         net: nn.Module,
         measure_wait: bool = True,
+        straggler: Straggler | None = None,
+        measure_drift_every: int = 0,
     ) -> None:
         self.comm, self.exchange, self.net = comm, exchange, net
         self.measure_wait = measure_wait and not exchange.overlaps_backward
+        self.straggler = straggler
+        self.measure_drift_every = measure_drift_every
         self.records: list[dict[str, Any]] = []
         self.epoch = 0
         self._timeline = StepTimeline()
@@ -78,19 +95,32 @@ class StepRecorder:
             self._t0 = time.time()
 
     def grad_hook(self, net: nn.Module) -> None:
-        """The loop's gradient hook: mark the end of backward, wait, exchange."""
+        """The loop's gradient hook: mark the end of backward (and a straggler's sleep), wait, exchange."""
         timeline = self._timeline
         timeline.mark("compute", self._t0)
-        if self.measure_wait and self.comm.world_size > 1:
-            start = time.time()
-            before = self._counters()
-            self.comm.barrier()  # returns once the slowest rank has finished its backward
-            timeline.mark("wait", start)
-            self._bytes = tuple(  # the barrier's own (empty) message is not gradient traffic
-                b + (now - was)
-                for b, now, was in zip(self._bytes, self._counters(), before, strict=True)
-            )
+        if self.straggler is not None:
+            start, end = timeline.phases["compute"]
+            timeline.note("straggler_sleep_s", slow_down(self.straggler, end - start))
+            timeline.mark("compute", self._t0)  # the slow rank's compute, sleep included
+        if self.exchange.sync_point == "exchange":
+            self._wait(timeline)
         self.exchange.exchange(self.comm, net, timeline)
+
+    def _wait(self, timeline: StepTimeline) -> None:
+        """Time a barrier as ``wait`` when this step synchronises every rank."""
+        step = len(self.records)
+        if not (self.measure_wait and self.comm.world_size > 1):
+            return
+        if not self.exchange.synchronises_at(step):
+            return
+        start = time.time()
+        before = self._counters()
+        self.comm.barrier()  # returns once the slowest rank has reached this point
+        timeline.mark("wait", start)
+        self._bytes = tuple(  # the barrier's own (empty) message is not gradient traffic
+            b + (now - was)
+            for b, now, was in zip(self._bytes, self._counters(), before, strict=True)
+        )
 
     def _on_step_start(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         self._step_start = time.time()
@@ -99,6 +129,8 @@ class StepRecorder:
         timeline = self._timeline
         timeline.mark("step", self._step_start)
         step = len(self.records)
+        if self.exchange.sync_point == "after_step":
+            self._wait(timeline)
         self.exchange.after_step(self.comm, self.net, step, timeline)
         now = self._counters()
         sent, received, collective = (a - b for a, b in zip(now, self._bytes, strict=True))
@@ -114,6 +146,23 @@ class StepRecorder:
         record.update(timeline.notes)
         record["buckets"] = list(timeline.buckets)
         self.records.append(record)
+        if self.measure_drift_every and (step + 1) % self.measure_drift_every == 0:
+            record.update(self._measure_drift())
+
+    def _measure_drift(self) -> dict[str, float]:
+        """Return this replica's L2 distance from the mean of all replicas (an extra allreduce).
+
+        Its bytes are taken out of the counters and its seconds land in ``drift_s`` only: the
+        measurement is not part of the method.
+        """
+        start = time.perf_counter()
+        with torch.no_grad():
+            mine = torch.cat([p.detach().reshape(-1).double() for p in self.net.parameters()])
+        total = mine.numpy().copy()
+        self.comm.allreduce(total)
+        distance = float(np.linalg.norm(mine.numpy() - total / self.comm.world_size))
+        self._bytes = self._counters()  # the measurement's traffic is not the method's
+        return {"drift": distance, "drift_s": time.perf_counter() - start}
 
 
 def summarize_steps(records: list[dict[str, Any]], skip_first: int = 1) -> list[dict[str, Any]]:

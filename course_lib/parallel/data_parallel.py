@@ -28,6 +28,7 @@ from course_lib.comm.setup import setup_communicators
 from course_lib.parallel import replica
 from course_lib.parallel.accounting import format_table, summarize_steps
 from course_lib.parallel.registry import EXCHANGES
+from course_lib.parallel.stragglers import Straggler, parse_stragglers
 from course_lib.training import History, TrainConfig
 
 __all__ = ["COMM_NAME", "DataParallelError", "DataParallelResult", "train_data_parallel",
@@ -55,6 +56,8 @@ class DataParallelResult:
     max_replica_difference: float
     engines: list[dict[str, Any]] = field(default_factory=list)
     gradient_bytes: int = 0
+    #: ``{rank: Straggler}`` of the run: those ranks were slowed down on purpose (emulated).
+    stragglers: dict[int, Straggler] = field(default_factory=dict)
 
     @property
     def history(self) -> History:
@@ -65,11 +68,33 @@ class DataParallelResult:
         """Return one row per rank: median phase seconds and bytes per step."""
         return summarize_steps(self.records)
 
+    @property
+    def straggler_label(self) -> str:
+        """Return e.g. ``"emulated stragglers: rank 2 at 0.5x speed"`` ('' without stragglers)."""
+        parts = [f"rank {r} at {s.speed:g}x speed" + (f" + {s.delay * 1e3:g} ms" if s.delay else "")
+                 for r, s in sorted(self.stragglers.items())]  # fmt: skip
+        return "emulated stragglers: " + ", ".join(parts) if parts else ""
+
     def table(self) -> str:
         """Return the per-rank summary as text, labelled with the method and the link."""
         kind = "emulated" if self.emulated else "measured"
-        head = f"{self.method} on {self.label} ({kind}), median per step:"
+        slow = f"; {self.straggler_label}" if self.stragglers else ""
+        head = f"{self.method} on {self.label} ({kind}{slow}), median per step:"
         return head + "\n" + format_table(self.summary())
+
+    def drift(self) -> tuple[np.ndarray, np.ndarray]:
+        """Return ``(steps, distances)``: steps done at each measurement, and one column per rank.
+
+        ``distances[k, r]`` is rank ``r``'s L2 distance from the mean of the replicas after
+        ``steps[k]`` steps (empty unless the run had ``measure_drift_every``).
+        """
+        rows = sorted((r["step"] + 1, r["rank"], r["drift"]) for r in self.records if "drift" in r)
+        steps = sorted({s for s, _, _ in rows})
+        out = np.zeros((len(steps), self.world_size))
+        where = {s: k for k, s in enumerate(steps)}
+        for s, rank, d in rows:
+            out[where[s], rank] = d
+        return np.array(steps), out
 
     def plot_breakdown(self) -> Figure:
         """Return a stacked bar per rank of the median step's phases."""
@@ -215,6 +240,8 @@ def train_data_parallel(
     world_size: int | None = None,
     test_set: Any = None,
     measure_wait: bool = True,
+    stragglers: dict[int, float | Straggler] | None = None,
+    measure_drift_every: int = 0,
     comm_timeout: float = 60.0,
     timeout: float = 600.0,
     **options: Any,
@@ -227,9 +254,14 @@ def train_data_parallel(
         dataset: a ``Dataset`` or a function returning one; every engine must see the same set.
         config: ``batch_size`` is the *global* batch, split evenly over the ranks.
         method: a name in ``EXCHANGES``: ``parameter_server``, ``parameter_server_source000``,
-            ``allreduce_naive``, ``ring``, ``builtin``, ``bucketed``, ``ddp``.
+            ``allreduce_naive``, ``ring``, ``builtin``, ``bucketed``, ``ddp``, ``local_sgd``,
+            ``gossip``, ``gossip_sparse``.
         backend, link: the communicator (``"gloo"`` or ``"mpi"``), optionally emulating ``link``.
-        measure_wait: time a barrier before exchanges that run after backward ("waiting").
+        measure_wait: time a barrier where the method waits for every rank ("waiting").
+        stragglers: ``{rank: speed fraction or Straggler}``: slow those ranks down on purpose
+            (emulated; they sleep after each backward), e.g. ``{2: 0.5}`` for half speed.
+        measure_drift_every: every k steps, measure each replica's distance from the mean of
+            the replicas (an extra allreduce not counted as the method's); ``result.drift()``.
         comm_timeout: seconds any one message may take before the ranks give up, naming a rank.
         timeout: seconds for the whole run before hung engines are recovered.
         options: the method's settings, e.g. ``bucket_bytes=4096`` for ``bucketed``.
@@ -237,12 +269,17 @@ def train_data_parallel(
     ids = _engines(cluster, world_size)
     n = len(ids)
     _validate(config, method, n)
+    slow = parse_stragglers(stragglers, n)
+    if isinstance(measure_drift_every, bool) or not isinstance(measure_drift_every, int) \
+            or measure_drift_every < 0:  # fmt: skip
+        raise ValueError(f"measure_drift_every={measure_drift_every!r}: give a step count >= 1, "
+                         "or 0 for no drift measurement")  # fmt: skip
     EXCHANGES[method](**options)  # bad options fail here, before any engine is busy
     _ensure_communicators(cluster, ids, backend, link, comm_timeout)
     infos = _run(cluster, ids, replica.engine_prepare, (model, dataset, config.seed, COMM_NAME),
                  timeout)  # fmt: skip
     _check_replicas_alike(cluster, ids, infos, config)
-    args = (config, method, options, COMM_NAME, measure_wait, test_set)
+    args = (config, method, options, COMM_NAME, measure_wait, test_set, slow, measure_drift_every)
     results = _run(cluster, ids, replica.engine_train, args, timeout)
     weights = results[0]["weights"]
     diffs = [max(float(np.abs(r["weights"][k] - w).max(initial=0.0)) for k, w in weights.items())
@@ -253,7 +290,7 @@ def train_data_parallel(
         records=[rec for r in results for rec in r["records"]], weights=weights,
         replicas_equal=max(diffs) == 0.0, max_replica_difference=max(diffs),
         engines=[{"rank": i["rank"], "engine": ids[i["rank"]], "host": i["host"]} for i in infos],
-        gradient_bytes=results[0]["param_bytes"],
+        gradient_bytes=results[0]["param_bytes"], stragglers=slow,
     )  # fmt: skip
 
 

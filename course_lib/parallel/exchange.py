@@ -15,6 +15,13 @@ the exchange object; the training loop never changes. An exchange is asked, in t
   default does nothing);
 * ``detach()`` at the end.
 
+Waiting is measured by the recorder with a barrier, and only where the method really waits for
+every rank: ``sync_point`` says where (``"exchange"``: after backward, before the exchange;
+``"after_step"``: after the optimiser step, before weight averaging) and
+``synchronises_at(step)`` says at which steps. A barrier at every step would make Local-SGD(p)
+wait every step, which it does not; gossip waits only for its two partners, inside its ``comm``
+time, so it answers False everywhere.
+
 This module holds the base class and the methods that exchange one flat buffer after backward:
 ``allreduce_naive``, ``ring`` and ``builtin``. The registry of all methods by name is
 :mod:`course_lib.parallel.registry`.
@@ -112,6 +119,15 @@ class GradientExchange:
     name: ClassVar[str] = "abstract"
     #: True when communication runs during backward (its timeline has bucket intervals).
     overlaps_backward: ClassVar[bool] = False
+    #: Where the method waits for every rank: ``"exchange"`` (after backward) or ``"after_step"``.
+    sync_point: str = "exchange"
+
+    def synchronises_at(self, step: int) -> bool:
+        """Return True when step ``step`` (from 0) waits for every rank at ``sync_point``.
+
+        The recorder times a barrier there (``wait``); default: every step (bulk-synchronous).
+        """
+        return True
 
     def attach(self, comm: Communicator, net: nn.Module) -> nn.Module:
         """Prepare for training ``net``; return the module whose forward the loop calls."""

@@ -22,6 +22,8 @@ from course_lib.parallel.exchange import (
     NaiveAllreduce,
     RingAllreduce,
 )
+from course_lib.parallel.gossip_exchange import GossipExchange, SparseGossipExchange
+from course_lib.parallel.local_sgd import LocalSGD
 from course_lib.parallel.parameter_server import ParameterServer, ParameterServerSource000
 
 __all__ = ["EXCHANGES", "make_exchange", "register_exchange"]
@@ -47,6 +49,9 @@ for _cls in (
     BuiltinAllreduce,
     BucketedAllreduce,
     DDPExchange,
+    LocalSGD,
+    GossipExchange,
+    SparseGossipExchange,
 ):
     register_exchange(_cls)
 

@@ -24,6 +24,7 @@ from course_lib.data.sharding import ShardSampler, shard_indices
 from course_lib.models import build_model
 from course_lib.parallel.accounting import StepRecorder
 from course_lib.parallel.registry import make_exchange
+from course_lib.parallel.stragglers import Straggler
 from course_lib.training import TrainConfig, fit, make_optimizer, seed_everything
 
 __all__ = [
@@ -151,8 +152,15 @@ def engine_train(
     comm_name: str,
     measure_wait: bool,
     test_set: Any,
+    stragglers: dict[int, Straggler] | None = None,
+    measure_drift_every: int = 0,
 ) -> dict[str, Any]:
-    """Train the prepared replica with ``method``; return history, step records and weights."""
+    """Train the prepared replica with ``method``; return history, step records and weights.
+
+    ``stragglers``: ``{rank: Straggler}``; a rank named there sleeps after each backward (an
+    emulated slow PC);
+    ``measure_drift_every``: record each replica's distance from the mean every k steps.
+    """
     from IPython import get_ipython
 
     ns = get_ipython().user_ns
@@ -162,7 +170,8 @@ def engine_train(
     exchange = make_exchange(method, **options)
     module = exchange.attach(comm, net)
     optimizer = exchange.wrap_optimizer(comm, make_optimizer(module, config))
-    recorder = StepRecorder(comm, exchange, net, measure_wait)
+    straggler = (stragglers or {}).get(comm.rank)
+    recorder = StepRecorder(comm, exchange, net, measure_wait, straggler, measure_drift_every)
     state["records"] = recorder.records
     recorder.attach(module, optimizer)
     sampler = GlobalBatchSampler(len(data), comm.rank, n, config.batch_size, seed=config.seed)

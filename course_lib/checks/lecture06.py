@@ -1,0 +1,118 @@
+"""Checks for the exercises of lecture 6 (topologies: gossip, mixing matrices, spectral gap).
+
+Exercise 6.1 compares the student's mixing matrix of one gossip step with the library's for
+every world size 2..9 and every partner distance (the shared partner of P = 2 and s = P/2
+included). Exercise 6.2 compares the student's spectral gap with ``1 - ||W - J||_2`` on
+symmetric and non-symmetric doubly stochastic matrices.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+
+from course_lib.parallel.mixing import (
+    allreduce_matrix,
+    gossip_distances,
+    gossip_matrix,
+    rotation_product,
+    spectral_gap,
+)
+from course_lib.verdict import Verdict, run_check
+
+__all__ = [
+    "check_gossip_matrix",
+    "check_spectral_gap",
+    "eigenvalue_gap",
+    "reference_gossip_matrix",
+    "reference_spectral_gap",
+    "stub_gossip_matrix",
+    "stub_spectral_gap",
+    "wrong_gossip_matrix",
+]
+
+
+# ---- Exercise 6.1: the mixing matrix of one gossip step -----------------------------------------
+def stub_gossip_matrix(world_size: int, s: int) -> np.ndarray:
+    """The released stub of Exercise 6.1."""
+    raise NotImplementedError("Exercise 6.1: build the gossip step's mixing matrix")
+
+
+def reference_gossip_matrix(world_size: int, s: int) -> np.ndarray:
+    """The library's matrix: 1/3 on self and on each partner (a shared partner gets 2/3)."""
+    return gossip_matrix(world_size, s)
+
+
+def wrong_gossip_matrix(world_size: int, s: int) -> np.ndarray:
+    """A tempting mistake: assignments instead of additions, so a shared partner gets only 1/3."""
+    w = np.zeros((world_size, world_size))
+    for i in range(world_size):
+        w[i, i] = w[i, (i - s) % world_size] = w[i, (i + s) % world_size] = 1 / 3
+    return w
+
+
+def _gossip_matrix_body(fn: Callable) -> str:
+    cases = [(p, s) for p in range(2, 10) for s in sorted(set(gossip_distances(p, p)))]
+    for p, s in cases:
+        got = np.asarray(fn(p, s), dtype=float)
+        want = gossip_matrix(p, s)
+        if got.shape != want.shape:
+            raise AssertionError(f"P={p}, s={s}: got a {got.shape} matrix, want ({p}, {p})")
+        if not np.allclose(got, want, atol=1e-12):
+            i, j = np.unravel_index(np.argmax(np.abs(got - want)), want.shape)
+            hint = (" (when the left and right partner are the same rank, its message counts "
+                    "twice: add, do not assign)") if (p == 2 or 2 * s == p) else ""  # fmt: skip
+            raise AssertionError(
+                f"P={p}, s={s}: entry [{i}, {j}] is {got[i, j]:.4f}, want {want[i, j]:.4f}{hint}"
+            )
+    return f"{len(cases)} (P, s) pairs, P = 2..9, every row and column sums to 1"
+
+
+def check_gossip_matrix(fn: Callable, *, verbose: bool = True) -> Verdict:
+    """Exercise 6.1: ``fn(world_size, s)`` against the library's gossip matrix."""
+    return run_check("6.1", "gossip mixing matrix", lambda: _gossip_matrix_body(fn),
+                     verbose=verbose)  # fmt: skip
+
+
+# ---- Exercise 6.2: the spectral gap -------------------------------------------------------------
+def stub_spectral_gap(w: np.ndarray) -> float:
+    """The released stub of Exercise 6.2."""
+    raise NotImplementedError("Exercise 6.2: compute the spectral gap")
+
+
+def reference_spectral_gap(w: np.ndarray) -> float:
+    """The library's gap: 1 minus the largest singular value of W - J."""
+    return spectral_gap(w)
+
+
+def eigenvalue_gap(w: np.ndarray) -> float:
+    """A tempting shortcut: 1 - the second-largest |eigenvalue|; wrong for non-symmetric W."""
+    values = np.sort(np.abs(np.linalg.eigvals(w)))
+    return float(1 - values[-2])
+
+
+def _cases() -> list[tuple[str, np.ndarray]]:
+    rng = np.random.default_rng(6)
+    perms = [np.eye(5)[rng.permutation(5)] for _ in range(3)]
+    skewed = 0.5 * perms[0] + 0.3 * perms[1] + 0.2 * perms[2]  # doubly stochastic, not symmetric
+    return [("allreduce, P=4", allreduce_matrix(4)), ("ring, P=6", gossip_matrix(6, 1)),
+            ("rotation, P=8", rotation_product(8)), ("two ranks", gossip_matrix(2, 1)),
+            ("identity, P=3", np.eye(3)), ("non-symmetric, P=5", skewed)]  # fmt: skip
+
+
+def _spectral_gap_body(fn: Callable) -> str:
+    for name, w in _cases():
+        got, want = float(fn(w.copy())), spectral_gap(w)
+        if not np.isclose(got, want, atol=1e-9):
+            raise AssertionError(
+                f"{name}: got {got:.4f}, want {want:.4f} = 1 - ||W - J||_2 (J: every entry 1/P; "
+                "use the largest singular value, which bounds one step even when W is not "
+                "symmetric)"
+            )
+    return f"{len(_cases())} matrices, allreduce gap 1, identity gap 0"
+
+
+def check_spectral_gap(fn: Callable, *, verbose: bool = True) -> Verdict:
+    """Exercise 6.2: ``fn(W)`` against ``1 - ||W - J||_2``."""
+    return run_check("6.2", "spectral gap", lambda: _spectral_gap_body(fn), verbose=verbose)
