@@ -21,7 +21,7 @@ import torch
 from course_lib.cluster import start_cluster
 from course_lib.data.digits import load_digits
 from course_lib.models import MLP
-from course_lib.parallel.asynchronous import train_asynchronous
+from course_lib.parallel.asynchronous import AsyncTrainingError, train_asynchronous
 from course_lib.parallel.staleness import StalenessLedger, staleness_limit
 from course_lib.parallel.stragglers import Straggler
 from course_lib.training import TrainConfig
@@ -144,6 +144,18 @@ class FailsOnRankTwo(MLP):
         return super().forward(x)
 
 
+class FailsOnEveryWorker(MLP):
+    """Every worker raises in its third training step: nobody is left to finish the run."""
+
+    calls = 0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.calls += self.training
+        if self.calls == 3:
+            raise RuntimeError("every worker broke on purpose")
+        return super().forward(x)
+
+
 class KilledOnRankTwo(MLP):
     """Rank 2's engine kills itself (SIGKILL, like a PC switched off) in its third step."""
 
@@ -228,6 +240,12 @@ def test_a_worker_that_stops_answering_is_dropped_and_named(cluster):
     assert "rank 2 (engine" in report and "worker 2 broke on purpose" in report, report
     assert "timed out after 5 s" in report, report
     assert result.applied_per_worker == {1: 28, 2: 2}  # worker 1 finished the run alone
+
+
+def test_losing_every_worker_is_an_error_naming_them(cluster):
+    with pytest.raises(AsyncTrainingError, match=r"every worker was lost after 4 of 30 updates: "
+                       r"rank 1: rank 1 \(engine .*; rank 2: rank 2 \(engine"):  # fmt: skip
+        _train(cluster, model=FailsOnEveryWorker, num_updates=30, worker_timeout=5)
 
 
 def test_bad_settings_are_refused_before_any_engine_works(cluster):
