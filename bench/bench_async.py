@@ -10,8 +10,8 @@ emulated straggler: it sleeps as long again after each backward). Prints seconds
 slow-down the straggler causes, gradients per worker and the staleness the server recorded.
 All engines share this PC's cores, so on a 2-core machine the figures measure contention too.
 
-    .venv/bin/python bench/bench_async.py            # about two minutes on a quiet 2-core PC
-    .venv/bin/python bench/bench_async.py --quick    # fewer samples
+    .venv/bin/python bench/bench_async.py            # 3 runs per cell, median (about 6 min loaded)
+    .venv/bin/python bench/bench_async.py --quick --repeats 1    # one run of fewer samples
 """
 
 from __future__ import annotations
@@ -72,6 +72,7 @@ def main(argv: list[str] | None = None) -> int:
     """Run every scheme with and without the straggler; print one row per scheme."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="240 samples instead of 480")
+    parser.add_argument("--repeats", type=int, default=3, help="runs per cell (median shown)")
     args = parser.parse_args(argv)
     samples = 240 if args.quick else 480
     data = synthetic_cifar(samples)
@@ -88,10 +89,14 @@ def main(argv: list[str] | None = None) -> int:
         run_sync(cluster, data, "ring", config, None)  # warm-up: connections, imports
         rows = []
         for name, run in schemes:
-            even, slow = run(cluster, None), run(cluster, HALF_SPEED)
+            evens = [run(cluster, None) for _ in range(args.repeats)]
+            slows = [run(cluster, HALF_SPEED) for _ in range(args.repeats)]
+            even = {"epoch_s": statistics.median(r["epoch_s"] for r in evens)}
+            slow = {**slows[-1], "epoch_s": statistics.median(r["epoch_s"] for r in slows)}
             rows.append((name, even, slow))
     print(f"{ENGINES} engines, SmallCNN, {samples} synthetic samples per epoch, global batch "
-          f"{config.batch_size}; straggler: rank {ENGINES - 1} at half speed (emulated)")  # fmt: skip
+          f"{config.batch_size}; straggler: rank {ENGINES - 1} at half speed (emulated); "
+          f"median of {args.repeats} runs")  # fmt: skip
     head = f"{'scheme':<24} {'s/epoch':>8} {'straggler':>10} {'ratio':>6}  {'gradients per worker (straggler run)':<38} staleness (straggler run)"
     print(head)
     print("-" * len(head))
