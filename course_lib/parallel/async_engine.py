@@ -27,6 +27,7 @@ from __future__ import annotations
 import queue
 import threading
 import time
+from dataclasses import asdict
 from typing import Any
 
 import numpy as np
@@ -236,9 +237,7 @@ def serve(
                 p.grad = torch.from_numpy(grad[offset : offset + p.numel()]).view_as(p).to(p.dtype)
                 offset += p.numel()
             optimizer.step()
-            applies.append(
-                {**record.__dict__, "arrived": arrived, "apply_at": (start, time.time())}
-            )
+            applies.append({**asdict(record), "arrived": arrived, "apply_at": (start, time.time())})
             if ledger.version % eval_every == 0 or ledger.version == budget:
                 log_accuracy()
             if ledger.version >= budget:
