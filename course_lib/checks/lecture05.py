@@ -1,0 +1,134 @@
+"""Checks for the exercises of lecture 5 (synchronisation schemes); no engines needed.
+
+Exercise 5.1: the staleness of every gradient a fully asynchronous server applies, for a given
+order of arrivals. Exercise 5.2: the stale-synchronous gate (Ho et al. 2013). Both are replayed
+against :class:`~course_lib.parallel.staleness.StalenessLedger`, the bookkeeping the kit's
+server runs on the engines, on fixed and random orders.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+
+from course_lib.parallel.staleness import StalenessLedger
+from course_lib.verdict import Verdict, run_check
+
+__all__ = [
+    "check_ssp_gate",
+    "check_staleness",
+    "reference_may_proceed",
+    "reference_staleness",
+    "stub_may_proceed",
+    "stub_staleness",
+]
+
+
+# ---- Exercise 5.1: staleness of a scripted order ------------------------------------------------
+def stub_staleness(order: list[int], workers: int) -> list[int]:
+    """The released stub of Exercise 5.1."""
+    raise NotImplementedError("Exercise 5.1: compute the staleness of each applied gradient")
+
+
+def reference_staleness(order: list[int], workers: int) -> list[int]:
+    """Return the staleness of each gradient in ``order``: each worker reads right after its push."""
+    version, read = 0, dict.fromkeys(range(1, workers + 1), 0)
+    out = []
+    for w in order:
+        out.append(version - read[w])
+        version += 1
+        read[w] = version
+    return out
+
+
+def _orders(seed: int, count: int) -> list[tuple[list[int], int]]:
+    rng = random.Random(seed)
+    cases = [([1, 2, 1, 2], 2), ([1, 1, 1, 2], 2), ([3, 1, 2, 1, 1, 3], 3)]
+    for _ in range(count):
+        workers = rng.randint(1, 5)
+        weights = [rng.random() + 0.05 for _ in range(workers)]  # some workers much slower
+        cases.append((rng.choices(range(1, workers + 1), weights, k=rng.randint(1, 30)), workers))
+    return cases
+
+
+def _staleness_body(fn: Callable) -> str:
+    cases = _orders(51, 40)
+    for order, workers in cases:
+        ledger = StalenessLedger(list(range(1, workers + 1)), bound=None)
+        ledger.start()
+        for w in order:
+            ledger.arrive(w, ledger.computing[w][0])
+            ledger.release()
+        want = [a.staleness for a in ledger.applied]
+        got = fn(list(order), workers)
+        got = [int(v) for v in got] if got is not None else None
+        assert got == want, (
+            f"for arrivals {order} from {workers} workers you gave {got}, the server records "
+            f"{want} (staleness = updates applied since that worker last read the weights)"
+        )
+    return f"{len(cases)} orders of arrivals, every staleness as the server records it"
+
+
+def check_staleness(fn: Callable, *, verbose: bool = True) -> Verdict:
+    """Exercise 5.1: ``fn(order, workers) -> [staleness, ...]`` against the server's ledger."""
+    return run_check("5.1", "staleness of each gradient", lambda: _staleness_body(fn),
+                     verbose=verbose)  # fmt: skip
+
+
+# ---- Exercise 5.2: the SSP gate -----------------------------------------------------------------
+def stub_may_proceed(
+    clocks: dict[int, int], live: set[int], worker: int, bound: int | None
+) -> bool:
+    """The released stub of Exercise 5.2."""
+    raise NotImplementedError("Exercise 5.2: write the stale-synchronous gate")
+
+
+def reference_may_proceed(
+    clocks: dict[int, int], live: set[int], worker: int, bound: int | None
+) -> bool:
+    """Return True when ``worker`` is at most ``bound`` clocks ahead of the slowest live worker."""
+    return bound is None or clocks[worker] - min(clocks[w] for w in live) <= bound
+
+
+class _StudentGate(StalenessLedger):
+    def __init__(self, workers: list[int], bound: int | None, fn: Callable) -> None:
+        super().__init__(workers, bound)
+        self.fn = fn
+
+    def may_proceed(self, worker: int) -> bool:
+        return bool(self.fn(dict(self.clocks), set(self.live), worker, self.bound))
+
+
+def _gate_body(fn: Callable) -> str:
+    scenarios = 0
+    for bound in (None, 0, 1, 2):
+        for seed in range(12):
+            rng = random.Random(1000 * seed + (bound if bound is not None else 9))
+            workers = list(range(1, rng.randint(2, 5) + 1))
+            mine, ref = _StudentGate(workers, bound, fn), StalenessLedger(workers, bound)
+            mine.start(), ref.start()
+            for _ in range(40):
+                if len(ref.live) > 1 and rng.random() < 0.05:
+                    dead = rng.choice(sorted(ref.live))
+                    mine.drop(dead), ref.drop(dead)
+                    ref_out, my_out = ref.release(), mine.release()
+                else:
+                    w = rng.choice(sorted(ref.computing))  # both agree so far (asserted below)
+                    ref.arrive(w, ref.computing[w][0])
+                    mine.arrive(w, mine.computing[w][0])
+                    ref_out, my_out = ref.release(), mine.release()
+                where = f"bound s={bound}, clocks {ref.clocks}, live workers {sorted(ref.live)}"
+                assert my_out == ref_out, (
+                    f"{where}: your gate let {my_out or 'nobody'} proceed, SSP lets "
+                    f"{ref_out or 'nobody'} "
+                    "(a worker may go when its clock - slowest live clock <= s)"
+                )
+            scenarios += 1
+    return (
+        f"{scenarios} random runs with s = None, 0, 1, 2 and dying workers; every decision agrees"
+    )
+
+
+def check_ssp_gate(fn: Callable, *, verbose: bool = True) -> Verdict:
+    """Exercise 5.2: ``fn(clocks, live, worker, bound) -> bool`` against the SSP rule."""
+    return run_check("5.2", "stale-synchronous gate", lambda: _gate_body(fn), verbose=verbose)
