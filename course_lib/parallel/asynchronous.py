@@ -26,17 +26,17 @@ from typing import Any
 from course_lib.comm.emulated_link import EmulatedLink
 from course_lib.parallel import async_engine, replica
 from course_lib.parallel.async_result import AsyncResult
-from course_lib.parallel.data_parallel import (
+from course_lib.parallel.data_parallel import validate_config
+from course_lib.parallel.engines import (
     COMM_NAME,
     DataParallelError,
-    _alive,
-    _check_replicas_alike,
-    _describe,
-    _engines,
-    _ensure_communicators,
-    _first_line,
-    _run,
-    _validate,
+    check_replicas_alike,
+    describe_rank,
+    engine_alive,
+    ensure_communicators,
+    first_error_line,
+    run_on_engines,
+    select_engines,
 )
 from course_lib.parallel.staleness import validate_bound
 from course_lib.parallel.stragglers import parse_stragglers
@@ -62,7 +62,7 @@ def _validate_async(config: TrainConfig, n: int, options: dict[str, Any]) -> Non
             f"world_size={n}: an asynchronous run needs a server (rank 0) and at least one "
             "worker; start at least 2 engines"
         )
-    _validate(config, "parameter_server", n - 1)  # the global batch is split over the workers
+    validate_config(config, "parameter_server", n - 1)  # the global batch is split over the workers
     if config.target is not None:
         raise ValueError("target= is not supported here: the run ends after num_updates")
     validate_bound(options["staleness_bound"])
@@ -90,23 +90,23 @@ def _run_tolerant(cluster: Any, ids: list[int], fn: Any, args: tuple, timeout: f
     while time.monotonic() < deadline:
         cluster.client.wait(pending, timeout=0.5)
         waiting = [r for r, p in enumerate(pending) if not p.ready()]
-        if all(not _alive(cluster, ids[r]) for r in waiting):
+        if all(not engine_alive(cluster, ids[r]) for r in waiting):
             break
     results: list[Any] = [None] * len(ids)
     lost: dict[int, str] = {}
     hung = []
     for rank, p in enumerate(pending):
-        if not _alive(cluster, ids[rank]):
-            lost[rank] = f"{_describe(cluster, ids, rank)} died"
+        if not engine_alive(cluster, ids[rank]):
+            lost[rank] = f"{describe_rank(cluster, ids, rank)} died"
         elif not p.ready():
             hung.append(rank)
         else:
             try:
                 results[rank] = p.get(timeout=0)
             except ipp.error.EngineError:
-                lost[rank] = f"{_describe(cluster, ids, rank)} died"
+                lost[rank] = f"{describe_rank(cluster, ids, rank)} died"
             except ipp.error.RemoteError as exc:
-                lost[rank] = f"{_describe(cluster, ids, rank)} raised {_first_line(exc)}"
+                lost[rank] = f"{describe_rank(cluster, ids, rank)} raised {first_error_line(exc)}"
     if lost or hung:  # their peers' communicators saw a failure: the next run makes new ones
         survivors = [ids[r] for r in range(len(ids)) if r not in lost and r not in hung]
         if survivors:
@@ -155,16 +155,16 @@ def train_asynchronous(
         worker_timeout: seconds of silence after which the server drops a worker.
         comm_timeout, timeout: one message's limit, and the whole run's.
     """
-    ids = _engines(cluster, world_size)
+    ids = select_engines(cluster, world_size)
     n = len(ids)
     spec = parse_stragglers(stragglers, n)
     options = {"staleness_bound": staleness_bound, "num_updates": num_updates,
                "eval_every": eval_every, "worker_timeout": worker_timeout, "stragglers": spec}  # fmt: skip
     _validate_async(config, n, options)
-    _ensure_communicators(cluster, ids, backend, link, comm_timeout)
-    infos = _run(cluster, ids, replica.engine_prepare, (model, dataset, config.seed, COMM_NAME),
-                 timeout)  # fmt: skip
-    _check_replicas_alike(cluster, ids, infos, config)
+    ensure_communicators(cluster, ids, backend, link, comm_timeout)
+    prepare = (model, dataset, config.seed, COMM_NAME)
+    infos = run_on_engines(cluster, ids, replica.engine_prepare, prepare, timeout)
+    check_replicas_alike(cluster, ids, infos, config)
     budget = num_updates or config.num_epochs * (infos[0]["num_samples"] // config.batch_size) * (
         n - 1
     )

@@ -14,31 +14,29 @@ computes gradients on its part, the gradients are exchanged (the method, chosen 
 
 from __future__ import annotations
 
-import socket
-import time
 from dataclasses import dataclass, field
-from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
 from matplotlib.figure import Figure
 
 from course_lib.comm.emulated_link import EmulatedLink
-from course_lib.comm.setup import setup_communicators
 from course_lib.parallel import replica
 from course_lib.parallel.accounting import format_table, summarize_steps
+from course_lib.parallel.engines import (
+    COMM_NAME,
+    DataParallelError,
+    check_replicas_alike,
+    ensure_communicators,
+    run_on_engines,
+    select_engines,
+)
 from course_lib.parallel.registry import EXCHANGES
 from course_lib.parallel.stragglers import Straggler, parse_stragglers
 from course_lib.training import History, TrainConfig
 
 __all__ = ["COMM_NAME", "DataParallelError", "DataParallelResult", "train_data_parallel",
-           "valid_batch_sizes"]  # fmt: skip
-
-COMM_NAME = "dp_comm"  # the communicator's name in every engine's namespace
-
-
-class DataParallelError(RuntimeError):
-    """A data-parallel run failed on the engines; the message names the ranks, engines and hosts."""
+           "valid_batch_sizes", "validate_config"]  # fmt: skip
 
 
 @dataclass
@@ -122,7 +120,8 @@ def valid_batch_sizes(world_size: int, near: int, count: int = 3) -> list[int]:
     return [low + k * world_size for k in range(count)]
 
 
-def _validate(config: TrainConfig, method: str, world_size: int) -> None:
+def validate_config(config: TrainConfig, method: str, world_size: int) -> None:
+    """Raise ValueError naming the fix when ``config`` cannot run ``method`` on ``world_size`` ranks."""
     if method not in EXCHANGES:
         raise ValueError(f"unknown method {method!r}; choose one of {', '.join(EXCHANGES)}")
     if config.batch_size % world_size:
@@ -136,98 +135,6 @@ def _validate(config: TrainConfig, method: str, world_size: int) -> None:
             f"target_metric={config.target_metric!r} is measured on each rank's own shard, so "
             "ranks could stop at different epochs; use a test_ metric (pass test_set=...)"
         )
-
-
-def _engines(cluster: Any, world_size: int | None) -> list[int]:
-    ids = list(cluster.ids_by_rank)
-    n = len(ids) if world_size is None else world_size
-    if not 1 <= n <= len(ids):
-        raise ValueError(f"world_size={world_size}: the cluster has {len(ids)} engines")
-    return ids[:n]
-
-
-def _ensure_communicators(cluster, ids, backend, link, timeout) -> None:
-    """Create ``dp_comm`` on the engines unless the same set-up is already there."""
-    key = repr((backend, ids, link, timeout))
-    view = cluster.client[ids]
-    if all(k == key for k in view.apply_sync(replica.engine_comm_key)):
-        return
-    sub = SimpleNamespace(client=cluster.client, ids_by_rank=ids, engine_info=cluster.engine_info)
-    setup_communicators(sub, backend=backend, link=link, name=COMM_NAME, timeout=timeout)
-    view.apply_sync(replica.engine_comm_key, key)
-
-
-def _describe(cluster: Any, ids: list[int], rank: int) -> str:
-    info = cluster.engine_info.get(ids[rank], {})
-    return f"rank {rank} (engine {ids[rank]} on host {info.get('host', '?')}, pid {info.get('pid', '?')})"
-
-
-def _alive(cluster: Any, eid: int) -> bool:
-    """Return False once engine ``eid`` is known dead: unregistered, or its local process gone.
-
-    The controller notices a killed engine only after missed heartbeats (seconds); on this PC
-    the process table tells at once.
-    """
-    import psutil
-
-    if eid not in cluster.client.ids:
-        return False
-    info = cluster.engine_info.get(eid, {})
-    if info.get("host") == socket.gethostname() and info.get("pid"):
-        try:
-            return psutil.Process(info["pid"]).status() != psutil.STATUS_ZOMBIE
-        except psutil.NoSuchProcess:
-            return False
-    return True
-
-
-def _first_line(exc: BaseException) -> str:
-    text = f"{getattr(exc, 'ename', type(exc).__name__)}: {getattr(exc, 'evalue', exc)}"
-    return text.strip().splitlines()[0][:400]
-
-
-def _run(cluster: Any, ids: list[int], fn: Any, args: tuple, timeout: float) -> list[Any]:
-    """Run ``fn`` on the engines ``ids``; turn deaths, errors and hangs into DataParallelError."""
-    import ipyparallel as ipp
-
-    pending = [cluster.client[eid].apply_async(fn, *args) for eid in ids]
-    deadline = time.monotonic() + timeout
-    gone: list[int] = []
-    while time.monotonic() < deadline:
-        cluster.client.wait(pending, timeout=0.5)  # returns early once all are done
-        waiting = [r for r, p in enumerate(pending) if not p.ready()]
-        gone = [r for r in waiting if not _alive(cluster, ids[r])]
-        if len(gone) == len(waiting):  # all done, or all that are not done are dead
-            break
-    died, failed, hung = [], [], []
-    for rank, p in enumerate(pending):
-        if not _alive(cluster, ids[rank]):
-            died.append(rank)
-        elif not p.ready():
-            hung.append(rank)
-        else:
-            try:
-                p.get(timeout=0)
-            except ipp.error.EngineError:
-                died.append(rank)
-            except ipp.error.RemoteError as exc:
-                failed.append((rank, exc))
-    if not (died or failed or hung):
-        return [p.get() for p in pending]
-    survivors = [ids[r] for r in range(len(ids)) if r not in died + hung]
-    if survivors:  # their communicators saw a failure: the next run creates new ones
-        cluster.client[survivors].apply_sync(replica.engine_comm_key, "")
-    parts = []
-    if died:
-        done = cluster.client[survivors].apply_sync(replica.engine_progress) if survivors else []
-        when = f" after step {min(done)} of this run" if done else ""
-        parts += [f"{_describe(cluster, ids, r)} died{when}" for r in died]
-        parts.append("restart the engines (cluster.recover(), or start_cluster again) and re-run")
-    if hung:
-        report = cluster.recover()
-        parts.append(f"ranks {hung} did not finish within {timeout:g} s; recovered: {report}")
-    parts += [f"{_describe(cluster, ids, r)} raised {_first_line(e)}" for r, e in failed]
-    raise DataParallelError("data-parallel run failed: " + "; ".join(parts))
 
 
 def train_data_parallel(
@@ -268,21 +175,21 @@ def train_data_parallel(
         timeout: seconds for the whole run before hung engines are recovered.
         options: the method's settings, e.g. ``bucket_bytes=4096`` for ``bucketed``.
     """
-    ids = _engines(cluster, world_size)
+    ids = select_engines(cluster, world_size)
     n = len(ids)
-    _validate(config, method, n)
+    validate_config(config, method, n)
     slow = parse_stragglers(stragglers, n)
     if isinstance(measure_drift_every, bool) or not isinstance(measure_drift_every, int) \
             or measure_drift_every < 0:  # fmt: skip
         raise ValueError(f"measure_drift_every={measure_drift_every!r}: give a step count >= 1, "
                          "or 0 for no drift measurement")  # fmt: skip
     EXCHANGES[method](**options)  # bad options fail here, before any engine is busy
-    _ensure_communicators(cluster, ids, backend, link, comm_timeout)
-    infos = _run(cluster, ids, replica.engine_prepare, (model, dataset, config.seed, COMM_NAME),
-                 timeout)  # fmt: skip
-    _check_replicas_alike(cluster, ids, infos, config)
+    ensure_communicators(cluster, ids, backend, link, comm_timeout)
+    prepare = (model, dataset, config.seed, COMM_NAME)
+    infos = run_on_engines(cluster, ids, replica.engine_prepare, prepare, timeout)
+    check_replicas_alike(cluster, ids, infos, config)
     args = (config, method, options, COMM_NAME, measure_wait, test_set, slow, measure_drift_every)
-    results = _run(cluster, ids, replica.engine_train, args, timeout)
+    results = run_on_engines(cluster, ids, replica.engine_train, args, timeout)
     weights = results[0]["weights"]
     diffs = [max(float(np.abs(r["weights"][k] - w).max(initial=0.0)) for k, w in weights.items())
              for r in results]  # fmt: skip
@@ -294,26 +201,3 @@ def train_data_parallel(
         engines=[{"rank": i["rank"], "engine": ids[i["rank"]], "host": i["host"]} for i in infos],
         gradient_bytes=results[0]["param_bytes"], stragglers=slow,
     )  # fmt: skip
-
-
-def _check_replicas_alike(cluster, ids, infos, config: TrainConfig) -> None:
-    """Raise ValueError naming the ranks whose model or data set differ from rank 0's."""
-    ref = infos[0]
-    for info in infos[1:]:
-        mine, theirs = info["fingerprint"], ref["fingerprint"]
-        if mine != theirs:
-            diff = next((f"{a} vs rank 0's {b}" for a, b in zip(mine, theirs, strict=False) if a != b),
-                        f"{len(mine)} tensors vs rank 0's {len(theirs)}")  # fmt: skip
-            bad = [_describe(cluster, ids, i["rank"]) for i in infos if i["fingerprint"] != theirs]
-            raise ValueError(
-                f"the replicas differ in shape: {', '.join(bad)} built a different model than "
-                f"rank 0 (first difference: {diff}); every engine must build the same model"
-            )
-    sizes = {i["num_samples"] for i in infos}
-    if len(sizes) > 1:
-        raise ValueError(f"engines loaded data sets of different sizes {sorted(sizes)}")
-    if ref["num_samples"] < config.batch_size:
-        raise ValueError(
-            f"the data set has {ref['num_samples']} samples, fewer than one global batch of "
-            f"{config.batch_size}: use a smaller batch_size"
-        )
