@@ -7,6 +7,12 @@ from typing import Any
 
 from course_lib.comm.communicator import Communicator
 from course_lib.comm.emulated_link import EmulatedLink, emulate
+from course_lib.comm.rendezvous import (
+    group_error,
+    interface_address,
+    plan_gloo_rendezvous,
+    routed_address,
+)
 
 __all__ = [
     "BACKENDS",
@@ -77,25 +83,6 @@ def rendezvous_peer(hosts: list[str | None]) -> str | None:
     return next((h for h in hosts[1:] if h is not None and h != first), None)
 
 
-def routed_address(peer_ip: str) -> str:
-    """Return this PC's IPv4 address on the interface that routes to ``peer_ip``."""
-    # Connecting a UDP socket sends nothing; it only asks the OS which interface routes to the
-    # peer, which gives this PC's address on the lab network rather than 127.0.1.1.
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
-        sock.connect((peer_ip, 9))
-        return sock.getsockname()[0]
-
-
-def interface_address(ifname: str) -> str | None:
-    """Return the IPv4 address of network interface ``ifname`` on this PC, or None."""
-    import psutil
-
-    for addr in psutil.net_if_addrs().get(ifname, []):
-        if addr.family == socket.AF_INET:
-            return addr.address
-    return None
-
-
 def master_address(peer_host: str | None, ifname: str | None = None) -> str:
     """Return the address rank 0 listens on for gloo, seen from the other ranks; run on rank 0.
 
@@ -121,36 +108,17 @@ def master_address(peer_host: str | None, ifname: str | None = None) -> str:
     return routed_address(peer_ip)
 
 
-# Stores that rank 0's engine opened in _engine_rendezvous, by port, until _engine_create uses
-# them (kept here because the engine's namespace belongs to the student).
-_OPEN_STORES: dict[int, Any] = {}
-
-
 def _engine_create(name: str, backend: str, kwargs: dict[str, Any]) -> str:
     """Run on an engine: create the communicator and store it as ``name`` in the user namespace."""
     from IPython import get_ipython
 
-    from course_lib.comm import setup
+    from course_lib.comm import rendezvous, setup
 
     if backend == "gloo" and kwargs.get("rank") == 0:
-        kwargs = dict(kwargs, store=setup._OPEN_STORES.pop(kwargs["master_port"], None))
+        kwargs = dict(kwargs, store=rendezvous.OPEN_STORES.pop(kwargs["master_port"], None))
     comm = setup.make_communicator(backend, **kwargs)
     get_ipython().user_ns[name] = comm
     return repr(comm)
-
-
-def _engine_rendezvous(
-    peer_host: str | None, ifname: str | None, addr: str | None, world_size: int, timeout: float
-) -> tuple[str, int]:
-    """Run on rank 0: open the rendezvous store; return the address to announce and its port."""
-    from course_lib.comm import setup
-    from course_lib.comm.gloo_backend import master_store
-
-    addr = addr or setup.master_address(peer_host, ifname)
-    setup._OPEN_STORES.clear()  # a store left by an earlier failed setup: close it
-    store, port = master_store(addr, world_size, timeout)
-    setup._OPEN_STORES[port] = store
-    return addr, port
 
 
 def setup_communicators(
@@ -185,20 +153,28 @@ def setup_communicators(
             )
         per_rank = [dict(kwargs) for _ in ids]
     else:
-        peer_host = rendezvous_peer([info.get("host") for info in infos])
         # Rank 0 opens the store on a port the OS picks and keeps it open, so no other program
         # can take the port between choosing it and gloo using it.
-        addr, port = cluster.client[ids[0]].apply_sync(
-            _engine_rendezvous, peer_host, ifname, master_addr, len(ids), timeout
-        )
-        common = dict(
-            kwargs, world_size=len(ids), master_addr=addr, master_port=port, ifname=ifname
-        )
-        per_rank = [dict(common, rank=rank) for rank in range(len(ids))]
+        plan = plan_gloo_rendezvous(cluster, ids, ifname, master_addr, timeout)
+        common = dict(kwargs, world_size=len(ids), master_addr=plan["addr"])
+        per_rank = [
+            dict(common, rank=rank, master_port=plan["port"], ifname=plan["ifnames"][rank])
+            for rank in range(len(ids))
+        ]
     # gloo's init_process_group blocks until every rank has joined, so all engines must be asked
     # at once (apply_async on each), and only then waited for.
     pending = [
         cluster.client[eid].apply_async(_engine_create, name, backend, per_rank[rank])
         for rank, eid in enumerate(ids)
     ]
-    return [result.get(timeout=timeout + 30) for result in pending]
+    results, failures = [], []
+    for rank, result in enumerate(pending):
+        try:
+            results.append(result.get(timeout=timeout + 30))
+        except Exception as exc:  # noqa: BLE001 - every rank is waited for, then reported
+            failures.append((rank, exc))
+    if failures and backend == "gloo":
+        raise group_error(failures, ids, plan) from failures[0][1]
+    if failures:
+        raise failures[0][1]
+    return results
