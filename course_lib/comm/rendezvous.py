@@ -302,6 +302,8 @@ def group_error(failures: list[tuple[int, Exception]], ids: list[int], plan: dic
     lines = []
     for rank, exc in failures:
         text = f"{getattr(exc, 'ename', type(exc).__name__)}: {getattr(exc, 'evalue', exc)}"
+        if isinstance(exc, TimeoutError):  # the engine is still inside gloo's set-up
+            text = "did not join in time (its engine stays busy until gloo's timeout passes)"
         where = describe_for_humans(plan["met"][rank], plan["ifnames"][rank])
         lines.append(f"  rank {rank} (engine {ids[rank]}, PC {plan['pc_of'][rank] + 1}; {where}): "
                      f"{text.strip().splitlines()[0][:300]}")  # fmt: skip

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import socket
+import time
 from typing import Any
 
 from course_lib.comm.communicator import Communicator
@@ -168,9 +169,10 @@ def setup_communicators(
         for rank, eid in enumerate(ids)
     ]
     results, failures = [], []
+    deadline = time.monotonic() + timeout + 30  # one wait for all: ranks join together
     for rank, result in enumerate(pending):
         try:
-            results.append(result.get(timeout=timeout + 30))
+            results.append(result.get(timeout=max(1.0, deadline - time.monotonic())))
         except Exception as exc:  # noqa: BLE001 - every rank is waited for, then reported
             failures.append((rank, exc))
     if failures and backend == "gloo":
