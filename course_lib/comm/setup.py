@@ -139,7 +139,15 @@ def setup_communicators(
             ``"gloo"`` (any engines; rank 0's address and a free port are found automatically).
         link: an :class:`EmulatedLink` to slow every engine's traffic to (labelled emulated).
         master_addr: rank 0's address for gloo, when the automatic choice is wrong.
-        ifname: ``GLOO_SOCKET_IFNAME`` for gloo across PCs, e.g. ``"eth0"`` or ``"Ethernet"``.
+        ifname: gloo's interface on rank 0's PC (and on every PC that has one of that name),
+            e.g. ``"eth0"`` or ``"Ethernet"``. Rarely needed: engines that share a PC are found
+            from their addresses (not host names, which cloned PCs share), rank 0 announces its
+            address on the subnet the other PCs are on, and each rank binds gloo to its own
+            interface on the route to rank 0.
+
+    Raises:
+        RendezvousError: a rank cannot reach rank 0 (found by a probe of a few seconds, before
+            gloo's ``timeout``) or did not join; the message names the PCs and the fix.
     """
     if backend not in BACKENDS:
         raise ValueError(f"unknown backend {backend!r}: choose one of {BACKENDS}")
