@@ -75,6 +75,9 @@ def make_communicator(
 def rendezvous_peer(hosts: list[str | None]) -> str | None:
     """Return the first host that is not rank 0's (``hosts[0]``), or None if all share it.
 
+    By host name, which PCs cloned from one disk image share: :func:`setup_communicators`
+    places ranks by address instead (:mod:`course_lib.comm.rendezvous`).
+
     Rank 0's address must be the one that *other* PCs reach it by. With ranks 0-3 on the
     controller PC and the rest on lab PCs, rank 1 sits on rank 0's own PC, so only a different
     host tells which network interface the others will come in on. Unknown hosts (None) are
@@ -86,6 +89,9 @@ def rendezvous_peer(hosts: list[str | None]) -> str | None:
 
 def master_address(peer_host: str | None, ifname: str | None = None) -> str:
     """Return the address rank 0 listens on for gloo, seen from the other ranks; run on rank 0.
+
+    The host-name rule; :func:`setup_communicators` uses
+    :func:`course_lib.comm.rendezvous.choose_master_address`, which goes by addresses.
 
     The address of ``ifname`` (``GLOO_SOCKET_IFNAME``) when given: it wins even when every rank
     reports the same host name, as PCs cloned from one disk image do. Otherwise ``127.0.0.1``
