@@ -24,7 +24,7 @@ __all__ = ["LAB_CLUSTER_ID", "lab_status", "start_lab", "stop_lab"]
 # ipcluster's own (empty) id: the files keep their usual names (ipcontroller-client.json, which
 # students' start_cluster finds by profile), and status and stop find what start left running.
 LAB_CLUSTER_ID = ""
-WATCH_SECONDS = 3  # how long one remote wait of the launcher's engine watcher lasts
+WATCH_SECONDS = 10  # how long one remote wait of the launcher's engine watcher lasts
 
 
 def _profile_dir(profile: str) -> str:
