@@ -54,8 +54,9 @@ PCS = ("pc1", "pc1", "pc2", "pc3")  # where the engines run: two on the first PC
 class Lab:
     """The instructor's running cluster in an emulated room, closed once by :meth:`close`."""
 
-    def __init__(self, workdir: Path) -> None:
+    def __init__(self, workdir: Path, **room_options: Any) -> None:
         self.workdir = workdir
+        self.room_options = room_options  # emulated_room's: hostname=, ifnames=
         self.ipythondir = workdir / "instructor"
         self.security = self.ipythondir / "profile_lab" / "security"
         self.stack = contextlib.ExitStack()
@@ -71,7 +72,7 @@ class Lab:
 
     def start(self) -> None:
         """Build the room, start the controller, an engine per entry of ``PCS``, and connect."""
-        self.room = self.stack.enter_context(emulated_room(3))
+        self.room = self.stack.enter_context(emulated_room(3, **self.room_options))
         pcs = {f"pc{k}": pc for k, pc in enumerate(self.room.pcs, start=1)}
         self.hosts = {label: pc.hostname for label, pc in pcs.items()}
         self._start_controller()

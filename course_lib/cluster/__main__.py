@@ -1,6 +1,8 @@
 """Command line for the cluster layer: ``python -m course_lib.cluster doctor | room ...``.
 
-``doctor --profile lab`` checks every engine of a running cluster; ``room up N [--rate 1gbit]``,
+``lab start | status | stop HOSTS.toml`` runs one cluster across the lab's PCs (see
+:mod:`course_lib.cluster.lab_cluster`); ``doctor --profile lab`` checks every engine of a running
+cluster; ``room up N [--rate 1gbit]``,
 ``room status``, ``room run PC -- CMD`` and ``room down`` manage an emulated room that stays up
 between commands (see :mod:`course_lib.cluster.room_state`).
 """
@@ -62,6 +64,32 @@ def room_main(args: argparse.Namespace) -> int:
     return 0
 
 
+def lab_main(args: argparse.Namespace) -> int:
+    """Start, show or stop the cluster across the lab's PCs that the hosts file describes."""
+    from course_lib.cluster.lab_cluster import lab_status, start_lab, stop_lab
+    from course_lib.cluster.lab_hosts import read_hosts
+
+    try:
+        hosts = read_hosts(args.hosts)
+        if args.action == "start":
+            _, seconds = start_lab(hosts, timeout=args.timeout)
+            print(f"lab cluster up: {hosts.engines} engines on {len(hosts.pcs)} PCs answered "
+                  f"after {seconds:.1f} s; students: COURSE_CLUSTER_PROFILE={hosts.profile}")  # fmt: skip
+            return 0
+        if args.action == "status":
+            ok, text = lab_status(hosts)
+            print(text)
+            return 0 if ok else 1
+        if not stop_lab(hosts):
+            print(f"no lab cluster is running in profile {hosts.profile!r}: nothing to stop")
+        else:
+            print(f"lab cluster stopped: engines on {len(hosts.pcs)} PCs and the controller")
+        return 0
+    except (ValueError, TimeoutError) as exc:
+        print(f"kit lab {args.action}: {exc}", file=sys.stderr)
+        return 2
+
+
 def main(argv: list[str] | None = None) -> int:
     """Parse the command line and run the chosen job."""
     parser = argparse.ArgumentParser(prog="python -m course_lib.cluster")
@@ -81,7 +109,13 @@ def main(argv: list[str] | None = None) -> int:
     run = actions.add_parser("run", help="run a command inside one PC: run pc1 -- CMD")
     run.add_argument("pc", help="pc1, pc2, ... (or the PC's namespace)")
     run.add_argument("argv", nargs=argparse.REMAINDER, help="the command")
+    lab = jobs.add_parser("lab", help="one cluster across the lab's PCs, from a hosts file")
+    lab.add_argument("action", choices=["start", "status", "stop"])
+    lab.add_argument("hosts", help="the hosts file (TOML), e.g. hosts.toml")
+    lab.add_argument("--timeout", type=float, default=120.0, help="seconds to wait for engines")
     args = parser.parse_args(argv)
+    if args.job == "lab":
+        return lab_main(args)
     if args.job == "room":
         return room_main(args)
     if not (args.profile or args.file):

@@ -166,13 +166,19 @@ def _subnet_lock() -> Iterator[None]:
 
 
 def _hosts_file(room: Room) -> str:
-    """Return the /etc/hosts every PC sees: localhost, the instructor and all PCs by name."""
+    """Return the /etc/hosts every PC sees: localhost, the instructor and all PCs by name.
+
+    A name several PCs share (PCs cloned from one disk image) maps to ``127.0.1.1``, as the
+    Debian installer writes it into each clone's own /etc/hosts.
+    """
     lines = [
         "127.0.0.1 localhost",
         "::1 localhost ip6-localhost",
         f"{room.instructor_ip} {socket.gethostname()} instructor",
     ]
-    lines += [f"{pc.ip} {pc.hostname}" for pc in room.pcs]
+    names = [pc.hostname for pc in room.pcs]
+    lines += [f"{pc.ip} {pc.hostname}" for pc in room.pcs if names.count(pc.hostname) == 1]
+    lines += [f"127.0.1.1 {name}" for name in sorted({n for n in names if names.count(n) > 1})]
     return "\n".join(lines) + "\n"
 
 
@@ -284,17 +290,39 @@ def leftovers(names: Sequence[str]) -> list[str]:
     return [name for name in names if name in namespaces or name in links]
 
 
-def build_room(n_pcs: int, rate: str = "1gbit", burst: str = BURST, tag: str | None = None) -> Room:
+def _check_ifnames(ifnames: Sequence[str], n_pcs: int) -> None:
+    if len(ifnames) != n_pcs:
+        raise ValueError(f"ifnames has {len(ifnames)} names for {n_pcs} PCs: give one per PC")
+    for name in ifnames:
+        if not 1 <= len(name) <= 15 or name == "lo" or not name.replace("-", "").isalnum():
+            raise ValueError(
+                f"interface name {name!r}: use 1-15 letters and digits other than 'lo', "
+                "e.g. 'eth0', 'enp3s0', 'eno1'"
+            )
+
+
+def build_room(
+    n_pcs: int,
+    rate: str = "1gbit",
+    burst: str = BURST,
+    tag: str | None = None,
+    hostname: str | None = None,
+    ifnames: Sequence[str] | None = None,
+) -> Room:
     """Create ``n_pcs`` PCs on a bridge with every link shaped to ``rate``; return the Room.
 
     The bridge (the instructor's PC, the root namespace) gets ``10.77.X.1/24``, PC ``k``
     (``room.pcs[k - 1]``, namespace ``pc{k}_{tag}``) gets ``10.77.X.{k+1}`` on ``eth0`` with a
     default route through the instructor, so it also reaches the machine's other addresses.
-    ``rate`` and ``burst`` are tbf's (``"1gbit"``, ``"100mbit"``; ``"256kb"``). The room stays
-    up until :func:`teardown_room`; if building fails, what was built is removed first.
+    ``rate`` and ``burst`` are tbf's (``"1gbit"``, ``"100mbit"``; ``"256kb"``). ``hostname``
+    gives every PC that one host name, and ``ifnames`` each PC its interface's name, as in a
+    room of PCs cloned from one disk image onto different hardware. The room stays up until
+    :func:`teardown_room`; if building fails, what was built is removed first.
     """
     if not 1 <= n_pcs <= 200:
         raise ValueError(f"n_pcs={n_pcs}: use 1..200 PCs")
+    if ifnames is not None:
+        _check_ifnames(ifnames, n_pcs)
     tag = tag or _new_tag()
     room = Room(tag=tag, subnet="", bridge=f"rbr{tag}", instructor_ip="", rate=rate)
     try:
@@ -311,8 +339,9 @@ def build_room(n_pcs: int, rate: str = "1gbit", burst: str = BURST, tag: str | N
             _sh("ip", "addr", "add", f"{room.instructor_ip}/24", "dev", room.bridge)
         _sh("ip", "link", "set", room.bridge, "up")
         for k in range(1, n_pcs + 1):
-            pc = PC(netns=f"pc{k}_{tag}", hostname=f"pc{k}-{tag}", ip=f"{PREFIX}.{x}.{k + 1}",
-                    host_veth=f"rv{tag}p{k}")  # fmt: skip
+            pc = PC(netns=f"pc{k}_{tag}", hostname=hostname or f"pc{k}-{tag}",
+                    ip=f"{PREFIX}.{x}.{k + 1}", host_veth=f"rv{tag}p{k}",
+                    ifname=ifnames[k - 1] if ifnames else IFNAME)  # fmt: skip
             room.pcs.append(pc)
             inner = f"rv{tag}q{k}"  # renamed to eth0 once inside the namespace
             _sh("ip", "netns", "add", pc.netns)
@@ -344,9 +373,15 @@ def build_room(n_pcs: int, rate: str = "1gbit", burst: str = BURST, tag: str | N
 
 
 @contextlib.contextmanager
-def emulated_room(n_pcs: int, rate: str = "1gbit", burst: str = BURST) -> Iterator[Room]:
+def emulated_room(
+    n_pcs: int,
+    rate: str = "1gbit",
+    burst: str = BURST,
+    hostname: str | None = None,
+    ifnames: Sequence[str] | None = None,
+) -> Iterator[Room]:
     """Yield a room built by :func:`build_room`; remove all of it on exit, also on error."""
-    room = build_room(n_pcs, rate, burst)
+    room = build_room(n_pcs, rate, burst, hostname=hostname, ifnames=ifnames)
     body_failed = True
     try:
         yield room

@@ -18,6 +18,7 @@ from course_lib.comm.communicator import (
     wait_all,
 )
 from course_lib.comm.emulated_link import GIGABIT, EmulatedLink, emulate
+from course_lib.comm.rendezvous import RendezvousError
 from course_lib.comm.setup import BACKENDS, free_port, make_communicator, setup_communicators
 from course_lib.comm.stats import CommStats, PeerStats
 
@@ -33,6 +34,7 @@ __all__ = [
     "EmulatedLink",
     "Handle",
     "PeerStats",
+    "RendezvousError",
     "as_flat_array",
     "chunk_bounds",
     "emulate",

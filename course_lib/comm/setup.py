@@ -3,10 +3,17 @@
 from __future__ import annotations
 
 import socket
+import time
 from typing import Any
 
 from course_lib.comm.communicator import Communicator
 from course_lib.comm.emulated_link import EmulatedLink, emulate
+from course_lib.comm.rendezvous import (
+    group_error,
+    interface_address,
+    plan_gloo_rendezvous,
+    routed_address,
+)
 
 __all__ = [
     "BACKENDS",
@@ -68,6 +75,9 @@ def make_communicator(
 def rendezvous_peer(hosts: list[str | None]) -> str | None:
     """Return the first host that is not rank 0's (``hosts[0]``), or None if all share it.
 
+    By host name, which PCs cloned from one disk image share: :func:`setup_communicators`
+    places ranks by address instead (:mod:`course_lib.comm.rendezvous`).
+
     Rank 0's address must be the one that *other* PCs reach it by. With ranks 0-3 on the
     controller PC and the rest on lab PCs, rank 1 sits on rank 0's own PC, so only a different
     host tells which network interface the others will come in on. Unknown hosts (None) are
@@ -77,27 +87,11 @@ def rendezvous_peer(hosts: list[str | None]) -> str | None:
     return next((h for h in hosts[1:] if h is not None and h != first), None)
 
 
-def routed_address(peer_ip: str) -> str:
-    """Return this PC's IPv4 address on the interface that routes to ``peer_ip``."""
-    # Connecting a UDP socket sends nothing; it only asks the OS which interface routes to the
-    # peer, which gives this PC's address on the lab network rather than 127.0.1.1.
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
-        sock.connect((peer_ip, 9))
-        return sock.getsockname()[0]
-
-
-def interface_address(ifname: str) -> str | None:
-    """Return the IPv4 address of network interface ``ifname`` on this PC, or None."""
-    import psutil
-
-    for addr in psutil.net_if_addrs().get(ifname, []):
-        if addr.family == socket.AF_INET:
-            return addr.address
-    return None
-
-
 def master_address(peer_host: str | None, ifname: str | None = None) -> str:
     """Return the address rank 0 listens on for gloo, seen from the other ranks; run on rank 0.
+
+    The host-name rule; :func:`setup_communicators` uses
+    :func:`course_lib.comm.rendezvous.choose_master_address`, which goes by addresses.
 
     The address of ``ifname`` (``GLOO_SOCKET_IFNAME``) when given: it wins even when every rank
     reports the same host name, as PCs cloned from one disk image do. Otherwise ``127.0.0.1``
@@ -121,36 +115,17 @@ def master_address(peer_host: str | None, ifname: str | None = None) -> str:
     return routed_address(peer_ip)
 
 
-# Stores that rank 0's engine opened in _engine_rendezvous, by port, until _engine_create uses
-# them (kept here because the engine's namespace belongs to the student).
-_OPEN_STORES: dict[int, Any] = {}
-
-
 def _engine_create(name: str, backend: str, kwargs: dict[str, Any]) -> str:
     """Run on an engine: create the communicator and store it as ``name`` in the user namespace."""
     from IPython import get_ipython
 
-    from course_lib.comm import setup
+    from course_lib.comm import rendezvous, setup
 
     if backend == "gloo" and kwargs.get("rank") == 0:
-        kwargs = dict(kwargs, store=setup._OPEN_STORES.pop(kwargs["master_port"], None))
+        kwargs = dict(kwargs, store=rendezvous.OPEN_STORES.pop(kwargs["master_port"], None))
     comm = setup.make_communicator(backend, **kwargs)
     get_ipython().user_ns[name] = comm
     return repr(comm)
-
-
-def _engine_rendezvous(
-    peer_host: str | None, ifname: str | None, addr: str | None, world_size: int, timeout: float
-) -> tuple[str, int]:
-    """Run on rank 0: open the rendezvous store; return the address to announce and its port."""
-    from course_lib.comm import setup
-    from course_lib.comm.gloo_backend import master_store
-
-    addr = addr or setup.master_address(peer_host, ifname)
-    setup._OPEN_STORES.clear()  # a store left by an earlier failed setup: close it
-    store, port = master_store(addr, world_size, timeout)
-    setup._OPEN_STORES[port] = store
-    return addr, port
 
 
 def setup_communicators(
@@ -170,7 +145,15 @@ def setup_communicators(
             ``"gloo"`` (any engines; rank 0's address and a free port are found automatically).
         link: an :class:`EmulatedLink` to slow every engine's traffic to (labelled emulated).
         master_addr: rank 0's address for gloo, when the automatic choice is wrong.
-        ifname: ``GLOO_SOCKET_IFNAME`` for gloo across PCs, e.g. ``"eth0"`` or ``"Ethernet"``.
+        ifname: gloo's interface on rank 0's PC (and on every PC that has one of that name),
+            e.g. ``"eth0"`` or ``"Ethernet"``. Rarely needed: engines that share a PC are found
+            from their addresses (not host names, which cloned PCs share), rank 0 announces its
+            address on the subnet the other PCs are on, and each rank binds gloo to its own
+            interface on the route to rank 0.
+
+    Raises:
+        RendezvousError: a rank cannot reach rank 0 (found by a probe of a few seconds, before
+            gloo's ``timeout``) or did not join; the message names the PCs and the fix.
     """
     if backend not in BACKENDS:
         raise ValueError(f"unknown backend {backend!r}: choose one of {BACKENDS}")
@@ -185,20 +168,29 @@ def setup_communicators(
             )
         per_rank = [dict(kwargs) for _ in ids]
     else:
-        peer_host = rendezvous_peer([info.get("host") for info in infos])
         # Rank 0 opens the store on a port the OS picks and keeps it open, so no other program
         # can take the port between choosing it and gloo using it.
-        addr, port = cluster.client[ids[0]].apply_sync(
-            _engine_rendezvous, peer_host, ifname, master_addr, len(ids), timeout
-        )
-        common = dict(
-            kwargs, world_size=len(ids), master_addr=addr, master_port=port, ifname=ifname
-        )
-        per_rank = [dict(common, rank=rank) for rank in range(len(ids))]
+        plan = plan_gloo_rendezvous(cluster, ids, ifname, master_addr, timeout)
+        common = dict(kwargs, world_size=len(ids), master_addr=plan["addr"])
+        per_rank = [
+            dict(common, rank=rank, master_port=plan["port"], ifname=plan["ifnames"][rank])
+            for rank in range(len(ids))
+        ]
     # gloo's init_process_group blocks until every rank has joined, so all engines must be asked
     # at once (apply_async on each), and only then waited for.
     pending = [
         cluster.client[eid].apply_async(_engine_create, name, backend, per_rank[rank])
         for rank, eid in enumerate(ids)
     ]
-    return [result.get(timeout=timeout + 30) for result in pending]
+    results, failures = [], []
+    deadline = time.monotonic() + timeout + 30  # one wait for all: ranks join together
+    for rank, result in enumerate(pending):
+        try:
+            results.append(result.get(timeout=max(1.0, deadline - time.monotonic())))
+        except Exception as exc:  # noqa: BLE001 - every rank is waited for, then reported
+            failures.append((rank, exc))
+    if failures and backend == "gloo":
+        raise group_error(failures, ids, plan) from failures[0][1]
+    if failures:
+        raise failures[0][1]
+    return results

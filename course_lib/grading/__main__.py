@@ -2,6 +2,11 @@
 
 Also ``./kit release``, ``./kit grade``, ``./kit check``; ``./kit grade --self-test`` runs
 ``selftest``: a small class with attackers, graded in the sandbox, and what held.
+
+``release`` writes the student notebooks and the solution-free checking copies
+(``assignments/checks``); ``check`` grades one notebook against the instructor's sources where
+they are, else against the checking copies, so a course can keep its sources private. Bad input
+gets one line that names the fix, and exit status 2.
 """
 
 from __future__ import annotations
@@ -10,6 +15,7 @@ import argparse
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 from course_lib.grading.grade import GradingLimits, grade_notebook
 from course_lib.grading.gradebook import (
@@ -19,28 +25,79 @@ from course_lib.grading.gradebook import (
     write_feedback,
     write_gradebook,
 )
-from course_lib.grading.release import release_all
+from course_lib.grading.release import release_all, release_checks
 from course_lib.grading.sandbox import SandboxLimits, sandbox_problem
 
 ROOT = Path(__file__).resolve().parents[2]
 SOURCES = ROOT / "assignments" / "source"
+CHECKS = ROOT / "assignments" / "checks"
 RELEASED = ROOT / "notebooks" / "assignments"
 
 
+class InputError(Exception):
+    """Bad input to a job: its message names the fix."""
+
+
 def main(argv: list[str] | None = None) -> int:
+    """Run one job; bad input prints one line that names the fix and returns 2."""
+    import nbformat
+
+    try:
+        return _main(argv)
+    except (InputError, ValueError, FileNotFoundError, nbformat.ValidationError) as exc:
+        print(f"kit: {exc}", file=sys.stderr)
+        return 2
+
+
+def _read_notebook(path: Path) -> Any:
+    """Read the notebook at ``path``, or raise InputError saying what to give instead."""
+    import nbformat
+
+    if not path.is_file():
+        raise InputError(f"{path} does not exist: give the path of your saved notebook (.ipynb)")
+    try:
+        return nbformat.read(path, as_version=4)
+    except Exception as exc:  # noqa: BLE001 - JSON, schema or encoding: all mean "not a notebook"
+        raise InputError(
+            f"{path} is not a readable notebook ({type(exc).__name__}): give the .ipynb file "
+            "that JupyterLab saved (File > Save Notebook), not a copy or an export"
+        ) from None
+
+
+def _check_sources(given: Path | None) -> tuple[Path, str]:
+    """Return the folder ``check`` grades against and what it is: sources, else checking copies."""
+    if given is not None:
+        return given, str(given)
+    if any(SOURCES.glob("*.ipynb")):
+        return SOURCES, "the instructor's sources"
+    if any(CHECKS.glob("*.ipynb")):
+        return CHECKS, "the checking copies"
+    raise InputError(
+        f"neither assignment sources ({SOURCES}) nor checking copies ({CHECKS}) are here: "
+        "get assignments/checks from your instructor (./kit release writes them)"
+    )
+
+
+def _main(argv: list[str] | None = None) -> int:
     """Release assignments, grade a folder of submissions, or check one notebook."""
     parser = argparse.ArgumentParser(prog="python -m course_lib.grading", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     rel = sub.add_parser("release", help="turn every source into the student notebook")
     rel.add_argument("--source", type=Path, default=SOURCES)
     rel.add_argument("--dest", type=Path, default=RELEASED)
+    rel.add_argument("--checks-dest", type=Path, default=CHECKS,
+                     help="where the solution-free checking copies go")  # fmt: skip
     gra = sub.add_parser("grade", help="grade a folder of submitted notebooks")
     gra.add_argument("submissions", type=Path, help="<folder>/<student>/*.ipynb or <student>.ipynb")
     gra.add_argument("--out", type=Path, default=Path("grades"), help="gradebook.csv + feedback/")
     chk = sub.add_parser("check", help="grade one notebook the way the grader will")
     chk.add_argument("notebook", type=Path)
+    gra.add_argument("--source", type=Path, default=SOURCES)
+    chk.add_argument(
+        "--source", type=Path, default=None,
+        help="sources or checking copies (default: assignments/source, else assignments/checks)",
+    )  # fmt: skip
     for p in (gra, chk):
-        p.add_argument("--source", type=Path, default=SOURCES)
         p.add_argument(
             "--cell-timeout", type=float, default=60.0,
             help="seconds per cell (a set-up cell that runs out gets one retry with twice this)",
@@ -68,6 +125,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "release":
         for path in release_all(args.source, args.dest):
             print(f"released {path}")
+        for path in release_checks(args.source, args.checks_dest):
+            print(f"checking copy {path}")
         return 0
     if args.command == "selftest":
         from course_lib.grading.attacks import self_test
@@ -91,11 +150,11 @@ def main(argv: list[str] | None = None) -> int:
         if warning:
             print(f"WARNING: {warning}", file=sys.stderr)
         return 0
-    import nbformat
-
-    sources = load_sources(args.source)
-    nb = nbformat.read(args.notebook, as_version=4)
+    nb = _read_notebook(args.notebook)
+    folder, what = _check_sources(args.source)
+    sources = load_sources(folder)
     assignment = assignment_of(args.notebook, nb, sources)
+    print(f"checking {args.notebook} ({assignment}) against {what}")
     rows = grade_notebook("you", assignment, sources[assignment], nb, limits)
     for row in rows:
         print(f"{row.assignment} exercise {row.exercise}: {row.points:g}/{row.max_points:g} "

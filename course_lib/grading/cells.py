@@ -21,16 +21,19 @@ __all__ = [
     "BEGIN",
     "END",
     "CHECK_MARKER",
+    "UNGRADED_HINT",
     "answer_id",
     "check_id",
     "check_points",
     "has_solution",
+    "output_is_compared",
     "stub_solution",
 ]
 
 BEGIN = "### BEGIN SOLUTION"
 END = "### END SOLUTION"
 CHECK_MARKER = "# NBVAL_CHECK_OUTPUT"
+UNGRADED_HINT = "no answer was graded"  # the stub's hint where a submission has no answer
 _REGION = re.compile(
     r"^(?P<indent>[ \t]*)### BEGIN SOLUTION[^\n]*\n.*?^[ \t]*### END SOLUTION[^\n]*(\n|$)",
     re.MULTILINE | re.DOTALL,
@@ -54,6 +57,11 @@ def check_id(cell: Any) -> str | None:
 def check_points(cell: Any) -> float:
     """Return the points a check cell is worth (1 when the source does not say)."""
     return float(_course(cell).get("points", 1))
+
+
+def output_is_compared(cell: Any) -> bool:
+    """Return True when nbval compares this code cell's stored output (``--nbval-lax``)."""
+    return any(line.strip() == CHECK_MARKER for line in cell.get("source", "").splitlines())
 
 
 def has_solution(source: str) -> bool:

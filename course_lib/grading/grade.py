@@ -37,7 +37,13 @@ from pathlib import Path
 
 import nbformat
 
-from course_lib.grading.cells import answer_id, check_id, check_points, stub_solution
+from course_lib.grading.cells import (
+    UNGRADED_HINT,
+    answer_id,
+    check_id,
+    check_points,
+    stub_solution,
+)
 from course_lib.grading.guard import rejected_answers
 from course_lib.grading.release import write_notebook_atomically
 from course_lib.grading.runner import run_nbval
@@ -107,7 +113,7 @@ def build_graded_notebook(
         if exercise in answers and exercise not in stubbed:
             cell.source = answers[exercise]
         else:
-            cell.source = stub_solution(cell.source, exercise, "no answer was graded")
+            cell.source = stub_solution(cell.source, exercise, UNGRADED_HINT)
     return graded
 
 

@@ -40,7 +40,10 @@ def load_sources(source_dir: Path) -> dict[str, nbformat.NotebookNode]:
         assignment = nb.metadata.get("course", {}).get("assignment", path.stem.split("_")[0])
         sources[assignment] = nb
     if not sources:
-        raise FileNotFoundError(f"no assignment sources (*.ipynb) in {source_dir}")
+        raise FileNotFoundError(
+            f"no assignment sources (*.ipynb) in {source_dir}: pass --source FOLDER, the folder "
+            "of the sources (assignments/source) or of the checking copies (assignments/checks)"
+        )
     return sources
 
 
@@ -48,7 +51,10 @@ def find_submissions(folder: Path) -> list[tuple[str, Path]]:
     """Return (student, notebook) pairs: ``folder/<student>/*.ipynb`` or ``folder/<student>.ipynb``."""
     folder = Path(folder)
     if not folder.is_dir():
-        raise FileNotFoundError(f"{folder} is not a folder of submitted notebooks")
+        raise FileNotFoundError(
+            f"{folder} is not a folder of submitted notebooks: give the folder that holds "
+            "<student>/<notebook>.ipynb or <student>.ipynb"
+        )
     found = []
     for path in sorted(folder.rglob("*.ipynb")):
         if ".ipynb_checkpoints" in path.parts:
@@ -68,7 +74,10 @@ def assignment_of(path: Path, nb: nbformat.NotebookNode | None, known: Iterable[
     for assignment in known:  # metadata lost (e.g. re-saved by another tool): go by file name
         if path.name.startswith(assignment) or f"_{assignment}" in path.stem:
             return assignment
-    raise ValueError(f"{path}: cannot tell which assignment this is (known: {', '.join(known)})")
+    raise ValueError(
+        f"{path}: cannot tell which assignment this is (known: {', '.join(known)}): keep the "
+        "file name it was released with, which starts with its id (e.g. A1_sgd_conv.ipynb)"
+    )
 
 
 def _grade_one(

@@ -1,0 +1,126 @@
+"""``./kit lab start | status | stop hosts.toml`` in the emulated room, through ipyparallel's
+SSH engine launcher: ``ssh`` and ``scp`` are stand-ins that run the launcher's commands inside
+the PCs' namespaces (:mod:`course_lib.cluster.room_ssh`), so the launcher's own code runs as in
+a real lab. Deselect with ``-m "not room"``.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from course_lib.cluster import connect_cluster
+from course_lib.cluster.lab_hosts import read_hosts
+from course_lib.cluster.room import emulated_room, room_unavailable_reason
+from course_lib.cluster.room_ssh import write_ssh_standins
+
+pytestmark = [pytest.mark.room, pytest.mark.slow, pytest.mark.timeout(400)]
+
+ROOT = Path(__file__).resolve().parents[1]
+ENGINES = (2, 1)  # engines on pc1, pc2
+
+
+def _lab(env: dict[str, str], *argv: str, timeout: float = 180) -> subprocess.CompletedProcess:
+    """Run ``python -m course_lib.cluster lab ARGV`` (what ``./kit lab ...`` runs)."""
+    start = time.monotonic()
+    done = subprocess.run([sys.executable, "-m", "course_lib.cluster", "lab", *argv], env=env,
+                          capture_output=True, text=True, timeout=timeout, cwd=ROOT)  # fmt: skip
+    print(f"\nkit lab {argv[0]}: {time.monotonic() - start:.1f} s")
+    return done
+
+
+def _pids_in(netns: str) -> list[int]:
+    done = subprocess.run(["ip", "netns", "pids", netns], capture_output=True, text=True)
+    return [int(p) for p in done.stdout.split()]
+
+
+def _marked(ipython_dir: str, within: float = 10.0) -> list[int]:
+    """Return the pids of processes still running with this IPYTHONDIR after ``within`` s."""
+    deadline = time.monotonic() + within
+    while True:
+        left = []
+        for proc in psutil.process_iter():
+            try:
+                if proc.environ().get("IPYTHONDIR") == ipython_dir and proc.status() != "zombie":
+                    left.append(proc.pid)
+            except psutil.Error:
+                continue
+        if not left or time.monotonic() > deadline:
+            return left
+        time.sleep(0.2)
+
+
+def test_lab_cluster_starts_from_a_hosts_file_over_ssh_and_stops_cleanly(tmp_path: Path) -> None:
+    reason = room_unavailable_reason()
+    if reason is not None:
+        pytest.skip(f"no emulated room here: {reason}")
+    with emulated_room(2) as room:
+        ssh, scp = write_ssh_standins(room, tmp_path / "bin")
+        pcs = "\n".join(
+            f'[[pc]]\nhost = "{pc.hostname}"\nengines = {n}\n'
+            for pc, n in zip(room.pcs, ENGINES, strict=True)
+        )
+        hosts_file = tmp_path / "hosts.toml"
+        hosts_file.write_text(
+            f'[controller]\nip = "{room.instructor_ip}"\nprofile = "lab"\n\n'
+            f'[defaults]\npython = "{sys.executable}"\n\n'
+            f'[ssh]\ncommand = ["{ssh}"]\nscp = ["{scp}"]\n\n{pcs}'
+        )
+        env = dict(os.environ, IPYTHONDIR=str(tmp_path / "instructor"), OMP_NUM_THREADS="1")
+        try:
+            started = _lab(env, "start", str(hosts_file))
+            print(started.stdout, started.stderr[-3000:])
+            assert started.returncode == 0, started.stderr[-3000:]
+            assert f"{sum(ENGINES)} engines on 2 PCs answered" in started.stdout
+            # The engines run inside the PCs' namespaces, as many as the hosts file asks.
+            for pc, n in zip(room.pcs, ENGINES, strict=True):
+                assert len(_pids_in(pc.netns)) >= n, pc.netns
+            status = _lab(env, "status", str(hosts_file))
+            assert status.returncode == 0, status.stdout + status.stderr[-2000:]
+            for pc, n in zip(room.pcs, ENGINES, strict=True):
+                assert f"host {pc.hostname}: {n} engines answer" in status.stdout, status.stdout
+            # A student connects with the profile, as on a laptop.
+            profile_dir = tmp_path / "instructor" / "profile_lab"
+            with connect_cluster(
+                connection_file=str(profile_dir / "security" / "ipcontroller-client.json"),
+                n=sum(ENGINES),
+                timeout=60,
+            ) as student:
+                hosts = sorted(student.view.apply_sync(__import__("socket").gethostname))
+            assert hosts == sorted([room.pcs[0].hostname] * 2 + [room.pcs[1].hostname])
+        finally:
+            stopped = _lab(env, "stop", str(hosts_file))
+        assert stopped.returncode == 0, stopped.stderr[-2000:]
+        assert "lab cluster stopped" in stopped.stdout
+        # stop left no engine in any PC, and no controller here.
+        for pc in room.pcs:
+            left = _pids_in(pc.netns)
+            assert left == [], (pc.netns, left)
+        assert _marked(env["IPYTHONDIR"]) == []
+        again = _lab(env, "status", str(hosts_file))
+        assert again.returncode == 1 and "no lab cluster is running" in again.stdout
+
+
+def test_a_bad_hosts_file_names_the_fix(tmp_path: Path) -> None:
+    bad = tmp_path / "hosts.toml"
+    cases = {
+        "[[pc]]\nhost = 'a'\nengines = 1\n": "no python",
+        "[[pc]]\nhost = 'a'\npython = 'p'\n[[pc]]\nhost = 'a'\npython = 'p'\n": "listed twice",
+        "[contoller]\nip = '1.2.3.4'\n": "unknown table",
+        "[[pc]]\nhost = 'a'\npython = 'p'\ncores = 4\n": "unknown key(s) cores",
+        "[[pc]\n": "not valid TOML",
+        "": "no engines",
+    }
+    for text, fix in cases.items():
+        bad.write_text(text)
+        with pytest.raises(ValueError, match=fix.replace("(", r"\(").replace(")", r"\)")):
+            read_hosts(bad)
+    done = _lab(dict(os.environ), "status", str(tmp_path / "missing.toml"), timeout=60)
+    assert done.returncode == 2 and "does not exist" in done.stderr
+    assert "Traceback" not in done.stderr
