@@ -88,7 +88,9 @@ def _solutions(nb: nbformat.NotebookNode) -> list[str]:
 # -- release -----------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("name", ["A1_sgd_conv", "A2_rabenseifner_allreduce"])
+@pytest.mark.parametrize(
+    "name", ["A1_sgd_conv", "A2_rabenseifner_allreduce", "A4_local_sgd_gossip"]
+)
 def test_released_notebooks_are_up_to_date_and_hold_no_solution(name):
     source = _source(name)
     fresh = release_notebook(source, source.metadata["course"]["assignment"])
@@ -126,7 +128,7 @@ def test_release_drops_widget_state_and_execution_timestamps():
 
 def test_every_check_cell_imports_its_own_checker():
     # An answer that rebinds check_x earlier in the notebook cannot change what the check runs.
-    for name in ("A1_sgd_conv", "A2_rabenseifner_allreduce"):
+    for name in ("A1_sgd_conv", "A2_rabenseifner_allreduce", "A4_local_sgd_gossip"):
         for cell in _source(name).cells:
             if check_id(cell) is None:
                 continue
@@ -228,7 +230,7 @@ def test_each_assignment_forbids_its_own_imports():
 
 
 def test_guard_lets_ordinary_answers_through():
-    for name in ("A1_sgd_conv", "A2_rabenseifner_allreduce"):
+    for name in ("A1_sgd_conv", "A2_rabenseifner_allreduce", "A4_local_sgd_gossip"):
         source = _source(name)
         protected = protected_names(source)
         assert {"check_sgd_momentum", "cluster"} & protected and "verdict" in protected
