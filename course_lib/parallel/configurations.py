@@ -242,11 +242,12 @@ def plot_configurations(rows: list[dict[str, Any]]) -> Figure:
     import matplotlib.pyplot as plt
 
     colors = {"allreduce": "tab:blue", "gossip": "tab:orange", "gossip_sparse": "tab:green"}
-    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 3.8))
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.2))
     base = next(r for r in rows if r["number"] == 1)
     for r in rows:
         left.scatter(r["values"], 100 * r["acc"], color=colors[r["averaging"]], s=40)
-        left.annotate(str(r["number"]), (r["values"], 100 * r["acc"]), xytext=(4, 3),
+        below = r["averaging"] == "gossip_sparse"  # 9 sits next to 10: label it underneath
+        left.annotate(str(r["number"]), (r["values"], 100 * r["acc"]), xytext=(4, -10 if below else 3),
                       textcoords="offset points", fontsize=8)  # fmt: skip
     paper = PAPER_CONCLUSIONS["best"]
     low, high = paper["accuracy_cost_points"]
@@ -256,15 +257,15 @@ def plot_configurations(rows: list[dict[str, Any]]) -> Figure:
     for name, color in colors.items():
         left.scatter([], [], color=color, label=f"{name} (measured)")
     left.set(xscale="log", xlabel="float32 values sent per rank (log)", ylabel="test accuracy %",
-             title="values sent vs accuracy (numbers: source 001's configurations)")  # fmt: skip
-    left.legend(fontsize=7, loc="lower right")
+             title="values sent vs accuracy\n(numbers: source 001's configurations)")  # fmt: skip
+    left.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=2)
     x = range(len(rows))
     right.bar(x, [r["sync"] for r in rows], color="tab:gray", label="sync = comm + waiting")
     right.bar(x, [r["comm"] for r in rows], color=[colors[r["averaging"]] for r in rows],
               label="communication")  # fmt: skip
     right.set_xticks(list(x), [str(r["number"]) for r in rows])
     right.set(xlabel="configuration", ylabel="seconds per rank (measured)",
-              title=f"communication and synchronisation ({rows[0]['link']})")  # fmt: skip
+              title=f"communication and synchronisation\n{rows[0]['link']}")  # fmt: skip
     right.legend(fontsize=7)
     fig.tight_layout()
     return fig
