@@ -17,6 +17,7 @@ All engines share this PC's cores: times are this machine's, emulated-link figur
     .venv/bin/python bench/bench_sync_schemes.py            # a few minutes
     .venv/bin/python bench/bench_sync_schemes.py --quick    # 1 epoch (configuration 10 never syncs)
     .venv/bin/python bench/bench_sync_schemes.py --stragglers-only
+    .venv/bin/python bench/bench_sync_schemes.py --room     # the ten in an emulated room (root)
 """
 
 from __future__ import annotations
@@ -52,14 +53,15 @@ def options(period: int, averaging: str) -> dict:
     return Configuration(0, period, averaging).options()
 
 
-def ten_configurations(cluster, epochs: int) -> None:
-    """Part 1: print the table of source 001's ten configurations."""
+def ten_configurations(cluster, epochs: int, link=GIGABIT, where: str = "") -> None:
+    """Part 1: print the table of source 001's ten configurations (``link=None``: the real one)."""
     config = TrainConfig(num_epochs=epochs, batch_size=64, lr=0.1, seed=0)
     test = load_digits(train=False)  # a data set (shipped to the engines), not a function
-    rows = [run_configuration(cluster, k, config=config, test_set=test, link=GIGABIT)
+    rows = [run_configuration(cluster, k, config=config, test_set=test, link=link)
             for k in CONFIGURATIONS]  # fmt: skip
+    where = where or (link.label if link is not None else "the real network")
     print(f"\nsource 001's ten configurations: digits MLP, 4 engines, {epochs} epochs, "
-          f"{GIGABIT.label} (gloo)")  # fmt: skip
+          f"{where} (gloo)")  # fmt: skip
     print(
         "values sent per rank: gossip counts its messages; allreduce the ring's 2(N-1)/N per "
         "value handed to the backend; sparse gossip the values to each partner (indices: "
@@ -104,8 +106,22 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="1 epoch instead of 3")
     parser.add_argument("--stragglers-only", action="store_true", help="skip the ten configs")
+    parser.add_argument("--room", action="store_true",
+                        help="run the ten configurations in an emulated room of 4 PCs, one engine "
+                        "each, links shaped to 1 Gbit/s (real TCP; root)")  # fmt: skip
     args = parser.parse_args()
     started = time.perf_counter()
+    if args.room:
+        from course_lib.cluster.room_cluster import room_cluster
+
+        try:
+            with room_cluster(4, rate="1gbit") as cluster:
+                ten_configurations(cluster, epochs=1 if args.quick else 3, link=None,
+                                   where="emulated room: 4 PCs, links tbf 1 Gbit/s")  # fmt: skip
+        except RuntimeError as exc:
+            raise SystemExit(f"--room: {exc}") from None
+        print(f"\nwhole benchmark: {time.perf_counter() - started:.0f} s")
+        return
     with start_cluster("local", 4) as cluster:
         if not args.stragglers_only:
             ten_configurations(cluster, epochs=1 if args.quick else 3)
