@@ -15,8 +15,12 @@ import pytest
 import torch
 from torch.utils.data import TensorDataset
 
-from course_lib.checkpoint import CheckpointConfig, CheckpointError, checkpoint_files
-from course_lib.checkpoint import load_checkpoint
+from course_lib.checkpoint import (
+    CheckpointConfig,
+    CheckpointError,
+    checkpoint_files,
+    load_checkpoint,
+)
 from course_lib.cluster import start_cluster
 from course_lib.data.digits import load_digits
 from course_lib.models import MLP

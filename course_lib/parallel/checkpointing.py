@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any
 
 from course_lib.checkpoint import CheckpointConfig, load_checkpoint
 
