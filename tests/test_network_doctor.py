@@ -8,7 +8,10 @@ is shaped to 100 Mbit/s, as a PC left on a 100 Mbit/s switch port.
 from __future__ import annotations
 
 import math
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -23,6 +26,7 @@ from course_lib.cluster.network_doctor import (
 from course_lib.cluster.network_probe import Sink, measure_to
 
 GBIT, MBIT100 = 125e6, 12.5e6  # bytes/s
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def _pcs(n: int = 4, **changes: PCInfo) -> list[PCInfo]:
@@ -132,12 +136,20 @@ def test_room_matrix_matches_the_shaped_rates_and_flags_the_100_mbit_pc(tmp_path
         t0 = time.monotonic()
         report = measure_network(lab.cluster, nbytes=8 * 2**20, repeats=3)
         seconds = time.monotonic() - t0
+        # The instructor's command: the engine table, the matrix, and the heat map as a file.
+        png = tmp_path / "net.png"
+        argv = [sys.executable, "-m", "course_lib.cluster", "doctor", "--profile", "lab",
+                "--engines", "4", "--network", "--mib", "1", "--heatmap", str(png)]  # fmt: skip
+        done = subprocess.run(argv, env=lab.instructor_env(), capture_output=True, text=True,
+                              timeout=180, cwd=ROOT)  # fmt: skip
     finally:
         lab.close()
     print(f"\n{report}\n(measured in {seconds:.1f} s)")
     labels = [pc.label for pc in report.pcs]
-    assert labels == [pc.hostname for pc in lab.room.pcs], labels  # 3 PCs, 4 engines
-    assert report.pcs[0].ranks == (0, 1)
+    assert sorted(labels) == [pc.hostname for pc in lab.room.pcs], labels  # 3 PCs, 4 engines
+    ranks = {pc.label: pc.ranks for pc in report.pcs}
+    assert len(ranks[lab.room.pcs[0].hostname]) == 2, ranks  # two engines share pc1
+    assert sorted(r for pc in report.pcs for r in pc.ranks) == [0, 1, 2, 3], ranks
     assert len(report.links) == 6 and all(link.error is None for link in report.links)
     slow = [link for link in report.links if slow_pc.hostname in (link.src, link.dst)]
     fast = [link for link in report.links if link not in slow]
@@ -152,3 +164,7 @@ def test_room_matrix_matches_the_shaped_rates_and_flags_the_100_mbit_pc(tmp_path
     flagged = [p for p in report.problems if "slow link" in p]
     assert len(flagged) == 3 and all(slow_pc.hostname in p for p in flagged), report.problems
     assert not [p for p in report.problems if "subnet" in p or "clock" in p], report.problems
+    assert done.returncode == 1, done.stdout + done.stderr[-2000:]  # 1: the slow PC is flagged
+    assert "OK: every engine answered" in done.stdout  # the engine table comes first
+    assert done.stdout.count(f"-> {slow_pc.hostname}: slow link") == 1, done.stdout
+    assert png.stat().st_size > 10_000, done.stdout
