@@ -80,6 +80,14 @@ def test_clock_skew_beyond_the_limit_and_its_error_bound_is_flagged() -> None:
     assert network_problems(_pcs(pc4=unsure), _ring({})) == []
 
 
+def test_ring_neighbours_or_all_pairs_are_measured() -> None:
+    from course_lib.cluster.network_doctor import _pairs
+
+    assert _pairs(4, False) == [(0, 1), (1, 2), (2, 3), (3, 0)]
+    assert _pairs(2, False) == [(0, 1)] and _pairs(1, False) == []
+    assert sorted(_pairs(3, True)) == [(0, 1), (0, 2), (1, 0), (1, 2), (2, 0), (2, 1)]
+
+
 def test_report_table_and_heatmap_show_every_link() -> None:
     links = _ring({"pc3": MBIT100})
     links[0] = Link("pc1", "pc2", error="10.0.0.3: no answer on TCP port 40000 within 5 s")

@@ -214,6 +214,15 @@ def _label_pcs(places: list[dict[str, Any]], groups: list[int]) -> list[str]:
     return labels
 
 
+def _pairs(n: int, all_pairs: bool) -> list[tuple[int, int]]:
+    """Return the (sender, receiver) PC numbers to measure: a ring of ``n`` PCs, or all pairs."""
+    if all_pairs:
+        return [(a, b) for a in range(n) for b in range(n) if a != b]
+    if n == 2:
+        return [(0, 1)]
+    return [(k, (k + 1) % n) for k in range(n)] if n > 2 else []
+
+
 def measure_network(
     cluster: Any,
     nbytes: int = 8 * 2**20,
@@ -225,7 +234,8 @@ def measure_network(
 ) -> NetworkReport:
     """Measure the lab's links between PCs (ring neighbours, or ``all_pairs``) and to here.
 
-    One engine per PC does the measuring; a link whose TCP connection fails within ``timeout``
+    One engine per PC does the measuring (a PC that is also the doctor's is not measured
+    towards itself); a link whose TCP connection fails within ``timeout``
     is reported blocked. Each transfer takes ``nbytes / bandwidth`` seconds ``repeats + 1``
     times: 8 MiB is ~70 ms at 1 Gbit/s and ~0.7 s at 100 Mbit/s.
     """
@@ -240,8 +250,7 @@ def measure_network(
     engine = [cluster.client[cluster.ids_by_rank[r]] for r in first_rank]
     wait = timeout + 20 * (repeats + 1) * nbytes / 1e6 + 30  # 1 Mbit/s still finishes
     n = len(labels)
-    pairs = [(a, b) for a in range(n) for b in range(n) if a != b] if all_pairs else (
-        [(k, (k + 1) % n) for k in range(n)] if n > 2 else [(0, 1)] if n == 2 else [])  # fmt: skip
+    pairs = _pairs(n, all_pairs)
     links, skews = [], {}
     ports = {b: engine[b].apply_sync(network_probe.open_sink) for b in {b for _, b in pairs}}
     try:
@@ -253,10 +262,14 @@ def measure_network(
     finally:
         for b, port in ports.items():
             engine[b].apply_sync(network_probe.close_sink, port)
-    here = describe_pc()["interfaces"]
+    here_place = describe_pc()
+    here = here_place["interfaces"]
+    # An engine on the doctor's own PC would measure loopback: far faster than any cable, it
+    # would make every real link look slow.
+    mine = group_by_pc([*places, here_place])[-1]
     sink = network_probe.Sink()
     try:
-        for k in range(n):
+        for k in (k for k in range(n) if k != mine):
             res = engine[k].apply_async(network_probe.measure_to, here, sink.port, nbytes, repeats,
                                         timeout, True).get(timeout=wait)  # fmt: skip
             links.append(_link(labels[k], CONTROLLER, res))
