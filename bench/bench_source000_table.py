@@ -96,9 +96,9 @@ def report(rows: list[dict], title: str, plot: str | None, majority: float) -> N
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--engines", type=int, default=4)
-    parser.add_argument("--tiles", type=int, default=48, help="training tiles (2 per rank a step)")
-    parser.add_argument("--tile-size", type=int, default=32)
-    parser.add_argument("--epochs", type=int, default=2, help="the fixed budget")
+    parser.add_argument("--tiles", type=int, default=64, help="training tiles (2 per rank a step)")
+    parser.add_argument("--tile-size", type=int, default=16)
+    parser.add_argument("--epochs", type=int, default=12, help="the fixed budget")
     parser.add_argument(
         "--rate",
         type=float,

@@ -155,3 +155,21 @@ def test_row_from_a_real_run(cluster) -> None:
     assert row["accuracy"] == result.history.last["test_accuracy"]
     assert row["miou"] == result.history.last["test_miou"]
     assert row["epoch_s"] > 0 and row["sync_s"] >= 0
+
+
+def test_regime_exercise_check() -> None:
+    from course_lib.checks.lecture08_compression import (
+        check_regime_rate,
+        one_hop_regime_rate,
+        stub_regime_rate,
+    )
+
+    def mine(compute_s, gradient_bytes, world_size, sync_share):
+        sync = compute_s * sync_share / (1 - sync_share)
+        return 2 * (world_size - 1) * gradient_bytes / sync
+
+    assert check_regime_rate(mine, verbose=False).passed
+    stub = check_regime_rate(stub_regime_rate, verbose=False)
+    assert not stub.passed and "not implemented" in str(stub)
+    wrong = check_regime_rate(one_hop_regime_rate, exercise="8.4", verbose=False)
+    assert not wrong.passed and "uploads" in str(wrong) and str(wrong).startswith("Exercise 8.4")
