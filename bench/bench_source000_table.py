@@ -27,20 +27,15 @@ link shaped with tc tbf; root only), at 1 Gbit/s and at the regime's rate.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import functools
-import os
 import shlex
 import statistics
-import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-BIN = Path(sys.executable).parent  # ipcluster and ipengine of this venv
 
 from course_lib.comm.emulated_link import GIGABIT, EmulatedLink  # noqa: E402
 from course_lib.data import load_dataset  # noqa: E402
@@ -161,39 +156,9 @@ def _run_emulated(args, configs) -> None:
     report(regime, f"source's regime: {link.label} (loaded)", args.plot, args.majority)
 
 
-@contextlib.contextmanager
-def room_cluster(n: int, rate: str):
-    """Yield a cluster of ``n`` engines, one per PC of an emulated room whose links run at ``rate``.
-
-    As the lab does it (see tests/test_room.py): a controller on the instructor's PC (the root
-    namespace, ``ipcluster --profile=lab -n 0 --ip=*``) and ``ipengine --file=...`` in each PC.
-    """
-    from course_lib.cluster import connect_cluster
-    from course_lib.cluster.room import emulated_room
-
-    work = Path(tempfile.mkdtemp(prefix="bench_source000_room_"))
-    env = dict(os.environ, IPYTHONDIR=str(work / "instructor"))
-    security = work / "instructor" / "profile_lab" / "security"
-    ipcluster = [str(BIN / "ipcluster")]
-    with contextlib.ExitStack() as stack:
-        room = stack.enter_context(emulated_room(n, rate=rate))
-        subprocess.run(ipcluster + ["start", "--profile=lab", "-n", "0", "--daemonize", "--ip=*"],
-                       env=env, check=True, capture_output=True, timeout=120)  # fmt: skip
-        stack.callback(subprocess.run, ipcluster + ["stop", "--profile=lab"], env=env,
-                       capture_output=True, timeout=60)  # fmt: skip
-        for i, pc in enumerate(room.pcs):
-            log = stack.enter_context(open(work / f"engine{i}.log", "w"))  # noqa: SIM115
-            room.popen(pc, [str(BIN / "ipengine"), f"--file={security}/ipcontroller-engine.json"],
-                       env=dict(os.environ, IPYTHONDIR=str(work / f"pc{i}"), OMP_NUM_THREADS="1"),
-                       stdout=log, stderr=subprocess.STDOUT)  # fmt: skip
-        cluster = connect_cluster(connection_file=str(security / "ipcontroller-client.json"),
-                                  n=n, timeout=120)  # fmt: skip
-        stack.callback(cluster.stop)
-        yield cluster
-
-
 def _run_in_room(args, configs) -> None:
     from course_lib.cluster.room import room_unavailable_reason
+    from course_lib.cluster.room_cluster import room_cluster
 
     reason = room_unavailable_reason()
     if reason:
