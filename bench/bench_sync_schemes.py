@@ -17,6 +17,7 @@ All engines share this PC's cores: times are this machine's, emulated-link figur
     .venv/bin/python bench/bench_sync_schemes.py            # a few minutes
     .venv/bin/python bench/bench_sync_schemes.py --quick    # 1 epoch (configuration 10 never syncs)
     .venv/bin/python bench/bench_sync_schemes.py --stragglers-only
+    .venv/bin/python bench/bench_sync_schemes.py --room     # the ten in an emulated room (root)
 """
 
 from __future__ import annotations
@@ -35,71 +36,39 @@ from course_lib.cluster import start_cluster  # noqa: E402
 from course_lib.comm import GIGABIT  # noqa: E402
 from course_lib.data.digits import load_digits  # noqa: E402
 from course_lib.models import MLP  # noqa: E402
+from course_lib.parallel.configurations import (  # noqa: E402
+    CONFIGURATIONS,
+    Configuration,
+    compare_with_paper,
+    configurations_table,
+    run_configuration,
+)
 from course_lib.parallel.data_parallel import train_data_parallel  # noqa: E402
 from course_lib.parallel.stragglers import Straggler  # noqa: E402
 from course_lib.training import TrainConfig  # noqa: E402
 
-GRADIENT_THRESHOLD = 0.01  # Algorithm 3 at p = 1: |gradient| above this is sent
-WEIGHT_THRESHOLD = 0.001  # p > 1: weights that moved more than this since the last averaging
-CONFIGURATIONS = [  # source 001's numbering
-    (1, "allreduce"), (1, "gossip"), (1, "gossip_sparse"),
-    (4, "allreduce"), (4, "gossip"), (4, "gossip_sparse"),
-    (16, "allreduce"), (16, "gossip"), (16, "gossip_sparse"),
-    (32, "allreduce"),
-]  # fmt: skip
-
 
 def options(period: int, averaging: str) -> dict:
-    """Return ``train_data_parallel`` keywords for one configuration."""
-    opts = {"method": "local_sgd", "period": period, "averaging": averaging}
-    if averaging == "gossip_sparse":
-        opts["threshold"] = GRADIENT_THRESHOLD if period == 1 else WEIGHT_THRESHOLD
-    return opts
+    """Return ``train_data_parallel`` keywords for Local-SGD(period) with ``averaging``."""
+    return Configuration(0, period, averaging).options()
 
 
-def figures(result) -> dict:
-    """Return accuracy, times and values sent per rank of one run (sums over its steps)."""
-    n = result.world_size
-    acc = statistics.mean(h.epochs[-1]["test_accuracy"] for h in result.histories)
-    per_rank = lambda key: sum(r[key] for r in result.records) / n  # noqa: E731
-    comm = per_rank("comm_s") + per_rank("sync_s")
-    steps = [r for r in result.records if r["rank"] == 0]
-    end = max(v[1] for k, v in steps[-1].items() if k.endswith("_at"))
-    total = end - steps[0]["compute_at"][0]  # rank 0's training, evaluation passes included
-    sent = per_rank("bytes_sent") + per_rank("collective_bytes")
-    values = sum(r.get("values_sent", 0) for r in result.records) / n
-    return {"acc": acc, "total": total, "comm": comm, "sync": comm + per_rank("wait_s"),
-            "bytes": sent, "values": values}  # fmt: skip
-
-
-def ten_configurations(cluster, epochs: int) -> None:
-    """Part 1: print the table of source 001's ten configurations."""
+def ten_configurations(cluster, epochs: int, link=GIGABIT, where: str = "") -> None:
+    """Part 1: print the table of source 001's ten configurations (``link=None``: the real one)."""
     config = TrainConfig(num_epochs=epochs, batch_size=64, lr=0.1, seed=0)
     test = load_digits(train=False)  # a data set (shipped to the engines), not a function
-    rows = []
-    for k, (period, averaging) in enumerate(CONFIGURATIONS, start=1):
-        result = train_data_parallel(cluster, model=partial(MLP, 64, (128,)), dataset=load_digits,
-                                     config=config, test_set=test, link=GIGABIT,
-                                     **options(period, averaging))  # fmt: skip
-        row = figures(result)
-        if averaging == "allreduce":  # values handed to the backend; a ring moves 2(N-1)/N of them
-            values = row["bytes"] / 4 * 2 * (result.world_size - 1) / result.world_size
-        else:
-            values = row["bytes"] / 4 if averaging == "gossip" else row["values"]
-        rows.append((k, period, averaging, row, values))
-    base = rows[0][4]
+    rows = [run_configuration(cluster, k, config=config, test_set=test, link=link)
+            for k in CONFIGURATIONS]  # fmt: skip
+    where = where or (link.label if link is not None else "the real network")
     print(f"\nsource 001's ten configurations: digits MLP, 4 engines, {epochs} epochs, "
-          f"{GIGABIT.label} (gloo)")  # fmt: skip
+          f"{where} (gloo)")  # fmt: skip
     print(
         "values sent per rank: gossip counts its messages; allreduce the ring's 2(N-1)/N per "
-        "value handed to the backend; sparse gossip the values (indices: another 4 bytes each)"
+        "value handed to the backend; sparse gossip the values to each partner (indices: "
+        "another 4 bytes each)"
     )
-    print(f"{'#':>2} {'p':>3} {'averaging':<14} {'test acc':>8} {'total s':>8} {'comm s':>7} "
-          f"{'sync s':>7} {'values sent':>12} {'less':>6}")  # fmt: skip
-    for k, period, averaging, row, values in rows:
-        print(f"{k:>2} {period:>3} {averaging:<14} {row['acc']:>8.3f} {row['total']:>8.2f} "
-              f"{row['comm']:>7.2f} {row['sync']:>7.2f} {values:>12.0f} "
-              f"{base / max(values, 1):>5.1f}x")  # fmt: skip
+    print(configurations_table(rows))
+    print(compare_with_paper(rows))
 
 
 def stragglers(cluster, steps_config: TrainConfig) -> None:
@@ -137,8 +106,22 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="1 epoch instead of 3")
     parser.add_argument("--stragglers-only", action="store_true", help="skip the ten configs")
+    parser.add_argument("--room", action="store_true",
+                        help="run the ten configurations in an emulated room of 4 PCs, one engine "
+                        "each, links shaped to 1 Gbit/s (real TCP; root)")  # fmt: skip
     args = parser.parse_args()
     started = time.perf_counter()
+    if args.room:
+        from course_lib.cluster.room_cluster import room_cluster
+
+        try:
+            with room_cluster(4, rate="1gbit") as cluster:
+                ten_configurations(cluster, epochs=1 if args.quick else 3, link=None,
+                                   where="emulated room: 4 PCs, links tbf 1 Gbit/s")  # fmt: skip
+        except RuntimeError as exc:
+            raise SystemExit(f"--room: {exc}") from None
+        print(f"\nwhole benchmark: {time.perf_counter() - started:.0f} s")
+        return
     with start_cluster("local", 4) as cluster:
         if not args.stragglers_only:
             ten_configurations(cluster, epochs=1 if args.quick else 3)

@@ -219,6 +219,7 @@ def fit(
     progress: bool = True,
     checkpoint: ckpt_lib.CheckpointConfig | str | os.PathLike | None = None,
     resume_from: str | os.PathLike | None = None,
+    comm: object | None = None,
 ) -> History:
     """Train ``net`` in place with mini-batch SGD (or Adam) and return its :class:`History`.
 
@@ -234,6 +235,9 @@ def fit(
             whole training state there after every epoch (and every ``every_steps`` steps).
         resume_from: a checkpoint file, or a folder (its newest): continue that run, bit for
             bit as if it had not stopped; ``config`` must match it except ``num_epochs``/target.
+        comm: the communicator when this process is one rank of a data-parallel run: every
+            rank calls fit, checkpoints gather every rank's state and rank 0 alone writes; on
+            resume every rank reads the same file (see :mod:`course_lib.checkpoint`).
     """
     from tqdm.auto import tqdm
 
@@ -253,7 +257,7 @@ def fit(
     resume = None
     if resume_from is not None:
         resume = ckpt_lib.resume_run(resume_from, net, optimizer, config, generator, sampler,
-                                     history)  # fmt: skip
+                                     history, comm=comm)  # fmt: skip
     first_epoch = resume["epochs_done"] + 1 if resume is not None else 1
     bar = tqdm(
         range(first_epoch, config.num_epochs + 1), desc="epoch", disable=not progress, leave=True
@@ -267,7 +271,9 @@ def fit(
         # replays the epoch's order from it and skips the steps already done.
         epoch_start_loader, batches, step = generator.get_state(), iter(train_loader), 0
         if resume is not None and resume["steps_done"]:
-            step, seen, total_loss = ckpt_lib.skip_done_steps(batches, resume)
+            step, seen, total_loss = ckpt_lib.skip_done_steps(
+                batches, resume, getattr(comm, "rank", 0)
+            )
         resume = None
         for X, y in batches:
             step_start = time.perf_counter()
@@ -285,7 +291,7 @@ def fit(
             if saver is not None and saver.due(step, len(train_loader)):
                 ckpt_lib.save_run(saver, net, optimizer, config, history, epochs_done=epoch - 1,
                                   steps_done=step, loader=epoch_start_loader, sampler=sampler,
-                                  seen=seen, total_loss=total_loss)  # fmt: skip
+                                  seen=seen, total_loss=total_loss, comm=comm)  # fmt: skip
         record = {"epoch": epoch, "epoch_time": time.perf_counter() - start}
         # Train metrics are measured after the epoch, on the weights the epoch ended with.
         eval_train = DataLoader(train_set, batch_size=256, sampler=sampler)
@@ -296,7 +302,8 @@ def fit(
         history.epochs.append(record)
         if saver is not None:
             ckpt_lib.save_run(saver, net, optimizer, config, history, epochs_done=epoch,
-                              steps_done=0, loader=generator, sampler=sampler)  # fmt: skip
+                              steps_done=0, loader=generator, sampler=sampler,
+                              comm=comm)  # fmt: skip
         bar.set_postfix(
             {k: round(v, 4) for k, v in record.items() if k.endswith(("loss", "accuracy"))}
         )

@@ -89,7 +89,8 @@ def _solutions(nb: nbformat.NotebookNode) -> list[str]:
 
 
 @pytest.mark.parametrize(
-    "name", ["A1_sgd_conv", "A2_rabenseifner_allreduce", "A4_local_sgd_gossip"]
+    "name",
+    ["A1_sgd_conv", "A2_rabenseifner_allreduce", "A4_local_sgd_gossip", "A5_compression"],
 )
 def test_released_notebooks_are_up_to_date_and_hold_no_solution(name):
     source = _source(name)
@@ -128,7 +129,12 @@ def test_release_drops_widget_state_and_execution_timestamps():
 
 def test_every_check_cell_imports_its_own_checker():
     # An answer that rebinds check_x earlier in the notebook cannot change what the check runs.
-    for name in ("A1_sgd_conv", "A2_rabenseifner_allreduce", "A4_local_sgd_gossip"):
+    for name in (
+        "A1_sgd_conv",
+        "A2_rabenseifner_allreduce",
+        "A4_local_sgd_gossip",
+        "A5_compression",
+    ):
         for cell in _source(name).cells:
             if check_id(cell) is None:
                 continue
@@ -230,7 +236,12 @@ def test_each_assignment_forbids_its_own_imports():
 
 
 def test_guard_lets_ordinary_answers_through():
-    for name in ("A1_sgd_conv", "A2_rabenseifner_allreduce", "A4_local_sgd_gossip"):
+    for name in (
+        "A1_sgd_conv",
+        "A2_rabenseifner_allreduce",
+        "A4_local_sgd_gossip",
+        "A5_compression",
+    ):
         source = _source(name)
         protected = protected_names(source)
         assert {"check_sgd_momentum", "cluster"} & protected and "verdict" in protected
@@ -544,6 +555,28 @@ def test_a_kernel_crash_leaves_no_engines_or_controller_behind(tmp_path, monkeyp
     left = [pid for pid, cmd in seen.items() if "ipyparallel" in cmd]
     assert len(left) >= 2, seen  # the dead kernel's controller and engine were still running...
     assert not [pid for pid in seen if _alive(pid)]  # ...and are gone now
+
+
+# -- grading A5 (real engines: training inside the compressed exchange) --------------------------
+
+A5_FULL = {"A5.1": 2.0, "A5.2": 1.0, "A5.3": 2.0, "A5.4": 2.0, "A5.5": 1.0, "A5.6": 2.0}
+
+
+@pytest.mark.slow
+def test_a5_source_answers_get_their_points_and_a_stub_loses_its_own_and_its_users():
+    # One grading run (it trains twice on 2 engines): the source's answers everywhere but A5.3,
+    # which keeps the released stub. A5.5's block top-k calls it, so A5.5 fails too; A5.6 trains
+    # with block int8 only and passes, so training through the exchange is graded as well.
+    source = _source("A5_compression")
+    submission = _released("A5_compression")
+    for cell in source.cells:
+        if answer_id(cell) and answer_id(cell) != "A5.3":
+            submission = _with_answer(submission, answer_id(cell), cell.source)
+    rows = grade_notebook("partial", "A5", source, submission, LIMITS)
+    assert _points(rows) == dict(A5_FULL, **{"A5.3": 0.0, "A5.5": 0.0}), rows
+    reasons = {row.exercise: row.reason for row in rows}
+    for exercise in ("A5.3", "A5.5"):
+        assert reasons[exercise].startswith("FAIL (not implemented yet: Exercise A5.3: "), reasons
 
 
 # -- the A2 checks on engines, without notebooks --------------------------------------------------

@@ -26,11 +26,11 @@ ROOT = Path(__file__).resolve().parents[1]
 SOURCES = ROOT / "assignments" / "source"
 CHECKS = ROOT / "assignments" / "checks"
 RELEASED = ROOT / "notebooks" / "assignments"
-NAMES = ["A1_sgd_conv", "A2_rabenseifner_allreduce"]
+NAMES = ["A1_sgd_conv", "A2_rabenseifner_allreduce", "A4_local_sgd_gossip", "A5_compression"]
 
-WRONG_STEP = """
-def sgd_step(W, b, X, y, lr):
-    return W, b  # forgot the step
+WRONG_LOSS = """
+def smoothed_cross_entropy(W, b, X, y, eps):
+    return 0.0, np.zeros_like(W), np.zeros_like(b)  # forgot everything
 """
 
 
@@ -136,8 +136,9 @@ def _verdicts_in_process(submission: nbformat.NotebookNode) -> list[str]:
 
     from course_lib.checks import a1
 
-    checks = [("A1.1", a1.check_sgd_step, "sgd_step"), ("A1.2", a1.check_minibatch_sgd,
-              "minibatch_sgd"), ("A1.3", a1.check_conv2d_layer, "conv2d_layer")]  # fmt: skip
+    checks = [("A1.1", a1.check_smoothed_cross_entropy, "smoothed_cross_entropy"),
+              ("A1.2", a1.check_sgd_momentum, "sgd_momentum"),
+              ("A1.3", a1.check_conv2d_layer, "conv2d_layer")]  # fmt: skip
     lines = []
     for exercise, check, name in checks:
         namespace = {"np": np}
@@ -160,7 +161,7 @@ def test_check_from_the_checking_copy_alone_gives_the_graders_verdicts(
     name = "A1_sgd_conv"
     source, released = _read(SOURCES, name), _read(RELEASED, name)
     # A1.1 wrong, A1.2 correct, A1.3 the released stub: the three verdicts in one notebook.
-    submission = _with(released, {"A1.1": WRONG_STEP, "A1.2": _answer(source, "A1.2")})
+    submission = _with(released, {"A1.1": WRONG_LOSS, "A1.2": _answer(source, "A1.2")})
     path = tmp_path / "student" / f"{name}.ipynb"
     path.parent.mkdir()
     nbformat.write(submission, path)

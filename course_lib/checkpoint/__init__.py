@@ -28,7 +28,11 @@ sampler and its running loss), gathered to rank 0. On resume every rank reads th
 checks it with ``load_checkpoint(path, net=net, world_size=N)``, loads weights and optimiser
 state (``restore_training_state``), and, when ``rank_state_for(ckpt, rank, N)`` returns a state
 (same world size), ``restore_rank_state(state, generator, sampler)`` and, mid-epoch,
-``skip_done_steps(iter(loader), ckpt, rank)``.
+``skip_done_steps(iter(loader), ckpt, rank)``. ``fit(..., comm=comm)`` on every rank does all of
+this (:func:`gather_rank_states` sends the states to rank 0; each rank's state also holds its
+history, whose train metrics are measured on its own shard); the checkpoint's ``batch_size`` is
+the global batch (per-rank batch x world size), so it matches on any world size.
+:mod:`course_lib.parallel.checkpointing` says which exchange methods allow it.
 
 - Same world size: defined anywhere, mid-epoch included; the result is bit for bit the
   uninterrupted run's.
@@ -52,6 +56,7 @@ from course_lib.checkpoint.files import (
     save_checkpoint,
 )
 from course_lib.checkpoint.state import (
+    gather_rank_states,
     make_checkpoint,
     rank_state,
     rank_state_for,
@@ -59,6 +64,7 @@ from course_lib.checkpoint.state import (
     restore_streams,
     restore_training_state,
     resume_run,
+    run_settings,
     save_run,
     skip_done_steps,
 )
@@ -67,6 +73,7 @@ __all__ = [
     "CheckpointConfig",
     "CheckpointError",
     "checkpoint_files",
+    "gather_rank_states",
     "latest_checkpoint",
     "load_checkpoint",
     "make_checkpoint",
@@ -76,6 +83,7 @@ __all__ = [
     "restore_streams",
     "restore_training_state",
     "resume_run",
+    "run_settings",
     "save_checkpoint",
     "save_run",
     "skip_done_steps",

@@ -7,6 +7,7 @@ saves and restores; :func:`save_run` / :func:`resume_run` / :func:`skip_done_ste
 
 from __future__ import annotations
 
+import io
 import os
 import random
 from pathlib import Path
@@ -26,6 +27,7 @@ from course_lib.checkpoint.files import (
 
 __all__ = [
     "SAME_SETTINGS",
+    "gather_rank_states",
     "make_checkpoint",
     "rank_state",
     "rank_state_for",
@@ -33,6 +35,7 @@ __all__ = [
     "restore_streams",
     "restore_training_state",
     "resume_run",
+    "run_settings",
     "save_run",
     "skip_done_steps",
 ]
@@ -67,6 +70,25 @@ def rank_state(
         "seen": seen,
         "total_loss": total_loss,
     }
+
+
+def gather_rank_states(comm: Any, state: dict[str, Any]) -> list[dict[str, Any]] | None:
+    """Return every rank's ``state`` on rank 0 (rank order), None elsewhere; every rank calls it.
+
+    Each state is serialised (``torch.save``), its length allgathered, and sent to rank 0.
+    """
+    buffer = io.BytesIO()
+    torch.save(state, buffer)
+    mine = np.frombuffer(buffer.getvalue(), dtype=np.uint8).copy()
+    lengths = comm.allgather(np.array([mine.size], dtype=np.int64)).reshape(-1)
+    if comm.rank != 0:
+        comm.send(mine, 0)
+        return None
+    states = [state]
+    for src in range(1, comm.world_size):
+        data = comm.recv(np.empty(int(lengths[src]), dtype=np.uint8), src)
+        states.append(torch.load(io.BytesIO(data.tobytes()), weights_only=True))
+    return states
 
 
 def rank_state_for(ckpt: dict[str, Any], rank: int, world_size: int) -> dict[str, Any] | None:
@@ -110,6 +132,17 @@ def restore_rank_state(state: dict[str, Any], generator: torch.Generator, sample
     generator.set_state(state["loader"])
 
 
+def run_settings(config: Any, world_size: int = 1) -> dict[str, Any]:
+    """Return the settings a resumed run must share (``SAME_SETTINGS``), batch size global.
+
+    Each rank of a data-parallel run trains on ``batch_size`` = global batch / world size; the
+    run's batch is the global one, the same on any world size.
+    """
+    settings = {name: getattr(config, name) for name in SAME_SETTINGS}
+    settings["batch_size"] *= world_size
+    return settings
+
+
 def make_checkpoint(
     net: nn.Module,
     optimizer: torch.optim.Optimizer,
@@ -128,7 +161,7 @@ def make_checkpoint(
         "world_size": len(ranks),
         "model": {k: v.detach().cpu().clone() for k, v in net.state_dict().items()},
         "optimizer": optimizer.state_dict(),
-        "config": {name: getattr(config, name) for name in SAME_SETTINGS},
+        "config": run_settings(config, len(ranks)),
         "history": {"epochs": list(history.epochs), "step_times": list(history.step_times)},
         "ranks": ranks,
     }
@@ -147,22 +180,42 @@ def save_run(
     sampler: Any,
     seen: int = 0,
     total_loss: float = 0.0,
-) -> Path:
-    """Save a one-process run (fit's checkpoint); ``loader``: the generator at the epoch's start."""
-    ranks = [rank_state(loader, sampler, seen=seen, total_loss=total_loss)]
+    comm: Any = None,
+) -> Path | None:
+    """Save a run (fit's checkpoint); ``loader``: the generator at the epoch's start.
+
+    With ``comm`` (one rank of a data-parallel run) every rank's state and train history is
+    gathered and rank 0 alone writes; the other ranks return None.
+    """
+    state = rank_state(loader, sampler, seen=seen, total_loss=total_loss)
+    if comm is None:
+        ranks = [state]
+    else:  # each rank's train metrics are measured on its own shard: keep its history too
+        state["history"] = {"epochs": list(history.epochs)}
+        ranks = gather_rank_states(comm, state)
+        if ranks is None:
+            return None
     checkpoint = make_checkpoint(net, optimizer, config, history, epochs_done=epochs_done,
                                  steps_done=steps_done, ranks=ranks)  # fmt: skip
     return save_checkpoint(where, checkpoint)
 
 
 def restore_training_state(
-    ckpt: dict[str, Any], net: nn.Module, optimizer: torch.optim.Optimizer, config: Any
+    ckpt: dict[str, Any],
+    net: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    config: Any,
+    world_size: int = 1,
 ) -> None:
-    """Load weights and optimiser state from ``ckpt`` after checking the run's settings match."""
+    """Load weights and optimiser state from ``ckpt`` after checking the run's settings match.
+
+    ``world_size``: the ranks resuming, each with ``config`` (its batch: global / world size).
+    """
+    here = run_settings(config, world_size)
     differ = [
-        f"{name}={ckpt['config'][name]!r} there, {getattr(config, name)!r} here"
+        f"{name}={ckpt['config'][name]!r} there, {here[name]!r} here"
         for name in SAME_SETTINGS
-        if ckpt["config"][name] != getattr(config, name)
+        if ckpt["config"][name] != here[name]
     ]
     if differ:
         raise CheckpointError(
@@ -182,13 +235,22 @@ def resume_run(
     generator: torch.Generator,
     sampler: Any,
     history: Any,
+    comm: Any = None,
 ) -> dict[str, Any]:
-    """Restore a one-process run from ``resume_from`` in place (fit's resume); return the checkpoint."""
-    ckpt = load_checkpoint(resume_from, net=net, world_size=1)
-    restore_training_state(ckpt, net, optimizer, config)
-    history.epochs[:] = ckpt["history"]["epochs"]
+    """Restore a run from ``resume_from`` in place (fit's resume); return the checkpoint.
+
+    With ``comm``, this process is one rank of a data-parallel run: every rank reads the same
+    file; on the world size that saved it each rank restores its own streams and sampler, on
+    another one (epoch boundaries only) they stay as at a fresh start.
+    """
+    rank, world_size = (0, 1) if comm is None else (comm.rank, comm.world_size)
+    ckpt = load_checkpoint(resume_from, net=net, world_size=world_size)
+    restore_training_state(ckpt, net, optimizer, config, world_size)
+    mine = rank_state_for(ckpt, rank, world_size)
+    history.epochs[:] = (mine or {}).get("history", ckpt["history"])["epochs"]
     history.step_times[:] = ckpt["history"]["step_times"]
-    restore_rank_state(ckpt["ranks"][0], generator, sampler)
+    if mine is not None:
+        restore_rank_state(mine, generator, sampler)
     return ckpt
 
 

@@ -2,9 +2,9 @@
 
 ``lab start | status | stop HOSTS.toml`` runs one cluster across the lab's PCs (see
 :mod:`course_lib.cluster.lab_cluster`); ``doctor --profile lab`` checks every engine of a running
-cluster; ``room up N [--rate 1gbit]``,
-``room status``, ``room run PC -- CMD`` and ``room down`` manage an emulated room that stays up
-between commands (see :mod:`course_lib.cluster.room_state`).
+cluster (``--network`` adds the measured matrix between PCs, ``--heatmap net.png`` draws it);
+``room up N [--rate 1gbit]``, ``room status``, ``room run PC -- CMD`` and ``room down`` manage an
+emulated room that stays up between commands (see :mod:`course_lib.cluster.room_state`).
 """
 
 from __future__ import annotations
@@ -22,8 +22,22 @@ def doctor_main(args: argparse.Namespace) -> int:
 
     with connect_cluster(profile=args.profile, connection_file=args.file, n=args.engines) as cl:
         report = cl.doctor()
-    print(report)
-    return 0 if report.ok else 1
+        print(report)
+        if not (args.network or args.heatmap):
+            return 0 if report.ok else 1
+        from course_lib.cluster.network_doctor import measure_network
+
+        network = measure_network(cl, nbytes=args.mib * 2**20, all_pairs=args.all_pairs)
+    print()
+    print(network)
+    if args.heatmap:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        ax = network.heatmap()
+        ax.figure.savefig(args.heatmap, dpi=120, bbox_inches="tight")
+        print(f"heat map written to {args.heatmap}")
+    return 0 if report.ok and network.ok else 1
 
 
 def room_main(args: argparse.Namespace) -> int:
@@ -98,6 +112,18 @@ def main(argv: list[str] | None = None) -> int:
     doc.add_argument("--profile", help="profile of the running cluster (ipcluster --profile)")
     doc.add_argument("--file", help="its ipcontroller-client.json, instead of a profile")
     doc.add_argument("--engines", type=int, default=None, help="engines to wait for")
+    doc.add_argument(
+        "--network",
+        action="store_true",
+        help="also measure bandwidth and latency between PCs and to this PC",
+    )
+    doc.add_argument(
+        "--all-pairs",
+        action="store_true",
+        help="with --network: every pair of PCs, not only ring neighbours",
+    )
+    doc.add_argument("--mib", type=int, default=8, help="with --network: message size in MiB")
+    doc.add_argument("--heatmap", metavar="PNG", help="with --network: save the heat map here")
     room = jobs.add_parser("room", help="an emulated room of PCs on this machine (needs root)")
     room.add_argument("--state", help="state file (default: $COURSE_ROOM_STATE or .kit/room.json)")
     actions = room.add_subparsers(dest="action", required=True)

@@ -48,6 +48,7 @@ __all__ = [
     "netns_inode",
     "room_unavailable_reason",
     "run_in_pc",
+    "shape_pc",
     "teardown_room",
 ]
 
@@ -142,6 +143,14 @@ def _shape(dev: str, rate: str, burst: str, netns: str | None = None) -> None:
     prefix = ["ip", "netns", "exec", netns] if netns else []
     _sh(*prefix, "tc", "qdisc", "replace", "dev", dev, "root", "tbf", "rate", rate,
         "burst", burst, "latency", QUEUE_LATENCY)  # fmt: skip
+
+
+def shape_pc(room: Room, pc: PC, rate: str, burst: str = BURST) -> None:
+    """Reshape both directions of ``pc``'s link to ``rate`` (a PC left at ``"100mbit"``)."""
+    if pc not in room.pcs:
+        raise ValueError(f"{pc.netns} is not a PC of room {room.tag}: pass one of room.pcs")
+    _shape(pc.host_veth, rate, burst)  # switch -> PC
+    _shape(pc.ifname, rate, burst, pc.netns)  # PC -> switch
 
 
 def _used_subnets() -> set[int]:

@@ -94,6 +94,7 @@ class StepRecorder:
         if module.training:  # evaluation passes run in eval mode and are not steps
             self._timeline = StepTimeline()
             self._t0 = time.time()
+            self._bytes = self._counters()  # traffic between steps (a checkpoint's) is not theirs
 
     def grad_hook(self, net: nn.Module) -> None:
         """The loop's gradient hook: mark the end of backward (and any straggler's sleep), wait,

@@ -31,6 +31,7 @@ How payloads travel (``carrier``):
 
 from __future__ import annotations
 
+import copy
 import time
 from typing import Any
 
@@ -42,6 +43,7 @@ from course_lib.collectives.ring import ring_allreduce
 from course_lib.comm.communicator import Communicator, wait_all
 from course_lib.compression.base import Compressor, Payload, mean_in_rank_order
 from course_lib.compression.codecs import make_codec
+from course_lib.compression.error_feedback import ErrorFeedback
 from course_lib.compression.registry import make_compressor
 from course_lib.compression.wire import pack_many, unpack_many
 from course_lib.parallel.exchange import (
@@ -63,7 +65,9 @@ class CompressedExchange(GradientExchange):
     """Exchange compressed gradients; every rank must use the same settings.
 
     Args:
-        compressor: a name in :data:`~course_lib.compression.registry.COMPRESSORS`.
+        compressor: a name in :data:`~course_lib.compression.registry.COMPRESSORS`, or a
+            :class:`~course_lib.compression.base.Compressor` of your own (each rank and each
+            ``attach`` works on a fresh copy of it; one defined in a notebook travels by value).
         settings: the compressor's settings, e.g. ``{"ratio": 0.01}`` for ``topk``.
         error_feedback: keep what compression dropped and send it later (per tensor).
         codec, level, codec_options: the lossless stage (``none``, ``zlib``, ``zstd``, ``mgzip``).
@@ -77,7 +81,7 @@ class CompressedExchange(GradientExchange):
 
     def __init__(
         self,
-        compressor: str = "none",
+        compressor: str | Compressor = "none",
         settings: dict[str, Any] | None = None,
         error_feedback: bool = False,
         codec: str = "none",
@@ -86,6 +90,19 @@ class CompressedExchange(GradientExchange):
         carrier: str = "auto",
         granularity: str = "flat",
     ) -> None:
+        if isinstance(compressor, Compressor):
+            if settings:
+                raise ValueError(
+                    "settings= is for compressors given by name; give your compressor object "
+                    "its settings when you build it"
+                )
+            self.prototype, compressor = compressor, compressor.name
+        elif isinstance(compressor, str):
+            self.prototype = None
+        else:
+            raise TypeError(
+                f"compressor={compressor!r}: give a name (e.g. 'int8') or a Compressor object"
+            )
         self.compressor_name, self.settings = compressor, dict(settings or {})
         self.error_feedback = bool(error_feedback)
         self.codec_name, self.codec_settings = codec, {"level": level, **(codec_options or {})}
@@ -114,6 +131,9 @@ class CompressedExchange(GradientExchange):
         self.carrier, self.granularity = carrier, granularity
 
     def _new_compressor(self) -> Compressor:
+        if self.prototype is not None:  # a fresh copy: no residuals shared between runs
+            fresh = copy.deepcopy(self.prototype)
+            return ErrorFeedback(fresh) if self.error_feedback else fresh
         return make_compressor(
             self.compressor_name, error_feedback=self.error_feedback, **self.settings
         )
@@ -121,8 +141,9 @@ class CompressedExchange(GradientExchange):
     def _new_downlink(self) -> Compressor:
         """Return the compressor for the server's mean: the mean of sparse vectors is sparse
         (at most N k values), so its non-zeros go exactly; quantisers quantise it again, with
-        their own error feedback when asked (source 000 sent int8 both ways)."""
-        if self.compressor_name in SPARSIFIERS:
+        their own error feedback when asked (source 000 sent int8 both ways); a compressor
+        object of your own compresses the mean again with a fresh copy of itself."""
+        if self.prototype is None and self.compressor_name in SPARSIFIERS:
             return make_compressor("threshold", threshold=0.0)
         return self._new_compressor()
 

@@ -23,6 +23,7 @@ from matplotlib.figure import Figure
 from course_lib.comm.emulated_link import EmulatedLink
 from course_lib.parallel import replica
 from course_lib.parallel.accounting import format_table, summarize_steps
+from course_lib.parallel.checkpointing import prepare_checkpointing
 from course_lib.parallel.engines import (
     COMM_NAME,
     DataParallelError,
@@ -153,6 +154,8 @@ def train_data_parallel(
     measure_drift_every: int = 0,
     comm_timeout: float = 60.0,
     timeout: float = 600.0,
+    checkpoint: Any = None,
+    resume_from: Any = None,
     **options: Any,
 ) -> DataParallelResult:
     """Train one replica per engine with gradient exchange ``method``; return what happened.
@@ -173,6 +176,11 @@ def train_data_parallel(
             the replicas (an extra allreduce not counted as the method's); ``result.drift()``.
         comm_timeout: seconds any one message may take before the ranks give up, naming a rank.
         timeout: seconds for the whole run before hung engines are recovered.
+        checkpoint: a folder (or ``CheckpointConfig``) every engine can read: rank 0 saves the
+            whole run there after every epoch (and every ``every_steps`` steps), keeping 2.
+        resume_from: a checkpoint file or folder (its newest): continue that run, bit for bit on
+            the same world size (mid-epoch too), on another one only from an epoch boundary
+            (:mod:`course_lib.parallel.checkpointing` says which methods allow it).
         options: the method's settings, e.g. ``bucket_bytes=4096`` for ``bucketed``.
     """
     ids = select_engines(cluster, world_size)
@@ -184,11 +192,13 @@ def train_data_parallel(
         raise ValueError(f"measure_drift_every={measure_drift_every!r}: give a step count >= 1, "
                          "or 0 for no drift measurement")  # fmt: skip
     EXCHANGES[method](**options)  # bad options fail here, before any engine is busy
+    saver, resume_file, resumed_at = prepare_checkpointing(method, checkpoint, resume_from, n)
     ensure_communicators(cluster, ids, backend, link, comm_timeout)
     prepare = (model, dataset, config.seed, COMM_NAME)
     infos = run_on_engines(cluster, ids, replica.engine_prepare, prepare, timeout)
     check_replicas_alike(cluster, ids, infos, config)
-    args = (config, method, options, COMM_NAME, measure_wait, test_set, slow, measure_drift_every)
+    args = (config, method, options, COMM_NAME, measure_wait, test_set, slow, measure_drift_every,
+            saver, resume_file, resumed_at)  # fmt: skip
     results = run_on_engines(cluster, ids, replica.engine_train, args, timeout)
     weights = results[0]["weights"]
     diffs = [max(float(np.abs(r["weights"][k] - w).max(initial=0.0)) for k, w in weights.items())

@@ -154,12 +154,17 @@ def engine_train(
     test_set: Any,
     stragglers: dict[int, Straggler] | None = None,
     measure_drift_every: int = 0,
+    checkpoint: Any = None,
+    resume_from: str | None = None,
+    resumed_at: tuple[int, int] = (0, 0),
 ) -> dict[str, Any]:
     """Train the prepared replica with ``method``; return history, step records and weights.
 
     ``stragglers``: ``{rank: Straggler}``; a rank named there sleeps after each backward (an
     emulated slow PC);
     ``measure_drift_every``: record each replica's distance from the mean every k steps.
+    ``checkpoint``, ``resume_from``: as in ``fit`` (rank 0 writes, every rank reads the same
+    file); ``resumed_at``: that file's ``(epochs_done, steps_done)``, to number the epochs.
     """
     from IPython import get_ipython
 
@@ -181,12 +186,14 @@ def engine_train(
     try:
         history = fit(module, data, local, test_set=test_set, sampler=sampler,
                       grad_hook=recorder.grad_hook, optimizer=optimizer, progress=False,
-                      device="cpu")  # fmt: skip
+                      device="cpu", checkpoint=checkpoint, resume_from=resume_from,
+                      comm=comm)  # fmt: skip
     finally:
         recorder.detach()
         exchange.detach()
+    done_before = resumed_at[0] * sampler.steps + resumed_at[1]  # steps of the run resumed
     for record in recorder.records:
-        record["epoch"] = record["step"] // sampler.steps + 1
+        record["epoch"] = (done_before + record["step"]) // sampler.steps + 1
     weights = {name: p.detach().numpy().copy() for name, p in net.named_parameters()}
     return {
         "rank": comm.rank,
