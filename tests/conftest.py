@@ -22,3 +22,85 @@ def pytest_configure(config: pytest.Config) -> None:
     # Notebooks and tests pick their own cluster; a developer's lab settings must not leak in.
     for name in ("COURSE_CLUSTER_KIND", "COURSE_CLUSTER_PROFILE", "COURSE_CLUSTER_FILE"):
         os.environ.pop(name, None)
+    config.addinivalue_line("markers", "xdist_group(name): run on one pytest-xdist worker")
+
+
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups (--dist loadgroup)
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Keep every test on the shared engine pool in one xdist group: one pool, not one a worker."""
+    for item in items:
+        if "local_engines" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.xdist_group("local_engines"))
+
+
+# -- one pool of local engines for the modules that only use engines ------------------------------
+SHARED_ENGINES = 4  # the most any sharing module needs; a module takes the first n of them
+
+
+def _import_torch() -> None:
+    import torch  # noqa: F401 - the engines' first torch import, paid once per session
+
+
+def _forget_communicators() -> None:
+    """Run on an engine: drop what an earlier module left (its process group, the run's comm key).
+
+    gloo allows one default process group per process, so a later module's communicator
+    replaces an earlier one; dropping it here makes a stale ``comm`` fail loudly and makes
+    ``ensure_communicators`` build ``dp_comm`` afresh instead of trusting its remembered key.
+    """
+    import sys
+
+    from IPython import get_ipython
+
+    ns = get_ipython().user_ns
+    ns.pop("_course_dp_comm_key", None)
+    dist = sys.modules.get("torch.distributed")
+    if dist is not None and dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
+
+
+@pytest.fixture(scope="session")
+def local_engines():
+    """Four local engines started once per session (on first use) and stopped at its end.
+
+    Take them through ``shared_engines(n)``. Tests that kill, restart or interrupt engines must
+    start a cluster of their own instead: this pool is shared by every module that uses it.
+    """
+    from course_lib.cluster import start_cluster
+
+    with start_cluster("local", SHARED_ENGINES) as cluster:
+        cluster.run(_import_torch, timeout=300)
+        yield cluster
+
+
+@pytest.fixture(scope="session")
+def shared_engines(local_engines):
+    """Return ``take(n)``: a cluster over the first ``n`` pooled engines, reset for a new module.
+
+    Every engine's process group and remembered data-parallel communicator are dropped, and the
+    ``n`` taken get ``rank`` / ``world_size`` as if started alone; the cluster it returns shares
+    the pool's client and stops nothing (do not use it as a context manager).
+    """
+    from dataclasses import replace
+
+    from course_lib.cluster import engine_side
+    from course_lib.cluster.launch import CourseCluster, _threads_per_engine
+
+    pool = local_engines
+
+    def take(n: int) -> CourseCluster:
+        if not 1 <= n <= pool.world_size:
+            raise ValueError(f"n={n}: the shared pool has {pool.world_size} engines")
+        pool.run(_forget_communicators, timeout=120)
+        ids = list(pool.ids_by_rank[:n])
+        sub = CourseCluster(replace(pool.settings, n=n), pool.client, owned=None)
+        sub.ids_by_rank, sub.world_size = ids, n
+        sub.engine_info = {eid: pool.engine_info[eid] for eid in ids}
+        threads = _threads_per_engine(sub.settings, n)  # what a cluster of n alone would get
+        for rank, eid in enumerate(ids):
+            pool.client[eid].apply_sync(
+                engine_side.setup_engine, rank, n, "local", threads, None, False
+            )
+        return sub
+
+    return take

@@ -155,14 +155,13 @@ def never_rotates(comm, x, num_steps):
 
 
 @pytest.fixture(scope="module")
-def cluster():
-    from course_lib.cluster import start_cluster
+def cluster(shared_engines):
     from course_lib.comm import setup_communicators
 
-    with start_cluster("local", 4) as cl:
-        setup_communicators(cl, backend="gloo", timeout=20)
-        cl.view.execute("import numpy as np", block=True)
-        yield cl
+    cl = shared_engines(4)  # from the session's pool (tests/conftest.py)
+    setup_communicators(cl, backend="gloo", timeout=20)
+    cl.view.execute("import numpy as np", block=True)
+    return cl
 
 
 @pytest.mark.slow

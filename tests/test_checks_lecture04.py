@@ -15,7 +15,6 @@ from course_lib.checks.lecture04 import (
     stub_ps_average,
     stub_sync_time,
 )
-from course_lib.cluster import start_cluster
 from course_lib.cost_model import LinkModel
 from course_lib.parallel.prediction import predict_step
 
@@ -44,9 +43,8 @@ def server_only_mean(comm, flat):
 
 
 @pytest.fixture(scope="module")
-def cluster():
-    with start_cluster("local", 3) as cl:
-        yield cl
+def cluster(shared_engines):
+    return shared_engines(3)  # from the session's pool (tests/conftest.py)
 
 
 def test_parameter_server_check_passes_the_reference_and_fails_wrong_answers(cluster):

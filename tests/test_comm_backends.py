@@ -127,20 +127,18 @@ def _fails_on_rank_1(comm, buf):
 
 
 @pytest.mark.timeout(300)
-def test_setup_communicators_gloo_and_the_exercise_check():
-    from course_lib.cluster import start_cluster
-
-    with start_cluster("local", 2) as cluster:
-        pids = cluster.run(_import_torch, timeout=120)
-        reprs = setup_communicators(cluster, backend="gloo", timeout=10)
-        assert all("gloo, 2 ranks" in r for r in reprs), reprs
-        assert check_ring_allgather(C.ring_allgather, cluster, verbose=False).passed
-        stub = check_ring_allgather(stub_ring_allgather, cluster, verbose=False)
-        assert not stub.passed and "not implemented" in stub.detail
-        # one rank fails: rank 0's communication timeout (10 s) ends the run before the run's
-        # own limit (10 + 15 s), so the verdict is FAIL and the engines are not restarted
-        t0 = time.monotonic()
-        verdict = check_ring_allgather(_fails_on_rank_1, cluster, verbose=False)
-        assert not verdict.passed and "EngineTimeout" not in verdict.detail, verdict
-        assert time.monotonic() - t0 < 25
-        assert cluster.run(os.getpid, timeout=30) == pids
+def test_setup_communicators_gloo_and_the_exercise_check(shared_engines):
+    cluster = shared_engines(2)  # from the session's pool (tests/conftest.py)
+    pids = cluster.run(_import_torch, timeout=120)
+    reprs = setup_communicators(cluster, backend="gloo", timeout=10)
+    assert all("gloo, 2 ranks" in r for r in reprs), reprs
+    assert check_ring_allgather(C.ring_allgather, cluster, verbose=False).passed
+    stub = check_ring_allgather(stub_ring_allgather, cluster, verbose=False)
+    assert not stub.passed and "not implemented" in stub.detail
+    # one rank fails: rank 0's communication timeout (10 s) ends the run before the run's
+    # own limit (10 + 15 s), so the verdict is FAIL and the engines are not restarted
+    t0 = time.monotonic()
+    verdict = check_ring_allgather(_fails_on_rank_1, cluster, verbose=False)
+    assert not verdict.passed and "EngineTimeout" not in verdict.detail, verdict
+    assert time.monotonic() - t0 < 25
+    assert cluster.run(os.getpid, timeout=30) == pids

@@ -18,7 +18,6 @@ import numpy as np
 import pytest
 from torch.utils.data import TensorDataset
 
-from course_lib.cluster import start_cluster
 from course_lib.data.digits import load_digits
 from course_lib.parallel.compressed import CompressedExchange
 from course_lib.parallel.data_parallel import DataParallelError, train_data_parallel
@@ -62,9 +61,8 @@ def register_corrupting() -> None:
 
 
 @pytest.fixture(scope="module")
-def cluster():
-    with start_cluster("local", 2) as cl:
-        yield cl
+def cluster(shared_engines):
+    return shared_engines(2)  # from the session's pool (tests/conftest.py)
 
 
 @pytest.fixture(scope="module")

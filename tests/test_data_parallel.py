@@ -96,9 +96,8 @@ def single_process_weights() -> dict[str, np.ndarray]:
 
 
 @pytest.fixture(scope="module")
-def cluster():
-    with start_cluster("local", 3) as cl:
-        yield cl
+def cluster(shared_engines):
+    return shared_engines(3)  # from the session's pool (tests/conftest.py)
 
 
 @pytest.fixture(scope="module")

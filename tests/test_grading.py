@@ -641,14 +641,13 @@ def careful_allreduce(comm, x):
 
 
 @pytest.fixture(scope="module")
-def ring_cluster():
-    from course_lib.cluster import start_cluster
+def ring_cluster(shared_engines):
     from course_lib.comm import setup_communicators
 
-    with start_cluster("local", 4) as cluster:
-        setup_communicators(cluster, backend="gloo", timeout=10)
-        cluster.view.execute("import numpy as np; from course_lib.comm import chunk_bounds")
-        yield cluster
+    cluster = shared_engines(4)  # from the session's pool (tests/conftest.py)
+    setup_communicators(cluster, backend="gloo", timeout=10)
+    cluster.view.execute("import numpy as np; from course_lib.comm import chunk_bounds")
+    return cluster
 
 
 @pytest.mark.slow

@@ -102,14 +102,12 @@ def test_bad_pipeline_input_names_the_fix():
 
 # ---- on engines ------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
-def cluster():
-    """One cluster of 4 local engines for this module, with gloo ``comm`` and ``comm2..comm4``."""
-    from course_lib.cluster import start_cluster
-
-    with start_cluster("local", 4) as cluster:
-        cluster.run(_import_torch, timeout=180)
-        _communicators(cluster)
-        yield cluster
+def cluster(shared_engines):
+    """The session's 4 pooled engines, with gloo ``comm`` and ``comm2..comm4`` for this module."""
+    cluster = shared_engines(4)
+    cluster.run(_import_torch, timeout=180)
+    _communicators(cluster)
+    return cluster
 
 
 def _communicators(cluster) -> None:

@@ -19,7 +19,6 @@ import numpy as np
 import pytest
 from torch.utils.data import TensorDataset
 
-from course_lib.cluster import start_cluster
 from course_lib.collectives.gossip import gossip_partners, next_distance
 from course_lib.comm.setup import setup_communicators
 from course_lib.data.digits import load_digits
@@ -52,9 +51,8 @@ def mlp() -> MLP:
 
 
 @pytest.fixture(scope="module")
-def cluster():
-    with start_cluster("local", 4) as cl:
-        yield cl
+def cluster(shared_engines):
+    return shared_engines(4)  # from the session's pool (tests/conftest.py)
 
 
 def run(cluster, n: int, config: TrainConfig = CONFIG, **kw):

@@ -18,16 +18,15 @@ ATOL = 1e-5
 
 
 @pytest.fixture(scope="module")
-def cluster():
-    """One cluster of 4 local engines for this module, with gloo ``comm`` and ``comm2..comm4``."""
-    from course_lib.cluster import start_cluster
+def cluster(shared_engines):
+    """The session's 4 pooled engines, with gloo ``comm`` and ``comm2..comm4`` for this module."""
     from course_lib.comm import setup_communicators
 
-    with start_cluster("local", 4) as cluster:
-        cluster.run(_import_torch, timeout=180)
-        setup_communicators(cluster, backend="gloo", timeout=20)
-        cluster.run(_make_subgroups, timeout=60)
-        yield cluster
+    cluster = shared_engines(4)
+    cluster.run(_import_torch, timeout=180)
+    setup_communicators(cluster, backend="gloo", timeout=20)
+    cluster.run(_make_subgroups, timeout=60)
+    return cluster
 
 
 def _import_torch() -> None:
