@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import os
 import socket
-import time
 
 import comm_workers.launch
 import pytest
@@ -136,9 +135,8 @@ def test_setup_communicators_gloo_and_the_exercise_check(shared_engines):
     stub = check_ring_allgather(stub_ring_allgather, cluster, verbose=False)
     assert not stub.passed and "not implemented" in stub.detail
     # one rank fails: rank 0's communication timeout (10 s) ends the run before the run's
-    # own limit (10 + 15 s), so the verdict is FAIL and the engines are not restarted
-    t0 = time.monotonic()
+    # own limit (10 + 15 s), so the verdict is FAIL and the engines are not restarted (had the
+    # run's limit struck first, the verdict would name an EngineTimeout)
     verdict = check_ring_allgather(_fails_on_rank_1, cluster, verbose=False)
     assert not verdict.passed and "EngineTimeout" not in verdict.detail, verdict
-    assert time.monotonic() - t0 < 25
     assert cluster.run(os.getpid, timeout=30) == pids

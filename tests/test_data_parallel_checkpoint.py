@@ -21,7 +21,6 @@ from course_lib.checkpoint import (
     checkpoint_files,
     load_checkpoint,
 )
-from course_lib.cluster import start_cluster
 from course_lib.data.digits import load_digits
 from course_lib.models import MLP
 from course_lib.parallel.data_parallel import train_data_parallel
@@ -56,9 +55,8 @@ def _equal(a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> bool:
 
 
 @pytest.fixture(scope="module")
-def cluster():
-    with start_cluster("local", 2) as cl:
-        yield cl
+def cluster(shared_engines):
+    return shared_engines(2)  # from the session's pool (tests/conftest.py)
 
 
 @pytest.fixture(scope="module")

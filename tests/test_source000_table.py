@@ -12,7 +12,6 @@ import functools
 import numpy as np
 import pytest
 
-from course_lib.cluster import start_cluster
 from course_lib.data import load_dataset
 from course_lib.models import UNet
 from course_lib.parallel.data_parallel import DataParallelResult, train_data_parallel
@@ -132,9 +131,8 @@ def test_side_by_side_table_shows_the_papers_numbers() -> None:
 
 
 @pytest.fixture(scope="module")
-def cluster():
-    with start_cluster("local", 2) as cl:
-        yield cl
+def cluster(shared_engines):
+    return shared_engines(2)  # from the session's pool (tests/conftest.py)
 
 
 def test_row_from_a_real_run(cluster) -> None:
