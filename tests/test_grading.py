@@ -90,7 +90,13 @@ def _solutions(nb: nbformat.NotebookNode) -> list[str]:
 
 @pytest.mark.parametrize(
     "name",
-    ["A1_sgd_conv", "A2_rabenseifner_allreduce", "A4_local_sgd_gossip", "A5_compression"],
+    [
+        "A1_sgd_conv",
+        "A2_rabenseifner_allreduce",
+        "A4_local_sgd_gossip",
+        "A5_compression",
+        "A6_model_pipeline",
+    ],
 )
 def test_released_notebooks_are_up_to_date_and_hold_no_solution(name):
     source = _source(name)
@@ -134,6 +140,7 @@ def test_every_check_cell_imports_its_own_checker():
         "A2_rabenseifner_allreduce",
         "A4_local_sgd_gossip",
         "A5_compression",
+        "A6_model_pipeline",
     ):
         for cell in _source(name).cells:
             if check_id(cell) is None:
@@ -241,6 +248,7 @@ def test_guard_lets_ordinary_answers_through():
         "A2_rabenseifner_allreduce",
         "A4_local_sgd_gossip",
         "A5_compression",
+        "A6_model_pipeline",
     ):
         source = _source(name)
         protected = protected_names(source)

@@ -191,28 +191,6 @@ def _row_parallel_training(comm: Any, forward: Callable, backward: Callable) -> 
     return ""
 
 
-def _run_row_parallel(blob: bytes, with_backward: bool, comm_name: str) -> str:
-    """Run on an engine: every row-parallel case; return "" or what is wrong."""
-    import cloudpickle
-    from IPython import get_ipython
-
-    from course_lib.checks.a6 import (
-        ROW_PARALLEL_CASES,
-        _agree,
-        _row_parallel_case,
-        _row_parallel_training,
-    )
-
-    comm = get_ipython().user_ns[comm_name]
-    forward, backward = cloudpickle.loads(blob)
-    for case in ROW_PARALLEL_CASES:
-        why = _agree(comm, _row_parallel_case(comm, forward, backward if with_backward else None,
-                                              *case))  # fmt: skip
-        if why:
-            return why
-    return _agree(comm, _row_parallel_training(comm, forward, backward)) if with_backward else ""
-
-
 # -- A6.3 and A6.4: GPipe -------------------------------------------------------------------------
 
 
@@ -232,8 +210,8 @@ def _stage(model: Any, rank: int, log: list[str]) -> Any:
     return RecordedStage(*model[lo:hi])
 
 
-def _pipeline_case(comm: Any, step: Callable, batch: int, m: int, seed: int) -> tuple[str, Any]:
-    """Run one ``step`` on this rank's stage; return (what is wrong or "", the stage)."""
+def _pipeline_case(comm: Any, step: Callable, batch: int, m: int, seed: int) -> str:
+    """Run one ``step`` on this rank's stage; return "" or what is wrong."""
     import torch
     import torch.nn.functional as F
 
@@ -254,23 +232,20 @@ def _pipeline_case(comm: Any, step: Callable, batch: int, m: int, seed: int) -> 
     ref = [q.grad.clone() for q in model[lo:hi].parameters()]
     got = [q.grad for q in stage.parameters()]
     if any(g is None for g in got):
-        return f"{case}: a parameter of the stage has no gradient: run the backward passes", stage
+        return f"{case}: a parameter of the stage has no gradient: run the backward passes"
     if not all(_close(g, r) for g, r in zip(got, ref, strict=True)):
         if all(_close(g, m * r) for g, r in zip(got, ref, strict=True)):
             return (f"{case}: the gradients are m = {m} times too large: the batch loss is the "
-                    "mean of the micro-batch means, divide each micro-batch's loss by m"), stage  # fmt: skip
+                    "mean of the micro-batch means, divide each micro-batch's loss by m")  # fmt: skip
         model.zero_grad()
         F.cross_entropy(model(X[-(batch // m) :]), y[-(batch // m) :]).backward()
         last = [q.grad for q in model[lo:hi].parameters()]
         if all(_close(g, r) or _close(g, r / m) for g, r in zip(got, last, strict=True)):
             return (f"{case}: only the last micro-batch's gradient is left: accumulate into "
-                    ".grad over the m micro-batches (never zero it inside the step)"), stage  # fmt: skip
-        return f"{case}: the gradients differ from one full-batch backward in one process", stage
+                    ".grad over the m micro-batches (never zero it inside the step)")  # fmt: skip
+        return f"{case}: the gradients differ from one full-batch backward in one process"
     if s == p - 1 and (loss is None or abs(float(loss) - ref_loss.item()) > 1e-5):
-        return (
-            f"{case}: returned loss {loss}, the batch's mean loss is {ref_loss.item():.6f}",
-            stage,
-        )
+        return f"{case}: returned loss {loss}, the batch's mean loss is {ref_loss.item():.6f}"
     want = {}
     if s < p - 1:  # activations out, their gradients back, m of each, a micro-batch each
         n = m * (batch // m) * PIPELINE_WIDTHS[s + 1] * 4
@@ -279,17 +254,15 @@ def _pipeline_case(comm: Any, step: Callable, batch: int, m: int, seed: int) -> 
         n = m * (batch // m) * PIPELINE_WIDTHS[s] * 4
         want[s - 1] = (m, n, m, n)
     if used or p2p != want:
-        show = {
-            q: f"{a} messages / {b} bytes out, {c} / {d} in" for q, (a, b, c, d) in want.items()
-        }
-        mine = {q: f"{a} messages / {b} bytes out, {c} / {d} in" for q, (a, b, c, d) in p2p.items()}
-        return (f"{case}: rank {s} talked to {mine or 'nobody'}"
+        show = lambda d: {q: f"{a} messages / {b} bytes out, {c} / {e} in"  # noqa: E731
+                          for q, (a, b, c, e) in d.items()}  # fmt: skip
+        return (f"{case}: rank {s} talked to {show(p2p) or 'nobody'}"
                 f"{f' and called {sorted(used)}' if used else ''}; a stage exchanges only with "
-                f"its neighbours, one micro-batch a message, no collective: {show}"), stage  # fmt: skip
+                f"its neighbours, one micro-batch a message, no collective: {show(want)}")  # fmt: skip
     if log != ["F"] * m + ["B"] * m:
         return (f"{case}: the stage ran {' '.join(log)}; GPipe runs all m forwards, then the "
-                "m backwards"), stage  # fmt: skip
-    return "", stage
+                "m backwards")  # fmt: skip
+    return ""
 
 
 def _reference_training(batches: list, zero_grad: bool) -> Any:
@@ -329,31 +302,33 @@ def _pipeline_training(comm: Any, train: Callable) -> str:
     for zero_grad in (True, False):
         want = _reference_training(batches, zero_grad)[lo:hi].parameters()
         if all(_close(g, w.detach()) for g, w in zip(weights, want, strict=True)):
-            return (
-                ""
-                if zero_grad
-                else (
-                    "the gradients of earlier steps were kept: gpipe_step accumulates into .grad, "
-                    "so zero them before each step (optimizer.zero_grad())"
-                )
-            )
+            kept = "the gradients of earlier steps were kept: gpipe_step accumulates into .grad"
+            return "" if zero_grad else f"{kept}, so zero them before each step (zero_grad())"
     return (f"after {TRAIN_STEPS} steps the weights of stage {s} differ from the same model "
             "trained in one process (SGD, momentum 0.9, lr)")  # fmt: skip
 
 
-def _run_pipeline(blob: bytes, train: bool, comm_name: str) -> str:
-    """Run on an engine: the GPipe cases (or the training run); return "" or what is wrong."""
+def _run(blob: bytes, exercise: str, comm_name: str) -> str:
+    """Run on an engine: every case of ``exercise``; return "" or what is wrong on this rank."""
     import cloudpickle
     from IPython import get_ipython
 
-    from course_lib.checks.a6 import PIPELINE_CASES, _agree, _pipeline_case, _pipeline_training
+    from course_lib.checks import a6
 
-    comm = get_ipython().user_ns[comm_name]
-    step = cloudpickle.loads(blob)
-    if train:
-        return _agree(comm, _pipeline_training(comm, step))
-    for k, (batch, m) in enumerate(PIPELINE_CASES):
-        why = _agree(comm, _pipeline_case(comm, step, batch, m, seed=k)[0])
+    comm, fns = get_ipython().user_ns[comm_name], cloudpickle.loads(blob)
+    if exercise in ("A6.1", "A6.2"):
+        backward = fns[1] if exercise == "A6.2" else None
+        cases = [lambda c=c: a6._row_parallel_case(comm, fns[0], backward, *c)
+                 for c in a6.ROW_PARALLEL_CASES]  # fmt: skip
+        if backward is not None:
+            cases.append(lambda: a6._row_parallel_training(comm, *fns))
+    elif exercise == "A6.3":
+        cases = [lambda k=k, c=c: a6._pipeline_case(comm, fns, *c, seed=k)
+                 for k, c in enumerate(a6.PIPELINE_CASES)]  # fmt: skip
+    else:
+        cases = [lambda: a6._pipeline_training(comm, fns)]
+    for case in cases:
+        why = a6._agree(comm, case())
         if why:
             return why
     return ""
@@ -371,15 +346,15 @@ def _raise_stub(exc: BaseException) -> None:
             raise NotImplementedError(value) from None
 
 
-def _check(exercise: str, name: str, payload: Any, runner: Callable, flag: bool, cluster: Any,
-           detail: str, comm_name: str, verbose: bool) -> Verdict:  # fmt: skip
+def _check(exercise: str, name: str, payload: Any, cluster: Any, detail: str, comm_name: str,
+           verbose: bool) -> Verdict:  # fmt: skip
     def body() -> str:
         import cloudpickle
 
         assert cluster.world_size == 3, f"the check needs 3 engines, not {cluster.world_size}"
         blob = cloudpickle.dumps(payload)  # by value: notebook functions and their helpers
         try:
-            reasons = cluster.run(runner, blob, flag, comm_name, timeout=120)
+            reasons = cluster.run(_run, blob, exercise, comm_name, timeout=120)
         except Exception as exc:
             _raise_stub(exc)
             raise
@@ -395,17 +370,16 @@ def check_row_parallel_forward(forward: Callable, cluster: Any, *, comm_name: st
                                verbose: bool = True) -> Verdict:  # fmt: skip
     """A6.1: ``forward(ctx, X, W_shard, b, comm, bounds)`` is X @ W.T + b with one allreduce."""
     detail = "3 ranks, 3 shapes (7 inputs split 3, 2, 2), one allreduce of the output"
-    return _check("A6.1", "row_parallel_forward", (forward, None), _run_row_parallel, False,
-                  cluster, detail, comm_name, verbose)  # fmt: skip
+    return _check("A6.1", "row_parallel_forward", (forward,), cluster, detail, comm_name, verbose)
 
 
 def check_row_parallel_backward(forward: Callable, backward: Callable, cluster: Any, *,
                                 comm_name: str = "comm", verbose: bool = True) -> Verdict:  # fmt: skip
-    """A6.2: ``backward(ctx, dY)`` gives dX, dW_shard, db with one allgather; trains like one process."""
+    """A6.2: ``backward(ctx, dY)``: dX, dW_shard, db with one allgather; trains like one process."""
     detail = (f"3 ranks, 3 shapes, dX / dW / db with one allgather, an MLP trained "
               f"{TRAIN_STEPS} steps equal to one process")  # fmt: skip
-    return _check("A6.2", "row_parallel_backward", (forward, backward), _run_row_parallel, True,
-                  cluster, detail, comm_name, verbose)  # fmt: skip
+    return _check("A6.2", "row_parallel_backward", (forward, backward), cluster, detail,
+                  comm_name, verbose)  # fmt: skip
 
 
 def check_gpipe_step(step: Callable, cluster: Any, *, comm_name: str = "comm",
@@ -413,13 +387,11 @@ def check_gpipe_step(step: Callable, cluster: Any, *, comm_name: str = "comm",
     """A6.3: ``step(comm, stage, X, y, m, shapes)`` is one GPipe step with one-process gradients."""
     cases = ", ".join(f"batch {b} in m = {m}" for b, m in PIPELINE_CASES)
     detail = f"3 stages, {cases}: gradients and loss of one process, neighbours only, F..F B..B"
-    return _check("A6.3", "gpipe_step", step, _run_pipeline, False, cluster, detail, comm_name,
-                  verbose)  # fmt: skip
+    return _check("A6.3", "gpipe_step", step, cluster, detail, comm_name, verbose)
 
 
 def check_gpipe_training(train: Callable, cluster: Any, *, comm_name: str = "comm",
                          verbose: bool = True) -> Verdict:  # fmt: skip
     """A6.4: ``train(comm, stage, batches, lr, m, shapes)`` ends with the weights of one process."""
     detail = f"3 stages, m = 4, {TRAIN_STEPS} SGD steps with momentum: the weights of one process"
-    return _check("A6.4", "gpipe_training", train, _run_pipeline, True, cluster, detail, comm_name,
-                  verbose)  # fmt: skip
+    return _check("A6.4", "gpipe_training", train, cluster, detail, comm_name, verbose)
