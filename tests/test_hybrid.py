@@ -199,3 +199,38 @@ def test_bad_input_names_the_fix(cluster):
         assert "no nn.Flatten followed by nn.Linear" in messages["no dense"]
         assert "every rank needs an equal shard" in messages["shards"]
         assert "(5, 5), (4, 4)" in messages["shards"] and "shard_batch" in messages["shards"]
+
+
+def features_grad_by_reduce_scatter(comm, grad_whole):
+    return comm.reduce_scatter(grad_whole.contiguous()).reshape(-1, grad_whole.shape[1])
+
+
+def features_grad_by_ring(comm, grad_whole):
+    from course_lib.parallel.hybrid import scatter_batch_grad
+
+    return scatter_batch_grad(comm, grad_whole)
+
+
+def features_grad_by_allreduce(comm, grad_whole):
+    b = len(grad_whole) // comm.world_size
+    return comm.allreduce(grad_whole.contiguous())[comm.rank * b : (comm.rank + 1) * b]
+
+
+def features_grad_without_the_sum(comm, grad_whole):
+    b = len(grad_whole) // comm.world_size
+    return grad_whole[comm.rank * b : (comm.rank + 1) * b]
+
+
+@pytest.mark.timeout(300)
+def test_lecture09_features_grad_check_passes_answers_and_fails_stub_and_wrong_ones(cluster):
+    from course_lib.checks.lecture09 import check_features_grad, stub_features_grad
+
+    for answer in (features_grad_by_reduce_scatter, features_grad_by_ring):
+        verdict = check_features_grad(answer, cluster, verbose=False)
+        assert verdict.passed, verdict
+    verdict = check_features_grad(stub_features_grad, cluster, verbose=False)
+    assert not verdict.passed and "not implemented" in verdict.detail, verdict
+    verdict = check_features_grad(features_grad_by_allreduce, cluster, verbose=False)
+    assert not verdict.passed and "moves more than the answer needs (allreduce)" in verdict.detail
+    verdict = check_features_grad(features_grad_without_the_sum, cluster, verbose=False)
+    assert not verdict.passed and "differs from the sum over ranks" in verdict.detail, verdict
