@@ -55,6 +55,7 @@ __all__ = [
     "dense_params",
     "gather_batch",
     "hybrid_bytes",
+    "hybrid_collectives",
     "hybrid_step",
     "layer_sizes",
     "scatter_batch_grad",
@@ -250,32 +251,48 @@ def data_parallel_bytes(params: int, world_size: int) -> float:
     return 2 * (world_size - 1) / world_size * 4 * params
 
 
+def hybrid_collectives(batch: int, world_size: int, conv_params: int, widths: list[int]) -> dict:
+    """Return per part the ``(algorithm, buffer bytes)`` of every collective in one hybrid step.
+
+    Algorithms are names in ``course_lib.cost_model.ALGORITHMS``, so ``predict`` gives their
+    time. Dense widths are $w_0$ (features) ... $w_L$ (classes); every row-parallel layer
+    allreduces its $B \\times w_{out}$ output (forward), every column-parallel layer after the
+    first its $B \\times w_{in}$ input gradient (backward), and an odd last layer gathers its
+    output, each rank's shard padded to $\\lceil w_L / N \\rceil$ columns.
+    """
+    head = []
+    for j in range(len(widths) - 1):
+        if j % 2:  # row-parallel
+            head.append(("ring_allreduce", 4 * batch * widths[j + 1]))
+        else:
+            if j:  # column-parallel: dL/dX; the first one's is the features' reduce-scatter
+                head.append(("ring_allreduce", 4 * batch * widths[j]))
+            if j == len(widths) - 2:
+                padded = -(-widths[j + 1] // world_size)
+                head.append(("ring_allgather", 4 * world_size * batch * padded))
+    return {
+        "conv gradients": [("ring_allreduce", 4 * conv_params)],
+        "features": [
+            ("ring_allgather", 4 * batch * widths[0]),
+            ("ring_reduce_scatter", 4 * batch * widths[0]),
+        ],
+        "labels": [("ring_allgather", 8 * batch)],  # int64
+        "dense head": head,
+    }
+
+
 def hybrid_bytes(batch: int, world_size: int, conv_params: int, widths: list[int]) -> dict:
     """Return the bytes per rank (mean over ranks) of one hybrid step, per part.
 
-    With $f = \\frac{N-1}{N}$ and dense widths $w_0$ (features) ... $w_L$ (classes):
-    conv gradients $2f \\cdot 4P_{conv}$ (ring allreduce); features $2f \\cdot 4Bw_0$ (all-gather
-    forward, reduce-scatter backward); labels $f \\cdot 8B$ (int64); dense head: each row-parallel
-    layer allreduces its $B \\times w_{out}$ output forward, each later column-parallel layer its
-    $B \\times w_{in}$ input gradient backward ($2f \\cdot 4 B w$ each), and an odd last layer
-    gathers its output, padded to $\\lceil w_L / N \\rceil$ columns per rank ($(N-1) \\cdot 4B \\lceil w_L/N \\rceil$).
+    A ring allreduce of ``n`` bytes sends $2\\frac{N-1}{N} n$ per rank, a ring all-gather or
+    reduce-scatter $\\frac{N-1}{N} n$: conv gradients $2f \\cdot 4P_{conv}$, features
+    $2f \\cdot 4Bw_0$ (gathered forward, reduce-scattered backward), labels $f \\cdot 8B$, and
+    the dense layers' activations (:func:`hybrid_collectives`), with $f = \\frac{N-1}{N}$.
     """
-    n, f = world_size, (world_size - 1) / world_size
-    head = 0.0
-    layers = len(widths) - 1
-    for j in range(layers):
-        if j % 2:  # row-parallel: allreduce of the output (forward)
-            head += 2 * f * 4 * batch * widths[j + 1]
-        else:  # column-parallel
-            head += 2 * f * 4 * batch * widths[j] if j else 0.0  # dL/dX allreduce (backward)
-            if j == layers - 1:  # the last layer gathers its output
-                head += (n - 1) * 4 * batch * -(-widths[j + 1] // n)
-    return {
-        "conv gradients": 2 * f * 4 * conv_params,
-        "features": 2 * f * 4 * batch * widths[0],
-        "labels": f * 8 * batch,
-        "dense head": head,
-    }
+    f = (world_size - 1) / world_size
+    share = {"ring_allreduce": 2 * f, "ring_allgather": f, "ring_reduce_scatter": f}
+    parts = hybrid_collectives(batch, world_size, conv_params, widths)
+    return {part: sum(share[alg] * n for alg, n in calls) for part, calls in parts.items()}
 
 
 def crossover_batch(world_size: int, conv_params: int, widths: list[int]) -> float:
