@@ -7,7 +7,12 @@ For an MLP on 2 and 4 gloo engines, one training step (batch 64) with
 prints the median step time (slowest rank), the bytes each engine handed to the network (from the
 Communicator's counters) beside the bytes the design predicts, and for the pipelines the measured
 bubble beside the formula (p-1)/(m+p-1) and the schedule simulation fed with the measured
-per-stage compute times. On a machine with fewer cores than engines the stages take turns on the
+per-stage compute times. Then, for the course's ``SmallCNN`` (batch 64), Krizhevsky's hybrid
+(``course_lib.parallel.hybrid``: data-parallel convolutions, model-parallel dense layers) beside
+data parallelism, the tensor-parallel dense head and a 1F1B pipeline: every collective there
+goes round the kit's ring from point-to-point messages, so the bytes are bytes sent (mean over
+ranks, beside the cost model), and the communication time is measured beside the alpha-beta
+prediction from a ping-pong calibration of the same engines. On a machine with fewer cores than engines the stages take turns on the
 cores, so the measured bubble there says more about the machine than about the schedule.
 
     .venv/bin/python bench/bench_model_parallel.py            # 2 and 4 engines
@@ -20,9 +25,17 @@ import argparse
 
 from course_lib.cluster import start_cluster
 from course_lib.comm import setup_communicators
+from course_lib.cost_model import LinkModel, ping_pong, predict
+from course_lib.parallel.hybrid import (
+    data_parallel_bytes,
+    hybrid_bytes,
+    hybrid_collectives,
+    layer_sizes,
+)
 from course_lib.parallel.pipeline_schedule import Timeline, bubble_formula, simulate
 
 HIDDEN, BATCH, LAYERS = 512, 64, 4  # MLP 64 -> 512 x LAYERS -> 10
+CNN_BATCH = 64  # SmallCNN on 3 x 32 x 32 images
 
 
 def make_model():
@@ -95,6 +108,130 @@ def _engine_step(kind: str, repeats: int, m: int = 1, schedule: str = "gpipe") -
             "timeline": timeline}  # fmt: skip
 
 
+def _engine_cnn_step(kind: str, repeats: int) -> dict:
+    """Run ``repeats`` SmallCNN steps of ``kind``; return median step and communication seconds."""
+    import statistics
+    import time
+
+    import numpy as np
+    import torch
+    from IPython import get_ipython
+    from torch import nn
+
+    from course_lib.collectives.ring import ring_allreduce
+    from course_lib.models import SmallCNN
+    from course_lib.parallel.hybrid import HybridCNN, RingCollectives, hybrid_step, shard_batch
+    from course_lib.parallel.pipeline import (
+        PipelineSettings,
+        even_stages,
+        pipeline_step,
+        split_stages,
+    )
+    from course_lib.parallel.tensor_parallel import TensorParallelMLP
+
+    comm = get_ipython().user_ns["comm"]
+    p, r = comm.world_size, comm.rank
+    torch.manual_seed(0)
+    model, ring = SmallCNN(), RingCollectives(comm)
+    X, y = torch.randn(CNN_BATCH, 3, 32, 32), torch.randint(0, 10, (CNN_BATCH,))
+    loss_fn = nn.functional.cross_entropy
+    if kind == "tensor":  # every engine the whole batch, the dense head split
+        model = TensorParallelMLP(model, ring)
+    elif kind == "hybrid":
+        model = HybridCNN(model, comm)
+    elif kind == "pipeline":
+        model = split_stages(model, even_stages(len(model), p))[r]
+    times, comm_times = [], []
+    for step in range(repeats + 1):  # step 0 warms up connections and allocations
+        comm.barrier()
+        comm.stats.reset()
+        ring.seconds, comm_s = 0.0, 0.0
+        t0 = time.perf_counter()
+        model.zero_grad()
+        if kind == "data":
+            X_shard, y_shard = shard_batch(X, y, comm)  # each engine B/N samples
+            loss_fn(model(X_shard), y_shard).backward()
+            flat = torch.cat([q.grad.reshape(-1) for q in model.parameters()])
+            c0 = time.perf_counter()
+            ring_allreduce(comm, flat)  # the sum; dividing by p would give the mean
+            comm_s = time.perf_counter() - c0
+        elif kind == "tensor":
+            loss_fn(model(X), y).backward()
+            comm_s = ring.seconds
+        elif kind == "hybrid":
+            comm_s = sum(hybrid_step(model, *shard_batch(X, y, comm)).seconds.values())
+        else:
+            settings = PipelineSettings("1f1b", 4, CNN_BATCH)
+            pipeline_step(model, comm, settings, X if r == 0 else None, y if r == p - 1 else None)
+        took = np.array([time.perf_counter() - t0, comm_s])
+        sent = comm.stats.bytes_sent
+        comm.allreduce(took, op="max")
+        if step:
+            times.append(float(took[0]))
+            comm_times.append(float(took[1]))
+    return {"seconds": statistics.median(times), "comm": statistics.median(comm_times),
+            "bytes": sent}  # fmt: skip
+
+
+def cnn_predictions(kind: str, p: int, link: LinkModel) -> tuple[float, float | None]:
+    """Return (bytes per rank, mean over ranks; communication seconds or None) by the cost model."""
+    from course_lib.models import SmallCNN
+    from course_lib.parallel.pipeline import even_stages
+
+    net = SmallCNN()
+    conv, widths = layer_sizes(net)
+    calls = hybrid_collectives(CNN_BATCH, p, conv, widths)
+    if kind == "data":
+        params = sum(q.numel() for q in net.parameters())
+        return data_parallel_bytes(params, p), predict("ring_allreduce", 4 * params, p, link)
+    if kind == "hybrid":
+        flat = [c for part in calls.values() for c in part]
+        return sum(hybrid_bytes(CNN_BATCH, p, conv, widths).values()), sum(
+            predict(alg, n, p, link) for alg, n in flat
+        )
+    if kind == "tensor":  # the head's collectives, plus dL/d(features) allreduced (f)
+        flat = calls["dense head"] + [("ring_allreduce", 4 * CNN_BATCH * widths[0])]
+        head = hybrid_bytes(CNN_BATCH, p, conv, widths)["dense head"]
+        return head + 2 * (p - 1) / p * 4 * CNN_BATCH * widths[0], sum(
+            predict(alg, n, p, link) for alg, n in flat
+        )
+    # pipeline: each boundary's activations forward (+ a 64-byte shape header), gradients back
+    import torch
+
+    x, sizes = torch.zeros(1, 3, 32, 32), []
+    for a, b in even_stages(len(net), p)[:-1]:
+        x = net[a:b](x)
+        sizes.append(x.numel())
+    return sum(2 * 4 * CNN_BATCH * n + 64 for n in sizes) / p, None
+
+
+def cnn_table(cluster, p: int, repeats: int) -> None:
+    """Print the SmallCNN rows: data, tensor head, hybrid, pipeline on ``p`` engines."""
+    link = cluster.run(_calibrate, timeout=300)[0]
+    print(f"\n{p} engines, SmallCNN, batch {CNN_BATCH}; link fitted by ping-pong: "
+          f"alpha {link.alpha * 1e6:.0f} us, {link.bandwidth / 1e9:.2f} GB/s")  # fmt: skip
+    print(f"  {'strategy':14s} {'step ms':>8s} {'bytes/rank':>11s} {'predicted':>10s} "
+          f"{'err':>6s} {'comm ms':>8s} {'predicted':>9s} {'err':>6s}")  # fmt: skip
+    for kind in ("data", "tensor", "hybrid", "pipeline"):
+        res = cluster.run(_engine_cnn_step, kind, repeats, timeout=600)
+        sent = sum(r["bytes"] for r in res) / p
+        pred_bytes, pred_s = cnn_predictions(kind, p, link)
+        row = (f"  {kind:14s} {res[0]['seconds'] * 1e3:8.1f} {sent:11.0f} {pred_bytes:10.0f} "
+               f"{(sent - pred_bytes) / pred_bytes:6.1%}")  # fmt: skip
+        if pred_s is not None:
+            comm_s = res[0]["comm"]
+            row += f" {comm_s * 1e3:8.2f} {pred_s * 1e3:9.2f} {(comm_s - pred_s) / pred_s:6.0%}"
+        else:
+            row += f" {'(overlaps compute)':>26s}"
+        print(row)
+
+
+def _calibrate() -> LinkModel:
+    from IPython import get_ipython
+
+    return ping_pong(get_ipython().user_ns["comm"], sizes=[2**k for k in range(10, 23, 2)]).model
+
+
 def predicted_bytes(kind: str, p: int, rank: int, m: int = 1) -> int:
     """Return the bytes rank ``rank`` hands to the network in one step, by design."""
     params = sum(q.numel() for q in make_model().parameters())
@@ -132,7 +269,7 @@ def main() -> None:
         with start_cluster("local", p, torch_threads=1) as cluster:
             setup_communicators(cluster, backend="gloo", timeout=60)
             # functions of this script run on the engines with the engines' globals: send ours
-            constants = {"HIDDEN": HIDDEN, "BATCH": BATCH, "LAYERS": LAYERS}
+            constants = {"HIDDEN": HIDDEN, "BATCH": BATCH, "LAYERS": LAYERS, "CNN_BATCH": CNN_BATCH}
             cluster.view.push({"make_model": make_model, **constants})
             print(f"\n{p} engines (gloo, loopback), MLP 64-{HIDDEN}x{LAYERS}-10, batch {BATCH}:")
             print(f"  {'strategy':22s} {'step ms':>8s} {'bytes/rank (max)':>17s} "
@@ -154,6 +291,7 @@ def main() -> None:
                     sim = simulate(sched, f, m, backward_costs=b).bubble_fraction
                     extra = f" {t.bubble_fraction:7.1%} {bubble_formula(p, m):8.1%} {sim:9.1%}"
                 print(f"  {label:22s} {res[0]['seconds'] * 1e3:8.2f} {sent:17d} {pred:10d}{extra}")
+            cnn_table(cluster, p, repeats)
 
 
 if __name__ == "__main__":

@@ -21,9 +21,9 @@ The paper describes three ways to do step 2 for K workers: (a) every worker send
 to every other one and the dense layers run once on the big batch; (b) one worker at a time
 sends its features, and the dense layers run on that part while the next part travels; (c)
 every worker sends a K-th of its features at a time, then as (b). **This module implements
-variant (a)**: the simplest, and the one whose step equals one process training the same model
-on the whole batch. Variants (b) and (c) send the same bytes, split into K rounds so that
-communication overlaps the dense layers' computation.
+variant (a)**, the simplest: its step equals one process training the same model on the whole
+batch. Variants (b) and (c) send the same features in K rounds so that communication overlaps
+the dense layers' computation.
 
 Every collective here goes round the ring from point-to-point messages (``course_lib.collectives``),
 so the communicator's per-peer counters show the bytes really sent; :func:`hybrid_bytes` gives
