@@ -63,7 +63,7 @@ __all__ = [
     "split_cnn",
 ]
 
-PARTS = ("conv gradients", "features", "labels", "dense head")
+PARTS = ("conv gradients", "features", "labels", "dense head")  # what a step sends, by part
 
 
 def split_cnn(net: nn.Sequential) -> tuple[nn.Sequential, nn.Sequential]:
@@ -197,7 +197,7 @@ def hybrid_step(
     rank's gradients are those of ``loss_fn`` (a mean) over the WHOLE batch, so any optimiser
     step keeps the ranks' convolutions identical. Gradients are set, not accumulated.
     """
-    comm, out = net.comm, HybridStep(0.0)
+    comm, out = net.comm, HybridStep(0.0, dict.fromkeys(PARTS, 0), dict.fromkeys(PARTS, 0.0))
     sizes = comm.allgather(np.array([len(X_shard), len(y_shard)], np.int64))
     if len({tuple(s) for s in sizes}) != 1 or sizes[0][0] != sizes[0][1]:
         raise ValueError(
@@ -210,8 +210,8 @@ def hybrid_step(
     def part(name: str, fn: Callable, *args):
         sent, t0 = _sent(comm), time.perf_counter()
         result = fn(*args)
-        out.bytes[name] = out.bytes.get(name, 0) + _sent(comm) - sent
-        out.seconds[name] = out.seconds.get(name, 0.0) + time.perf_counter() - t0
+        out.bytes[name] += _sent(comm) - sent
+        out.seconds[name] += time.perf_counter() - t0
         return result
 
     features = net.convs(X_shard)  # 1. data parallel: own samples only
