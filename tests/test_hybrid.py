@@ -3,7 +3,7 @@
 Reference: the same ``LeNet`` trained in one process on the whole batch. Tolerance: float32
 throughout; the hybrid adds the same numbers in other orders (the convolutions' gradient as a
 sum of per-rank shares round the ring, the dense layers' partial sums, the features' gradient
-from every rank's neurons), so results differ by rounding only (~1e-7 relative per sum). Five
+from every rank's neurons), so results differ by rounding only (~1e-7 relative per sum). Three
 SGD steps with lr 0.1 barely amplify that: atol 1e-5 on every weight after the last step.
 
 Bytes are compared exactly: every collective of the hybrid goes round the ring from
@@ -64,6 +64,7 @@ def _train_case(size: int, steps: int, batch: int) -> dict | None:
     hybrid, head_tp = HybridCNN(ref, comm), TensorParallelMLP(copy.deepcopy(ref), comm)
     X, y = torch.randn(steps, batch, 1, 8, 8), torch.randint(0, 10, (steps, batch))
     opts = [torch.optim.SGD(m.parameters(), lr=0.1) for m in (ref, hybrid, head_tp)]
+    start = [p.detach().clone() for p in ref.parameters()]
     losses, parts = [], []
     for step in range(steps):
         for opt in opts:
@@ -99,7 +100,8 @@ def _train_case(size: int, steps: int, batch: int) -> dict | None:
             worst = max(worst, (layer.weight - w_ref).abs().max().item(),
                         (layer.bias - b_ref).abs().max().item())  # fmt: skip
         errors[f"{name} dense"] = worst
-    return {"errors": errors, "loss moved": abs(losses[0] - losses[-1]), "bytes": parts}
+    moved = max((p - p0).abs().max().item() for p, p0 in zip(ref.parameters(), start, strict=True))
+    return {"errors": errors, "weights moved": moved, "bytes": parts}
 
 
 @pytest.mark.timeout(300)
@@ -108,11 +110,11 @@ def test_hybrid_and_tensor_parallel_head_equal_one_process_and_bytes_equal_formu
 
     conv_params, widths = layer_sizes(LeNet())
     for size in (2, 4):
-        results = [r for r in cluster.run(_train_case, size, 5, 16, timeout=180) if r]
+        results = [r for r in cluster.run(_train_case, size, 3, 16, timeout=180) if r]
         assert len(results) == size
         want = hybrid_bytes(16, size, conv_params, widths)
         for rank, res in enumerate(results):
-            assert res["loss moved"] > 1e-3  # the model really trained
+            assert res["weights moved"] > 1e-3  # the model really trained
             for what, error in res["errors"].items():
                 assert error < ATOL, (size, rank, what, error)
             for step_bytes in res["bytes"]:  # every step, every part, every rank: exact
