@@ -17,6 +17,7 @@ cores, so the measured bubble there says more about the machine than about the s
 
     .venv/bin/python bench/bench_model_parallel.py            # 2 and 4 engines
     .venv/bin/python bench/bench_model_parallel.py --quick    # 2 engines, fewer repeats
+    .venv/bin/python bench/bench_model_parallel.py --only cnn # the CNN's table (the hybrid)
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ import argparse
 
 from course_lib.cluster import start_cluster
 from course_lib.comm import setup_communicators
-from course_lib.cost_model import LinkModel, ping_pong, predict
+from course_lib.cost_model import LinkModel, predict
 from course_lib.parallel.hybrid import (
     data_parallel_bytes,
     hybrid_bytes,
@@ -229,7 +230,10 @@ def cnn_table(cluster, p: int, repeats: int) -> None:
 def _calibrate() -> LinkModel:
     from IPython import get_ipython
 
-    return ping_pong(get_ipython().user_ns["comm"], sizes=[2**k for k in range(10, 23, 2)]).model
+    from course_lib import cost_model  # a module: this function runs on the engines
+
+    comm = get_ipython().user_ns["comm"]
+    return cost_model.ping_pong(comm, sizes=[2**k for k in range(10, 23, 2)]).model
 
 
 def predicted_bytes(kind: str, p: int, rank: int, m: int = 1) -> int:
@@ -258,6 +262,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="2 engines, 3 repeats")
     parser.add_argument("--repeats", type=int, default=7)
+    parser.add_argument("--only", choices=("mlp", "cnn"), help="one table: the MLP's or the CNN's")
     args = parser.parse_args()
     repeats = 3 if args.quick else args.repeats
     print("Simulated bubble, balanced stages (backward = 2 x forward), vs (p-1)/(m+p-1):")
@@ -271,27 +276,34 @@ def main() -> None:
             # functions of this script run on the engines with the engines' globals: send ours
             constants = {"HIDDEN": HIDDEN, "BATCH": BATCH, "LAYERS": LAYERS, "CNN_BATCH": CNN_BATCH}
             cluster.view.push({"make_model": make_model, **constants})
-            print(f"\n{p} engines (gloo, loopback), MLP 64-{HIDDEN}x{LAYERS}-10, batch {BATCH}:")
-            print(f"  {'strategy':22s} {'step ms':>8s} {'bytes/rank (max)':>17s} "
-                  f"{'predicted':>10s} {'bubble':>7s} {'formula':>8s} {'simulated':>9s}")  # fmt: skip
-            runs = [("data", 1, ""), ("tensor", 1, "")]
-            runs += [("pipeline", m, s) for s in ("gpipe", "1f1b") for m in (1, 2, 4, 8)]
-            for kind, m, sched in runs:
-                res = cluster.run(_engine_step, kind, repeats, m, sched or "gpipe", timeout=600)
-                sent = max(r["bytes"] for r in res)
-                pred = max(predicted_bytes(kind, p, r, m) for r in range(p))
-                label = kind if kind != "pipeline" else f"{sched} m={m}"
-                extra = ""
-                if kind == "pipeline":
-                    t = Timeline.merge([r["timeline"] for r in res])
-                    f = [sum(iv.end - iv.start for iv in t.intervals
-                             if iv.stage == s and iv.kind == "F") / m for s in range(p)]  # fmt: skip
-                    b = [sum(iv.end - iv.start for iv in t.intervals
-                             if iv.stage == s and iv.kind == "B") / m for s in range(p)]  # fmt: skip
-                    sim = simulate(sched, f, m, backward_costs=b).bubble_fraction
-                    extra = f" {t.bubble_fraction:7.1%} {bubble_formula(p, m):8.1%} {sim:9.1%}"
-                print(f"  {label:22s} {res[0]['seconds'] * 1e3:8.2f} {sent:17d} {pred:10d}{extra}")
-            cnn_table(cluster, p, repeats)
+            if args.only != "cnn":
+                mlp_table(cluster, p, repeats)
+            if args.only != "mlp":
+                cnn_table(cluster, p, repeats)
+
+
+def mlp_table(cluster, p: int, repeats: int) -> None:
+    """Print the MLP rows: data, tensor, GPipe and 1F1B (m = 1, 2, 4, 8) on ``p`` engines."""
+    print(f"\n{p} engines (gloo, loopback), MLP 64-{HIDDEN}x{LAYERS}-10, batch {BATCH}:")
+    print(f"  {'strategy':22s} {'step ms':>8s} {'bytes/rank (max)':>17s} "
+          f"{'predicted':>10s} {'bubble':>7s} {'formula':>8s} {'simulated':>9s}")  # fmt: skip
+    runs = [("data", 1, ""), ("tensor", 1, "")]
+    runs += [("pipeline", m, s) for s in ("gpipe", "1f1b") for m in (1, 2, 4, 8)]
+    for kind, m, sched in runs:
+        res = cluster.run(_engine_step, kind, repeats, m, sched or "gpipe", timeout=600)
+        sent = max(r["bytes"] for r in res)
+        pred = max(predicted_bytes(kind, p, r, m) for r in range(p))
+        label = kind if kind != "pipeline" else f"{sched} m={m}"
+        extra = ""
+        if kind == "pipeline":
+            t = Timeline.merge([r["timeline"] for r in res])
+            f = [sum(iv.end - iv.start for iv in t.intervals
+                     if iv.stage == s and iv.kind == "F") / m for s in range(p)]  # fmt: skip
+            b = [sum(iv.end - iv.start for iv in t.intervals
+                     if iv.stage == s and iv.kind == "B") / m for s in range(p)]  # fmt: skip
+            sim = simulate(sched, f, m, backward_costs=b).bubble_fraction
+            extra = f" {t.bubble_fraction:7.1%} {bubble_formula(p, m):8.1%} {sim:9.1%}"
+        print(f"  {label:22s} {res[0]['seconds'] * 1e3:8.2f} {sent:17d} {pred:10d}{extra}")
 
 
 if __name__ == "__main__":
