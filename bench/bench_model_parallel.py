@@ -11,8 +11,10 @@ per-stage compute times. Then, for the course's ``SmallCNN`` (batch 64), Krizhev
 (``course_lib.parallel.hybrid``: data-parallel convolutions, model-parallel dense layers) beside
 data parallelism, the tensor-parallel dense head and a 1F1B pipeline: every collective there
 goes round the kit's ring from point-to-point messages, so the bytes are bytes sent (mean over
-ranks, beside the cost model), and the communication time is measured beside the alpha-beta
-prediction from a ping-pong calibration of the same engines. On a machine with fewer cores than engines the stages take turns on the
+ranks, beside the cost model). Communication time is shown twice: inside the step (it includes
+waiting for the slowest rank's compute) and for the same collectives run alone after a barrier,
+the latter beside the alpha-beta-gamma prediction from a ping-pong calibration of the same
+engines (and a measured gamma). On a loaded machine the times say more about the load. On a machine with fewer cores than engines the stages take turns on the
 cores, so the measured bubble there says more about the machine than about the schedule.
 
     .venv/bin/python bench/bench_model_parallel.py            # 2 and 4 engines
@@ -140,8 +142,8 @@ def _engine_cnn_step(kind: str, repeats: int) -> dict:
         model = TensorParallelMLP(model, ring)
     elif kind == "hybrid":
         model = HybridCNN(model, comm)
-    elif kind == "pipeline":
-        model = split_stages(model, even_stages(len(model), p))[r]
+    elif kind == "pipeline":  # a plain Sequential: slicing SmallCNN would call SmallCNN(dict)
+        model = split_stages(nn.Sequential(*model), even_stages(len(model), p))[r]
     times, comm_times = [], []
     for step in range(repeats + 1):  # step 0 warms up connections and allocations
         comm.barrier()
@@ -174,8 +176,10 @@ def _engine_cnn_step(kind: str, repeats: int) -> dict:
             "bytes": sent}  # fmt: skip
 
 
-def cnn_predictions(kind: str, p: int, link: LinkModel) -> tuple[float, float | None]:
-    """Return (bytes per rank, mean over ranks; communication seconds or None) by the cost model."""
+def cnn_predictions(kind: str, p: int) -> tuple[float, list | None]:
+    """Return (bytes per rank, mean over ranks; the step's collectives [(algorithm, bytes)])."""
+    from torch import nn
+
     from course_lib.models import SmallCNN
     from course_lib.parallel.pipeline import even_stages
 
@@ -184,46 +188,70 @@ def cnn_predictions(kind: str, p: int, link: LinkModel) -> tuple[float, float | 
     calls = hybrid_collectives(CNN_BATCH, p, conv, widths)
     if kind == "data":
         params = sum(q.numel() for q in net.parameters())
-        return data_parallel_bytes(params, p), predict("ring_allreduce", 4 * params, p, link)
+        return data_parallel_bytes(params, p), [("ring_allreduce", 4 * params)]
     if kind == "hybrid":
         flat = [c for part in calls.values() for c in part]
-        return sum(hybrid_bytes(CNN_BATCH, p, conv, widths).values()), sum(
-            predict(alg, n, p, link) for alg, n in flat
-        )
+        return sum(hybrid_bytes(CNN_BATCH, p, conv, widths).values()), flat
     if kind == "tensor":  # the head's collectives, plus dL/d(features) allreduced (f)
-        flat = calls["dense head"] + [("ring_allreduce", 4 * CNN_BATCH * widths[0])]
         head = hybrid_bytes(CNN_BATCH, p, conv, widths)["dense head"]
-        return head + 2 * (p - 1) / p * 4 * CNN_BATCH * widths[0], sum(
-            predict(alg, n, p, link) for alg, n in flat
-        )
+        features = ("ring_allreduce", 4 * CNN_BATCH * widths[0])
+        return head + 2 * (p - 1) / p * features[1], calls["dense head"] + [features]
     # pipeline: each boundary's activations forward (+ a 64-byte shape header), gradients back
     import torch
 
-    x, sizes = torch.zeros(1, 3, 32, 32), []
+    x, sizes, layers = torch.zeros(1, 3, 32, 32), [], list(net)
     for a, b in even_stages(len(net), p)[:-1]:
-        x = net[a:b](x)
+        x = nn.Sequential(*layers[a:b])(x)
         sizes.append(x.numel())
     return sum(2 * 4 * CNN_BATCH * n + 64 for n in sizes) / p, None
+
+
+def _time_collectives(calls: list, repeats: int) -> float:
+    """Return the median seconds (slowest rank) of ``calls`` [(algorithm, bytes)] run alone."""
+    import statistics
+    import time
+
+    import numpy as np
+    from IPython import get_ipython
+
+    from course_lib.collectives import ring
+
+    comm = get_ipython().user_ns["comm"]
+    bufs = [(getattr(ring, alg), np.zeros(n // 4, np.float32)) for alg, n in calls]
+    times = []
+    for step in range(repeats + 1):
+        comm.barrier()  # alone: nobody waits for a slower rank's compute
+        t0 = time.perf_counter()
+        for fn, buf in bufs:
+            fn(comm, buf)
+        took = np.array([time.perf_counter() - t0])
+        comm.allreduce(took, op="max")
+        if step:
+            times.append(float(took[0]))
+    return statistics.median(times)
 
 
 def cnn_table(cluster, p: int, repeats: int) -> None:
     """Print the SmallCNN rows: data, tensor head, hybrid, pipeline on ``p`` engines."""
     link = cluster.run(_calibrate, timeout=300)[0]
-    print(f"\n{p} engines, SmallCNN, batch {CNN_BATCH}; link fitted by ping-pong: "
-          f"alpha {link.alpha * 1e6:.0f} us, {link.bandwidth / 1e9:.2f} GB/s")  # fmt: skip
-    print(f"  {'strategy':14s} {'step ms':>8s} {'bytes/rank':>11s} {'predicted':>10s} "
-          f"{'err':>6s} {'comm ms':>8s} {'predicted':>9s} {'err':>6s}")  # fmt: skip
+    print(f"\n{p} engines, SmallCNN, batch {CNN_BATCH}; link fitted by ping-pong: alpha "
+          f"{link.alpha * 1e6:.0f} us, {link.bandwidth / 1e9:.2f} GB/s, "
+          f"gamma {link.gamma * 1e9:.2f} ns/B")  # fmt: skip
+    print(f"  {'strategy':9s} {'step ms':>8s} {'bytes/rank':>11s} {'predicted':>10s} {'err':>5s} "
+          f"{'comm+wait ms':>12s} {'comm alone':>10s} {'predicted':>9s} {'err':>6s}")  # fmt: skip
     for kind in ("data", "tensor", "hybrid", "pipeline"):
         res = cluster.run(_engine_cnn_step, kind, repeats, timeout=600)
         sent = sum(r["bytes"] for r in res) / p
-        pred_bytes, pred_s = cnn_predictions(kind, p, link)
-        row = (f"  {kind:14s} {res[0]['seconds'] * 1e3:8.1f} {sent:11.0f} {pred_bytes:10.0f} "
-               f"{(sent - pred_bytes) / pred_bytes:6.1%}")  # fmt: skip
-        if pred_s is not None:
-            comm_s = res[0]["comm"]
-            row += f" {comm_s * 1e3:8.2f} {pred_s * 1e3:9.2f} {(comm_s - pred_s) / pred_s:6.0%}"
+        pred_bytes, calls = cnn_predictions(kind, p)
+        row = (f"  {kind:9s} {res[0]['seconds'] * 1e3:8.1f} {sent:11.0f} {pred_bytes:10.0f} "
+               f"{(sent - pred_bytes) / pred_bytes:5.1%}")  # fmt: skip
+        if calls is not None:
+            alone = cluster.run(_time_collectives, calls, repeats, timeout=600)[0]
+            pred_s = sum(predict(alg, n, p, link) for alg, n in calls)
+            row += (f" {res[0]['comm'] * 1e3:12.2f} {alone * 1e3:10.2f} {pred_s * 1e3:9.2f} "
+                    f"{(alone - pred_s) / pred_s:6.0%}")  # fmt: skip
         else:
-            row += f" {'(overlaps compute)':>26s}"
+            row += f" {'(sends overlap compute)':>40s}"
         print(row)
 
 
@@ -233,7 +261,8 @@ def _calibrate() -> LinkModel:
     from course_lib import cost_model  # a module: this function runs on the engines
 
     comm = get_ipython().user_ns["comm"]
-    return cost_model.ping_pong(comm, sizes=[2**k for k in range(10, 23, 2)]).model
+    fit = cost_model.ping_pong(comm, sizes=[2**k for k in range(10, 23, 2)]).model
+    return cost_model.LinkModel(fit.alpha, fit.beta, cost_model.measure_gamma())
 
 
 def predicted_bytes(kind: str, p: int, rank: int, m: int = 1) -> int:
