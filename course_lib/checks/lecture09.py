@@ -1,8 +1,10 @@
 """Checks for the exercises of lecture 9 (model parallelism), run on real engines.
 
 Each check calls the student's function on every engine with that engine's communicator and
-compares the result with one full matrix product; it also reads the communicator's counters, so
-an answer that moves more than the split needs (gathering all of W, say) does not pass.
+compares the result with one full matrix product (9.1, 9.2) or with the sum over ranks of every
+rank's share of a gradient (9.3, Krizhevsky's hybrid); it also reads the communicator's
+counters, so an answer that moves more than the split needs (gathering all of W, say, or an
+allreduce where a reduce-scatter suffices) does not pass.
 """
 
 from __future__ import annotations
@@ -16,9 +18,12 @@ from course_lib.verdict import Verdict, run_check
 
 __all__ = [
     "check_column_parallel",
+    "check_features_grad",
+    "check_features_grad_on_rank",
     "check_on_rank",
     "check_row_parallel",
     "stub_column_parallel",
+    "stub_features_grad",
     "stub_row_parallel",
 ]
 
@@ -33,6 +38,50 @@ def stub_column_parallel(comm: Any, X: Any, W_shard: Any) -> Any:
 def stub_row_parallel(comm: Any, X_shard: Any, W_shard: Any) -> Any:
     """The released stub of Exercise 9.2."""
     raise NotImplementedError("Exercise 9.2: compute the partial product, then sum it over ranks")
+
+
+def stub_features_grad(comm: Any, grad_whole: Any) -> Any:
+    """The released stub of Exercise 9.3."""
+    raise NotImplementedError(
+        "Exercise 9.3: sum every rank's grad_whole and keep the rows of this rank's samples"
+    )
+
+
+def check_features_grad_on_rank(comm: Any, fn: Callable) -> str:
+    """Run ``fn(comm, grad_whole)`` on this rank for several shapes; raise AssertionError when wrong."""
+    import torch
+
+    p, r = comm.world_size, comm.rank
+    for rows, width in ((p, 1), (4 * p, 6), (8 * p, 64)):
+        shares = torch.randn(p, rows, width, generator=torch.Generator().manual_seed(rows))
+        b = rows // p  # every rank's share is known to every rank: the answer is their sum
+        want = shares.sum(0)[r * b : (r + 1) * b]
+        comm.stats.reset()
+        got = fn(comm, shares[r].clone())
+        where = f"rank {r}, grad_whole {(rows, width)}"
+        error = None
+        got = torch.as_tensor(got)
+        if tuple(got.shape) != tuple(want.shape):
+            error = f"{where}: result has shape {tuple(got.shape)}, expected {(b, width)}"
+        elif not torch.allclose(got.float(), want, atol=1e-5, rtol=1e-5):
+            error = (
+                f"{where}: result differs from the sum over ranks of their rows "
+                f"{r * b}..{(r + 1) * b - 1} by up to {(got - want).abs().max():.3g}"
+            )
+        else:
+            others = sorted(set(comm.stats.collectives) - {"reduce_scatter"})
+            sent, limit = comm.stats.bytes_sent, (p - 1) * b * width * 4  # a ring reduce-scatter
+            if others or sent > limit:
+                used = ", ".join(others) if others else f"{sent} bytes sent (ring: {limit})"
+                error = (
+                    f"{where}: moves more than the answer needs ({used}): each rank needs only "
+                    "its own rows of the sum, which one reduce-scatter gives "
+                    "(comm.reduce_scatter); an allreduce or allgather sends the whole batch"
+                )
+        failed = comm.allreduce(np.array([1 if error else 0], dtype=np.int64), op="max")
+        if failed[0]:  # every rank stops at the same case, or the others would wait
+            raise AssertionError(error or f"{(rows, width)}: another rank's result was wrong")
+    return f"{p} ranks, 3 shapes, one reduce-scatter"
 
 
 def check_on_rank(comm: Any, fn: Callable, exercise: str) -> str:
@@ -82,9 +131,12 @@ def _problem(comm: Any, got: Any, want: Any, allowed: int, where: str) -> str | 
 def _engine_check(name: str, fn: Callable, exercise: str) -> str:
     from IPython import get_ipython
 
-    from course_lib.checks.lecture09 import check_on_rank
+    from course_lib.checks.lecture09 import check_features_grad_on_rank, check_on_rank
 
-    return check_on_rank(get_ipython().user_ns[name], fn, exercise)
+    comm = get_ipython().user_ns[name]
+    if exercise == "9.3":
+        return check_features_grad_on_rank(comm, fn)
+    return check_on_rank(comm, fn, exercise)
 
 
 def _check(exercise: str, title: str, fn: Callable, cluster: Any, comm_name: str, verbose: bool,
@@ -113,3 +165,9 @@ def check_row_parallel(fn: Callable, cluster: Any, *, comm_name: str = "comm",
                        verbose: bool = True, timeout: float = 90.0) -> Verdict:  # fmt: skip
     """Exercise 9.2: ``fn(comm, X_shard, W_shard)`` returns the full ``X @ W.T`` on every rank."""
     return _check("9.2", "row-parallel matmul", fn, cluster, comm_name, verbose, timeout)
+
+
+def check_features_grad(fn: Callable, cluster: Any, *, comm_name: str = "comm",
+                        verbose: bool = True, timeout: float = 90.0) -> Verdict:  # fmt: skip
+    """Exercise 9.3: ``fn(comm, grad_whole)`` returns the summed gradient of this rank's samples."""
+    return _check("9.3", "the features' gradient", fn, cluster, comm_name, verbose, timeout)

@@ -139,6 +139,9 @@ class ColumnParallelLinear(nn.Module):
 
     With ``gather_output=True`` the forward returns the full output on every rank (an allgather);
     with False it returns this rank's columns only, ready for a :class:`RowParallelLinear`.
+    ``reduce_input_grad=False`` drops the allreduce of dL/dX (the operator ``f``) for a caller
+    that sums it itself: Krizhevsky's hybrid (``course_lib.parallel.hybrid``) needs only its own
+    rows of dL/dX and sums them with a reduce-scatter, half the bytes of the allreduce.
     """
 
     def __init__(
@@ -148,9 +151,11 @@ class ColumnParallelLinear(nn.Module):
         comm: Communicator,
         gather_output: bool = True,
         bias: bool = True,
+        reduce_input_grad: bool = True,
     ) -> None:
         super().__init__()
         self.comm, self.gather_output = comm, gather_output
+        self.reduce_input_grad = reduce_input_grad
         self.in_features, self.out_features = in_features, out_features
         self.out_bounds = shard_bounds(out_features, comm.world_size, "column-parallel output")
         a, b = self.out_bounds[comm.rank]
@@ -172,7 +177,8 @@ class ColumnParallelLinear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # f: every rank uses all of X, so dL/dX is the sum of every rank's contribution
-        y = F.linear(copy_to_parallel(x, self.comm), self.weight, self.bias)
+        x = copy_to_parallel(x, self.comm) if self.reduce_input_grad else x
+        y = F.linear(x, self.weight, self.bias)
         return gather_from_parallel(y, self.comm, self.out_bounds) if self.gather_output else y
 
 
