@@ -87,6 +87,15 @@ def test_balance_stages_minimises_the_slowest_stage():
     assert len(costs) == 7 and all(c > 0 for c in costs)
 
 
+def test_split_stages_cuts_the_course_cnns_sharing_their_layers():
+    from course_lib.models import LeNet, SmallCNN
+
+    for model in (LeNet(), SmallCNN()):
+        stages = split_stages(model, even_stages(len(model), 2))
+        assert [len(s) for s in stages] == [len(model) // 2, len(model) - len(model) // 2]
+        assert all(a is b for a, b in zip([m for s in stages for m in s], model, strict=True))
+
+
 def test_bad_pipeline_input_names_the_fix():
     with pytest.raises(ValueError, match="cannot cut a model of 7 layers into 8 stages.*at most 7"):
         even_stages(7, 8)

@@ -156,7 +156,10 @@ def split_stages(model: nn.Sequential, bounds: Sequence[tuple[int, int]]) -> lis
             f"bounds {list(bounds)} must cover layers 0..{len(model)} in order, each stage "
             "non-empty; get them from even_stages(...) or balance_stages(...)"
         )
-    return [model[a:b] for a, b in bounds]
+    # A plain Sequential per stage: slicing a Sequential subclass (the kit's LeNet, SmallCNN)
+    # would call the subclass's own constructor with the layers, which it does not take.
+    layers = list(model)
+    return [nn.Sequential(*layers[a:b]) for a, b in bounds]
 
 
 def pipeline_step(
