@@ -18,6 +18,7 @@ ping-pong fit between ranks 0 and 1. All engines share this PC's cores, so on a 
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import sys
 import time
@@ -31,9 +32,9 @@ from course_lib.comm import GIGABIT  # noqa: E402
 from course_lib.cost_model import LinkModel, predict  # noqa: E402
 from course_lib.models import SmallCNN  # noqa: E402
 from course_lib.parallel.buckets import bucket_layout  # noqa: E402
+from course_lib.parallel.calibration import engine_calibrations  # noqa: E402
 from course_lib.parallel.data_parallel import COMM_NAME, train_data_parallel  # noqa: E402
 from course_lib.parallel.exchange import trainable_parameters  # noqa: E402
-from course_lib.parallel.replica import engine_link_model  # noqa: E402
 from course_lib.training import TrainConfig  # noqa: E402
 
 METHODS = ["parameter_server", "allreduce_naive", "ring", "builtin", "bucketed", "ddp"]
@@ -63,53 +64,116 @@ def predicted_comm(method: str, nbytes: int, n: int, model: LinkModel) -> float:
     return sum(predict("ring_allreduce", s, n, model) for s in sizes)
 
 
+CHECK_SIZES = [2**21, 3 * 2**21]  # 2 MB (about the gradient) and 6 MB: sizes the fits skip
+
+
+def calibrate(cluster, n: int, methods) -> dict[str, dict[str, LinkModel]]:
+    """Per method: its models of the first ``n`` engines' real link (ping-pong; own collective)."""
+    algorithms = sorted({ALGORITHM.get(m, "ring_allreduce") for m in methods})
+    cal = cluster.client[cluster.ids_by_rank[:n]].apply_sync(
+        engine_calibrations, COMM_NAME, algorithms, CHECK_SIZES
+    )[0]
+    pp = LinkModel(*cal["ping_pong"])
+    print(
+        f"# {n} ranks: ping-pong fit {pp.bandwidth / 1e6:.0f} MB/s, alpha {pp.alpha * 1e6:.0f} us"
+    )
+    for algorithm in algorithms:
+        own = LinkModel(*cal["fits"][algorithm])
+        checks = "; ".join(
+            f"{s / 2**20:g} MB {1e3 * t:.1f} ms, predicted {1e3 * predict(algorithm, s, n, own):.1f}"
+            f" ({_err(predict(algorithm, s, n, own), t)}; ping-pong "
+            f"{_err(predict(algorithm, s, n, pp), t)})"
+            for s, t in cal["checks"][algorithm].items()
+        )
+        print(f"#   {algorithm} fit {own.bandwidth / 1e6:.0f} MB/s, alpha {own.alpha * 1e6:.0f} us;"
+              f" not fitted: {checks}")  # fmt: skip
+    return {m: {"ping-pong": pp, "own fit": LinkModel(*cal["fits"][ALGORITHM.get(m, "ring_allreduce")])}
+            for m in methods}  # fmt: skip
+
+
+def _err(pred: float, measured: float) -> str:
+    return f"{100 * (pred / measured - 1):+.0f}%" if measured > 0 else "-"
+
+
+def run_link(cluster, link_name: str, link, sizes, methods, steps: int, batch: int) -> None:
+    """Print one table: every method on 1, 2, 4 engines over ``link`` (None: the real one)."""
+    config = TrainConfig(num_epochs=1, batch_size=batch, lr=0.01)
+    opts = {"bucketed": {"bucket_bytes": BUCKET_BYTES}, "ddp": {"bucket_bytes": BUCKET_BYTES}}
+    data = synthetic_cifar(steps * batch)
+    head = (f"{'link':<9} {'N':>2} {'method':<17} {'step':>7} {'compute':>8} {'wait':>6} "
+            f"{'comm':>7} {'buckets':>8} {'optim':>6} {'epoch s':>7} {'samples/s':>9} "
+            f"{'eff.':>5} {'meas.comm':>9} " + ("  pred.comm (error)" if link else
+            "  pred. ping-pong fit / own fit (error)"))  # fmt: skip
+    print(f"\n{head}\n{'-' * len(head)}")
+    base = None
+    for n in sizes:
+        models = (
+            {m: {"emulated link": LinkModel.from_link(link)} for m in methods} if link else None
+        )
+        for method in methods if n > 1 else ["ring"]:
+            t0 = time.perf_counter()
+            result = train_data_parallel(
+                cluster, model="small_cnn", dataset=data,
+                config=config, method=method, world_size=n, link=link,
+                comm_timeout=120, timeout=600, **opts.get(method, {}),
+            )  # fmt: skip
+            if n > 1 and models is None:
+                models = calibrate(cluster, n, methods)
+            row = _summary(result)
+            rate = batch / row["total_s"]
+            base = rate if n == 1 else base
+            eff = rate / (n * base) if base else float("nan")
+            overlapped = method in ("bucketed", "ddp")
+            measured = row["bucket_s"] if overlapped else row["comm_s"]
+            preds = ""
+            if n > 1:
+                parts = []
+                for m in models[method].values():
+                    pred = predicted_comm(method, result.gradient_bytes, n, m)
+                    parts.append(f"{1e3 * pred:.1f} ({_err(pred, measured)})")
+                preds = "  " + " / ".join(parts)
+            label = method if n > 1 else "(one engine)"
+            print(f"{link_name:<9} {n:>2} {label:<17} {1e3 * row['total_s']:>7.1f} "
+                  f"{1e3 * row['compute_s']:>8.1f} {1e3 * row['wait_s']:>6.1f} "
+                  f"{1e3 * row['comm_s']:>7.1f} {1e3 * row['bucket_s']:>8.1f} "
+                  f"{1e3 * row['step_s']:>6.1f} {row['epoch_s']:>7.2f} {rate:>9.0f} "
+                  f"{eff:>5.2f} {1e3 * measured:>9.1f}{preds}   "
+                  f"({time.perf_counter() - t0:.0f} s)", flush=True)  # fmt: skip
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="4 steps, 1 and 2 engines only")
     parser.add_argument("--engines", type=int, nargs="*", default=None)
     parser.add_argument("--methods", nargs="*", default=METHODS, choices=METHODS)
+    parser.add_argument("--steps", type=int, default=None, help="steps per run (default 8)")
+    parser.add_argument("--room", action="store_true",
+                        help="run in an emulated room instead: one engine per PC, links shaped "
+                        "to 1 Gbit/s (real TCP; root)")  # fmt: skip
     args = parser.parse_args(argv)
     sizes = args.engines or ([1, 2] if args.quick else [1, 2, 4])
-    steps = 4 if args.quick else 8
+    steps = args.steps or (4 if args.quick else 8)
     batch = 32
-    config = TrainConfig(num_epochs=1, batch_size=batch, lr=0.01)
-    opts = {"bucketed": {"bucket_bytes": BUCKET_BYTES}, "ddp": {"bucket_bytes": BUCKET_BYTES}}
-    print(f"SmallCNN, global batch {batch}, {steps} steps (median of steps 2..), gloo, local "
-          "engines; times in ms; 'pred. comm' is the cost model's prediction")  # fmt: skip
-    head = (f"{'link':<9} {'N':>2} {'method':<17} {'step':>7} {'compute':>8} {'wait':>6} "
-            f"{'comm':>7} {'buckets':>8} {'optim':>6} {'pred.comm':>9} {'samples/s':>9} "
-            f"{'eff.':>5}")  # fmt: skip
-    with start_cluster("local", max(sizes)) as cluster:
-        data = synthetic_cifar(steps * batch)
-        base: dict[str, float] = {}
-        for link_name, link in (("loopback", None), ("emulated", GIGABIT)):
-            print(f"\n{head}\n{'-' * len(head)}")
-            for n in sizes:
-                real_model = None
-                for method in args.methods if n > 1 else ["ring"]:
-                    t0 = time.perf_counter()
-                    result = train_data_parallel(
-                        cluster, model="small_cnn", dataset=data,
-                        config=config, method=method, world_size=n, link=link,
-                        comm_timeout=120, timeout=600, **opts.get(method, {}),
-                    )  # fmt: skip
-                    if n > 1 and link is None and real_model is None:
-                        ids = cluster.ids_by_rank[:n]
-                        fits = cluster.client[ids].apply_sync(engine_link_model, COMM_NAME)
-                        real_model = LinkModel(*fits[0])
-                    model = LinkModel.from_link(link) if link else real_model
-                    row = _summary(result)
-                    pred = predicted_comm(method, result.gradient_bytes, n, model) if model else 0
-                    rate = batch / row["total_s"]
-                    if n == 1:
-                        base[link_name] = rate
-                    eff = rate / (n * base[link_name]) if link_name in base else float("nan")
-                    label = method if n > 1 else "(one engine)"
-                    print(f"{link_name:<9} {n:>2} {label:<17} {1e3 * row['total_s']:>7.1f} "
-                          f"{1e3 * row['compute_s']:>8.1f} {1e3 * row['wait_s']:>6.1f} "
-                          f"{1e3 * row['comm_s']:>7.1f} {1e3 * row['bucket_s']:>8.1f} "
-                          f"{1e3 * row['step_s']:>6.1f} {1e3 * pred:>9.1f} {rate:>9.0f} "
-                          f"{eff:>5.2f}   ({time.perf_counter() - t0:.0f} s)", flush=True)  # fmt: skip
+    load = " ".join(f"{x:.1f}" for x in os.getloadavg())
+    print(f"SmallCNN, global batch {batch}, {steps} steps (median of steps 2..), gloo; "
+          f"load average {load}{' (loaded)' if os.getloadavg()[0] > 2 else ''}; times in ms; "
+          "'pred.' is the cost model's prediction of the communication part ('meas.comm': "
+          "comm after backward, or the buckets' own time for bucketed / ddp); 'epoch s': the "
+          f"{steps}-step epoch, {steps} x the median step")  # fmt: skip
+    started = time.perf_counter()
+    if args.room:
+        from course_lib.cluster.room_cluster import room_cluster
+
+        try:
+            with room_cluster(max(sizes), rate="1gbit") as cluster:
+                run_link(cluster, "room", None, sizes, args.methods, steps, batch)
+        except RuntimeError as exc:
+            raise SystemExit(f"--room: {exc}") from None
+    else:
+        with start_cluster("local", max(sizes)) as cluster:
+            for link_name, link in (("loopback", None), ("emulated", GIGABIT)):
+                run_link(cluster, link_name, link, sizes, args.methods, steps, batch)
+    print(f"\nwhole benchmark: {time.perf_counter() - started:.0f} s")
     return 0
 
 
@@ -121,6 +185,7 @@ def _summary(result) -> dict[str, float]:
     row["total_s"] = statistics.median(
         max(r["total_s"] for r in recs if r["step"] == s) for s in {r["step"] for r in recs}
     )
+    row["epoch_s"] = len({r["step"] for r in result.records}) * row["total_s"]
     row["bucket_s"] = statistics.median(
         sum(b["end"] - b["start"] for b in r["buckets"]) for r in recs
     )

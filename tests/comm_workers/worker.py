@@ -296,6 +296,20 @@ def suite_link(comm) -> dict:
     return out
 
 
+def suite_ring_calibration(comm) -> dict:
+    """Fit alpha, beta from timed rings over an emulated link; return what every rank got."""
+    from course_lib.cost_model import collective_calibration
+
+    link = EmulatedLink(bandwidth=20e6, latency=1e-3)
+    cal = collective_calibration(emulate(comm, link), "ring_allreduce", [2**18, 2**20], reps=2)
+    floor = LinkModel(alpha=0.0, beta=1.0 / link.bandwidth)  # the emulation's guarantee
+    for size, samples in cal.samples.items():
+        assert min(samples) >= 0.98 * predict("ring_allreduce", size, comm.world_size, floor)
+    return {"alpha": cal.model.alpha, "beta": cal.model.beta, "sizes": cal.sizes,
+            "times": cal.times, "samples": {str(k): v for k, v in cal.samples.items()},
+            "label": cal.label}  # fmt: skip
+
+
 def suite_subgroup(comm) -> dict:
     p, r = comm.world_size, comm.rank
     ranks = [p - 1, 0]  # reversed on purpose: sub-ranks follow the given order
