@@ -17,6 +17,7 @@ import numpy as np
 import torch
 
 from course_lib import collectives as C
+from course_lib.collectives.ring_pipelined import ring_allreduce_pipelined
 from course_lib.comm import (
     CommError,
     CommMismatchError,
@@ -96,6 +97,9 @@ def suite_collectives(comm) -> dict:
         tol = 5e-3 if dtype == np.float16 else 1e-5
         assert np.allclose(ring, comm.allreduce(x[r].copy()), rtol=tol, atol=tol)
         assert (comm.allgather(ring) == ring).all(), "ring results differ between ranks"
+        for seg in (1000, 1 << 20):  # 4 or more segments a chunk on 2-4 ranks; one segment
+            piped = ring_allreduce_pipelined(comm, x[r].copy(), segment_bytes=seg)
+            assert np.array_equal(piped, ring), f"pipelined ring {dtype} segments of {seg} B"
     return {"cases": cases}
 
 
