@@ -105,7 +105,7 @@ def run_link(cluster, link_name: str, link, sizes, methods, steps: int, batch: i
             f"{'eff.':>5} {'meas.comm':>9} " + ("  pred.comm (error)" if link else
             "  pred. ping-pong fit / own fit (error)"))  # fmt: skip
     print(f"\n{head}\n{'-' * len(head)}")
-    base = None
+    base, steps_ms = None, {}
     for n in sizes:
         models = (
             {m: {"emulated link": LinkModel.from_link(link)} for m in methods} if link else None
@@ -133,12 +133,23 @@ def run_link(cluster, link_name: str, link, sizes, methods, steps: int, batch: i
                     parts.append(f"{1e3 * pred:.1f} ({_err(pred, measured)})")
                 preds = "  " + " / ".join(parts)
             label = method if n > 1 else "(one engine)"
+            steps_ms[n, method] = 1e3 * row["total_s"]
             print(f"{link_name:<9} {n:>2} {label:<17} {1e3 * row['total_s']:>7.1f} "
                   f"{1e3 * row['compute_s']:>8.1f} {1e3 * row['wait_s']:>6.1f} "
                   f"{1e3 * row['comm_s']:>7.1f} {1e3 * row['bucket_s']:>8.1f} "
                   f"{1e3 * row['step_s']:>6.1f} {row['epoch_s']:>7.2f} {rate:>9.0f} "
                   f"{eff:>5.2f} {1e3 * measured:>9.1f}{preds}   "
                   f"({time.perf_counter() - t0:.0f} s)", flush=True)  # fmt: skip
+    for n in sizes:  # the goals: buckets >= 1.3x faster than after backward, within 1.2x of DDP
+        have = {m: steps_ms[n, m] for m in ("ring", "bucketed", "ddp") if (n, m) in steps_ms}
+        if n > 1 and "bucketed" in have:
+            parts = [f"ring after backward / bucketed = {have['ring'] / have['bucketed']:.2f}x "
+                     "(goal >= 1.3x)"] if "ring" in have else []  # fmt: skip
+            if "ddp" in have:
+                parts.append(
+                    f"bucketed / DDP = {have['bucketed'] / have['ddp']:.2f}x (goal <= 1.2x)"
+                )
+            print(f"# {link_name}, {n} engines, median step: " + "; ".join(parts))
 
 
 def main(argv: list[str] | None = None) -> int:
