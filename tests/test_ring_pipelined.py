@@ -38,9 +38,10 @@ def test_pipelined_ring_takes_max_and_sends_what_the_ring_sends():
 
     for out, right in run_threads(p, body):
         assert np.array_equal(out, x.max(0))
-        # 2(N-1)/N of the buffer to the right neighbour: 10 values a chunk, 2 per 16-byte segment
-        assert right.bytes_sent == 2 * (p - 1) * 10 * 8
-        assert right.messages_sent == 2 * (p - 1) * 5
+        # 2(N-1)/N of the buffer to the right neighbour: 10 values a chunk, 2 per 16-byte
+        # segment; plus one message of two int64 (size and dtype, agreed before eager receives)
+        assert right.bytes_sent == 2 * (p - 1) * 10 * 8 + 16
+        assert right.messages_sent == 2 * (p - 1) * 5 + 1
 
 
 def test_segments_cover_the_chunk():
@@ -48,6 +49,15 @@ def test_segments_cover_the_chunk():
     assert pieces[0][0] == 10 and pieces[-1][1] == 47
     assert all(a[1] == b[0] for a, b in zip(pieces, pieces[1:], strict=False))
     assert MAX_SEGMENTS * 2 + 8120 <= 8192  # every segment tag stays under the tag limit
+
+
+def test_buffers_of_different_sizes_are_an_error_naming_the_ranks():
+    from course_lib.comm import CommMismatchError
+
+    with pytest.raises(
+        CommMismatchError, match=r"rank [01] has [45] elements .* but rank [01] has [45] "
+    ):
+        run_threads(2, lambda c: ring_allreduce_pipelined(c, np.ones(4 + c.rank)), timeout=5.0)
 
 
 def test_bad_segment_size_is_refused():

@@ -18,13 +18,14 @@ import numpy as np
 from course_lib.collectives.common import reduce_into, reducible_flat
 from course_lib.collectives.ring import ring_schedule
 from course_lib.comm.buffers import Buffer, chunk_bounds
-from course_lib.comm.communicator import Communicator, wait_all
+from course_lib.comm.communicator import CommMismatchError, Communicator, wait_all
 
 __all__ = ["SEGMENT_TAGS", "ring_allreduce_pipelined", "segment_bounds"]
 
 # One tag per segment index, so segments in flight between the same two ranks cannot swap:
 # reduce-scatter segments use 8120 + j, allgather segments 8156 + j (j < MAX_SEGMENTS).
 SEGMENT_TAGS = {"ring_rs": 8120, "ring_ag": 8156}
+AGREE_TAG = 8119  # the neighbours compare buffer sizes before any eager receive is posted
 MAX_SEGMENTS = 36
 DEFAULT_SEGMENT_BYTES = 1 << 20  # 1 MiB: long enough to fill the link, short enough to pipeline
 
@@ -56,6 +57,7 @@ def ring_allreduce_pipelined(
     longest = bounds[0][1] - bounds[0][0]
     segments = int(min(MAX_SEGMENTS, max(1, np.ceil(longest * arr.itemsize / segment_bytes))))
     right, left = (r + 1) % p, (r - 1) % p
+    _agree_with_neighbours(comm, arr, right, left)
     schedule = ring_schedule(r, p)
     scratch = np.empty(longest, dtype=arr.dtype)
     pieces = {c: segment_bounds(*bounds[c], segments) for c in range(p)}
@@ -77,7 +79,10 @@ def ring_allreduce_pipelined(
         recvs = []
         for j, (a, b) in enumerate(pieces[got]):
             target = scratch[a - start : b - start] if phase == "reduce-scatter" else arr[a:b]
-            recvs.append(comm.irecv(target, left, SEGMENT_TAGS[_tag_phase(phase)] + j))
+            # eager: every segment's receive is posted now, so the left neighbour's sends flow
+            # while this rank reduces (gloo sends only into a posted receive)
+            tag = SEGMENT_TAGS[_tag_phase(phase)] + j
+            recvs.append(comm.irecv(target, left, tag, eager=True))
         # The chunk finished in this step is the one the next step sends (after the last
         # reduce-scatter step: the chunk this rank now owns, the allgather's first send), so each
         # segment goes on as soon as it is ready, while the later ones are still arriving.
@@ -90,6 +95,23 @@ def ring_allreduce_pipelined(
                 send_segment(got, j, nxt)
     wait_all([h for handles in sent.values() for h in handles])
     return tensor
+
+
+def _agree_with_neighbours(comm: Communicator, arr: np.ndarray, right: int, left: int) -> None:
+    """Raise CommMismatchError unless the left neighbour's buffer has this rank's size and dtype.
+
+    Around the ring this checks every rank against every other: the eager receives below post
+    payloads of the sizes this rank expects, which is only safe once the sizes are known equal.
+    """
+    mine = np.array([arr.size, arr.dtype.num], dtype=np.int64)
+    theirs = np.zeros(2, dtype=np.int64)
+    comm.sendrecv(mine, right, theirs, left, tag=AGREE_TAG)
+    if not np.array_equal(mine, theirs):
+        raise CommMismatchError(
+            f"rank {comm.rank} has {arr.size} elements of {arr.dtype} (dtype number "
+            f"{arr.dtype.num}) but rank {left} has {theirs[0]} of dtype number {theirs[1]}: "
+            "every rank must pass a buffer of the same size and dtype"
+        )
 
 
 def _tag_phase(phase: str) -> str:
