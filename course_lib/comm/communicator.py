@@ -97,9 +97,9 @@ class Handle:
         numel, code, nbytes, arrives_ns = (int(v) for v in self.header)
         sent = DTYPE_NAMES[code] if 0 <= code < len(DTYPE_NAMES) else f"dtype code {code}"
         if numel != self.arr.size or sent != self.name:
-            if (
-                numel and self.payload is None
-            ):  # drain the payload so that the sender completes, then report
+            # drain the payload so that the sender completes, then report (an eager receive
+            # was posted already: its caller checked sizes, so this is the header's doing)
+            if numel and self.payload is None:
                 scratch = np.empty(nbytes, dtype=np.uint8)
                 self._wait(
                     self.comm._post_recv(scratch, self.peer, 2 * self.tag + 1), deadline, "sent"
