@@ -1,23 +1,33 @@
-"""Benchmark data-parallel training: each exchange method on 1, 2, 4 engines, loopback and emulated.
+"""Benchmark data-parallel training: each exchange method on 1, 2, 4 engines, three kinds of link.
 
 Trains ``SmallCNN`` (545 098 parameters, 2.2 MB of float32 gradients; source 001's CIFAR model)
 for a few steps on synthetic CIFAR-shaped batches (random images: only timing is measured here)
-with every gradient-exchange method, on local engines over gloo, on the real loopback link and on
-the emulated Gigabit link (125 MB/s, 50 us). Prints, per configuration, the median step and its
-breakdown (compute, wait, comm after backward, optimiser step), the time all buckets spent
-communicating (overlapped methods), scaling efficiency (samples/s against N x one engine's),
-and the cost model's prediction of the communication part (labelled as a prediction) beside the
-measured one. On the emulated link the prediction uses the link's own alpha, beta; on loopback a
-ping-pong fit between ranks 0 and 1. All engines share this PC's cores, so on a 2-core machine
-4 engines measure contention as much as communication.
+with every gradient-exchange method over gloo: on local engines over the real loopback link and
+the emulated Gigabit link (125 MB/s, 50 us), or (``--room``, root) in an emulated room, one
+engine per PC, real TCP through links shaped to 1 Gbit/s. Prints, per configuration, the median
+step and its breakdown (compute, wait, comm after backward, optimiser step), the time all
+buckets spent communicating (overlapped methods), the epoch, scaling efficiency (samples/s
+against N x one engine's), and the cost model's prediction of the communication part (labelled
+as a prediction) beside the measured one, with its error. On the emulated link the prediction
+uses the link's own alpha, beta (it proves nothing: the emulation is the model). On real links
+two calibrations are compared: the ping-pong fit (ranks 0 and 1, the others idle) and a fit of
+the exchange's own collective timed over every rank (``cost_model.collective_calibration``),
+which also reports its error at 2 MB and 6 MB, sizes it did not fit. Then the speed goals of the
+buckets: after-backward ring / bucketed (goal >= 1.3x) and bucketed / DDP (goal <= 1.2x).
+``--accuracy`` adds epochs and seconds to a target test accuracy on 1, 2, 4 engines. All local
+engines share this PC's cores, so on a 2-core machine 4 engines measure contention as much as
+communication; the first line prints the load average.
 
-    .venv/bin/python bench/bench_data_parallel.py             # a few minutes
+    .venv/bin/python bench/bench_data_parallel.py             # loopback + emulated, minutes
     .venv/bin/python bench/bench_data_parallel.py --quick     # fewer steps and configurations
+    .venv/bin/python bench/bench_data_parallel.py --room      # emulated room (root)
+    .venv/bin/python bench/bench_data_parallel.py --accuracy  # + time to a target accuracy
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import sys
 import time
@@ -31,9 +41,9 @@ from course_lib.comm import GIGABIT  # noqa: E402
 from course_lib.cost_model import LinkModel, predict  # noqa: E402
 from course_lib.models import SmallCNN  # noqa: E402
 from course_lib.parallel.buckets import bucket_layout  # noqa: E402
+from course_lib.parallel.calibration import engine_calibrations  # noqa: E402
 from course_lib.parallel.data_parallel import COMM_NAME, train_data_parallel  # noqa: E402
 from course_lib.parallel.exchange import trainable_parameters  # noqa: E402
-from course_lib.parallel.replica import engine_link_model  # noqa: E402
 from course_lib.training import TrainConfig  # noqa: E402
 
 METHODS = ["parameter_server", "allreduce_naive", "ring", "builtin", "bucketed", "ddp"]
@@ -63,53 +73,179 @@ def predicted_comm(method: str, nbytes: int, n: int, model: LinkModel) -> float:
     return sum(predict("ring_allreduce", s, n, model) for s in sizes)
 
 
+CHECK_SIZES = [2**21, 3 * 2**21]  # 2 MB (about the gradient) and 6 MB: sizes the fits skip
+
+
+def calibrate(cluster, n: int, methods) -> dict[str, dict[str, LinkModel]]:
+    """Per method: its models of the first ``n`` engines' real link (ping-pong; own collective)."""
+    algorithms = sorted({ALGORITHM.get(m, "ring_allreduce") for m in methods})
+    cal = cluster.client[cluster.ids_by_rank[:n]].apply_sync(
+        engine_calibrations, COMM_NAME, algorithms, CHECK_SIZES
+    )[0]
+    pp = LinkModel(*cal["ping_pong"])
+    print(
+        f"# {n} ranks: ping-pong fit {pp.bandwidth / 1e6:.0f} MB/s, alpha {pp.alpha * 1e6:.0f} us"
+    )
+    for algorithm in algorithms:
+        own = LinkModel(*cal["fits"][algorithm])
+        checks = "; ".join(
+            f"{s / 2**20:g} MB {1e3 * t:.1f} ms, predicted {1e3 * predict(algorithm, s, n, own):.1f}"
+            f" ({_err(predict(algorithm, s, n, own), t)}; ping-pong "
+            f"{_err(predict(algorithm, s, n, pp), t)})"
+            for s, t in cal["checks"][algorithm].items()
+        )
+        print(f"#   {algorithm} fit {own.bandwidth / 1e6:.0f} MB/s, alpha {own.alpha * 1e6:.0f} us;"
+              f" not fitted: {checks}")  # fmt: skip
+    return {m: {"ping-pong": pp, "own fit": LinkModel(*cal["fits"][ALGORITHM.get(m, "ring_allreduce")])}
+            for m in methods}  # fmt: skip
+
+
+def _err(pred: float, measured: float) -> str:
+    return f"{100 * (pred / measured - 1):+.0f}%" if measured > 0 else "-"
+
+
+def run_link(cluster, link_name: str, link, sizes, methods, steps: int, batch: int) -> None:
+    """Print one table: every method on 1, 2, 4 engines over ``link`` (None: the real one)."""
+    config = TrainConfig(num_epochs=1, batch_size=batch, lr=0.01)
+    opts = {"bucketed": {"bucket_bytes": BUCKET_BYTES}, "ddp": {"bucket_bytes": BUCKET_BYTES}}
+    data = synthetic_cifar(steps * batch)
+    head = (f"{'link':<9} {'N':>2} {'method':<17} {'step':>7} {'compute':>8} {'wait':>6} "
+            f"{'comm':>7} {'buckets':>8} {'optim':>6} {'epoch s':>7} {'samples/s':>9} "
+            f"{'eff.':>5} {'meas.comm':>9} " + ("  pred.comm (error)" if link else
+            "  pred. ping-pong fit / own fit (error)"))  # fmt: skip
+    print(f"\n{head}\n{'-' * len(head)}")
+    base, steps_ms = None, {}
+    for n in sizes:
+        models = (
+            {m: {"emulated link": LinkModel.from_link(link)} for m in methods} if link else None
+        )
+        for method in methods if n > 1 else ["ring"]:
+            t0 = time.perf_counter()
+            result = train_data_parallel(
+                cluster, model="small_cnn", dataset=data,
+                config=config, method=method, world_size=n, link=link,
+                comm_timeout=120, timeout=600, **opts.get(method, {}),
+            )  # fmt: skip
+            if n > 1 and models is None:
+                models = calibrate(cluster, n, methods)
+            row = _summary(result)
+            rate = batch / row["total_s"]
+            base = rate if n == 1 else base
+            eff = rate / (n * base) if base else float("nan")
+            overlapped = method in ("bucketed", "ddp")
+            measured = row["bucket_s"] if overlapped else row["comm_s"]
+            preds = ""
+            if n > 1:
+                parts = []
+                for m in models[method].values():
+                    pred = predicted_comm(method, result.gradient_bytes, n, m)
+                    parts.append(f"{1e3 * pred:.1f} ({_err(pred, measured)})")
+                preds = "  " + " / ".join(parts)
+            label = method if n > 1 else "(one engine)"
+            steps_ms[n, method] = 1e3 * row["total_s"]
+            print(f"{link_name:<9} {n:>2} {label:<17} {1e3 * row['total_s']:>7.1f} "
+                  f"{1e3 * row['compute_s']:>8.1f} {1e3 * row['wait_s']:>6.1f} "
+                  f"{1e3 * row['comm_s']:>7.1f} {1e3 * row['bucket_s']:>8.1f} "
+                  f"{1e3 * row['step_s']:>6.1f} {row['epoch_s']:>7.2f} {rate:>9.0f} "
+                  f"{eff:>5.2f} {1e3 * measured:>9.1f}{preds}   "
+                  f"({time.perf_counter() - t0:.0f} s)", flush=True)  # fmt: skip
+    for n in sizes:  # the goals: buckets >= 1.3x faster than after backward, within 1.2x of DDP
+        have = {m: steps_ms[n, m] for m in ("ring", "bucketed", "ddp") if (n, m) in steps_ms}
+        if n > 1 and "bucketed" in have:
+            parts = [f"ring after backward / bucketed = {have['ring'] / have['bucketed']:.2f}x "
+                     "(goal >= 1.3x)"] if "ring" in have else []  # fmt: skip
+            if "ddp" in have:
+                parts.append(
+                    f"bucketed / DDP = {have['bucketed'] / have['ddp']:.2f}x (goal <= 1.2x)"
+                )
+            print(f"# {link_name}, {n} engines, median step: " + "; ".join(parts))
+
+
+def time_to_accuracy(cluster, sizes, target: float = 0.93, max_epochs: int = 20) -> None:
+    """Print epochs and seconds to ``target`` test accuracy on 1, 2, 4 engines (digits MLP).
+
+    Two regimes: the same global batch on every N (the distributed run equals the one-process
+    run, so the epochs are the same and only time changes), and a fixed batch per engine (global
+    batch 32 N) with the learning rate scaled by N, Goyal et al.'s linear scaling rule: fewer,
+    larger steps per epoch, whose learning dynamics differ.
+    """
+    from functools import partial
+
+    from course_lib.data.digits import load_digits
+    from course_lib.models import MLP
+
+    test = load_digits(train=False)
+    print(
+        f"\ntime to {100 * target:g} % test accuracy, digits MLP 64-128-10, builtin allreduce "
+        f"(gloo), at most {max_epochs} epochs; seconds = sum of the epochs' times on rank 0"
+    )
+    print(f"{'regime':<26} {'N':>2} {'batch':>5} {'lr':>5} {'epochs':>6} {'seconds':>8} "
+          f"{'s/epoch':>8} {'speed-up':>8}")  # fmt: skip
+    runs = {}  # one engine is the same run in both regimes: trained once
+    for regime in ("same global batch 32", "32 per engine, lr x N"):
+        first = None
+        for n in sizes:
+            batch, lr = (32, 0.1) if regime.startswith("same") else (32 * n, 0.1 * n)
+            config = TrainConfig(num_epochs=max_epochs, batch_size=batch, lr=lr, seed=0,
+                                 target=target, target_metric="test_accuracy")  # fmt: skip
+            if (n, batch) not in runs:
+                runs[n, batch] = train_data_parallel(
+                    cluster, model=partial(MLP, 64, (128,)), dataset=load_digits,
+                    config=config, method="builtin", world_size=n, test_set=test,
+                    measure_wait=False,
+                )  # fmt: skip
+            result = runs[n, batch]
+            epochs = result.history.epochs_to_reach("test_accuracy", target)
+            used = result.history.epochs[: epochs or len(result.history.epochs)]
+            seconds = sum(e["epoch_time"] for e in used)
+            first = seconds if first is None else first
+            shown = f"{epochs:>6}" if epochs else f">{max_epochs:>5}"
+            print(f"{regime:<26} {n:>2} {batch:>5} {lr:>5.2g} {shown} {seconds:>8.2f} "
+                  f"{seconds / len(used):>8.3f} {first / seconds:>7.2f}x", flush=True)  # fmt: skip
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="4 steps, 1 and 2 engines only")
     parser.add_argument("--engines", type=int, nargs="*", default=None)
     parser.add_argument("--methods", nargs="*", default=METHODS, choices=METHODS)
+    parser.add_argument("--steps", type=int, default=None, help="steps per run (default 8)")
+    parser.add_argument("--room", action="store_true",
+                        help="run in an emulated room instead: one engine per PC, links shaped "
+                        "to 1 Gbit/s (real TCP; root)")  # fmt: skip
+    parser.add_argument(
+        "--accuracy",
+        action="store_true",
+        help="also time 1, 2, 4 engines to a target test accuracy (digits MLP)",
+    )
     args = parser.parse_args(argv)
     sizes = args.engines or ([1, 2] if args.quick else [1, 2, 4])
-    steps = 4 if args.quick else 8
+    steps = args.steps or (4 if args.quick else 8)
     batch = 32
-    config = TrainConfig(num_epochs=1, batch_size=batch, lr=0.01)
-    opts = {"bucketed": {"bucket_bytes": BUCKET_BYTES}, "ddp": {"bucket_bytes": BUCKET_BYTES}}
-    print(f"SmallCNN, global batch {batch}, {steps} steps (median of steps 2..), gloo, local "
-          "engines; times in ms; 'pred. comm' is the cost model's prediction")  # fmt: skip
-    head = (f"{'link':<9} {'N':>2} {'method':<17} {'step':>7} {'compute':>8} {'wait':>6} "
-            f"{'comm':>7} {'buckets':>8} {'optim':>6} {'pred.comm':>9} {'samples/s':>9} "
-            f"{'eff.':>5}")  # fmt: skip
-    with start_cluster("local", max(sizes)) as cluster:
-        data = synthetic_cifar(steps * batch)
-        base: dict[str, float] = {}
-        for link_name, link in (("loopback", None), ("emulated", GIGABIT)):
-            print(f"\n{head}\n{'-' * len(head)}")
-            for n in sizes:
-                real_model = None
-                for method in args.methods if n > 1 else ["ring"]:
-                    t0 = time.perf_counter()
-                    result = train_data_parallel(
-                        cluster, model="small_cnn", dataset=data,
-                        config=config, method=method, world_size=n, link=link,
-                        comm_timeout=120, timeout=600, **opts.get(method, {}),
-                    )  # fmt: skip
-                    if n > 1 and link is None and real_model is None:
-                        ids = cluster.ids_by_rank[:n]
-                        fits = cluster.client[ids].apply_sync(engine_link_model, COMM_NAME)
-                        real_model = LinkModel(*fits[0])
-                    model = LinkModel.from_link(link) if link else real_model
-                    row = _summary(result)
-                    pred = predicted_comm(method, result.gradient_bytes, n, model) if model else 0
-                    rate = batch / row["total_s"]
-                    if n == 1:
-                        base[link_name] = rate
-                    eff = rate / (n * base[link_name]) if link_name in base else float("nan")
-                    label = method if n > 1 else "(one engine)"
-                    print(f"{link_name:<9} {n:>2} {label:<17} {1e3 * row['total_s']:>7.1f} "
-                          f"{1e3 * row['compute_s']:>8.1f} {1e3 * row['wait_s']:>6.1f} "
-                          f"{1e3 * row['comm_s']:>7.1f} {1e3 * row['bucket_s']:>8.1f} "
-                          f"{1e3 * row['step_s']:>6.1f} {1e3 * pred:>9.1f} {rate:>9.0f} "
-                          f"{eff:>5.2f}   ({time.perf_counter() - t0:.0f} s)", flush=True)  # fmt: skip
+    load = " ".join(f"{x:.1f}" for x in os.getloadavg())
+    print(f"SmallCNN, global batch {batch}, {steps} steps (median of steps 2..), gloo; "
+          f"load average {load}{' (loaded)' if os.getloadavg()[0] > 2 else ''}; times in ms; "
+          "'pred.' is the cost model's prediction of the communication part ('meas.comm': "
+          "comm after backward, or the buckets' own time for bucketed / ddp); 'epoch s': the "
+          f"{steps}-step epoch, {steps} x the median step")  # fmt: skip
+    started = time.perf_counter()
+    if args.room:
+        from course_lib.cluster.room_cluster import room_cluster
+
+        try:
+            with room_cluster(max(sizes), rate="1gbit") as cluster:
+                run_link(cluster, "room", None, sizes, args.methods, steps, batch)
+                if args.accuracy:
+                    time_to_accuracy(cluster, sizes)
+        except RuntimeError as exc:
+            raise SystemExit(f"--room: {exc}") from None
+    else:
+        with start_cluster("local", max(sizes)) as cluster:
+            for link_name, link in (("loopback", None), ("emulated", GIGABIT)):
+                run_link(cluster, link_name, link, sizes, args.methods, steps, batch)
+            if args.accuracy:
+                time_to_accuracy(cluster, sizes)
+    print(f"\nwhole benchmark: {time.perf_counter() - started:.0f} s")
     return 0
 
 
@@ -121,6 +257,7 @@ def _summary(result) -> dict[str, float]:
     row["total_s"] = statistics.median(
         max(r["total_s"] for r in recs if r["step"] == s) for s in {r["step"] for r in recs}
     )
+    row["epoch_s"] = len({r["step"] for r in result.records}) * row["total_s"]
     row["bucket_s"] = statistics.median(
         sum(b["end"] - b["start"] for b in r["buckets"]) for r in recs
     )

@@ -2,7 +2,8 @@
 
 Builds a room of N PCs (network namespaces on a bridge, every link shaped to 1 Gbit/s with tc
 tbf; see ``course_lib/cluster/room.py``), starts one gloo rank per PC, and prints for 1, 8 and 32 MB of
-float32 the median time (slowest rank) of gloo's built-in allreduce and of ``ring_allreduce``,
+float32 the median time (slowest rank) of gloo's built-in allreduce, of ``ring_allreduce`` and
+of ``ring_allreduce_pipelined`` (chunks cut into 1 MiB segments, each forwarded as it lands),
 with their ratio to the bound 2(N-1)/N * S / B. B is measured in the same run: one-way
 ping-pong of the largest message between two PCs. Needs root, ``ip``, ``tc`` and ``unshare``.
 The links have a rate but no added latency (netem may be missing from the kernel); a veth round
@@ -29,6 +30,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from course_lib.collectives import ring_allreduce  # noqa: E402
+from course_lib.collectives.ring_pipelined import ring_allreduce_pipelined  # noqa: E402
 from course_lib.comm import make_communicator  # noqa: E402
 from course_lib.cost_model import allreduce_bound, ping_pong, time_allreduce  # noqa: E402
 
@@ -47,8 +49,9 @@ def worker(rank: int, world_size: int, addr: str, sizes_mb: list[int], reps: int
         x = np.random.default_rng(rank).standard_normal(mb * 2**18).astype(np.float32)
         builtin = time_allreduce(comm, None, x, reps)
         ring = time_allreduce(comm, ring_allreduce, x, reps)
+        piped = time_allreduce(comm, ring_allreduce_pipelined, x, reps)
         bound = allreduce_bound(x.nbytes, world_size, bandwidth)
-        rows.append({"mb": mb, "builtin": builtin, "ring": ring, "bound": bound})
+        rows.append({"mb": mb, "builtin": builtin, "ring": ring, "piped": piped, "bound": bound})
     if rank == 0:
         result = {"bandwidth": bandwidth, "fit_bandwidth": cal.model.bandwidth,
                   "alpha": cal.model.alpha, "ping": dict(zip(PING_SIZES, cal.times, strict=True)),
@@ -109,7 +112,9 @@ def main() -> None:
     reason = room_unavailable_reason()
     if reason:
         raise SystemExit(f"cannot build an emulated room here: {reason}")
-    print(f"# emulated room, every link tbf {args.rate}; medians of {args.repeats}, slowest rank")
+    load = os.getloadavg()[0]
+    print(f"# emulated room, every link tbf {args.rate}; medians of {args.repeats}, slowest rank; "
+          f"load average {load:.1f}{' (loaded)' if load > 2 else ''}")  # fmt: skip
     print(f"{'PCs':>3} {'MB':>3} {'algorithm':15} {'median ms':>10} {'/builtin':>9} {'/bound':>7}")
     for n in (int(p) for p in args.pcs.split(",")):
         started = time.perf_counter()
@@ -119,8 +124,9 @@ def main() -> None:
         print(f"# {n} PCs: B = {res['bandwidth'] / 1e6:.1f} MB/s (8 MB one way); alpha-beta fit "
               f"{res['fit_bandwidth'] / 1e6:.1f} MB/s, alpha {res['alpha'] * 1e6:.0f} us")  # fmt: skip
         for row in res["rows"]:
-            for name in ("builtin", "ring", "bound"):
-                label = {"builtin": "gloo built-in", "ring": "ring_allreduce"}.get(name, "bound")
+            for name in ("builtin", "ring", "piped", "bound"):
+                label = {"builtin": "gloo built-in", "ring": "ring_allreduce",
+                         "piped": "ring pipelined"}.get(name, "bound")  # fmt: skip
                 t = row[name]
                 print(f"{n:>3} {row['mb']:>3} {label:15} {t * 1e3:>10.1f} "
                       f"{t / row['builtin']:>8.2f}x {t / row['bound']:>6.2f}x")  # fmt: skip

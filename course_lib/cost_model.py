@@ -1,4 +1,4 @@
-"""The alpha-beta-gamma cost model of collectives, and its calibration by ping-pong.
+"""The alpha-beta-gamma cost model of collectives, and its calibration (ping-pong, timed ring).
 
 A message of ``n`` bytes takes $\\alpha + n\\beta$: ``alpha`` is the latency (seconds), ``beta``
 the time per byte (1 / bandwidth). Reducing ``n`` bytes into a buffer costs $n\\gamma$ more
@@ -28,10 +28,12 @@ __all__ = [
     "allreduce_bound",
     "allreduce_times",
     "fit_alpha_beta",
+    "fit_collective",
     "gossip_messages",
     "measure_gamma",
     "ping_pong",
     "predict",
+    "collective_calibration",
     "time_allreduce",
 ]
 
@@ -253,3 +255,66 @@ def allreduce_times(
         comm.allreduce(took, op="max")  # a collective ends when its slowest rank does
         times.append(float(took[0]))
     return np.array(times[warmup:])
+
+
+def fit_collective(algorithm: str, sizes, times, world_size: int) -> LinkModel:
+    """Fit alpha, beta so that ``predict(algorithm, n, world_size)`` matches ``times`` at ``sizes``.
+
+    Every formula in :data:`ALGORITHMS` is ``a(n, N) alpha + b(n, N) beta``, so the fit is linear
+    least squares on relative errors, as in :func:`fit_alpha_beta` (for a ring allreduce,
+    ``a = 2 (N - 1)`` messages and ``b = 2 (N - 1) n / N`` bytes on the critical path).
+    """
+    if algorithm not in ALGORITHMS or algorithm == "gossip_step":
+        raise ValueError(f"cannot fit {algorithm!r}; choose one of {sorted(REDUCED_BYTES)}")
+    if world_size < 2:
+        raise ValueError(f"a collective needs world_size >= 2, got {world_size}")
+    n, t = np.asarray(sizes, dtype=float), np.asarray(times, dtype=float)
+    if n.size < 2 or np.unique(n).size < 2:
+        raise ValueError("need times for at least two different buffer sizes")
+    formula = ALGORITHMS[algorithm]
+    design = np.array([[formula(x, world_size, 1.0, 0.0), formula(x, world_size, 0.0, 1.0)]
+                       for x in n]) / t[:, None]  # fmt: skip
+    (alpha, beta), *_ = np.linalg.lstsq(design, np.ones_like(t), rcond=None)
+    return LinkModel(alpha=max(float(alpha), 0.0), beta=max(float(beta), 1e-15))
+
+
+def collective_calibration(
+    comm: Communicator,
+    algorithm: str = "ring_allreduce",
+    sizes: list[int] | None = None,
+    reps: int = 3,
+    fn: Callable[[Communicator, np.ndarray], Any] | None = None,
+) -> Calibration:
+    """Fit alpha, beta from the timed collective itself: the link as it sees it; all ranks call.
+
+    Ping-pong times one pair on an otherwise idle network, which is not what a collective sees:
+    in a ring every rank sends and receives at once. Where ranks share a few cores the pair gets
+    more CPU than each ring rank does (loopback copies are CPU work), and through a token-bucket
+    shaper (``tc tbf``, the emulated room) the pauses between ping-pong messages refill the
+    bucket, so the first burst of every message passes unshaped. Timing ``algorithm`` (slowest
+    rank, median of ``reps``) at ``sizes`` bytes of float32 and fitting its own formula
+    (:func:`fit_collective`) measures the rate the collective really gets; reduction arithmetic
+    is folded into ``beta`` (``gamma`` is 0). ``fn`` defaults to the kit's function of that name
+    in :mod:`course_lib.collectives`. Every rank returns the same result.
+    """
+    if fn is None:
+        from course_lib import collectives
+
+        fn = getattr(collectives, algorithm, None)
+        if fn is None or algorithm not in REDUCED_BYTES:
+            raise ValueError(f"no allreduce named {algorithm!r}; pass fn= or choose one of "
+                             f"{sorted(REDUCED_BYTES)}")  # fmt: skip
+    sizes = sizes or [2**18, 2**20, 2**22, 2**24]  # 256 KB .. 16 MB
+    if comm.world_size < 2:
+        raise ValueError("collective_calibration needs a communicator of size >= 2")
+    if any(s < 4 * comm.world_size for s in sizes):
+        raise ValueError(f"every size must hold at least one float32 per rank, got {sizes}")
+    samples = {}
+    for size in sizes:
+        x = np.ones(size // 4, dtype=np.float32)
+        samples[size] = allreduce_times(comm, fn, x, reps, warmup=1).tolist()
+    times = np.array([float(np.median(samples[s])) for s in sizes])
+    comm.broadcast(times, src=0)  # medians of the same maxima; rank 0's copy makes them identical
+    model = fit_collective(algorithm, sizes, times, comm.world_size)
+    return Calibration(list(sizes), times.tolist(), model, f"{comm.label} ({algorithm} fit)",
+                       samples)  # fmt: skip

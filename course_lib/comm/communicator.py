@@ -49,7 +49,9 @@ class CommMismatchError(CommError, ValueError):
 class Handle:
     """A pending ``isend`` / ``irecv``; ``wait()`` completes it (and returns the received buffer)."""
 
-    def __init__(self, comm: Communicator, kind: str, peer: int, tag: int, buf: Buffer) -> None:
+    def __init__(
+        self, comm: Communicator, kind: str, peer: int, tag: int, buf: Buffer, eager: bool = False
+    ) -> None:
         self.comm, self.kind, self.peer, self.tag, self.buf = comm, kind, peer, tag, buf
         self.arr = as_flat_array(buf)
         self.name = dtype_name(buf)
@@ -72,6 +74,10 @@ class Handle:
         else:
             self.header = np.zeros(4, dtype=np.int64)
             self.reqs = [comm._post_recv(self.header, peer, 2 * tag)]
+            # eager: post the payload's receive now, so the sender may start at once (gloo sends
+            # only into a posted receive); only for callers that agreed on sizes beforehand.
+            self.payload = (comm._post_recv(self.arr, peer, 2 * tag + 1)
+                            if eager and self.arr.size else None)  # fmt: skip
 
     def wait(self, timeout: float | None = None) -> Buffer | None:
         """Block until the message is complete; return the filled buffer for a receive."""
@@ -91,7 +97,9 @@ class Handle:
         numel, code, nbytes, arrives_ns = (int(v) for v in self.header)
         sent = DTYPE_NAMES[code] if 0 <= code < len(DTYPE_NAMES) else f"dtype code {code}"
         if numel != self.arr.size or sent != self.name:
-            if numel:  # drain the payload so that the sender completes, then report
+            # drain the payload so that the sender completes, then report (an eager receive
+            # was posted already: its caller checked sizes, so this is the header's doing)
+            if numel and self.payload is None:
                 scratch = np.empty(nbytes, dtype=np.uint8)
                 self._wait(
                     self.comm._post_recv(scratch, self.peer, 2 * self.tag + 1), deadline, "sent"
@@ -102,9 +110,10 @@ class Handle:
                 "both sides must use buffers of the same size and dtype"
             )
         if numel:
-            self._wait(
-                self.comm._post_recv(self.arr, self.peer, 2 * self.tag + 1), deadline, "sent"
-            )
+            payload = self.payload
+            if payload is None:
+                payload = self.comm._post_recv(self.arr, self.peer, 2 * self.tag + 1)
+            self._wait(payload, deadline, "sent")
         return (
             self.comm._clock.arrive(self.arr.nbytes, arrives_ns / 1e9) if self.comm._clock else 0.0
         )
@@ -226,10 +235,15 @@ class Communicator(ABC):
         self._check_peer(dst, tag)
         return Handle(self, "send", int(dst), tag, tensor)
 
-    def irecv(self, tensor: Buffer, src: int, tag: int = 0) -> Handle:
-        """Start receiving into ``tensor`` (overwritten in place) from ``src``; ``wait()`` returns it."""
+    def irecv(self, tensor: Buffer, src: int, tag: int = 0, *, eager: bool = False) -> Handle:
+        """Start receiving into ``tensor`` (overwritten in place) from ``src``; ``wait()`` returns it.
+
+        ``eager=True`` posts the payload's receive at once instead of after the header has
+        arrived, so several receives can be in flight (pipelining); use it only where both sides
+        already agreed on the buffer's size and dtype, since a mismatch is then not drained.
+        """
         self._check_peer(src, tag)
-        return Handle(self, "recv", int(src), tag, tensor)
+        return Handle(self, "recv", int(src), tag, tensor, eager=eager)
 
     def send(self, tensor: Buffer, dst: int, tag: int = 0) -> None:
         """Send ``tensor`` to ``dst`` and wait until it left; ``dst`` must call ``recv``."""

@@ -17,6 +17,7 @@ import numpy as np
 import torch
 
 from course_lib import collectives as C
+from course_lib.collectives.ring_pipelined import ring_allreduce_pipelined
 from course_lib.comm import (
     CommError,
     CommMismatchError,
@@ -96,6 +97,9 @@ def suite_collectives(comm) -> dict:
         tol = 5e-3 if dtype == np.float16 else 1e-5
         assert np.allclose(ring, comm.allreduce(x[r].copy()), rtol=tol, atol=tol)
         assert (comm.allgather(ring) == ring).all(), "ring results differ between ranks"
+        for seg in (1000, 1 << 20):  # 4 or more segments a chunk on 2-4 ranks; one segment
+            piped = ring_allreduce_pipelined(comm, x[r].copy(), segment_bytes=seg)
+            assert np.array_equal(piped, ring), f"pipelined ring {dtype} segments of {seg} B"
     return {"cases": cases}
 
 
@@ -294,6 +298,20 @@ def suite_link(comm) -> dict:
         # 4 busy-polling ranks on 2 loaded cores add real time: a loose bound, gross errors only
         assert out[name] < LOOSE, (name, out)
     return out
+
+
+def suite_ring_calibration(comm) -> dict:
+    """Fit alpha, beta from timed rings over an emulated link; return what every rank got."""
+    from course_lib.cost_model import collective_calibration
+
+    link = EmulatedLink(bandwidth=20e6, latency=1e-3)
+    cal = collective_calibration(emulate(comm, link), "ring_allreduce", [2**18, 2**20], reps=2)
+    floor = LinkModel(alpha=0.0, beta=1.0 / link.bandwidth)  # the emulation's guarantee
+    for size, samples in cal.samples.items():
+        assert min(samples) >= 0.98 * predict("ring_allreduce", size, comm.world_size, floor)
+    return {"alpha": cal.model.alpha, "beta": cal.model.beta, "sizes": cal.sizes,
+            "times": cal.times, "samples": {str(k): v for k, v in cal.samples.items()},
+            "label": cal.label}  # fmt: skip
 
 
 def suite_subgroup(comm) -> dict:

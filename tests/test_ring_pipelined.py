@@ -1,0 +1,65 @@
+"""The segmented, pipelined ring allreduce gives bitwise the plain ring's result (threads here;
+real gloo and MPI ranks in comm_workers/worker.py's ``main`` suite)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from comm_workers.threads import run_threads
+
+from course_lib.collectives import ring_allreduce
+from course_lib.collectives.ring_pipelined import (
+    MAX_SEGMENTS,
+    ring_allreduce_pipelined,
+    segment_bounds,
+)
+
+
+@pytest.mark.parametrize("p", [1, 3, 4])
+@pytest.mark.parametrize("size", [0, 7, 4099])
+@pytest.mark.parametrize("segment_bytes", [12, 1 << 20])
+def test_pipelined_ring_equals_the_plain_ring_bitwise(p, size, segment_bytes):
+    x = np.random.default_rng(size + p).standard_normal((p, size)).astype(np.float32)
+    piped = run_threads(
+        p, lambda c: ring_allreduce_pipelined(c, x[c.rank].copy(), segment_bytes=segment_bytes)
+    )
+    plain = run_threads(p, lambda c: ring_allreduce(c, x[c.rank].copy()))
+    for got in piped:
+        assert np.array_equal(got, plain[0])
+    assert np.allclose(piped[0], x.sum(0), rtol=1e-5, atol=1e-5)
+
+
+def test_pipelined_ring_takes_max_and_sends_what_the_ring_sends():
+    p, x = 4, np.arange(4 * 40, dtype=np.float64).reshape(4, 40)[::-1].copy()
+
+    def body(comm):
+        out = ring_allreduce_pipelined(comm, x[comm.rank].copy(), "max", segment_bytes=16)
+        return out, comm.stats.peer((comm.rank + 1) % p)
+
+    for out, right in run_threads(p, body):
+        assert np.array_equal(out, x.max(0))
+        # 2(N-1)/N of the buffer to the right neighbour: 10 values a chunk, 2 per 16-byte
+        # segment; plus one message of two int64 (size and dtype, agreed before eager receives)
+        assert right.bytes_sent == 2 * (p - 1) * 10 * 8 + 16
+        assert right.messages_sent == 2 * (p - 1) * 5 + 1
+
+
+def test_segments_cover_the_chunk():
+    pieces = segment_bounds(10, 47, 5)
+    assert pieces[0][0] == 10 and pieces[-1][1] == 47
+    assert all(a[1] == b[0] for a, b in zip(pieces, pieces[1:], strict=False))
+    assert MAX_SEGMENTS * 2 + 8120 <= 8192  # every segment tag stays under the tag limit
+
+
+def test_buffers_of_different_sizes_are_an_error_naming_the_ranks():
+    from course_lib.comm import CommMismatchError
+
+    with pytest.raises(
+        CommMismatchError, match=r"rank [01] has [45] elements .* but rank [01] has [45] "
+    ):
+        run_threads(2, lambda c: ring_allreduce_pipelined(c, np.ones(4 + c.rank)), timeout=5.0)
+
+
+def test_bad_segment_size_is_refused():
+    with pytest.raises(ValueError, match="segment_bytes must be >= 1"):
+        run_threads(2, lambda c: ring_allreduce_pipelined(c, np.ones(4), segment_bytes=0))
