@@ -5,7 +5,10 @@ the engines on every PC through ipyparallel's SSH engine launcher (Linux PCs, an
 with OpenSSH server since ipyparallel 9); it returns once every engine answers and leaves them
 running. Students connect with the ``start_cluster`` call they use on a laptop, pointed at the
 profile (``COURSE_CLUSTER_PROFILE=lab``) or its ``ipcontroller-client.json``. ``status`` shows
-what runs where; ``stop`` stops the engines on every PC and the controller.
+what runs where, and names the PCs that dropped out (see :mod:`course_lib.cluster.lab_roster`);
+``add HOSTS PC...`` starts a dropped-out PC's engines again, joined to the running controller
+(the others and the students' clients are left alone); ``stop`` stops the engines on every PC
+and the controller.
 """
 
 from __future__ import annotations
@@ -13,13 +16,18 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from course_lib.cluster.lab_hosts import LabHosts
+from course_lib.cluster.lab_hosts import LabHosts, LabPC
+from course_lib.cluster.lab_roster import (
+    HEARTBEAT_MISSES,
+    HEARTBEAT_MS,
+    record_roster,
+    roster_report,
+)
 
-__all__ = ["LAB_CLUSTER_ID", "lab_status", "start_lab", "stop_lab"]
+__all__ = ["LAB_CLUSTER_ID", "add_pcs", "lab_status", "start_lab", "stop_lab"]
 
 # ipcluster's own (empty) id: the files keep their usual names (ipcontroller-client.json, which
 # students' start_cluster finds by profile), and status and stop find what start left running.
@@ -91,29 +99,102 @@ def start_lab(hosts: LabHosts, timeout: float = 120.0) -> tuple[Any, float]:
         n=hosts.engines,
         shutdown_atexit=False,  # the lab outlives this command; ./kit lab stop ends it
     )
-    launcher = cluster.config.SSHEngineSetLauncher
-    # Per PC: its Python, and the engine command made from it (the launcher builds that command
-    # once, from its own remote_python, and would not see a per-PC one).
-    launcher.engines = {
-        pc.host: {"n": pc.engines, "remote_python": pc.python,
-                  "engine_cmd": [pc.python, "-m", "ipyparallel.engine"]}
-        for pc in hosts.pcs if pc.engines
-    }  # fmt: skip
-    launcher.ssh_cmd = list(hosts.ssh)
-    launcher.scp_cmd = list(hosts.scp)
-    # The launcher watches each engine with `ssh PC python -c "wait for pid, N s"`; a short N
-    # lets this command end those watchers soon after the engines answer (see below).
-    launcher.poll_seconds = WATCH_SECONDS
+    # A dead PC is noticed by the controller's heartbeat: see lab_roster for the bound.
+    cluster.controller_args = [
+        f"--HeartMonitor.period={HEARTBEAT_MS}",
+        f"--HeartMonitor.max_heartmonitor_misses={HEARTBEAT_MISSES}",
+    ]
+    _configure_launcher(cluster, hosts, hosts.pcs)
     try:
         cluster.start_cluster_sync()
         with cluster.connect_client_sync() as client:
             client.wait_for_engines(hosts.engines, timeout=timeout)
+            record_roster(_security(hosts), hosts, client, timeout=timeout)
     except BaseException:
         cluster.stop_cluster_sync()
         raise
     finally:
         _stop_watchers(cluster)
     return cluster, time.monotonic() - started
+
+
+def _configure_launcher(cluster: Any, hosts: LabHosts, pcs: tuple[LabPC, ...]) -> None:
+    """Point the cluster's SSH engine launcher at ``pcs``: their engines, Python, ssh and scp."""
+    launcher = cluster.config.SSHEngineSetLauncher
+    # Per PC: its Python, and the engine command made from it (the launcher builds that command
+    # once, from its own remote_python, and would not see a per-PC one).
+    launcher.engines = {
+        pc.host: {"n": pc.engines, "remote_python": pc.python,
+                  "engine_cmd": [pc.python, "-m", "ipyparallel.engine"]}
+        for pc in pcs if pc.engines
+    }  # fmt: skip
+    launcher.ssh_cmd = list(hosts.ssh)
+    launcher.scp_cmd = list(hosts.scp)
+    # The launcher watches each engine with `ssh PC python -c "wait for pid, N s"`; a short N
+    # lets this command end those watchers soon after the engines answer (see below).
+    launcher.poll_seconds = WATCH_SECONDS
+
+
+def _pcs_named(hosts: LabHosts, names: list[str]) -> tuple[LabPC, ...]:
+    by_name = {pc.host: pc for pc in hosts.pcs}
+    unknown = [name for name in names if name not in by_name]
+    if unknown or not names:
+        raise ValueError(
+            f"no PC {', '.join(map(repr, unknown))} in {hosts.path or 'the hosts file'}: "
+            f"name PCs as its [[pc]] host entries list them ({', '.join(by_name)})"
+        )
+    return tuple(by_name[name] for name in dict.fromkeys(names))
+
+
+def add_pcs(hosts: LabHosts, names: list[str], timeout: float = 120.0) -> tuple[list[str], float]:
+    """Start again the engines of the PCs ``names`` that dropped out; return those PCs, seconds.
+
+    PCs whose engines all answer are left alone. What is left of a re-added PC's earlier engines
+    (one that lost its link and is back, unregistered) is stopped first. Engines elsewhere and
+    the students' clients are not touched; a student's client sees the new engines at once.
+    """
+    started = time.monotonic()
+    pcs = _pcs_named(hosts, names)
+    if not _is_running(hosts):
+        raise ValueError(f"no lab cluster is running in profile {hosts.profile!r}: "
+                         "start one with ./kit lab start HOSTS")  # fmt: skip
+    security = _security(hosts)
+    with _client(hosts) as client:
+        _, _, dropped = roster_report(hosts, security, client)
+        todo = tuple(pc for pc in pcs if pc.host in dropped)
+        if not todo:
+            return [], time.monotonic() - started
+        cluster = _load(hosts)
+        try:
+            _stop_engines_on(cluster, {pc.host for pc in todo})
+            before = len(client.ids)
+            _configure_launcher(cluster, hosts, todo)
+            cluster.start_engines_sync()
+            client.wait_for_engines(before + sum(pc.engines for pc in todo), timeout=timeout)
+            record_roster(security, hosts, client, timeout=timeout)
+        finally:
+            _stop_watchers(cluster)
+    return [pc.host for pc in todo], time.monotonic() - started
+
+
+def _stop_engines_on(cluster: Any, pcs: set[str]) -> None:
+    """Stop what the launcher started earlier on ``pcs`` (engines dead already are skipped)."""
+    import signal
+
+    for engine_set in cluster.engines.values():
+        for launcher in getattr(engine_set, "launchers", {}).values():
+            if launcher.location in pcs and launcher.state == "running":
+                try:
+                    launcher.signal(signal.SIGKILL)
+                except Exception:  # noqa: BLE001 - gone already, or the PC is unreachable:
+                    pass  # either way nothing of it can answer the controller any more
+
+
+def _client(hosts: LabHosts) -> Any:
+    """Return a plain client of the running lab (as a student's): no launchers, no watchers."""
+    import ipyparallel as ipp
+
+    return ipp.Client(str(_security(hosts) / "ipcontroller-client.json"))
 
 
 def _stop_watchers(cluster: Any) -> None:
@@ -135,34 +216,18 @@ def _stop_watchers(cluster: Any) -> None:
             thread.join(timeout=WATCH_SECONDS + 30)
 
 
-def lab_status(hosts: LabHosts, timeout: float = 30.0) -> tuple[bool, str]:
-    """Return (every engine answers, a table of the engines on each PC)."""
-    import ipyparallel as ipp
-
-    from course_lib.cluster.engine_side import describe_engine
-
+def lab_status(hosts: LabHosts, timeout: float = 10.0) -> tuple[bool, str]:
+    """Return (every engine answers, a table of the engines per PC naming those that dropped out)."""
     if not _is_running(hosts):
         return False, f"no lab cluster is running in profile {hosts.profile!r}"
-    # A plain client (as a student's): loading the cluster's launchers would start watchers.
-    with ipp.Client(str(_security(hosts) / "ipcontroller-client.json")) as client:
-        ids = list(client.ids)
-        pending = {eid: client[eid].apply_async(describe_engine, False) for eid in ids}
-        where: Counter[str] = Counter()
-        lines = []
-        for eid, result in pending.items():
-            try:
-                info = result.get(timeout=timeout)
-            except Exception as exc:  # noqa: BLE001 - a dead engine is a row of the table
-                lines.append(f"  engine {eid}: not answering ({type(exc).__name__})")
-                continue
-            where[info["host"]] += 1
-            lines.append(f"  engine {eid}: host {info['host']}, pid {info['pid']}")
-    ok = len(ids) == hosts.engines == sum(where.values())
-    head = [f"lab cluster {'OK' if ok else 'INCOMPLETE'}: {len(ids)} of {hosts.engines} "
-            f"engines registered at the controller (profile {hosts.profile!r})"]  # fmt: skip
-    head += [f"  {pc.host}: {pc.engines} engines wanted" for pc in hosts.pcs]
-    head += [f"  host {host}: {n} engines answer" for host, n in sorted(where.items())]
-    return ok, "\n".join(head + lines)
+    with _client(hosts) as client:
+        ok, lines, dropped = roster_report(hosts, _security(hosts), client, timeout)
+        registered = len(client.ids)
+    head = f"lab cluster {'OK' if ok else 'INCOMPLETE'}: {registered} of {hosts.engines} engines "
+    head += f"registered at the controller (profile {hosts.profile!r})"
+    if dropped:
+        head += f"; dropped out: {', '.join(dropped)}"
+    return ok, "\n".join([head, *lines])
 
 
 def stop_lab(hosts: LabHosts) -> bool:
