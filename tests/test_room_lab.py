@@ -25,14 +25,14 @@ from course_lib.cluster.lab_hosts import read_hosts
 from course_lib.cluster.room import emulated_room, room_unavailable_reason
 from course_lib.cluster.room_ssh import write_ssh_standins
 
-pytestmark = [pytest.mark.room, pytest.mark.slow, pytest.mark.timeout(400)]
+pytestmark = [pytest.mark.room, pytest.mark.slow, pytest.mark.timeout(1200)]
 
 ROOT = Path(__file__).resolve().parents[1]
 ENGINES = (2, 1, 1)  # engines on pc1, pc2, pc3
 WAIT = 120.0  # seconds to wait for a condition (the heartbeat needs ~12 s; the machine is busy)
 
 
-def _lab(env: dict[str, str], *argv: str, timeout: float = 180) -> subprocess.CompletedProcess:
+def _lab(env: dict[str, str], *argv: str, timeout: float = 400) -> subprocess.CompletedProcess:
     """Run ``python -m course_lib.cluster lab ARGV`` (what ``./kit lab ...`` runs)."""
     start = time.monotonic()
     done = subprocess.run([sys.executable, "-m", "course_lib.cluster", "lab", *argv], env=env,

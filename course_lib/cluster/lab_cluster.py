@@ -216,12 +216,12 @@ def _stop_watchers(cluster: Any) -> None:
             thread.join(timeout=WATCH_SECONDS + 30)
 
 
-def lab_status(hosts: LabHosts, timeout: float = 10.0) -> tuple[bool, str]:
+def lab_status(hosts: LabHosts) -> tuple[bool, str]:
     """Return (every engine answers, a table of the engines per PC naming those that dropped out)."""
     if not _is_running(hosts):
         return False, f"no lab cluster is running in profile {hosts.profile!r}"
     with _client(hosts) as client:
-        ok, lines, dropped = roster_report(hosts, _security(hosts), client, timeout)
+        ok, lines, dropped = roster_report(hosts, _security(hosts), client)
         registered = len(client.ids)
     head = f"lab cluster {'OK' if ok else 'INCOMPLETE'}: {registered} of {hosts.engines} engines "
     head += f"registered at the controller (profile {hosts.profile!r})"

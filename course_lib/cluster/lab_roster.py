@@ -9,11 +9,14 @@ even after the controller has forgotten them:
   controller's heartbeat; after ``HEARTBEAT_MISSES`` missed pings ``HEARTBEAT_MS`` apart the
   controller unregisters it, and every client (each student's notebook) drops it from
   ``client.ids``; the other engines go on working;
-- until then, an engine that does not answer a status request within ``answer_timeout`` is
-  reported as not answering.
+- ``status`` asks every registered engine where it runs; one that does not answer at once is
+  waited for until the heartbeat has decided: unregistered means dropped out, still registered
+  means busy (a student's long computation), since the heartbeat is answered by a thread of its
+  own.
 
-So a dropped PC is named within ``(HEARTBEAT_MISSES + 1) * HEARTBEAT_MS`` (12 s) plus the time
-``status`` itself takes; ``bench/bench_lab_faults.py`` measures it.
+So a dropped PC is named once the controller has unregistered its engines, at most
+``(HEARTBEAT_MISSES + 1) * HEARTBEAT_MS`` (12 s) after it dropped out, plus the time ``status``
+itself takes; ``bench/bench_lab_faults.py`` measures it.
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ import json
 import os
 import socket
 import tempfile
-from collections import defaultdict
+import time
 from pathlib import Path
 from typing import Any
 
@@ -117,42 +120,57 @@ def record_roster(security: Path, hosts: LabHosts, client: Any, timeout: float =
     _write_atomically(security / ROSTER_FILE, json.dumps(roster, indent=1, sort_keys=True))
 
 
+def _answers(client: Any, within: float) -> tuple[set[int], set[int]]:
+    """Return (engines that answered, engines still registered but silent) after ``within`` s.
+
+    An engine that is unregistered meanwhile is in neither set: it dropped out.
+    """
+    pending = {eid: client[eid].apply_async(engine_place) for eid in client.ids}
+    deadline = time.monotonic() + within
+    answered: set[int] = set()
+    while True:
+        registered = set(client.ids)  # also takes in the controller's unregistrations
+        for eid, result in pending.items():
+            if eid in registered and result.ready() and result.successful():
+                answered.add(eid)
+        waiting = registered & set(pending) - answered
+        if not waiting or time.monotonic() > deadline:
+            return answered, waiting
+        time.sleep(0.2)
+
+
 def roster_report(
-    hosts: LabHosts, security: Path, client: Any, answer_timeout: float = 10.0
+    hosts: LabHosts, security: Path, client: Any, within: float | None = None
 ) -> tuple[bool, list[str], list[str]]:
-    """Return (every PC has all its engines answering, per-PC lines, the PCs that dropped out)."""
+    """Return (every PC has all its engines, per-PC lines, the PCs that dropped out).
+
+    An engine that does not answer at once is waited for until the controller's heartbeat has
+    decided (``within``, default the heartbeat bound plus 5 s): unregistered means gone; still
+    registered means alive but busy (its heartbeat is answered by a thread of its own).
+    """
+    if within is None:
+        within = (HEARTBEAT_MISSES + 1) * HEARTBEAT_MS / 1000 + 5
     roster = read_roster(security)
-    registered = set(client.ids)
-    pending = {eid: client[eid].apply_async(engine_place) for eid in sorted(registered)}
-    answering: dict[str | None, list[int]] = defaultdict(list)
-    silent: dict[str | None, list[int]] = defaultdict(list)
-    for eid, result in pending.items():
-        try:
-            result.get(timeout=answer_timeout)
-        except Exception:  # noqa: BLE001 - dead, cut off or raising: all mean "not answering"
-            silent[roster.get(eid, {}).get("pc")].append(eid)
-        else:
-            answering[roster.get(eid, {}).get("pc")].append(eid)
-    gone: dict[str | None, list[int]] = defaultdict(list)
-    for eid, row in roster.items():
-        if eid not in registered:
-            gone[row["pc"]].append(eid)
+    answered, busy = _answers(client, within)
+    registered = answered | busy
+
+    def pc_host(eid: int) -> str | None:
+        return roster.get(eid, {}).get("pc")
+
     lines, dropped = [], []
     for pc in hosts.pcs:
-        ok = len(answering[pc.host])
-        text = f"  {pc.host}: {ok} of {pc.engines} engines answer"
-        problems = []
-        if gone[pc.host]:
-            problems.append(f"engines {gone[pc.host]} unregistered (missed heartbeats)")
-        if silent[pc.host]:
-            problems.append(f"engines {silent[pc.host]} not answering in {answer_timeout:g} s")
-        if ok < pc.engines:
+        here = sorted(eid for eid in registered if pc_host(eid) == pc.host)
+        gone = sorted(eid for eid in roster if eid not in registered and pc_host(eid) == pc.host)
+        text = f"  {pc.host}: {len(here)} of {pc.engines} engines answer"
+        if busy_here := [eid for eid in here if eid in busy]:
+            text += f" (engines {busy_here} busy: registered, but still computing)"
+        if len(here) < pc.engines:
             dropped.append(pc.host)
-            why = "; ".join(problems) or "engines never registered"
+            why = f"engines {gone} unregistered (missed heartbeats)" if gone else "no engines"
             text += (f"  DROPPED OUT: {why}. PC off, engines killed or link cut? "
                      f"Re-add: ./kit lab add HOSTS {pc.host}")  # fmt: skip
         lines.append(text)
-    strays = answering[None] + silent[None]
+    strays = sorted(eid for eid in registered if pc_host(eid) is None)
     if strays:
-        lines.append(f"  engines {sorted(strays)}: on no PC of the hosts file")
+        lines.append(f"  engines {strays}: on no PC of the hosts file")
     return not dropped, lines, dropped
