@@ -70,15 +70,19 @@ def _is_running(hosts: LabHosts) -> bool:
 def _load(hosts: LabHosts) -> Any | None:
     """Return the lab cluster ``start`` left running (with its launchers), or None."""
     import ipyparallel as ipp
+    from traitlets.config import Config
 
     security = _security(hosts)
-    if security is None:
+    state = security / f"cluster-{LAB_CLUSTER_ID}.json" if security else None
+    if state is None or not state.is_file():
         return None
     quiet = logging.getLogger("course_lib.lab")
     quiet.setLevel(logging.CRITICAL)
-    manager = ipp.ClusterManager(log=quiet)
-    clusters = manager.load_clusters(profile_dirs=[str(security.parent)])
-    return next((c for c in clusters.values() if c.cluster_id == LAB_CLUSTER_ID), None)
+    # Loading starts a watcher per engine (`ssh PC python -c "wait for pid, N s"`); ipyparallel's
+    # N for ssh is 60 s, which ``add`` and ``stop`` would wait out when they end the watchers.
+    config = Config()
+    config.SSHLauncher.poll_seconds = WATCH_SECONDS
+    return ipp.Cluster.from_file(str(state), config=config, log=quiet)
 
 
 def start_lab(hosts: LabHosts, timeout: float = 120.0) -> tuple[Any, float]:
