@@ -13,9 +13,13 @@ and the controller.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
+import os
+import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -182,14 +186,33 @@ def add_pcs(hosts: LabHosts, names: list[str], timeout: float = 120.0) -> tuple[
 
 
 def _stop_engines_on(cluster: Any, pcs: set[str]) -> None:
-    """Stop what the launcher started earlier on ``pcs`` (engines dead already are skipped)."""
+    """Kill what the launcher started earlier on ``pcs`` (for a dead engine that fails, quietly)."""
     import signal
 
+    with _stderr_to_devnull():  # a dead engine's `kill` prints a remote traceback: expected
+        _signal_launchers_on(cluster, pcs, signal.SIGKILL)
+
+
+@contextlib.contextmanager
+def _stderr_to_devnull() -> Iterator[None]:
+    """Send this process's stderr (fd 2, inherited by ssh) to /dev/null for the block."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    try:
+        with open(os.devnull, "w") as devnull:
+            os.dup2(devnull.fileno(), 2)
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+
+
+def _signal_launchers_on(cluster: Any, pcs: set[str], sig: int) -> None:
     for engine_set in cluster.engines.values():
         for launcher in getattr(engine_set, "launchers", {}).values():
             if launcher.location in pcs and launcher.state == "running":
                 try:
-                    launcher.signal(signal.SIGKILL)
+                    launcher.signal(sig)
                 except Exception:  # noqa: BLE001 - gone already, or the PC is unreachable:
                     pass  # either way nothing of it can answer the controller any more
 
