@@ -146,7 +146,11 @@ def _configure_launcher(cluster: Any, hosts: LabHosts, pcs: tuple[LabPC, ...]) -
 def _pcs_named(hosts: LabHosts, names: list[str]) -> tuple[LabPC, ...]:
     by_name = {pc.host: pc for pc in hosts.pcs}
     unknown = [name for name in names if name not in by_name]
-    if unknown or not names:
+    if not names:
+        raise ValueError(
+            f"name the PCs to re-add: ./kit lab add HOSTS PC... ({', '.join(by_name)})"
+        )
+    if unknown:
         raise ValueError(
             f"no PC {', '.join(map(repr, unknown))} in {hosts.path or 'the hosts file'}: "
             f"name PCs as its [[pc]] host entries list them ({', '.join(by_name)})"
