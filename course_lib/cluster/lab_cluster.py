@@ -267,7 +267,8 @@ def stop_lab(hosts: LabHosts) -> bool:
     if cluster is None:
         return False
     try:
-        cluster.stop_cluster_sync()
+        with _stderr_to_devnull():  # `kill` of an engine that died earlier prints a traceback
+            cluster.stop_cluster_sync()
     finally:
         _stop_watchers(cluster)  # they end at once: the engines they watch are gone
     return True
