@@ -1,12 +1,17 @@
 """``./kit lab start | status | stop hosts.toml`` in the emulated room, through ipyparallel's
 SSH engine launcher: ``ssh`` and ``scp`` are stand-ins that run the launcher's commands inside
 the PCs' namespaces (:mod:`course_lib.cluster.room_ssh`), so the launcher's own code runs as in
-a real lab. Deselect with ``-m "not room"``.
+a real lab. The same room and cluster then lose two PCs during the "class" (one PC's engines
+killed, another PC's link cut), and ``./kit lab add`` brings them back. Deselect with
+``-m "not room"``.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
+import socket
 import subprocess
 import sys
 import time
@@ -20,13 +25,14 @@ from course_lib.cluster.lab_hosts import read_hosts
 from course_lib.cluster.room import emulated_room, room_unavailable_reason
 from course_lib.cluster.room_ssh import write_ssh_standins
 
-pytestmark = [pytest.mark.room, pytest.mark.slow, pytest.mark.timeout(400)]
+pytestmark = [pytest.mark.room, pytest.mark.slow, pytest.mark.timeout(2400)]
 
 ROOT = Path(__file__).resolve().parents[1]
-ENGINES = (2, 1)  # engines on pc1, pc2
+ENGINES = (2, 1, 1)  # engines on pc1, pc2, pc3
+WAIT = 300.0  # seconds to wait for a condition (the heartbeat needs ~12 s; the machine is busy)
 
 
-def _lab(env: dict[str, str], *argv: str, timeout: float = 180) -> subprocess.CompletedProcess:
+def _lab(env: dict[str, str], *argv: str, timeout: float = 900) -> subprocess.CompletedProcess:
     """Run ``python -m course_lib.cluster lab ARGV`` (what ``./kit lab ...`` runs)."""
     start = time.monotonic()
     done = subprocess.run([sys.executable, "-m", "course_lib.cluster", "lab", *argv], env=env,
@@ -56,11 +62,71 @@ def _marked(ipython_dir: str, within: float = 10.0) -> list[int]:
         time.sleep(0.2)
 
 
+def _wait_for(condition, what: str, within: float = WAIT):  # noqa: ANN001, ANN202
+    """Return ``condition()`` once truthy; fail naming ``what`` after ``within`` seconds."""
+    deadline = time.monotonic() + within
+    while not (value := condition()):
+        assert time.monotonic() < deadline, f"waited {within:g} s for {what}"
+        time.sleep(0.5)
+    return value
+
+
+def _square(x: int) -> int:
+    return x * x
+
+
+def _faults_during_class(env: dict, hosts_file: Path, room, student) -> None:  # noqa: ANN001
+    """Kill pc2's engines and cut pc3's link; the rest works; ``lab add`` brings both back."""
+    killed, cut = room.pcs[1], room.pcs[2]
+    for pid in _pids_in(killed.netns):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    subprocess.run(["ip", "link", "set", cut.host_veth, "down"], check=True)
+    try:
+        # The controller's heartbeat unregisters both PCs' engines; status names both PCs.
+        def both_named() -> subprocess.CompletedProcess | None:
+            done = _lab(env, "status", str(hosts_file))
+            lines = done.stdout.splitlines()
+            named = [pc.hostname for pc in (killed, cut)
+                     if any(pc.hostname in ln and "DROPPED OUT" in ln for ln in lines)]  # fmt: skip
+            return done if len(named) == 2 and done.returncode == 1 else None
+
+        status = _wait_for(both_named, "status to name pc2 and pc3 as dropped out")
+        assert f"{room.pcs[0].hostname}: 2 of 2 engines answer" in status.stdout, status.stdout
+        assert "DROPPED OUT" not in _line_of(status.stdout, room.pcs[0].hostname)
+        # The student's client, connected before, keeps working on the engines that remain.
+        _wait_for(lambda: len(student.client.ids) == 2, "the student's client to drop 2 engines")
+        hosts = student.client[student.client.ids].apply_sync(socket.gethostname)
+        assert hosts == [room.pcs[0].hostname] * 2
+        assert student.client.load_balanced_view().map_sync(_square, range(6)) == [
+            x * x for x in range(6)
+        ]
+    finally:
+        subprocess.run(["ip", "link", "set", cut.host_veth, "up"], check=True)
+    # One command re-adds both; pc1's engines are left as they were.
+    pc1_pids = set(_pids_in(room.pcs[0].netns))
+    added = _lab(env, "add", str(hosts_file), killed.hostname, cut.hostname, "--timeout", "600")
+    assert added.returncode == 0, added.stdout + added.stderr[-3000:]
+    assert f"re-added {killed.hostname}, {cut.hostname}" in added.stdout, added.stdout
+    assert pc1_pids <= set(_pids_in(room.pcs[0].netns))
+    again = _lab(env, "add", str(hosts_file), killed.hostname)
+    assert again.returncode == 0 and "nothing to add" in again.stdout, again.stdout
+    status = _lab(env, "status", str(hosts_file))
+    assert status.returncode == 0, status.stdout
+    _wait_for(lambda: len(student.client.ids) == sum(ENGINES), "the student to see 4 engines")
+    hosts = sorted(student.client[:].apply_sync(socket.gethostname))
+    assert hosts == sorted([room.pcs[0].hostname] * 2 + [pc.hostname for pc in room.pcs[1:]])
+
+
+def _line_of(text: str, word: str) -> str:
+    return next(line for line in text.splitlines() if word in line)
+
+
 def test_lab_cluster_starts_from_a_hosts_file_over_ssh_and_stops_cleanly(tmp_path: Path) -> None:
     reason = room_unavailable_reason()
     if reason is not None:
         pytest.skip(f"no emulated room here: {reason}")
-    with emulated_room(2) as room:
+    with emulated_room(len(ENGINES)) as room:
         ssh, scp = write_ssh_standins(room, tmp_path / "bin")
         pcs = "\n".join(
             f'[[pc]]\nhost = "{pc.hostname}"\nengines = {n}\n'
@@ -74,17 +140,17 @@ def test_lab_cluster_starts_from_a_hosts_file_over_ssh_and_stops_cleanly(tmp_pat
         )
         env = dict(os.environ, IPYTHONDIR=str(tmp_path / "instructor"), OMP_NUM_THREADS="1")
         try:
-            started = _lab(env, "start", str(hosts_file))
+            started = _lab(env, "start", str(hosts_file), "--timeout", "600")
             print(started.stdout, started.stderr[-3000:])
             assert started.returncode == 0, started.stderr[-3000:]
-            assert f"{sum(ENGINES)} engines on 2 PCs answered" in started.stdout
+            assert f"{sum(ENGINES)} engines on {len(ENGINES)} PCs answered" in started.stdout
             # The engines run inside the PCs' namespaces, as many as the hosts file asks.
             for pc, n in zip(room.pcs, ENGINES, strict=True):
                 assert len(_pids_in(pc.netns)) >= n, pc.netns
             status = _lab(env, "status", str(hosts_file))
             assert status.returncode == 0, status.stdout + status.stderr[-2000:]
             for pc, n in zip(room.pcs, ENGINES, strict=True):
-                assert f"host {pc.hostname}: {n} engines answer" in status.stdout, status.stdout
+                assert f"{pc.hostname}: {n} of {n} engines answer" in status.stdout, status.stdout
             # A student connects with the profile, as on a laptop.
             profile_dir = tmp_path / "instructor" / "profile_lab"
             with connect_cluster(
@@ -92,8 +158,11 @@ def test_lab_cluster_starts_from_a_hosts_file_over_ssh_and_stops_cleanly(tmp_pat
                 n=sum(ENGINES),
                 timeout=60,
             ) as student:
-                hosts = sorted(student.view.apply_sync(__import__("socket").gethostname))
-            assert hosts == sorted([room.pcs[0].hostname] * 2 + [room.pcs[1].hostname])
+                hosts = sorted(student.view.apply_sync(socket.gethostname))
+                assert hosts == sorted(
+                    [room.pcs[0].hostname] * 2 + [pc.hostname for pc in room.pcs[1:]]
+                )
+                _faults_during_class(env, hosts_file, room, student)
         finally:
             stopped = _lab(env, "stop", str(hosts_file))
         assert stopped.returncode == 0, stopped.stderr[-2000:]

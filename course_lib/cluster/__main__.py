@@ -1,7 +1,9 @@
 """Command line for the cluster layer: ``python -m course_lib.cluster doctor | room ...``.
 
-``lab start | status | stop HOSTS.toml`` runs one cluster across the lab's PCs (see
-:mod:`course_lib.cluster.lab_cluster`); ``doctor --profile lab`` checks every engine of a running
+``lab start | status | stop HOSTS.toml`` runs one cluster across the lab's PCs and
+``lab add HOSTS.toml PC...`` re-adds PCs that dropped out (see
+:mod:`course_lib.cluster.lab_cluster`); ``lab mpi HOSTS.toml -- CMD`` runs CMD as MPI ranks on the
+PCs (see :mod:`course_lib.cluster.lab_mpi`); ``doctor --profile lab`` checks every engine of a running
 cluster (``--network`` adds the measured matrix between PCs, ``--heatmap net.png`` draws it);
 ``room up N [--rate 1gbit]``, ``room status``, ``room run PC -- CMD`` and ``room down`` manage an
 emulated room that stays up between commands (see :mod:`course_lib.cluster.room_state`).
@@ -80,11 +82,23 @@ def room_main(args: argparse.Namespace) -> int:
 
 def lab_main(args: argparse.Namespace) -> int:
     """Start, show or stop the cluster across the lab's PCs that the hosts file describes."""
-    from course_lib.cluster.lab_cluster import lab_status, start_lab, stop_lab
+    from course_lib.cluster.lab_cluster import add_pcs, lab_status, start_lab, stop_lab
     from course_lib.cluster.lab_hosts import read_hosts
 
     try:
         hosts = read_hosts(args.hosts)
+        if args.action == "mpi":
+            return _lab_mpi(hosts, args)
+        if args.action != "add" and args.pcs:
+            raise ValueError(f"`lab {args.action}` takes no PC names ({' '.join(args.pcs)}); "
+                             "re-add PCs with: ./kit lab add HOSTS PC...")  # fmt: skip
+        if args.action == "add":
+            added, seconds = add_pcs(hosts, args.pcs, timeout=args.timeout)
+            if not added:
+                print(f"nothing to add: the engines of {', '.join(args.pcs)} all answer")
+            else:
+                print(f"re-added {', '.join(added)}: their engines answered after {seconds:.1f} s")
+            return 0
         if args.action == "start":
             _, seconds = start_lab(hosts, timeout=args.timeout)
             print(f"lab cluster up: {hosts.engines} engines on {len(hosts.pcs)} PCs answered "
@@ -102,6 +116,16 @@ def lab_main(args: argparse.Namespace) -> int:
     except (ValueError, TimeoutError) as exc:
         print(f"kit lab {args.action}: {exc}", file=sys.stderr)
         return 2
+
+
+def _lab_mpi(hosts, args: argparse.Namespace) -> int:  # noqa: ANN001
+    """Run the command after ``--`` as MPI ranks on the lab's PCs; return its exit status."""
+    import tempfile
+
+    from course_lib.cluster.lab_mpi import run_lab_mpi
+
+    with tempfile.TemporaryDirectory(prefix="kit-lab-mpi-") as folder:  # the hostfile
+        return run_lab_mpi(hosts, Path(folder), args.pcs, n=args.ranks).returncode
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -136,8 +160,11 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument("pc", help="pc1, pc2, ... (or the PC's namespace)")
     run.add_argument("argv", nargs=argparse.REMAINDER, help="the command")
     lab = jobs.add_parser("lab", help="one cluster across the lab's PCs, from a hosts file")
-    lab.add_argument("action", choices=["start", "status", "stop"])
+    lab.add_argument("action", choices=["start", "status", "add", "stop", "mpi"])
     lab.add_argument("hosts", help="the hosts file (TOML), e.g. hosts.toml")
+    lab.add_argument("pcs", nargs="*", metavar="PC",
+                     help="add: the PCs to re-add; mpi: -- the command every rank runs")  # fmt: skip
+    lab.add_argument("--ranks", type=int, default=None, help="mpi: ranks (default: all engines)")
     lab.add_argument("--timeout", type=float, default=120.0, help="seconds to wait for engines")
     args = parser.parse_args(argv)
     if args.job == "lab":
