@@ -90,7 +90,13 @@ def _solutions(nb: nbformat.NotebookNode) -> list[str]:
 
 @pytest.mark.parametrize(
     "name",
-    ["A1_sgd_conv", "A2_rabenseifner_allreduce", "A4_local_sgd_gossip", "A5_compression"],
+    [
+        "A1_sgd_conv",
+        "A2_rabenseifner_allreduce",
+        "A3_data_parallel",
+        "A4_local_sgd_gossip",
+        "A5_compression",
+    ],
 )
 def test_released_notebooks_are_up_to_date_and_hold_no_solution(name):
     source = _source(name)
@@ -132,6 +138,7 @@ def test_every_check_cell_imports_its_own_checker():
     for name in (
         "A1_sgd_conv",
         "A2_rabenseifner_allreduce",
+        "A3_data_parallel",
         "A4_local_sgd_gossip",
         "A5_compression",
     ):
@@ -239,6 +246,7 @@ def test_guard_lets_ordinary_answers_through():
     for name in (
         "A1_sgd_conv",
         "A2_rabenseifner_allreduce",
+        "A3_data_parallel",
         "A4_local_sgd_gossip",
         "A5_compression",
     ):
