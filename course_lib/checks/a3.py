@@ -32,18 +32,9 @@ from course_lib.parallel.parameter_server import source000_combine
 from course_lib.training import TrainConfig
 from course_lib.verdict import Verdict, run_check
 
-__all__ = [
-    "A3_POINTS",
-    "PS_METHOD",
-    "BUCKET_METHOD",
-    "A3Net",
-    "check_bucket_average",
-    "check_bucket_layout",
-    "check_digits",
-    "check_parameter_server",
-    "prepare_engines",
-    "ring_bytes_bounds",
-]
+__all__ = ["A3_POINTS", "BUCKET_METHOD", "PS_METHOD", "A3Net", "check_bucket_average",
+           "check_bucket_layout", "check_digits", "check_parameter_server", "prepare_engines",
+           "ring_bytes_bounds"]  # fmt: skip
 
 A3_POINTS = {"A3.1": 3.0, "A3.2": 2.0, "A3.3": 5.0}
 PS_METHOD, BUCKET_METHOD = "a3_parameter_server", "a3_bucketed"
@@ -89,7 +80,7 @@ def ring_bytes_bounds(size: int, world_size: int, itemsize: int = 4) -> tuple[in
     return low * itemsize, high * itemsize
 
 
-# ---- plugging the answers into the seam -----------------------------------------------------------
+# ---- plugging the answers into the seam ------------------------------------------------------
 def _register(kind: str, fn: Callable) -> None:
     """Register ``fn`` as exchange ``PS_METHOD`` or ``BUCKET_METHOD`` in this process."""
     from course_lib.parallel.buckets import BucketedAllreduce
@@ -202,6 +193,8 @@ def _train_and_compare(cluster: Any, kind: str, fn: Callable, **options: Any) ->
     from course_lib.parallel.reference import ATOL, RTOL, train_one_process, weights_match
 
     method = PS_METHOD if kind == "ps" else BUCKET_METHOD
+    _register(kind, fn)  # the seam: an exchange chosen by name, here and on every engine
+    cluster.client[cluster.ids_by_rank[:4]].apply_sync(_register, kind, fn)
     try:
         result = train_data_parallel(cluster, model=A3Net, dataset=check_digits, config=CONFIG,
                                      method=method, world_size=4, comm_timeout=COMM_TIMEOUT,
@@ -245,32 +238,32 @@ def _layout(sizes: list[int], cap: int) -> list[list[int]]:
     return reference_bucket_layout([SimpleNamespace(numel=lambda n=n: int(n)) for n in sizes], cap)
 
 
-class _NoComm:
-    """Stands in for ``comm`` in one quick call that only looks for a stub: any use ends it."""
-
-    def __getattr__(self, name: str) -> Any:
-        raise LookupError("not a communicator")
-
-
 def _fail_fast_on_stub(fn: Callable, *args: Any) -> None:
-    """Raise the stub's NotImplementedError here, before any engine is busy; else do nothing."""
+    """Raise a stub's NotImplementedError here, before any engine is busy; else do nothing."""
     try:
-        fn(_NoComm(), np.zeros(3, np.float32), *args)
+        fn(None, np.zeros(3, np.float32), *args)  # no communicator: a real answer stops at once
     except NotImplementedError:
         raise
     except Exception:  # noqa: BLE001 - a real answer uses comm: the engines will judge it
         pass
 
 
-def prepare_engines(cluster: Any) -> None:
-    """Give 4 engines the checks' communicator and the training code (slow once: a set-up cell)."""
+def _connect(cluster: Any) -> list[int]:
+    """Make sure the first 4 engines have the checks' communicator; return their ids."""
     from course_lib.parallel.engines import ensure_communicators, select_engines
 
     assert cluster.world_size >= 4, f"A3 needs 4 engines, not {cluster.world_size}"
     ids = select_engines(cluster, 4)
     ensure_communicators(cluster, ids, "gloo", None, COMM_TIMEOUT)  # the runs' own dp_comm
+    return ids
+
+
+def prepare_engines(cluster: Any) -> None:
+    """Give 4 engines the checks' communicator and the training code (slow once: a set-up cell)."""
+    ids = _connect(cluster)
     # Load what a run needs once, here, so that the first check cell is not the slow one.
-    cluster.client[ids].apply_sync(check_digits)
+    cluster.client[ids].execute("from course_lib.checks.a3 import check_digits; check_digits()",
+                                block=True)  # fmt: skip
     check_digits()
 
 
@@ -278,10 +271,7 @@ def _engine_check(kind: str, fn: Callable, cluster: Any, cases: list, options: d
     from course_lib.parallel.engines import COMM_NAME, DataParallelError, run_on_engines
 
     _fail_fast_on_stub(fn, *([0] if kind == "ps" else []))
-    prepare_engines(cluster)  # nothing to do when the set-up cell did it
-    ids = cluster.ids_by_rank[:4]
-    _register(kind, fn)
-    cluster.client[ids].apply_sync(_register, kind, fn)
+    ids = _connect(cluster)  # nothing to do when the set-up cell did it
     for size, server in cases:
         try:  # a hang is recovered and a dead engine named, never a stuck check cell
             reasons = run_on_engines(cluster, ids, _probe, (kind, fn, size, server, COMM_NAME),
@@ -295,13 +285,15 @@ def _engine_check(kind: str, fn: Callable, cluster: Any, cases: list, options: d
 
 # ---- A3.1 --------------------------------------------------------------------------------------
 def check_parameter_server(fn: Callable, cluster: Any, *, verbose: bool = True) -> Verdict:
-    """A3.1: ``fn(comm, flat, server)`` leaves in ``flat`` the mean of every rank's, via ``server``."""
+    """A3.1: ``fn(comm, flat, server)`` leaves in ``flat`` the mean over ranks, via ``server``."""
     cases = [(size, server) for size in (1, 10, 599) for server in (0, 3)]
 
     def body() -> str:
         steps = _engine_check("ps", fn, cluster, cases, {"server": TRAIN_SERVER})
-        return (f"4 ranks, servers 0 and 3: the mean, server (N-1)S each way, workers S; "
-                f"{steps} training steps with server rank {TRAIN_SERVER} equal to one process")  # fmt: skip
+        return (
+            f"4 ranks, servers 0 and 3: the mean, server (N-1)S each way, workers S; "
+            f"{steps} training steps with server rank {TRAIN_SERVER} equal to one process"
+        )
 
     return run_check("A3.1", "ps_average", body, max_points=A3_POINTS["A3.1"], verbose=verbose)
 
@@ -349,7 +341,7 @@ def check_bucket_layout(fn: Callable, *, verbose: bool = True) -> Verdict:
 
 # ---- A3.3 --------------------------------------------------------------------------------------
 def check_bucket_average(fn: Callable, cluster: Any, *, verbose: bool = True) -> Verdict:
-    """A3.3: ``fn(comm, flat)`` averages one bucket by a ring; it trains in the bucketed exchange."""
+    """A3.3: ``fn(comm, flat)`` averages one bucket by a ring, inside the bucketed exchange."""
     cases = [(size, 0) for size in PROBE_SIZES]
 
     def body() -> str:
