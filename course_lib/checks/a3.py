@@ -18,6 +18,7 @@ rounding, :mod:`course_lib.parallel.reference`) and move the method's bytes in e
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from types import SimpleNamespace
 from typing import Any
@@ -190,7 +191,7 @@ def _fail(exc: BaseException) -> None:
 def _train_and_compare(cluster: Any, kind: str, fn: Callable, **options: Any) -> int:
     """Train with the student's exchange; compare with one process; return the steps run."""
     from course_lib.parallel.data_parallel import DataParallelError, train_data_parallel
-    from course_lib.parallel.reference import ATOL, RTOL, train_one_process, weights_match
+    from course_lib.parallel.reference import ATOL, RTOL, weights_match
 
     method = PS_METHOD if kind == "ps" else BUCKET_METHOD
     _register(kind, fn)  # the seam: an exchange chosen by name, here and on every engine
@@ -205,8 +206,7 @@ def _train_and_compare(cluster: Any, kind: str, fn: Callable, **options: Any) ->
         f"the replicas differ by up to {result.max_replica_difference:.2e} after training: "
         "every rank must end each step with the same averaged gradient"
     )
-    reference = train_one_process(A3Net, check_digits, CONFIG)
-    assert weights_match(result.weights, reference), (
+    assert weights_match(result.weights, _reference()), (
         "the replicas agree with each other but not with one process trained on the whole "
         f"batch (beyond {ATOL:g} + {RTOL:g} |w|): average every gradient over all N ranks"
     )
@@ -227,6 +227,14 @@ def _train_and_compare(cluster: Any, kind: str, fn: Callable, **options: Any) ->
         assert ok, (f"rank {rank} sent {sent} bytes in step {step} of training ({sum(sizes)} "
                     f"trainable values); the method sends {what}")  # fmt: skip
     return len(result.records) // result.world_size
+
+
+@functools.cache
+def _reference() -> dict[str, np.ndarray]:
+    """The weights of one process trained on the whole global batches (the same every time)."""
+    from course_lib.parallel.reference import train_one_process
+
+    return train_one_process(A3Net, check_digits, CONFIG)
 
 
 def _a3net_sizes() -> list[int]:
@@ -262,9 +270,10 @@ def prepare_engines(cluster: Any) -> None:
     """Give 4 engines the checks' communicator and the training code (slow once: a set-up cell)."""
     ids = _connect(cluster)
     # Load what a run needs once, here, so that the first check cell is not the slow one.
-    cluster.client[ids].execute("from course_lib.checks.a3 import check_digits; check_digits()",
-                                block=True)  # fmt: skip
-    check_digits()
+    warm_up = "import course_lib.parallel.registry, course_lib.parallel.replica"
+    cluster.client[ids].execute(f"{warm_up}; from course_lib.checks.a3 import check_digits; "
+                                "check_digits()", block=True)  # fmt: skip
+    _reference()
 
 
 def _engine_check(kind: str, fn: Callable, cluster: Any, cases: list, options: dict) -> str:
