@@ -93,6 +93,7 @@ def _solutions(nb: nbformat.NotebookNode) -> list[str]:
     [
         "A1_sgd_conv",
         "A2_rabenseifner_allreduce",
+        "A3_data_parallel",
         "A4_local_sgd_gossip",
         "A5_compression",
         "A6_model_pipeline",
@@ -138,6 +139,7 @@ def test_every_check_cell_imports_its_own_checker():
     for name in (
         "A1_sgd_conv",
         "A2_rabenseifner_allreduce",
+        "A3_data_parallel",
         "A4_local_sgd_gossip",
         "A5_compression",
         "A6_model_pipeline",
@@ -246,6 +248,7 @@ def test_guard_lets_ordinary_answers_through():
     for name in (
         "A1_sgd_conv",
         "A2_rabenseifner_allreduce",
+        "A3_data_parallel",
         "A4_local_sgd_gossip",
         "A5_compression",
         "A6_model_pipeline",

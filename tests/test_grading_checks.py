@@ -26,7 +26,14 @@ ROOT = Path(__file__).resolve().parents[1]
 SOURCES = ROOT / "assignments" / "source"
 CHECKS = ROOT / "assignments" / "checks"
 RELEASED = ROOT / "notebooks" / "assignments"
-NAMES = ["A1_sgd_conv", "A2_rabenseifner_allreduce", "A4_local_sgd_gossip", "A5_compression"]
+NAMES = [
+    "A1_sgd_conv",
+    "A2_rabenseifner_allreduce",
+    "A3_data_parallel",
+    "A4_local_sgd_gossip",
+    "A5_compression",
+    "A6_model_pipeline",
+]
 
 WRONG_LOSS = """
 def smoothed_cross_entropy(W, b, X, y, eps):
