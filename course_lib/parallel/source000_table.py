@@ -14,7 +14,17 @@ sent the U-Net's 8.33 MB gradient as float32, float16, int8 and int8 + mgzip and
 from 97.0 s to 43.6 s; int8 hurt accuracy and the fix (error feedback, Seide et al. 2014) was left
 for later. :data:`PAPER_TABLE2` holds their numbers (labelled as the paper's); :data:`CONFIGS`
 runs the same formats through the kit's compressed exchange on the same star (carrier
-``parameter_server``), plus int8 + error feedback, + zstd, and the kit's best combination.
+``parameter_server``), plus int8 + error feedback, + zstd, the same rounded to nearest, and the
+kit's best combination.
+
+Why int8 + error feedback with the source's one scale and truncating cast lost accuracy here
+(``bench/bench_ef_diagnosis.py``): one max-abs scale for the whole 1.94 M-value gradient rounds
+99.9 % of the values to zero, so error feedback turns int8 into a sparsifier whose values leave
+in bursts, once their residual reaches a whole step max/127; and Adam, which divides each
+coordinate by its running RMS, moves a coordinate whose gradient sum arrives in bursts every k
+steps about sqrt(k) times less than one that gets it every step (SGD would move it the same).
+Rounding to nearest halves the step a residual must reach, and a scale per tensor removes most
+of the flushing; either brought the simulated run back to float32's accuracy.
 
 A CPU computes the U-Net far slower than their GPUs, so at 1 Gbit/s the epoch here is
 compute-bound; :func:`source_regime_rate` picks the link rate at which float32 synchronisation
