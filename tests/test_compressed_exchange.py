@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 from torch.utils.data import TensorDataset
 
+from course_lib.comm.emulated_link import EmulatedLink
 from course_lib.data.digits import load_digits
 from course_lib.parallel.compressed import CompressedExchange
 from course_lib.parallel.data_parallel import DataParallelError, train_data_parallel
@@ -169,3 +170,31 @@ def test_ddp_hook_equals_the_kits_exchange_with_the_same_compressor(cluster):
     assert _max_difference(hooked, exchanged) == 0.0
     plain = _train(cluster, SHORT, "ring", dataset=small_digits)
     assert _max_difference(hooked, plain) > 1e-4  # int8 did change the training
+
+
+def test_ddp_hook_holds_each_bucket_for_what_it_sent_on_the_emulated_link(cluster):
+    # A slow emulated link (0.5 MB/s, 0.1 ms): each bucket's booked link time follows the collective
+    # formulas for the bytes the hook sent; the bucket is held back at least that long; the
+    # communicator counts those bytes, not the float32 bucket's.
+    link, n = EmulatedLink(bandwidth=5e5, latency=1e-4), 2
+    int8 = _train(cluster, SHORT, "ddp_compressed", dataset=small_digits, link=link,
+                  compressor="int8", error_feedback=True)  # fmt: skip
+    half = _train(cluster, SHORT, "ddp_compressed", dataset=small_digits, link=link,
+                  compressor="float16")  # fmt: skip
+    for result in (int8, half):
+        buckets = [b for rec in result.records for b in rec["buckets"]]
+        assert buckets and all(b["nbytes"] == MLP_BYTES for b in buckets)
+        for rec in result.records:
+            assert rec["collective_bytes"] == sum(n for b in rec["buckets"] for _, n in b["wire"])
+        for b in buckets:
+            want = sum(link.collective_time(name, size, n) for name, size in b["wire"])
+            assert b["link_s"] == pytest.approx(want)
+            assert b["end"] - b["start"] >= b["link_s"]  # held back (a lower bound, no race)
+    for b in (b for rec in int8.records for b in rec["buckets"]):
+        (sizes, one_size), (frames, padded) = b["wire"]
+        assert (sizes, one_size) == ("allgather", 8 * n) and frames == "allgather"
+        assert n * (MLP_BYTES // 4) < padded < n * (MLP_BYTES // 4 + 200)  # int8 + header each
+        assert b["link_s"] == pytest.approx((n - 1) * (2e-4 + (8 * n + padded) / n / 5e5))
+    for b in (b for rec in half.records for b in rec["buckets"]):
+        assert [tuple(w) for w in b["wire"]] == [("allreduce", MLP_BYTES // 2)]
+        assert b["link_s"] == pytest.approx(2 * (n - 1) * (1e-4 + MLP_BYTES / 2 / n / 5e5))

@@ -181,6 +181,51 @@ def test_error_feedback_refuses_a_tensor_that_changed_size():
         ErrorFeedback(comp)
 
 
+def test_momentum_correction_without_compression_is_momentum_sgd():
+    # DGC (Lin et al. 2018): velocity on the rank, plain SGD on what arrives == momentum SGD.
+    rng = np.random.default_rng(7)
+    grads = [torch.from_numpy(rng.standard_normal(6).astype(np.float32)) for _ in range(12)]
+    theirs, ours = torch.zeros(6, requires_grad=True), torch.zeros(6, requires_grad=True)
+    momentum_sgd = torch.optim.SGD([theirs], lr=0.1, momentum=0.9)
+    plain_sgd = torch.optim.SGD([ours], lr=0.1)
+    comp = ErrorFeedback(make("none"), momentum=0.9)
+    for g in grads:
+        theirs.grad = g.clone()
+        momentum_sgd.step()
+        payload, ctx = comp.compress(g, "w")
+        ours.grad = torch.from_numpy(comp.decompress(payload, ctx))
+        plain_sgd.step()
+    assert torch.equal(theirs, ours)
+    assert not torch.equal(ours, -0.1 * torch.stack(grads).sum(0))  # momentum did act
+
+
+@pytest.mark.parametrize("name", ["int8", "topk"])
+def test_momentum_correction_keeps_the_running_sum_of_velocities(name):
+    rng = np.random.default_rng(8)
+    comp, mu = make(name, error_feedback=True, momentum_correction=0.5), 0.5
+    velocity, velocities, sent = np.zeros(40), np.zeros(40), np.zeros(40)
+    for _ in range(25):
+        g = rng.standard_normal(40).astype(np.float32)
+        velocity = mu * velocity + g  # u_t = mu u_{t-1} + g_t, from the formula
+        velocities += velocity
+        payload, ctx = comp.compress(g, "w")
+        sent += comp.decompress(payload, ctx)
+    assert np.allclose(sent + comp.residuals["w"], velocities, atol=1e-4)
+    assert np.abs(sent - velocities).max() > 5e-3  # something was held back
+
+
+def test_momentum_factor_masking_restarts_the_velocity_of_sent_values():
+    comp = ErrorFeedback(make("topk", ratio=0.25), momentum=0.9, masking=True)
+    g = np.array([4.0, 1.0, 0.5, 0.25], np.float32)
+    payload, ctx = comp.compress(g, "w")
+    assert comp.decompress(payload, ctx).tolist() == [4.0, 0.0, 0.0, 0.0]
+    assert comp.velocities["w"].tolist() == [0.0, 1.0, 0.5, 0.25]
+    with pytest.raises(ValueError, match=r"momentum=1.0: .* in \[0, 1\)"):
+        ErrorFeedback(make("int8"), momentum=1.0)
+    with pytest.raises(ValueError, match="add error_feedback=True"):
+        make_compressor("int8", momentum_correction=0.9)
+
+
 # ---- source 000's int8, bit for bit ---------------------------------------------------------
 
 

@@ -121,6 +121,18 @@ def test_goal_verdicts() -> None:
     stuck = goal_verdicts([base, _row("best", 4.0, 0.80)], majority=0.8)
     assert "speed MET" in stuck[0] and "accuracy NOT CHECKED" in stuck[0]
     assert ": MET;" in goal_verdicts([base, _row("best", 4.0, 0.80)], majority=0.5)[0]
+    nearest = goal_verdicts([base, _row("int8n+EF+zstd", 4.0, 0.795), _row("int8", 4.0, 0.5)])
+    assert len(nearest) == 1 and "int8n+EF+zstd: 2.50x" in nearest[0]  # plain int8 not judged
+
+
+def test_every_configuration_builds_a_valid_exchange() -> None:
+    from course_lib.parallel.compressed import CompressedExchange
+
+    for config in CONFIGS_BY_NAME.values():
+        exchange = CompressedExchange(**config.options)  # settings validated with advice
+        assert exchange.carrier in ("parameter_server", "allgather"), config.name
+    nearest = CompressedExchange(**CONFIGS_BY_NAME["int8n+EF+zstd"].options).compressor
+    assert nearest.compressor.settings.rounding == "nearest"
 
 
 def test_side_by_side_table_shows_the_papers_numbers() -> None:

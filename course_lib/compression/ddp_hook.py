@@ -48,6 +48,9 @@ class CompressionHookState:
     process_group: Any = None
     #: ``id(parameter) -> its position in the model`` (:meth:`set_model`); empty: bucket order.
     positions: dict[int, int] = field(default_factory=dict)
+    #: ``(collective, bytes)`` of every collective the hook started, appended per bucket (the
+    #: bytes as ``EmulatedLink.collective_time`` counts them: an allgather's whole output).
+    wire: list[tuple[str, int]] = field(default_factory=list)
 
     def set_model(self, params: list[torch.nn.Parameter]) -> None:
         """Lay buckets out in the order of ``params`` (e.g. ``list(model.parameters())``)."""
@@ -75,6 +78,7 @@ def compression_hook(state: CompressionHookState, bucket: Any) -> torch.futures.
     if state.summable:
         state.compressor.prescale(payload, world_size)  # what fp16_compress_hook's div_ does
         values = torch.from_numpy(payload.parts["values"])
+        state.wire.append(("allreduce", values.numel() * values.element_size()))
         fut = dist.all_reduce(values, group=group, async_op=True).get_future()
 
         def unpack_sum(f: torch.futures.Future) -> torch.Tensor:
@@ -87,6 +91,7 @@ def compression_hook(state: CompressionHookState, bucket: Any) -> torch.futures.
     sizes = torch.empty(world_size, dtype=torch.int64)
     dist.all_gather_into_tensor(sizes, torch.tensor([frame.numel()]), group=group)
     longest = int(sizes.max())
+    state.wire += [("allgather", sizes.numel() * 8), ("allgather", world_size * longest)]
     padded = torch.zeros(longest, dtype=torch.uint8)
     padded[: frame.numel()] = frame
     rows = torch.empty(world_size * longest, dtype=torch.uint8)

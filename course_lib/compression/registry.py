@@ -37,8 +37,18 @@ COMPRESSORS: dict[str, tuple[type[Compressor], type | None]] = {
 }
 
 
-def make_compressor(name: str, *, error_feedback: bool = False, **settings: Any) -> Compressor:
-    """Return a new compressor ``name`` with ``settings``, wrapped in error feedback if asked."""
+def make_compressor(
+    name: str, *, error_feedback: bool = False, momentum_correction: float = 0.0, **settings: Any
+) -> Compressor:
+    """Return a new compressor ``name`` with ``settings``, wrapped in error feedback if asked.
+
+    ``momentum_correction``: DGC's momentum correction inside the error feedback (the SGD
+    momentum, e.g. 0.9; train with ``momentum=0`` then).
+    """
+    if momentum_correction and not error_feedback:
+        raise ValueError(
+            "momentum_correction lives in the error feedback's memory: add error_feedback=True"
+        )
     try:
         cls, settings_cls = COMPRESSORS[name]
     except (KeyError, TypeError):
@@ -51,4 +61,6 @@ def make_compressor(name: str, *, error_feedback: bool = False, **settings: Any)
         takes = f"it takes {', '.join(fields)}" if fields else "it takes no settings"
         raise ValueError(f"compressor {name!r} has no setting {', '.join(unknown)}: {takes}")
     compressor = cls(settings_cls(**settings)) if settings_cls else cls()
-    return ErrorFeedback(compressor) if error_feedback else compressor
+    if not error_feedback:
+        return compressor
+    return ErrorFeedback(compressor, momentum=momentum_correction)

@@ -70,6 +70,9 @@ class CompressedExchange(GradientExchange):
             ``attach`` works on a fresh copy of it; one defined in a notebook travels by value).
         settings: the compressor's settings, e.g. ``{"ratio": 0.01}`` for ``topk``.
         error_feedback: keep what compression dropped and send it later (per tensor).
+        momentum_correction: DGC's momentum correction in the error feedback (Lin et al. 2018):
+            the SGD momentum, e.g. 0.9, applied on each rank before compression; train with
+            ``TrainConfig(momentum=0)`` then (the receivers apply plain SGD to the mean).
         codec, level, codec_options: the lossless stage (``none``, ``zlib``, ``zstd``, ``mgzip``).
         carrier: ``auto`` (allreduce when payloads can be summed and no codec is used, else
             allgather), ``allreduce``, ``allgather`` or ``parameter_server``.
@@ -89,7 +92,13 @@ class CompressedExchange(GradientExchange):
         codec_options: dict[str, Any] | None = None,
         carrier: str = "auto",
         granularity: str = "flat",
+        momentum_correction: float = 0.0,
     ) -> None:
+        if momentum_correction and not error_feedback:
+            raise ValueError(
+                "momentum_correction lives in the error feedback's memory: add error_feedback=True"
+            )
+        self.momentum_correction = float(momentum_correction)
         if isinstance(compressor, Compressor):
             if settings:
                 raise ValueError(
@@ -130,22 +139,23 @@ class CompressedExchange(GradientExchange):
             )
         self.carrier, self.granularity = carrier, granularity
 
-    def _new_compressor(self) -> Compressor:
+    def _new_compressor(self, momentum: float | None = None) -> Compressor:
+        momentum = self.momentum_correction if momentum is None else momentum
         if self.prototype is not None:  # a fresh copy: no residuals shared between runs
             fresh = copy.deepcopy(self.prototype)
-            return ErrorFeedback(fresh) if self.error_feedback else fresh
-        return make_compressor(
-            self.compressor_name, error_feedback=self.error_feedback, **self.settings
-        )
+            return ErrorFeedback(fresh, momentum=momentum) if self.error_feedback else fresh
+        return make_compressor(self.compressor_name, error_feedback=self.error_feedback,
+                               momentum_correction=momentum, **self.settings)  # fmt: skip
 
     def _new_downlink(self) -> Compressor:
         """Return the compressor for the server's mean: the mean of sparse vectors is sparse
         (at most N k values), so its non-zeros go exactly; quantisers quantise it again, with
         their own error feedback when asked (source 000 sent int8 both ways); a compressor
-        object of your own compresses the mean again with a fresh copy of itself."""
+        object of your own compresses the mean again with a fresh copy of itself. The mean is
+        of velocities already under momentum correction: no second momentum on the way down."""
         if self.prototype is None and self.compressor_name in SPARSIFIERS:
             return make_compressor("threshold", threshold=0.0)
-        return self._new_compressor()
+        return self._new_compressor(momentum=0.0)
 
     def attach(self, comm: Communicator, net: nn.Module) -> nn.Module:
         """Start fresh residuals and give stochastic compressors this rank's random stream."""
@@ -257,6 +267,11 @@ class CompressedExchange(GradientExchange):
 
     def __repr__(self) -> str:
         ef = " + error feedback" if self.error_feedback else ""
+        ef += (
+            f" (momentum correction {self.momentum_correction:g})"
+            if self.momentum_correction
+            else ""
+        )
         return (f"<CompressedExchange {self.compressor_name}{ef}, codec {self.codec_name}, "
                 f"{self.carrier}, {self.granularity}>")  # fmt: skip
 

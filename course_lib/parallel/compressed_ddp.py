@@ -7,8 +7,11 @@
     train_data_parallel(cluster, ..., method="ddp_compressed", hook="torch_fp16")  # torch's
 
 Both wrap the model in ``DistributedDataParallel`` as :class:`~course_lib.parallel.ddp_bridge.DDPExchange`
-does and record each bucket's interval for the timeline. The emulated link is not applied to
-compressed buckets (their size on the wire is known only inside the hook).
+does and record each bucket's interval for the timeline. On an emulated link each bucket is
+held back for the time the link takes to carry what the hook actually sent (the collectives and
+bytes it reports in ``CompressionHookState.wire``: a compressed allreduce, or the sizes and the
+padded frames of an allgather), so the kit's exchange and this bridge are compared on the same
+link. Each bucket's record says what travelled (``wire``) and the link's time for it (``link_s``).
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from typing import Any
 
 import torch
 
+from course_lib.comm.emulated_link import sleep_until
 from course_lib.compression.codecs import make_codec
 from course_lib.compression.ddp_hook import CompressionHookState, compression_hook
 from course_lib.compression.registry import make_compressor
@@ -33,7 +37,8 @@ class CompressedDDPExchange(DDPExchange):
     """DDP whose buckets go through a compression hook.
 
     Args:
-        compressor, settings, error_feedback, codec, level: as for method ``compressed``.
+        compressor, settings, error_feedback, codec, level, momentum_correction: as for method
+            ``compressed``.
         hook: ``kit`` (:func:`~course_lib.compression.ddp_hook.compression_hook` with the
             compressor) or ``torch_fp16`` (torch's ``fp16_compress_hook``, for comparison).
         bucket_bytes: DDP's bucket size in bytes.
@@ -50,17 +55,20 @@ class CompressedDDPExchange(DDPExchange):
         level: int | None = None,
         hook: str = "kit",
         bucket_bytes: int = 25 << 20,
+        momentum_correction: float = 0.0,
     ) -> None:
         super().__init__(bucket_bytes)
         if hook not in HOOKS:
             raise ValueError(f"hook={hook!r}: choose one of {', '.join(HOOKS)}")
         self.hook = hook
-        self.spec = (compressor, dict(settings or {}), bool(error_feedback), codec, level)
+        self.spec = (compressor, dict(settings or {}), bool(error_feedback), codec, level,
+                     float(momentum_correction))  # fmt: skip
         self._state = self._new_state()  # validates the settings here, before any engine works
 
     def _new_state(self) -> CompressionHookState:
-        compressor, settings, error_feedback, codec, level = self.spec
-        comp = make_compressor(compressor, error_feedback=error_feedback, **settings)
+        compressor, settings, error_feedback, codec, level, momentum = self.spec
+        comp = make_compressor(compressor, error_feedback=error_feedback,
+                               momentum_correction=momentum, **settings)  # fmt: skip
         return CompressionHookState(comp, make_codec(codec, level=level))
 
     def attach(self, comm, net):  # noqa: ANN001, ANN201 - same signature as DDPExchange.attach
@@ -75,18 +83,24 @@ class CompressedDDPExchange(DDPExchange):
     def _hook(self, state, bucket):  # noqa: ANN001, ANN202 - DDP rejects string annotations
         """Run the chosen compression hook on one bucket, recording its interval."""
         start = time.time()
+        buffer = bucket.buffer()
+        self._state.wire = []
         if self.hook == "torch_fp16":
             from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import (
                 fp16_compress_hook,
             )
 
             fut = fp16_compress_hook(self._state.process_group, bucket)
+            self._state.wire.append(("allreduce", buffer.numel() * 2))  # float16 values
         else:
             fut = compression_hook(self._state, bucket)
-        nbytes = bucket.buffer().numel() * bucket.buffer().element_size()
+        nbytes = buffer.numel() * buffer.element_size()
         record = {"index": bucket.index(), "nbytes": nbytes, "ready": start, "start": start}
+        until = self._book_link(record, self._state.wire)
 
         def finished(f: torch.futures.Future) -> torch.Tensor:
+            if until:
+                sleep_until(until)
             record["end"] = time.time()
             self._records.append(record)
             return f.value()

@@ -64,12 +64,7 @@ class DDPExchange(GradientExchange):
         group = getattr(self.comm, "group", None)
         fut = dist.all_reduce(buf, group=group, async_op=True).get_future()
         record = {"index": bucket.index(), "nbytes": nbytes, "ready": start, "start": start}
-        link = self.comm.link
-        if link is not None:  # the emulated link serialises buckets: each waits for the last
-            begin = max(start, self._link_free_at)
-            self._link_free_at = begin + link.collective_time("allreduce", nbytes,
-                                                              self.comm.world_size)  # fmt: skip
-        until = self._link_free_at if link is not None else 0.0
+        until = self._book_link(record, [("allreduce", nbytes)])
 
         def finished(f: torch.futures.Future) -> torch.Tensor:
             if until:
@@ -80,12 +75,30 @@ class DDPExchange(GradientExchange):
 
         return fut.then(finished)
 
+    def _book_link(self, record: dict[str, Any], wire: list[tuple[str, int]]) -> float:
+        """Book the emulated link for a bucket's collectives ``(name, nbytes)``; return when the
+        bucket may finish (0.0 without a link). The record gets ``wire`` and ``link_s``.
+
+        The link serialises buckets: each starts when the last one left it. ``link_s`` is the
+        link's time for this bucket's collectives, ``EmulatedLink.collective_time`` summed.
+        """
+        record["wire"] = [(name, int(n)) for name, n in wire]
+        link = self.comm.link
+        if link is None:
+            return 0.0
+        n = self.comm.world_size
+        record["link_s"] = sum(link.collective_time(name, b, n) for name, b in wire)
+        begin = max(record["start"], self._link_free_at)
+        self._link_free_at = begin + record["link_s"]
+        return self._link_free_at
+
     def exchange(self, comm: Communicator, net: nn.Module, timeline: StepTimeline) -> None:
         """Nothing to send (DDP reduced during backward); move the bucket records to the timeline."""
         now = time.time()
-        stat = comm.stats.collective("allreduce")
         for record in sorted(self._records, key=lambda r: r["start"]):
             timeline.buckets.append(record)
-            stat.calls, stat.bytes = stat.calls + 1, stat.bytes + record["nbytes"]
+            for name, nbytes in record.get("wire", [("allreduce", record["nbytes"])]):
+                stat = comm.stats.collective(name)  # what travelled: compressed buckets less
+                stat.calls, stat.bytes = stat.calls + 1, stat.bytes + nbytes
         self._records.clear()
         timeline.mark("comm", now)
