@@ -22,15 +22,6 @@ def pytest_configure(config: pytest.Config) -> None:
     # Notebooks and tests pick their own cluster; a developer's lab settings must not leak in.
     for name in ("COURSE_CLUSTER_KIND", "COURSE_CLUSTER_PROFILE", "COURSE_CLUSTER_FILE"):
         os.environ.pop(name, None)
-    config.addinivalue_line("markers", "xdist_group(name): run on one pytest-xdist worker")
-
-
-@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups (--dist loadgroup)
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Keep every test on the shared engine pool in one xdist group: one pool, not one a worker."""
-    for item in items:
-        if "local_engines" in getattr(item, "fixturenames", ()):
-            item.add_marker(pytest.mark.xdist_group("local_engines"))
 
 
 # -- one pool of local engines for the modules that only use engines ------------------------------
