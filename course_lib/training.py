@@ -90,7 +90,7 @@ class History:
 
     def plot(self, title: str = "") -> Figure:
         """Return a figure: losses on the left, accuracy (and mIoU) on the right, per epoch."""
-        fig = Figure(figsize=(8, 3), dpi=72)
+        fig = Figure(figsize=(8, 3), dpi=100)
         ax_loss, ax_acc = fig.subplots(1, 2)
         for ax, names in ((ax_loss, ("loss",)), (ax_acc, ("accuracy", "miou"))):
             for split in ("train", "test"):

@@ -104,7 +104,7 @@ class AsyncResult:
         ``seconds`` is a window since the run began (default: the first 0.5 s of work).
         """
         lo, hi = seconds if seconds is not None else (0.0, 0.5)
-        fig = Figure(figsize=(8, 0.9 + 0.6 * self.world_size), dpi=72)
+        fig = Figure(figsize=(8, 0.9 + 0.6 * self.world_size), dpi=100)
         ax = fig.subplots()
         seen: set[str] = set()
 
@@ -132,7 +132,7 @@ class AsyncResult:
 
     def plot_staleness(self) -> Figure:
         """Return a histogram per worker of the staleness (in updates) of its applied gradients."""
-        fig = Figure(figsize=(6, 3), dpi=72)
+        fig = Figure(figsize=(6, 3), dpi=100)
         ax = fig.subplots()
         top = max((a["staleness"] for a in self.applied), default=0)
         bins = [b - 0.5 for b in range(top + 2)]
@@ -152,7 +152,7 @@ class AsyncResult:
         """Return test accuracy against applied updates (``x="updates"``) or wall time (``"seconds"``)."""
         if x not in ("updates", "seconds"):
             raise ValueError(f"x={x!r}: choose 'updates' or 'seconds'")
-        fig = Figure(figsize=(5, 3), dpi=72)
+        fig = Figure(figsize=(5, 3), dpi=100)
         ax = fig.subplots()
         ax.plot([h[x] for h in self.history], [h["test_accuracy"] for h in self.history], "o-",
                 ms=3, label=self.scheme)  # fmt: skip

@@ -19,7 +19,7 @@ _LABELS = {"compute": "forward + backward", "wait": "waiting for the slowest ran
 
 def plot_breakdown(rows: list[dict[str, Any]], title: str = "") -> Figure:
     """Return a stacked bar per rank of median milliseconds per phase (rows: ``summarize_steps``)."""
-    fig = Figure(figsize=(6, 3), dpi=72)
+    fig = Figure(figsize=(6, 3), dpi=100)
     ax = fig.subplots()
     ranks = [r["rank"] for r in rows]
     bottom = [0.0] * len(rows)
@@ -54,7 +54,7 @@ def plot_timeline(
         raise ValueError(f"no steps in range {lo}..{hi - 1}; the run has steps 0..{last}")
     t0 = min(r["compute_at"][0] for r in chosen)
     ranks = sorted({r["rank"] for r in chosen})
-    fig = Figure(figsize=(8, 0.8 + 0.7 * len(ranks)), dpi=72)
+    fig = Figure(figsize=(8, 0.8 + 0.7 * len(ranks)), dpi=100)
     ax = fig.subplots()
     seen: set[str] = set()
     for r in chosen:
