@@ -13,8 +13,8 @@ data parallelism, the tensor-parallel dense head and a 1F1B pipeline: every coll
 goes round the kit's ring from point-to-point messages, so the bytes are bytes sent (mean over
 ranks, beside the cost model). Communication time is shown twice: inside the step (it includes
 waiting for the slowest rank's compute) and for the same collectives run alone after a barrier,
-the latter beside the alpha-beta-gamma prediction from a ping-pong calibration of the same
-engines (and a measured gamma). On a loaded machine the times say more about the load. On a machine with fewer cores than engines the stages take turns on the
+the latter beside the alpha-beta prediction from a timed ring allreduce on the same engines
+(cost_model.collective_calibration; a ping-pong fit was 2-4.7x off on loopback). On a loaded machine the times say more about the load. On a machine with fewer cores than engines the stages take turns on the
 cores, so the measured bubble there says more about the machine than about the schedule.
 
     .venv/bin/python bench/bench_model_parallel.py            # 2 and 4 engines
@@ -234,7 +234,7 @@ def _time_collectives(calls: list, repeats: int) -> float:
 def cnn_table(cluster, p: int, repeats: int) -> None:
     """Print the SmallCNN rows: data, tensor head, hybrid, pipeline on ``p`` engines."""
     link = cluster.run(_calibrate, timeout=300)[0]
-    print(f"\n{p} engines, SmallCNN, batch {CNN_BATCH}; link fitted by ping-pong: alpha "
+    print(f"\n{p} engines, SmallCNN, batch {CNN_BATCH}; link fitted by the timed ring allreduce: alpha "
           f"{link.alpha * 1e6:.0f} us, {link.bandwidth / 1e9:.2f} GB/s, "
           f"gamma {link.gamma * 1e9:.2f} ns/B")  # fmt: skip
     print(f"  {'strategy':9s} {'step ms':>8s} {'bytes/rank':>11s} {'predicted':>10s} {'err':>5s} "
@@ -261,8 +261,11 @@ def _calibrate() -> LinkModel:
     from course_lib import cost_model  # a module: this function runs on the engines
 
     comm = get_ipython().user_ns["comm"]
-    fit = cost_model.ping_pong(comm, sizes=[2**k for k in range(10, 23, 2)]).model
-    return cost_model.LinkModel(fit.alpha, fit.beta, cost_model.measure_gamma())
+    # The collective's own fit, not a ping-pong: one idle pair is not what a ring step sees
+    # (cost_model.collective_calibration); its beta already holds the reduction arithmetic.
+    return cost_model.collective_calibration(
+        comm, "ring_allreduce", sizes=[2**18, 2**20, 2**22]
+    ).model
 
 
 def predicted_bytes(kind: str, p: int, rank: int, m: int = 1) -> int:
