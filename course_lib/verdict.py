@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["Verdict", "assert_close", "run_check"]
+__all__ = ["Verdict", "assert_close", "reraise_stub", "run_check"]
 
 
 @dataclass(frozen=True)
@@ -73,6 +73,19 @@ def run_check(
     if verbose:
         print(verdict)
     return verdict
+
+
+def reraise_stub(exc: BaseException) -> None:
+    """Raise ``NotImplementedError`` when an engine's error is a stub's, so the verdict says so.
+
+    ipyparallel wraps an engine's exception (``RemoteError``, or a ``CompositeError`` holding one
+    per engine); a stub's ``NotImplementedError`` inside becomes ``FAIL (not implemented yet)``.
+    """
+    errors = [(exc.ename, exc.evalue)] if hasattr(exc, "ename") else []
+    errors += [(e[0], e[1]) for e in getattr(exc, "elist", [])]  # a CompositeError's
+    for name, value in errors:
+        if name == "NotImplementedError":
+            raise NotImplementedError(value) from None
 
 
 def assert_close(name: str, got: object, expected: np.ndarray, atol: float = 1e-8) -> None:

@@ -43,6 +43,14 @@ from course_lib.grading.guard import answer_problem, protected_names, rejected_a
 ROOT = Path(__file__).resolve().parents[1]
 SOURCES = ROOT / "assignments" / "source"
 RELEASED = ROOT / "notebooks" / "assignments"
+ASSIGNMENTS = [
+    "A1_sgd_conv",
+    "A2_rabenseifner_allreduce",
+    "A3_data_parallel",
+    "A4_local_sgd_gossip",
+    "A5_compression",
+    "A6_model_pipeline",
+]
 # Generous per cell: A2's set-up cell starts 4 engines (11 s on a quiet machine). No test here
 # expects a timeout under these limits, so a generous limit costs nothing.
 LIMITS = GradingLimits(cell_seconds=45, total_seconds=300)
@@ -88,17 +96,7 @@ def _solutions(nb: nbformat.NotebookNode) -> list[str]:
 # -- release -----------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(
-    "name",
-    [
-        "A1_sgd_conv",
-        "A2_rabenseifner_allreduce",
-        "A3_data_parallel",
-        "A4_local_sgd_gossip",
-        "A5_compression",
-        "A6_model_pipeline",
-    ],
-)
+@pytest.mark.parametrize("name", ASSIGNMENTS)
 def test_released_notebooks_are_up_to_date_and_hold_no_solution(name):
     source = _source(name)
     fresh = release_notebook(source, source.metadata["course"]["assignment"])
@@ -136,14 +134,7 @@ def test_release_drops_widget_state_and_execution_timestamps():
 
 def test_every_check_cell_imports_its_own_checker():
     # An answer that rebinds check_x earlier in the notebook cannot change what the check runs.
-    for name in (
-        "A1_sgd_conv",
-        "A2_rabenseifner_allreduce",
-        "A3_data_parallel",
-        "A4_local_sgd_gossip",
-        "A5_compression",
-        "A6_model_pipeline",
-    ):
+    for name in ASSIGNMENTS:
         for cell in _source(name).cells:
             if check_id(cell) is None:
                 continue
@@ -245,14 +236,7 @@ def test_each_assignment_forbids_its_own_imports():
 
 
 def test_guard_lets_ordinary_answers_through():
-    for name in (
-        "A1_sgd_conv",
-        "A2_rabenseifner_allreduce",
-        "A3_data_parallel",
-        "A4_local_sgd_gossip",
-        "A5_compression",
-        "A6_model_pipeline",
-    ):
+    for name in ASSIGNMENTS:
         source = _source(name)
         protected = protected_names(source)
         assert {"check_sgd_momentum", "cluster"} & protected and "verdict" in protected

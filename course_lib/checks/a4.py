@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from course_lib.verdict import Verdict, run_check
+from course_lib.verdict import Verdict, reraise_stub, run_check
 
 __all__ = [
     "A4_POINTS",
@@ -286,15 +286,6 @@ def _run_gossip(fn: Callable, world_size: int, num_steps: int, dtype: str, comm_
     return ""
 
 
-def _raise_stub(exc: BaseException) -> None:
-    """Raise NotImplementedError when an engine's error is a stub's, so the verdict says so."""
-    errors = [(exc.ename, exc.evalue)] if hasattr(exc, "ename") else []
-    errors += [(e[0], e[1]) for e in getattr(exc, "elist", [])]  # a CompositeError's
-    for name, value in errors:
-        if name == "NotImplementedError":
-            raise NotImplementedError(value) from None
-
-
 def _check(exercise: str, name: str, fn: Callable, cluster: Any, cases: list, runner: Callable,
            detail: str, comm_name: str, verbose: bool) -> Verdict:  # fmt: skip
     def body() -> str:
@@ -305,7 +296,7 @@ def _check(exercise: str, name: str, fn: Callable, cluster: Any, cases: list, ru
             try:
                 reasons = cluster.run(runner, fn, *args, comm_name, timeout=60)
             except Exception as exc:
-                _raise_stub(exc)
+                reraise_stub(exc)
                 raise
             for why in reasons:
                 assert not why, why

@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from course_lib.verdict import Verdict, run_check
+from course_lib.verdict import Verdict, reraise_stub, run_check
 
 __all__ = [
     "A6_POINTS",
@@ -337,15 +337,6 @@ def _run(blob: bytes, exercise: str, comm_name: str) -> str:
 # -- the check cells ------------------------------------------------------------------------------
 
 
-def _raise_stub(exc: BaseException) -> None:
-    """Raise NotImplementedError when an engine's error is a stub's, so the verdict says so."""
-    errors = [(exc.ename, exc.evalue)] if hasattr(exc, "ename") else []
-    errors += [(e[0], e[1]) for e in getattr(exc, "elist", [])]  # a CompositeError's
-    for name, value in errors:
-        if name == "NotImplementedError":
-            raise NotImplementedError(value) from None
-
-
 def _check(exercise: str, name: str, payload: Any, cluster: Any, detail: str, comm_name: str,
            verbose: bool) -> Verdict:  # fmt: skip
     def body() -> str:
@@ -356,7 +347,7 @@ def _check(exercise: str, name: str, payload: Any, cluster: Any, detail: str, co
         try:
             reasons = cluster.run(_run, blob, exercise, comm_name, timeout=120)
         except Exception as exc:
-            _raise_stub(exc)
+            reraise_stub(exc)
             raise
         # A rank that only saw another rank's problem comes last: show the problem itself.
         problems = sorted((w for w in reasons if w), key=lambda w: w.startswith("another rank"))
