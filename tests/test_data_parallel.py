@@ -35,7 +35,8 @@ pytestmark = pytest.mark.timeout(600)
 ATOL, RTOL = 2e-5, 1e-4
 CONFIG = TrainConfig(num_epochs=2, batch_size=48, lr=0.5, momentum=0.5, seed=3)
 BUCKET_BYTES = 128  # 32 floats: the awkward net's 599 trainable values make 3 uneven buckets
-METHODS = ["parameter_server", "allreduce_naive", "ring", "builtin", "bucketed", "ddp"]
+METHODS = ["parameter_server", "allreduce_naive", "ring", "builtin", "bucketed", "ddp",
+           "bucketed/ring", "bucketed/doubling"]  # bucketed: "auto"; then each algorithm forced
 OPTIONS = {"bucketed": {"bucket_bytes": BUCKET_BYTES}, "ddp": {"bucket_bytes": BUCKET_BYTES}}
 
 
@@ -106,13 +107,26 @@ def reference():
 
 
 def _run(cluster, method: str, n: int):
+    name, _, algorithm = method.partition("/")
+    options = OPTIONS.get(name, {}) | ({"algorithm": algorithm} if algorithm else {})
     return train_data_parallel(cluster, model=AwkwardNet, dataset=small_digits, config=CONFIG,
-                               method=method, world_size=n, comm_timeout=30, timeout=300,
-                               **OPTIONS.get(method, {}))  # fmt: skip
+                               method=name, world_size=n, comm_timeout=30, timeout=300,
+                               **options)  # fmt: skip
 
 
-def _expected_bytes(method: str, n: int, rank: int, nbytes: int, buckets: list[int]):
-    """(sent, received, handed to a built-in collective) per step, from each method's formula."""
+def _doubling_bytes(n: int, rank: int, s: int) -> int:
+    """Bytes rank ``rank`` sends (and receives) in recursive doubling of ``s`` bytes on ``n``."""
+    p2 = 1 << (n.bit_length() - 1)  # the power of two that does the exchanges
+    if rank >= p2:  # an extra rank hands its buffer in and gets the result back
+        return s
+    return (p2.bit_length() - 1 + (rank < n - p2)) * s  # log2(p2) exchanges, + the fold-in
+
+
+def _expected_bytes(method: str, n: int, rank: int, nbytes: int, buckets: list[dict]):
+    """(sent, received, handed to a built-in collective) per step, from each method's formula.
+
+    ``buckets``: the step's bucket records (bucketed: each names the algorithm it used).
+    """
     ring = lambda s: 2 * (n - 1) / n * s  # noqa: E731 - per rank, both ways
     if method == "parameter_server":
         p2p = (n - 1) * nbytes if rank == 0 else nbytes
@@ -121,8 +135,10 @@ def _expected_bytes(method: str, n: int, rank: int, nbytes: int, buckets: list[i
         return (n - 1) * nbytes, (n - 1) * nbytes, 0
     if method == "ring":
         return ring(nbytes), ring(nbytes), 0
-    if method == "bucketed":
-        return sum(ring(b) for b in buckets), sum(ring(b) for b in buckets), 0
+    if method.startswith("bucketed"):
+        both = sum(ring(b["nbytes"]) if b["algorithm"] == "ring"
+                   else _doubling_bytes(n, rank, b["nbytes"]) for b in buckets)  # fmt: skip
+        return both, both, 0
     return 0, 0, nbytes  # builtin, ddp: the whole gradient handed to the backend once
 
 
@@ -145,8 +161,13 @@ def test_every_method_equals_one_process_and_sends_its_bytes(cluster, reference,
             if not np.allclose(got, want, atol=ATOL, rtol=RTOL):
                 problems.append(f"{method}: {name} off by {np.abs(got - want).max():.2e}")
         assert np.array_equal(result.weights["inp.bias"], reference["inp.bias"])  # frozen
+        if method.startswith("bucketed"):  # every rank chose the same algorithm per bucket
+            chosen = {tuple(b["algorithm"] for b in r["buckets"]) for r in result.records}
+            assert len(chosen) == 1 and len(next(iter(chosen))) == len(buckets), chosen
+            forced = method.partition("/")[2]
+            assert not forced or set(next(iter(chosen))) == {forced}, chosen
         for rec in result.records:
-            sent, received, coll = _expected_bytes(method, n, rec["rank"], nbytes, buckets)
+            sent, received, coll = _expected_bytes(method, n, rec["rank"], nbytes, rec["buckets"])
             slack = 4 * 2 * (n - 1) * max(1, len(buckets))  # one float per ring chunk
             got = (rec["bytes_sent"], rec["bytes_received"], rec["collective_bytes"])
             if not all(
@@ -204,7 +225,7 @@ def test_unknown_method_and_bad_options_are_refused():
         make_exchange("allreduce_fast")
     with pytest.raises(ValueError, match="bucket_bytes must be a positive"):
         make_exchange("bucketed", bucket_bytes=0)
-    assert set(METHODS) | {"parameter_server_source000"} <= set(EXCHANGES)
+    assert {m.partition("/")[0] for m in METHODS} | {"parameter_server_source000"} <= set(EXCHANGES)
 
 
 def test_engine_dying_mid_epoch_is_reported_and_the_client_survives():

@@ -29,11 +29,14 @@ def ring_schedule(rank: int, world_size: int) -> list[tuple[str, int, int]]:
     return steps
 
 
-def ring_reduce_scatter(comm: Communicator, tensor: Buffer, op: str = "sum") -> Buffer:
+def ring_reduce_scatter(
+    comm: Communicator, tensor: Buffer, op: str = "sum", *, eager: bool = False
+) -> Buffer:
     """Reduce ``tensor`` so that chunk ``rank`` holds the result; every rank calls it.
 
     Modifies ``tensor`` in place: afterwards chunk ``rank`` is complete and the other chunks hold
     partial results. Cost: $(N-1)(\\alpha + \\frac{n}{N}\\beta)$ for an ``n``-byte buffer.
+    ``eager=True``: the ranks already agreed on the buffer's size (see ``Communicator.irecv``).
     """
     arr = reducible_flat(tensor, op)
     p, r = comm.world_size, comm.rank
@@ -44,15 +47,16 @@ def ring_reduce_scatter(comm: Communicator, tensor: Buffer, op: str = "sum") -> 
     right, left = (r + 1) % p, (r - 1) % p
     for _, sent, got in ring_schedule(r, p)[: p - 1]:
         (a, b), (c, d) = bounds[sent], bounds[got]
-        comm.sendrecv(arr[a:b], right, scratch[: d - c], left, tag=TAGS["ring_rs"])
+        comm.sendrecv(arr[a:b], right, scratch[: d - c], left, tag=TAGS["ring_rs"], eager=eager)
         reduce_into(arr[c:d], scratch[: d - c], op)
     return tensor
 
 
-def ring_allgather(comm: Communicator, tensor: Buffer) -> Buffer:
+def ring_allgather(comm: Communicator, tensor: Buffer, *, eager: bool = False) -> Buffer:
     """Fill every chunk of ``tensor`` from the rank that owns it (chunk ``r`` from rank ``r``).
 
-    Modifies ``tensor`` in place; every rank calls it with a buffer of the same size.
+    Modifies ``tensor`` in place; every rank calls it with a buffer of the same size (``eager``:
+    as in :func:`ring_reduce_scatter`).
     Cost: $(N-1)(\\alpha + \\frac{n}{N}\\beta)$ for an ``n``-byte buffer.
     """
     arr = as_flat_array(tensor)
@@ -63,15 +67,18 @@ def ring_allgather(comm: Communicator, tensor: Buffer) -> Buffer:
     right, left = (r + 1) % p, (r - 1) % p
     for _, sent, got in ring_schedule(r, p)[p - 1 :]:
         (a, b), (c, d) = bounds[sent], bounds[got]
-        comm.sendrecv(arr[a:b], right, arr[c:d], left, tag=TAGS["ring_ag"])
+        comm.sendrecv(arr[a:b], right, arr[c:d], left, tag=TAGS["ring_ag"], eager=eager)
     return tensor
 
 
-def ring_allreduce(comm: Communicator, tensor: Buffer, op: str = "sum") -> Buffer:
+def ring_allreduce(
+    comm: Communicator, tensor: Buffer, op: str = "sum", *, eager: bool = False
+) -> Buffer:
     """Reduce ``tensor`` over all ranks in place: ring reduce-scatter, then ring allgather.
 
     Every rank calls it with a buffer of the same size and dtype and ends with bitwise equal
     results (each chunk is reduced once, by its owner). Cost: $2(N-1)(\\alpha + \\frac{n}{N}\\beta)$.
+    ``eager=True`` only where the ranks agreed on the size beforehand (it skips a round trip).
     """
-    ring_reduce_scatter(comm, tensor, op)
-    return ring_allgather(comm, tensor)
+    ring_reduce_scatter(comm, tensor, op, eager=eager)
+    return ring_allgather(comm, tensor, eager=eager)

@@ -36,7 +36,9 @@ def doubling_schedule(rank: int, world_size: int) -> list[tuple[str, int]]:
     return steps
 
 
-def recursive_doubling_allreduce(comm: Communicator, tensor: Buffer, op: str = "sum") -> Buffer:
+def recursive_doubling_allreduce(
+    comm: Communicator, tensor: Buffer, op: str = "sum", *, eager: bool = False
+) -> Buffer:
     """Reduce ``tensor`` in place: at step k, exchange the whole buffer with rank ``r XOR 2^k``.
 
     Every rank calls it and follows :func:`doubling_schedule`. For a world size that is not a
@@ -44,6 +46,7 @@ def recursive_doubling_allreduce(comm: Communicator, tensor: Buffer, op: str = "
     result back at the end (Thakur, Rabenseifner & Gropp 2005). Few, large messages: cost
     $\\lfloor\\log_2 N\\rfloor(\\alpha + n\\beta)$, plus $2(\\alpha + n\\beta)$ when ``N`` is
     not a power of two; good for small buffers (latency-bound), worse than the ring for large ones.
+    ``eager=True`` only where the ranks agreed on the size beforehand (it skips a round trip).
     """
     arr = reducible_flat(tensor, op)
     tag = TAGS["doubling"]
@@ -52,7 +55,7 @@ def recursive_doubling_allreduce(comm: Communicator, tensor: Buffer, op: str = "
     extra = bool(schedule) and comm.rank >= 1 << (comm.world_size.bit_length() - 1)
     for action, partner in schedule:
         if action == "exchange":
-            comm.sendrecv(arr, partner, scratch, partner, tag)
+            comm.sendrecv(arr, partner, scratch, partner, tag, eager=eager)
             reduce_into(arr, scratch, op)  # a + b == b + a in IEEE arithmetic: partners stay equal
         elif action == "send":
             comm.send(arr, partner, tag)

@@ -9,9 +9,12 @@ gradient is accumulated, so communication of late layers overlaps backward of ea
 
 Here an autograd hook (``register_post_accumulate_grad_hook``) copies each gradient into its
 bucket's flat buffer; the last one of a bucket hands the bucket to a communication thread, which
-reduces buckets strictly in index order (the same order on every rank, so the collectives match)
-with the kit's ring (or the backend's allreduce). After backward the loop waits for all buckets
-and copies the averaged slices back into ``p.grad``.
+reduces buckets strictly in index order (the same order on every rank, so the collectives match).
+Each bucket's allreduce is the kit's ring or recursive doubling, whichever the cost model
+predicts faster on the path measured at attach (``algorithm="auto"``, see
+:mod:`~course_lib.parallel.bucket_choice`), or the backend's own. The ranks agree on the bucket
+layout once, at attach, so every receive is posted before its message arrives ("eager"). After
+backward the loop waits for all buckets and copies the averaged slices back into ``p.grad``.
 """
 
 from __future__ import annotations
@@ -25,7 +28,14 @@ import torch
 from torch import nn
 
 from course_lib.collectives.ring import ring_allreduce
+from course_lib.collectives.tree import recursive_doubling_allreduce
 from course_lib.comm.communicator import CommTimeoutError, Communicator
+from course_lib.parallel.bucket_choice import (
+    ALGORITHMS,
+    agree_on_layout,
+    choose_algorithms,
+    measure_path,
+)
 from course_lib.parallel.exchange import GradientExchange, StepTimeline, trainable_parameters
 
 __all__ = ["BucketedAllreduce", "bucket_layout"]
@@ -63,6 +73,7 @@ class _Bucket:
             total += p.numel()
         self.flat = torch.zeros(total)
         self.pending = len(params)
+        self.algorithm = "ring"  # chosen at attach
         self.ready_at = self.start = self.end = 0.0
         self.launched_in_backward = False
         self.done = threading.Event()
@@ -80,33 +91,48 @@ class BucketedAllreduce(GradientExchange):
     Args:
         bucket_bytes: bucket capacity in bytes (DDP's default is 25 MB; small models need
             small buckets to have more than one).
-        algorithm: ``"ring"`` (the kit's from-scratch ring, counted point-to-point) or
-            ``"builtin"`` (the backend's allreduce).
+        algorithm: ``"auto"`` (per bucket, the kit's ring or recursive doubling, whichever the
+            cost model predicts faster on the path measured at attach), ``"ring"``,
+            ``"doubling"`` (both from scratch, counted point-to-point) or ``"builtin"`` (the
+            backend's allreduce). ``algorithms`` holds each bucket's choice after attach.
     """
 
     name = "bucketed"
     overlaps_backward = True
 
-    def __init__(self, bucket_bytes: int = 1 << 20, algorithm: str = "ring") -> None:
+    def __init__(self, bucket_bytes: int = 1 << 20, algorithm: str = "auto") -> None:
         if bucket_bytes < 1:
             raise ValueError(f"bucket_bytes must be a positive number of bytes, got {bucket_bytes}")
-        if algorithm not in ("ring", "builtin"):
-            raise ValueError(f"algorithm must be 'ring' or 'builtin', got {algorithm!r}")
+        if algorithm != "auto" and algorithm not in ALGORITHMS:
+            raise ValueError(
+                f"algorithm must be 'auto' or one of {', '.join(map(repr, ALGORITHMS))}, "
+                f"got {algorithm!r}"
+            )
         self.bucket_bytes, self.algorithm = int(bucket_bytes), algorithm
+        self.algorithms: list[str] = []
+        self.path = None  # the measured LinkModel when algorithm="auto"
         self.buckets: list[_Bucket] = []
         self._handles: list[Any] = []
         self._queue: queue.Queue[int | None] = queue.Queue()
         self._thread: threading.Thread | None = None
         self._error: BaseException | None = None
+        self._algorithm_now = "ring"
 
     # ---- set-up -------------------------------------------------------------------------
     def attach(self, comm: Communicator, net: nn.Module) -> nn.Module:
-        """Lay out the buckets, register one gradient hook per parameter, start the thread."""
+        """Lay out the buckets, agree on them, pick their algorithms, hook them, start the thread."""
         self.comm = comm
         params = trainable_parameters(net)
         for index, members in enumerate(bucket_layout(params, self.bucket_bytes)):
-            bucket = _Bucket(index, [params[i] for i in members])
-            self.buckets.append(bucket)
+            self.buckets.append(_Bucket(index, [params[i] for i in members]))
+        sizes = [4 * b.flat.numel() for b in self.buckets]
+        if comm.world_size > 1:
+            agree_on_layout(comm, sizes)
+            if self.algorithm == "auto":
+                self.path = measure_path(comm)
+        self.algorithms = choose_algorithms(sizes, comm.world_size, self.algorithm, self.path)
+        for bucket, algorithm in zip(self.buckets, self.algorithms, strict=True):
+            bucket.algorithm = algorithm
             for slot, p in enumerate(bucket.params):
                 self._handles.append(p.register_post_accumulate_grad_hook(self._hook(bucket, slot)))
         self._thread = threading.Thread(target=self._communicate, name="bucket-comm", daemon=True)
@@ -143,6 +169,7 @@ class BucketedAllreduce(GradientExchange):
                 try:
                     bucket.start = time.time()
                     if self._error is None:
+                        self._algorithm_now = bucket.algorithm
                         self._allreduce(bucket.flat)
                     bucket.end = time.time()
                 except BaseException as exc:  # noqa: BLE001 - handed to the training thread
@@ -151,9 +178,12 @@ class BucketedAllreduce(GradientExchange):
                 next_index = (next_index + 1) % len(self.buckets)
 
     def _allreduce(self, flat: torch.Tensor) -> None:
+        """Average one bucket in place with its algorithm (runs on the communication thread)."""
         buf = flat.numpy()
-        if self.algorithm == "ring":
-            ring_allreduce(self.comm, buf)
+        if self._algorithm_now == "ring":
+            ring_allreduce(self.comm, buf, eager=True)  # eager: sizes agreed at attach
+        elif self._algorithm_now == "doubling":
+            recursive_doubling_allreduce(self.comm, buf, eager=True)
         else:
             self.comm.allreduce(buf)
         buf /= self.comm.world_size
@@ -183,7 +213,7 @@ class BucketedAllreduce(GradientExchange):
                 p.grad = bucket.flat[a : a + p.numel()].view_as(p).clone()
             timeline.buckets.append(
                 {"index": bucket.index, "nbytes": bucket.flat.numel() * 4,
-                 "ready": bucket.ready_at, "start": bucket.start, "end": bucket.end,
+                 "algorithm": bucket.algorithm, "ready": bucket.ready_at, "start": bucket.start, "end": bucket.end,
                  "launched_in_backward": bucket.launched_in_backward}
             )  # fmt: skip
             bucket.done.clear()

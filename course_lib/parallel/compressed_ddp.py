@@ -19,9 +19,6 @@ from __future__ import annotations
 import time
 from typing import Any
 
-import torch
-
-from course_lib.comm.emulated_link import sleep_until
 from course_lib.compression.codecs import make_codec
 from course_lib.compression.ddp_hook import CompressionHookState, compression_hook
 from course_lib.compression.registry import make_compressor
@@ -96,13 +93,4 @@ class CompressedDDPExchange(DDPExchange):
             fut = compression_hook(self._state, bucket)
         nbytes = buffer.numel() * buffer.element_size()
         record = {"index": bucket.index(), "nbytes": nbytes, "ready": start, "start": start}
-        until = self._book_link(record, self._state.wire)
-
-        def finished(f: torch.futures.Future) -> torch.Tensor:
-            if until:
-                sleep_until(until)
-            record["end"] = time.time()
-            self._records.append(record)
-            return f.value()
-
-        return fut.then(finished)
+        return self._then_link(fut, record, self._state.wire, lambda value: value)

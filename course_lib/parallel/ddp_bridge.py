@@ -64,23 +64,31 @@ class DDPExchange(GradientExchange):
         group = getattr(self.comm, "group", None)
         fut = dist.all_reduce(buf, group=group, async_op=True).get_future()
         record = {"index": bucket.index(), "nbytes": nbytes, "ready": start, "start": start}
-        until = self._book_link(record, [("allreduce", nbytes)])
+        return self._then_link(fut, record, [("allreduce", nbytes)], lambda value: value[0])
+
+    def _then_link(self, fut, record, wire, unwrap):  # noqa: ANN001, ANN202
+        """Continue ``fut``: wait out the emulated link for ``wire``, record the bucket, unwrap."""
 
         def finished(f: torch.futures.Future) -> torch.Tensor:
+            until = self._book_link(record, wire, time.time())
             if until:
                 sleep_until(until)
             record["end"] = time.time()
             self._records.append(record)
-            return f.value()[0]
+            return unwrap(f.value())
 
         return fut.then(finished)
 
-    def _book_link(self, record: dict[str, Any], wire: list[tuple[str, int]]) -> float:
+    def _book_link(self, record: dict[str, Any], wire: list[tuple[str, int]], now: float) -> float:
         """Book the emulated link for a bucket's collectives ``(name, nbytes)``; return when the
         bucket may finish (0.0 without a link). The record gets ``wire`` and ``link_s``.
 
-        The link serialises buckets: each starts when the last one left it. ``link_s`` is the
-        link's time for this bucket's collectives, ``EmulatedLink.collective_time`` summed.
+        ``now`` is when the real collective finished: the link's time is added after it, not
+        overlapped with it, because the real part is every rank arriving plus this machine's
+        per-step software latency, which a real network pays on top of the wire time (the
+        kit's own point-to-point algorithms pay it step by step). The link serialises buckets:
+        each starts when the last one left it. ``link_s`` is the link's time for this bucket's
+        collectives, ``EmulatedLink.collective_time`` summed.
         """
         record["wire"] = [(name, int(n)) for name, n in wire]
         link = self.comm.link
@@ -88,7 +96,7 @@ class DDPExchange(GradientExchange):
             return 0.0
         n = self.comm.world_size
         record["link_s"] = sum(link.collective_time(name, b, n) for name, b in wire)
-        begin = max(record["start"], self._link_free_at)
+        begin = max(now, self._link_free_at)
         self._link_free_at = begin + record["link_s"]
         return self._link_free_at
 
