@@ -93,6 +93,10 @@ class Handle:
         return self._receive(deadline)
 
     def _receive(self, deadline: float) -> float:
+        if self.payload is not None:
+            # eager (sizes agreed): wait for the payload first; its sender posted the header
+            # before it, so one wake-up covers both instead of one per message
+            self._wait(self.payload, deadline, "sent")
         self._wait(self.reqs[0], deadline, "sent")
         numel, code, nbytes, arrives_ns = (int(v) for v in self.header)
         sent = DTYPE_NAMES[code] if 0 <= code < len(DTYPE_NAMES) else f"dtype code {code}"
@@ -109,10 +113,8 @@ class Handle:
                 f"{self.peer} (tag {self.tag}) but rank {self.peer} sent {numel} {sent}: "
                 "both sides must use buffers of the same size and dtype"
             )
-        if numel:
-            payload = self.payload
-            if payload is None:
-                payload = self.comm._post_recv(self.arr, self.peer, 2 * self.tag + 1)
+        if numel and self.payload is None:
+            payload = self.comm._post_recv(self.arr, self.peer, 2 * self.tag + 1)
             self._wait(payload, deadline, "sent")
         return (
             self.comm._clock.arrive(self.arr.nbytes, arrives_ns / 1e9) if self.comm._clock else 0.0

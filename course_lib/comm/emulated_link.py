@@ -43,7 +43,9 @@ class EmulatedLink:
         """Return the least time a built-in collective takes on this link (ring / tree costs).
 
         The backend's own algorithm runs on the real (fast) link; afterwards each rank waits out
-        the time a bandwidth-optimal algorithm would need on the emulated link.
+        the time a bandwidth-optimal algorithm would need on the emulated link, on top of the
+        real time (every rank arriving and the software's per-step latency, which a real
+        network adds to its wire time too).
         """
         p, a, b = world_size, self.latency, 1.0 / self.bandwidth
         if p <= 1:

@@ -193,6 +193,14 @@ def train_data_parallel(
                          "or 0 for no drift measurement")  # fmt: skip
     EXCHANGES[method](**options)  # bad options fail here, before any engine is busy
     saver, resume_file, resumed_at = prepare_checkpointing(method, checkpoint, resume_from, n)
+    if (
+        method == "bucketed"
+        and (saver or resume_file)
+        and options.get("algorithm") in (None, "auto")
+    ):
+        # "auto" decides from a timing, so two runs may sum a bucket in different orders; a run
+        # that is saved or resumed must repeat the uninterrupted one bit for bit: fix the ring.
+        options = {**options, "algorithm": "ring"}
     ensure_communicators(cluster, ids, backend, link, comm_timeout)
     prepare = (model, dataset, config.seed, COMM_NAME)
     infos = run_on_engines(cluster, ids, replica.engine_prepare, prepare, timeout)
