@@ -14,12 +14,12 @@ import pytest
 
 from course_lib.checks.a3 import (
     A3_POINTS,
-    _train_and_compare,
     check_bucket_average,
     check_bucket_layout,
     check_parameter_server,
     ring_bytes_bounds,
 )
+from course_lib.checks.a3_engine import train_and_compare
 from course_lib.grading import answer_id
 
 pytestmark = pytest.mark.timeout(600)
@@ -158,5 +158,5 @@ def test_a3_engine_checks_pass_the_source_and_fail_built_ins_and_published_mista
     # Without the probe, the training run alone catches source 000's combination: 10 steps
     # leave the replicas equal to each other but not to one process.
     with pytest.raises(AssertionError, match="agree with each other but not with one process"):
-        _train_and_compare(cluster, "ps", source000, server=1)
+        train_and_compare(cluster, "ps", source000, server=1)
     assert sum(A3_POINTS.values()) == 10

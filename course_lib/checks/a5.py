@@ -4,11 +4,12 @@ The library's int8 (:mod:`course_lib.compression.int8`) is source 000's format w
 for everything it is given; A5 asks for one scale per block of ``block`` consecutive values, so
 the library's encoder fails A5.1 as soon as a gradient spans two blocks. The library's top-k keeps
 the k largest magnitudes of the whole tensor; A5.3 keeps k in *every* block. Every formula is
-compared bit for bit with the reference here (float32 arithmetic, the cast to int8 truncating
-toward zero, decoding *multiplies* by the scale: source 000's text says "divide", which is wrong).
-Error feedback is checked step by step and by its running sum (what is not sent now is sent
-later); training runs on real engines through the kit's compressed exchange and must reach the
-float32 run's test accuracy (within :data:`A5_ACCURACY_SLACK`) in the same steps.
+compared bit for bit with the reference (:mod:`course_lib.checks.a5_reference`: float32
+arithmetic, the cast to int8 truncating toward zero, decoding *multiplies* by the scale: source
+000's text says "divide", which is wrong). Error feedback is checked step by step and by its
+running sum (what is not sent now is sent later); training runs on real engines through the
+kit's compressed exchange and must reach the float32 run's test accuracy (within
+:data:`A5_ACCURACY_SLACK`) in the same steps (:mod:`course_lib.checks.a5_exchange`).
 
 Block top-k is checked by its formula only: with momentum and error feedback it needs more than
 the one epoch a check can afford (measured here: 1 of 16 values per block reached 58 % after one
@@ -22,7 +23,22 @@ from typing import Any
 
 import numpy as np
 
-from course_lib.compression.base import Compressor, Payload
+from course_lib.checks.a5_exchange import (
+    A5_ACCURACY_SLACK,
+    A5_BLOCK,
+    A5_CONFIG,
+    compressors_body,
+    error_feedback_body,
+    training_body,
+)
+from course_lib.checks.a5_reference import (
+    block_int8_bytes,
+    block_topk_bytes,
+    blocks,
+    reference_decode,
+    reference_encode,
+    reference_topk,
+)
 from course_lib.verdict import Verdict, run_check
 
 __all__ = [
@@ -45,94 +61,7 @@ __all__ = [
 ]
 
 A5_POINTS = {"A5.1": 2.0, "A5.2": 1.0, "A5.3": 2.0, "A5.4": 2.0, "A5.5": 1.0, "A5.6": 2.0}
-A5_BLOCK, A5_K = 64, 4  # the training run's block size; values kept per block in A5.3's use
-#: test-accuracy points block int8 + error feedback may lose against float32 in the same steps
-A5_ACCURACY_SLACK = 1.0
-
-
-def _config() -> Any:
-    from course_lib.training import TrainConfig
-
-    return TrainConfig(num_epochs=1, batch_size=32, lr=0.1, momentum=0.9, seed=1)
-
-
-A5_CONFIG = _config()  # digits MLP, 1 epoch of global batch 32 (46 steps on 2 ranks)
-
-
-# -- the reference ---------------------------------------------------------------------------------
-
-
-def _blocks(n: int, block: int) -> list[tuple[int, int]]:
-    return [(start, min(start + block, n)) for start in range(0, n, block)]
-
-
-def reference_encode(g: np.ndarray, block: int) -> tuple[np.ndarray, np.ndarray]:
-    """Return ``(q, scales)``: per block ``m = max|g|``, ``q = int8(g / m * 127)`` in float32."""
-    g = np.asarray(g, np.float32).reshape(-1)
-    q = np.zeros(g.size, np.int8)
-    scales = np.zeros(len(_blocks(g.size, block)), np.float32)
-    for b, (lo, hi) in enumerate(_blocks(g.size, block)):
-        scales[b] = m = np.abs(g[lo:hi]).max()
-        if m > 0:  # the cast truncates toward zero, as source 000's float32 -> int8 does
-            q[lo:hi] = (g[lo:hi] / m * np.float32(127)).astype(np.int8)
-    return q, scales
-
-
-def reference_decode(q: np.ndarray, scales: np.ndarray, block: int) -> np.ndarray:
-    """Return ``q / 127 * m`` (float32), ``m`` the scale of each value's block."""
-    per_value = np.repeat(np.asarray(scales, np.float32), block)[: q.size]
-    return q.astype(np.float32) / np.float32(127) * per_value  # multiply: the inverse of g / m
-
-
-def reference_topk(g: np.ndarray, block: int, k: int) -> np.ndarray:
-    """Return the ascending indices of the ``k`` largest ``|g|`` of every block (ties: lower index)."""
-    g = np.asarray(g, np.float32).reshape(-1)
-    kept = [lo + np.sort(np.argsort(-np.abs(g[lo:hi]), kind="stable")[:k])
-            for lo, hi in _blocks(g.size, block)]  # fmt: skip
-    return np.concatenate(kept).astype(np.int64) if kept else np.zeros(0, np.int64)
-
-
-def block_int8_bytes(n: int, block: int) -> int:
-    """Return the payload bytes of block int8: one byte a value, one float32 scale a block."""
-    return n + 4 * len(_blocks(n, block))
-
-
-def block_topk_bytes(n: int, block: int, k: int) -> int:
-    """Return the payload bytes of block top-k: a uint32 index and a float32 value per kept value."""
-    return 8 * sum(min(k, hi - lo) for lo, hi in _blocks(n, block))
-
-
-class _RefInt8(Compressor):
-    name = "ref_block_int8"
-
-    def __init__(self, block: int) -> None:
-        self.block = block
-
-    def compress(self, tensor: Any, name: str = "") -> tuple[Payload, Any]:
-        g = np.asarray(tensor, np.float32).reshape(-1)
-        q, scales = reference_encode(g, self.block)
-        return Payload(self.name, (g.size,), "float32", {"q": q, "scales": scales}), None
-
-    def decode_values(self, payload: Payload) -> np.ndarray:
-        return reference_decode(payload.parts["q"], payload.parts["scales"], self.block)
-
-
-class _RefTopK(Compressor):
-    name = "ref_block_topk"
-
-    def __init__(self, block: int, k: int) -> None:
-        self.block, self.k = block, k
-
-    def compress(self, tensor: Any, name: str = "") -> tuple[Payload, Any]:
-        g = np.asarray(tensor, np.float32).reshape(-1)
-        idx = reference_topk(g, self.block, self.k)
-        parts = {"indices": idx.astype(np.uint32), "values": g[idx]}
-        return Payload(self.name, (g.size,), "float32", parts), None
-
-    def decode_values(self, payload: Payload) -> np.ndarray:
-        out = np.zeros(payload.numel, np.float32)
-        out[payload.parts["indices"]] = payload.parts["values"]
-        return out
+A5_K = 4  # values kept per block in A5.3's use
 
 
 # -- test gradients ------------------------------------------------------------------------------
@@ -261,7 +190,7 @@ def _topk_body(fn: Callable) -> str:
         assert idx.size == 0 or (idx.min() >= 0 and idx.max() < g.size), "an index is out of range"
         assert np.array_equal(values, g[idx]), "values must be g at the indices, with their sign"
         got = np.sort(idx.astype(np.int64))
-        for b, (lo, hi) in enumerate(_blocks(g.size, block)):
+        for b, (lo, hi) in enumerate(blocks(g.size, block)):
             mine = got[(got >= lo) & (got < hi)]
             theirs = want[(want >= lo) & (want < hi)]
             if mine.size != theirs.size:
@@ -290,130 +219,25 @@ def check_block_topk(fn: Callable, *, verbose: bool = True) -> Verdict:
 # -- A5.4 ----------------------------------------------------------------------------------------
 
 
-def _ef_body(wrapper: Callable) -> str:
-    rng = np.random.default_rng(504)
-    steps = 30
-    for inner, label in ((_RefInt8(8), "block int8"), (_RefTopK(16, 2), "block top-2")):
-        ef = wrapper(inner)
-        names = {"fc1.weight": 48, "fc1.bias": 16}
-        residual = {n: np.zeros(size, np.float32) for n, size in names.items()}
-        total_g = {n: np.zeros(size) for n, size in names.items()}
-        total_sent = {n: np.zeros(size) for n, size in names.items()}
-        for step in range(1, steps + 1):
-            for name, size in names.items():  # two tensors, interleaved: one memory per name
-                g = (rng.standard_normal(size) * (1 + step % 3)).astype(np.float32)
-                corrected = g + residual[name]
-                want = inner.decode_values(inner.compress(corrected, name)[0])
-                residual[name] = corrected - want
-                result = ef.compress(g.copy(), name)
-                assert isinstance(result, tuple) and len(result) == 2, (
-                    "compress must return (payload, ctx), as the inner compressor does"
-                )
-                sent = np.asarray(inner.decode_values(result[0]), np.float32)
-                total_g[name] += g
-                total_sent[name] += sent
-                if np.array_equal(sent, want):
-                    continue
-                if step == 1:
-                    raise AssertionError(
-                        f"{label}, {name!r}, step 1: the payload is not compress(g) (no residual "
-                        "yet): compress g + residual with the inner compressor"
-                    )
-                gap = float(np.abs(total_g[name] - total_sent[name]).max())
-                held = float(np.abs(residual[name]).max())
-                raise AssertionError(
-                    f"{label}, {name!r}, step {step}: the payload is not compress(g + residual). "
-                    f"After {step} steps sum(g) - sum(sent) should be the residual (at most "
-                    f"{held:.3g} here), it is {gap:.3g}: keep residual = (g + residual) - sent, "
-                    "one per tensor name, in float32"
-                )
-    return f"block int8 and block top-2, 2 tensors, {steps} steps: sent + residual = sum of g"
-
-
 def check_error_feedback(wrapper: Callable, *, verbose: bool = True) -> Verdict:
     """A5.4: ``wrapper(inner)`` compresses g + residual and keeps the residual per tensor name."""
-    return run_check("A5.4", "error_feedback", lambda: _ef_body(wrapper),
+    return run_check("A5.4", "error_feedback", lambda: error_feedback_body(wrapper),
                      max_points=A5_POINTS["A5.4"], verbose=verbose)  # fmt: skip
 
 
 # -- A5.5 ----------------------------------------------------------------------------------------
 
 
-def _compressors_body(int8_cls: Callable, topk_cls: Callable) -> str:
-    from course_lib.compression.wire import pack, unpack
-
-    rng = np.random.default_rng(550)
-    g = (rng.standard_normal(300) ** 3).astype(np.float32)
-    block, k = 32, 3
-    cases = [
-        (int8_cls(block), reference_decode(*reference_encode(g, block), block),
-         block_int8_bytes(g.size, block), "int8 + one float32 scale per block"),
-        (topk_cls(block, k), _RefTopK(block, k).decode_values(_RefTopK(block, k).compress(g)[0]),
-         block_topk_bytes(g.size, block, k), "a uint32 index and a float32 value per kept value"),
-    ]  # fmt: skip
-    names = set()
-    for comp, want, nbytes, layout in cases:
-        label = type(comp).__name__
-        assert isinstance(comp, Compressor), f"{label} must subclass Compressor"
-        payload, _ = comp.compress(g.copy(), "fc1.weight")
-        assert isinstance(payload, Payload), f"{label}.compress must return (Payload, ctx)"
-        assert payload.nbytes == nbytes, (
-            f"{label} sends {payload.nbytes} bytes for {g.size} values in blocks of {block}, "
-            f"expected {nbytes}: {layout}"
-        )
-        received, _ = unpack(pack(payload))  # what another rank gets over the wire
-        got = np.asarray(comp.decompress(received)).reshape(-1)
-        assert np.array_equal(got, want), (
-            f"{label}: decompress(compress(g)) after the wire differs from your functions' "
-            "decode; build the payload from them and decode it with them"
-        )
-        names.add(payload.kind)
-    assert len(names) == 2, "give the two compressors different names"
-    return "payload bytes exact, decode after the wire format"
-
-
 def check_compressors(int8_cls: Callable, topk_cls: Callable, *, verbose: bool = True) -> Verdict:
     """A5.5: ``int8_cls(block)``, ``topk_cls(block, k)`` are compressors of the exact formats."""
-    return run_check("A5.5", "compressors", lambda: _compressors_body(int8_cls, topk_cls),
+    return run_check("A5.5", "compressors", lambda: compressors_body(int8_cls, topk_cls),
                      max_points=A5_POINTS["A5.5"], verbose=verbose)  # fmt: skip
 
 
 # -- A5.6 ----------------------------------------------------------------------------------------
 
 
-def _train(cluster: Any, method: str, **options: Any) -> Any:
-    from course_lib.data.digits import load_digits
-    from course_lib.parallel.data_parallel import train_data_parallel
-
-    return train_data_parallel(cluster, model="mlp", dataset=load_digits, config=A5_CONFIG,
-                               method=method, world_size=2, test_set=load_digits(train=False),
-                               comm_timeout=30, timeout=300, **options)  # fmt: skip
-
-
-def _training_body(make: Callable, cluster: Any) -> str:
-    assert cluster.world_size >= 2, "the check needs 2 engines: start_cluster('local', 2)"
-    comp = make()  # a stub fails here, before any engine is busy
-    assert isinstance(comp, Compressor), f"a5_compressor() returned {comp!r}, not a Compressor"
-    reference = _train(cluster, "ring").history.last["test_accuracy"] * 100
-    result = _train(cluster, "compressed", compressor=comp, carrier="allgather",
-                    granularity="tensor")  # fmt: skip
-    assert result.replicas_equal, "the replicas differ after training: decode alike on every rank"
-    nbytes = sum(block_int8_bytes(int(w.size), A5_BLOCK) for w in result.weights.values())
-    sent = {int(r["bytes_compressed"]) for r in result.records}
-    assert sent == {nbytes}, (
-        f"each step sent {sorted(sent)} bytes before coding; block int8 with blocks of "
-        f"{A5_BLOCK} sends {nbytes} for the digits MLP"
-    )
-    accuracy = result.history.last["test_accuracy"] * 100
-    assert accuracy >= reference - A5_ACCURACY_SLACK, (
-        f"test accuracy {accuracy:.1f} % after {A5_CONFIG.num_epochs} epoch, float32 reached "
-        f"{reference:.1f} % in the same steps (at most {A5_ACCURACY_SLACK:g} point less)"
-    )
-    # The verdict line must be the same on every run: the accuracies stay out of it.
-    return "2 engines, block int8 + error feedback as accurate as float32"
-
-
 def check_training(make: Callable, cluster: Any, *, verbose: bool = True) -> Verdict:
     """A5.6: the compressor ``make()`` trains the digits MLP on 2 engines as well as float32."""
-    return run_check("A5.6", "training", lambda: _training_body(make, cluster),
+    return run_check("A5.6", "training", lambda: training_body(make, cluster),
                      max_points=A5_POINTS["A5.6"], verbose=verbose)  # fmt: skip

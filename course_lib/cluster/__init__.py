@@ -2,7 +2,8 @@
 
 ``start_cluster`` is the one way a notebook gets engines (see :mod:`course_lib.cluster.launch`).
 The modules below it never import this package's ``__init__``, so they import each other one
-way only: ``launch`` uses ``doctor``, ``recovery`` and ``engine_side``; ``room`` stands alone.
+way only: ``launch`` uses ``doctor``, ``recovery`` and ``engine_side``; ``room`` stands apart
+(it builds on ``room_namespaces``, ``room_shaping`` and ``room_teardown``).
 """
 
 from course_lib.cluster.launch import (

@@ -18,7 +18,9 @@ processes started in it) is removed on exit, also when the body raises. Needs ro
 One implementation serves both lifetimes: :func:`build_room` creates a room and
 :func:`teardown_room` removes what it created; ``emulated_room`` pairs them in a ``with``, and
 ``./kit room up N`` / ``down`` (:mod:`course_lib.cluster.room_state`) call them from two commands,
-keeping the room's names in a state file in between.
+keeping the room's names in a state file in between. The room's objects and the commands run in
+them are in :mod:`course_lib.cluster.room_namespaces`, the link shaping in
+:mod:`course_lib.cluster.room_shaping`, the removal in :mod:`course_lib.cluster.room_teardown`.
 """
 
 from __future__ import annotations
@@ -29,14 +31,20 @@ import functools
 import itertools
 import os
 import shutil
-import signal
 import socket
-import subprocess
-import time
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+
+from course_lib.cluster.room_namespaces import (
+    IFNAME,
+    PC,
+    Room,
+    netns_inode,
+    run_in_pc,
+    run_or_raise,
+)
+from course_lib.cluster.room_shaping import BURST, shape_link, shape_pc
+from course_lib.cluster.room_teardown import leftovers, teardown_room
 
 __all__ = [
     "PC",
@@ -53,13 +61,7 @@ __all__ = [
 ]
 
 PREFIX = "10.77"  # rooms live in 10.77.X.0/24; X is picked free on this machine
-IFNAME = "eth0"  # the name of every PC's interface, as on a real lab PC
 LOCK = Path("/run/lock/emulated-room.lock")  # two test runs must not pick the same subnet
-# tbf needs a bucket of at least one packet (and a GSO super-packet, up to 64 KiB, on veth);
-# a larger bucket lets the start of each message through at memory speed and skews short
-# transfers. 256 KiB is a few ms at 1 Gbit/s and keeps the rate within ~1 % for MB messages.
-BURST = "256kb"
-QUEUE_LATENCY = "50ms"  # tbf drops what would wait longer than this: enough for one TCP window
 
 # The machine's DNS server is out of a PC's reach (the root namespace does not forward), so a
 # lookup missing from /etc/hosts would wait for its timeout: torch's TCPStore looks up its
@@ -68,94 +70,9 @@ QUEUE_LATENCY = "50ms"  # tbf drops what would wait longer than this: enough for
 RESOLV_CONF = "nameserver 127.0.0.1\noptions timeout:1 attempts:1\n"
 
 
-@dataclass(frozen=True)
-class PC:
-    """One emulated lab PC: its namespace, host name, address and the veth end left outside."""
-
-    netns: str
-    hostname: str
-    ip: str
-    host_veth: str
-    ifname: str = IFNAME
-
-
-@dataclass
-class Room:
-    """A running emulated room: the instructor's bridge and address, and the PCs on it."""
-
-    tag: str
-    subnet: str
-    bridge: str
-    instructor_ip: str
-    rate: str
-    pcs: list[PC] = field(default_factory=list)
-    procs: list[subprocess.Popen] = field(default_factory=list)
-    created: set[str] = field(default_factory=set)  # teardown deletes only these
-
-    def command(self, pc: PC, argv: Sequence[str]) -> list[str]:
-        """Return ``argv`` wrapped to run inside ``pc``: its network and its own host name."""
-        # unshare --uts gives the process its own host name, so ipyparallel and course_lib see
-        # PCs with different names, as in a real room; the network comes from ip netns exec.
-        set_name = 'hostname "$0" && exec "$@"'
-        return ["ip", "netns", "exec", pc.netns, "unshare", "--uts", "sh", "-c", set_name,
-                pc.hostname, *argv]  # fmt: skip
-
-    def run(self, pc: PC, argv: Sequence[str], **kwargs: Any) -> subprocess.CompletedProcess:
-        """Run ``argv`` inside ``pc`` to completion (``subprocess.run`` keywords apply)."""
-        kwargs.setdefault("capture_output", True)
-        kwargs.setdefault("text", True)
-        return subprocess.run(self.command(pc, argv), **kwargs)
-
-    def popen(self, pc: PC, argv: Sequence[str], **kwargs: Any) -> subprocess.Popen:
-        """Start ``argv`` inside ``pc`` in the background; it is killed when the room closes."""
-        proc = subprocess.Popen(self.command(pc, argv), **kwargs)
-        self.procs.append(proc)
-        return proc
-
-    @property
-    def names(self) -> list[str]:
-        """Return every network object of the room: namespaces, veths and the bridge."""
-        return [*(pc.netns for pc in self.pcs), *(pc.host_veth for pc in self.pcs), self.bridge]
-
-
-def run_in_pc(netns: str, argv: Sequence[str], **kwargs: Any) -> subprocess.CompletedProcess:
-    """Run ``argv`` in network namespace ``netns`` (``ip netns exec``) and return the result."""
-    kwargs.setdefault("capture_output", True)
-    kwargs.setdefault("text", True)
-    return subprocess.run(["ip", "netns", "exec", netns, *argv], **kwargs)
-
-
-def netns_inode(pid: int | str = "self") -> int:
-    """Return the inode of a process's network namespace: equal inodes, same namespace."""
-    return os.stat(f"/proc/{pid}/ns/net").st_ino
-
-
-def _sh(*argv: str) -> str:
-    """Run one ``ip`` / ``tc`` command; raise with its stderr if it fails."""
-    done = subprocess.run(argv, capture_output=True, text=True)
-    if done.returncode != 0:
-        raise RuntimeError(f"`{' '.join(argv)}` failed: {done.stderr.strip() or done.stdout}")
-    return done.stdout
-
-
-def _shape(dev: str, rate: str, burst: str, netns: str | None = None) -> None:
-    """Put a token-bucket qdisc on ``dev``'s egress (tbf shapes only what a device sends)."""
-    prefix = ["ip", "netns", "exec", netns] if netns else []
-    _sh(*prefix, "tc", "qdisc", "replace", "dev", dev, "root", "tbf", "rate", rate,
-        "burst", burst, "latency", QUEUE_LATENCY)  # fmt: skip
-
-
-def shape_pc(room: Room, pc: PC, rate: str, burst: str = BURST) -> None:
-    """Reshape both directions of ``pc``'s link to ``rate`` (a PC left at ``"100mbit"``)."""
-    if pc not in room.pcs:
-        raise ValueError(f"{pc.netns} is not a PC of room {room.tag}: pass one of room.pcs")
-    _shape(pc.host_veth, rate, burst)  # switch -> PC
-    _shape(pc.ifname, rate, burst, pc.netns)  # PC -> switch
-
-
 def _used_subnets() -> set[int]:
     """Return the X of every 10.77.X.* address or route already on this machine."""
-    text = _sh("ip", "-4", "-o", "addr") + _sh("ip", "-4", "route")
+    text = run_or_raise("ip", "-4", "-o", "addr") + run_or_raise("ip", "-4", "route")
     used = set()
     for word in text.split():
         if word.startswith(PREFIX + "."):
@@ -191,67 +108,6 @@ def _hosts_file(room: Room) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _kill_namespace_processes(room: Room, grace: float = 3.0) -> None:
-    """Stop what the room started (by pid), then anything else left in its namespaces."""
-    pids: set[int] = set()
-    for proc in room.procs:
-        if proc.poll() is None:
-            pids.add(proc.pid)
-    for pc in (pc for pc in room.pcs if pc.netns in room.created):
-        # Processes a command forked (an engine's children) live in the namespace too.
-        done = subprocess.run(["ip", "netns", "pids", pc.netns], capture_output=True, text=True)
-        pids.update(int(p) for p in done.stdout.split() if p.strip().isdigit())
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        for pid in pids:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, sig)
-        deadline = time.monotonic() + grace
-        for proc in room.procs:  # reap our own children, or they stay as zombies
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                proc.wait(timeout=max(0.01, deadline - time.monotonic()))
-        pids = {pid for pid in pids if _alive(pid)}
-        if not pids:
-            return
-
-
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as handle:
-            return handle.read().split(")")[-1].split()[0] != "Z"
-    except (FileNotFoundError, ProcessLookupError):
-        return False
-
-
-def teardown_room(room: Room) -> list[str]:
-    """Remove everything ``room`` created, and stop what runs in its PCs; return what is left.
-
-    Only names in ``room.created`` are deleted (never a stranger's with a clashing name); every
-    step is tried, and the returned list says what could not be removed (empty: all gone).
-    """
-    errors = []
-    steps = [lambda: _kill_namespace_processes(room)]
-    ours = [name for name in room.names if name in room.created]  # never a clashing stranger
-    for pc in room.pcs:
-        # Deleting the namespace destroys the veth end inside it, and with it the pair; the
-        # host end is deleted by hand only if the namespace never got its end.
-        if pc.netns in ours:
-            steps.append(functools.partial(_delete, "netns", pc.netns))
-            steps.append(functools.partial(shutil.rmtree, f"/etc/netns/{pc.netns}", True))
-    veths = [pc.host_veth for pc in room.pcs if pc.host_veth in ours]
-    steps.append(lambda: _wait_until_gone(veths, within=2.0))
-    steps += [functools.partial(_delete, "link", veth) for veth in veths]
-    if room.bridge in ours:
-        steps.append(functools.partial(_delete, "link", room.bridge))
-    steps.append(_remove_netns_folder_if_empty)
-    for step in steps:
-        try:
-            step()
-        except Exception as exc:  # noqa: BLE001 - every other step must still run
-            errors.append(f"{type(exc).__name__}: {exc}")
-    errors += [f"left behind: {name}" for name in _wait_until_gone(ours)]
-    return errors
-
-
 _ROOMS = itertools.count()
 
 
@@ -265,38 +121,6 @@ def _new_tag() -> str:
         return "".join(digits[(n // 36**i) % 36] for i in reversed(range(width)))
 
     return base36(os.getpid(), 5) + base36(next(_ROOMS), 2)
-
-
-def _remove_netns_folder_if_empty() -> None:
-    with contextlib.suppress(OSError):  # not empty: another room (or the admin) uses it
-        os.rmdir("/etc/netns")
-
-
-def _delete(kind: str, name: str) -> None:
-    """Delete namespace or link ``name`` if it exists (it may vanish meanwhile: that is fine)."""
-    if name in leftovers([name]):
-        done = subprocess.run(["ip", kind, "del", name], capture_output=True, text=True)
-        if done.returncode != 0 and name in leftovers([name]):
-            raise RuntimeError(f"`ip {kind} del {name}` failed: {done.stderr.strip()}")
-
-
-def _wait_until_gone(names: Sequence[str], within: float = 5.0) -> list[str]:
-    """Return those of ``names`` still present after ``within`` seconds."""
-    # The kernel destroys a namespace, and the veth pair inside it, after `ip netns del`
-    # returns, so the host end of a pair disappears a moment later.
-    deadline = time.monotonic() + within
-    while (left := leftovers(names)) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    return left
-
-
-def leftovers(names: Sequence[str]) -> list[str]:
-    """Return those of ``names`` that still exist as a network namespace or a link."""
-    namespaces = {line.split()[0] for line in _sh("ip", "netns", "list").splitlines() if line}
-    links = set()
-    for line in _sh("ip", "-o", "link").splitlines():
-        links.add(line.split(":")[1].strip().split("@")[0])
-    return [name for name in names if name in namespaces or name in links]
 
 
 def _check_ifnames(ifnames: Sequence[str], n_pcs: int) -> None:
@@ -343,31 +167,31 @@ def build_room(
             x = free[os.getpid() % len(free)]
             room.subnet = f"{PREFIX}.{x}.0/24"
             room.instructor_ip = f"{PREFIX}.{x}.1"
-            _sh("ip", "link", "add", room.bridge, "type", "bridge")
+            run_or_raise("ip", "link", "add", room.bridge, "type", "bridge")
             room.created.add(room.bridge)
-            _sh("ip", "addr", "add", f"{room.instructor_ip}/24", "dev", room.bridge)
-        _sh("ip", "link", "set", room.bridge, "up")
+            run_or_raise("ip", "addr", "add", f"{room.instructor_ip}/24", "dev", room.bridge)
+        run_or_raise("ip", "link", "set", room.bridge, "up")
         for k in range(1, n_pcs + 1):
             pc = PC(netns=f"pc{k}_{tag}", hostname=hostname or f"pc{k}-{tag}",
                     ip=f"{PREFIX}.{x}.{k + 1}", host_veth=f"rv{tag}p{k}",
                     ifname=ifnames[k - 1] if ifnames else IFNAME)  # fmt: skip
             room.pcs.append(pc)
             inner = f"rv{tag}q{k}"  # renamed to eth0 once inside the namespace
-            _sh("ip", "netns", "add", pc.netns)
+            run_or_raise("ip", "netns", "add", pc.netns)
             room.created.add(pc.netns)
-            _sh("ip", "link", "add", pc.host_veth, "type", "veth", "peer", "name", inner)
+            run_or_raise("ip", "link", "add", pc.host_veth, "type", "veth", "peer", "name", inner)
             room.created.add(pc.host_veth)
-            _sh("ip", "link", "set", inner, "netns", pc.netns)
+            run_or_raise("ip", "link", "set", inner, "netns", pc.netns)
             ns = ("ip", "netns", "exec", pc.netns)
-            _sh(*ns, "ip", "link", "set", inner, "name", pc.ifname)
-            _sh(*ns, "ip", "addr", "add", f"{pc.ip}/24", "dev", pc.ifname)
-            _sh(*ns, "ip", "link", "set", pc.ifname, "up")
-            _sh(*ns, "ip", "link", "set", "lo", "up")
-            _sh(*ns, "ip", "route", "add", "default", "via", room.instructor_ip)
-            _sh("ip", "link", "set", pc.host_veth, "master", room.bridge)
-            _sh("ip", "link", "set", pc.host_veth, "up")
-            _shape(pc.host_veth, rate, burst)  # instructor / switch -> PC
-            _shape(pc.ifname, rate, burst, pc.netns)  # PC -> switch
+            run_or_raise(*ns, "ip", "link", "set", inner, "name", pc.ifname)
+            run_or_raise(*ns, "ip", "addr", "add", f"{pc.ip}/24", "dev", pc.ifname)
+            run_or_raise(*ns, "ip", "link", "set", pc.ifname, "up")
+            run_or_raise(*ns, "ip", "link", "set", "lo", "up")
+            run_or_raise(*ns, "ip", "route", "add", "default", "via", room.instructor_ip)
+            run_or_raise("ip", "link", "set", pc.host_veth, "master", room.bridge)
+            run_or_raise("ip", "link", "set", pc.host_veth, "up")
+            shape_link(pc.host_veth, rate, burst)  # instructor / switch -> PC
+            shape_link(pc.ifname, rate, burst, pc.netns)  # PC -> switch
         for pc in room.pcs:
             folder = Path("/etc/netns") / pc.netns
             folder.mkdir(parents=True, exist_ok=True)
