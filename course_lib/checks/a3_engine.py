@@ -101,6 +101,9 @@ def register_answer(kind: str, fn: Callable) -> None:
     class StudentBucketed(BucketedAllreduce):
         name = BUCKET_METHOD
 
+        def __init__(self, bucket_bytes: int = 1 << 20) -> None:  # the answer is a ring: no
+            super().__init__(bucket_bytes, algorithm="ring")  # timing of the path to choose by
+
         def _allreduce(self, flat: torch.Tensor) -> None:  # runs on the communication thread
             buf = flat.numpy()
             into(buf, fn(self.comm, buf))
