@@ -20,12 +20,13 @@ from typing import TYPE_CHECKING, Any, NoReturn
 # torch, ipyparallel and the library are imported where they are used, after the arguments are
 # checked: bad input is answered in a fraction of a second instead of after seconds of imports.
 if TYPE_CHECKING:
+    from torch import nn
     from torch.utils.data import Subset
 
     from course_lib.cluster import CourseCluster
     from course_lib.parallel.data_parallel import DataParallelResult
 
-__all__ = ["BATCH", "DEFAULT_METHODS", "MAX_STEPS", "METHODS", "digits_subset", "main",
+__all__ = ["BATCH", "DEFAULT_METHODS", "MAX_STEPS", "METHODS", "digits_subset", "main", "make_mlp",
            "method_row", "round_trip_seconds"]  # fmt: skip
 
 #: The bulk-synchronous methods, each equal to one process (source 000's published averaging is
@@ -39,11 +40,11 @@ CONFIG = {"lr": 0.2, "momentum": 0.9, "seed": 0}  # 20 steps reach about 89 % te
 OPTIONS = {"bucketed": {"bucket_bytes": 4096}, "ddp": {"bucket_bytes": 4096}}  # 2 buckets
 
 
-def model() -> Any:
+def make_mlp() -> nn.Module:
     """Return the MLP 64-128-10 of ``bench_data_parallel`` (9 610 weights, 38 kB of gradient)."""
     from course_lib.models import MLP
 
-    return partial(MLP, 64, (128,))
+    return MLP(64, (128,))
 
 
 def digits_subset(size: int) -> Subset:
@@ -53,6 +54,11 @@ def digits_subset(size: int) -> Subset:
     from course_lib.data.digits import load_digits
 
     return Subset(load_digits(), range(size))
+
+
+def warm_up() -> int:
+    """Import torch and load the digits (on an engine, while the reference trains); count them."""
+    return len(digits_subset(0).dataset)
 
 
 def round_trip_seconds(cluster: CourseCluster, repeats: int = 30) -> float:
@@ -86,23 +92,27 @@ def method_row(result: DataParallelResult, single: dict[str, Any]) -> dict[str, 
     return row
 
 
-def table_head(width: int) -> str:
-    """Return the table's header line for method names ``width`` characters wide."""
-    return (f"{'method':<{width}} {'step':>6} {'compute':>7} {'wait':>6} {'comm':>6} "
-            f"{'sent kB':>7} {'max':>6} {'gloo kB':>7} {'max|w-w1|':>9} {'run s':>5}  verdict")  # fmt: skip
+#: The table's numeric columns: ``method_row`` key -> (heading, width, format).
+COLUMNS = {"step": ("step", 6, ".2f"), "compute": ("compute", 7, ".2f"), "wait": ("wait", 6, ".2f"),
+           "comm": ("comm", 6, ".2f"), "bytes_sent": ("sent kB", 7, ".1f"),
+           "max_bytes_sent": ("max", 6, ".1f"), "collective_bytes": ("gloo kB", 7, ".1f"),
+           "diff": ("max|w-w1|", 9, ".1e"), "seconds": ("run s", 5, ".1f")}  # fmt: skip
 
 
-def format_row(row: dict[str, Any], seconds: float, width: int) -> str:
-    """Return one table line for :func:`method_row`'s ``row``, with the run's wall time."""
+def format_row(row: dict[str, Any] | None, width: int) -> str:
+    """Return the table line of :func:`method_row`'s ``row`` (the heading for None)."""
     from course_lib.parallel.registry import EXCHANGES
 
-    wait = "-" if EXCHANGES[row["method"]].overlaps_backward else f"{row['wait']:.2f}"
+    if row is None:
+        cells = [f"{head:>{w}}" for head, w, _ in COLUMNS.values()]
+        return f"{'method':<{width}} {' '.join(cells)}  verdict"
+    overlapped = EXCHANGES[row["method"]].overlaps_backward  # it does not stop to wait
+    cells = ["-".rjust(w) if key == "wait" and overlapped else f"{row[key]:>{w}{fmt}}"
+             for key, (_, w, fmt) in COLUMNS.items()]  # fmt: skip
     verdict = "= one process" if row["equal"] else "DIFFERS from one process"
     if row["replicas"] > 0:
         verdict += f" (replicas differ by {row['replicas']:.1e})"
-    return (f"{row['method']:<{width}} {row['step']:>6.2f} {row['compute']:>7.2f} {wait:>6} "
-            f"{row['comm']:>6.2f} {row['bytes_sent']:>7.1f} {row['max_bytes_sent']:>6.1f} "
-            f"{row['collective_bytes']:>7.1f} {row['diff']:>9.1e} {seconds:>5.1f}  {verdict}")  # fmt: skip
+    return f"{row['method']:<{width}} {' '.join(cells)}  {verdict}"
 
 
 LEGEND = """\
@@ -119,7 +129,7 @@ def held_out_accuracy(weights: dict[str, Any]) -> float:
 
     from course_lib.data.digits import load_digits
 
-    net = model()()
+    net = make_mlp()
     net.load_state_dict({k: torch.from_numpy(v) for k, v in weights.items()})
     X, y = load_digits(train=False).tensors
     with torch.no_grad():
@@ -161,9 +171,15 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def run_demo(args: argparse.Namespace) -> None:
     """Start (or connect to) the engines, print the doctor's report and the methods' table."""
+    began = time.perf_counter()
+    print(f"Connecting to cluster {args.profile!r} ..." if args.profile else
+          f"Starting {args.engines or 'the'} {args.kind or 'local'} engines ...", flush=True)  # fmt: skip
     from course_lib.cluster import start_cluster
     from course_lib.data.digits import DIGITS_NUM_TEST
-    from course_lib.demo import digits_subset as importable  # see below
+
+    # As `python -m course_lib.demo` this module is __main__, whose functions would travel to the
+    # engines by value, without their imports: ship the importable module's functions (by name).
+    from course_lib.demo import digits_subset, make_mlp, warm_up
     from course_lib.parallel.data_parallel import train_data_parallel
     from course_lib.parallel.reference import train_one_process
     from course_lib.training import TrainConfig
@@ -177,28 +193,26 @@ def run_demo(args: argparse.Namespace) -> None:
         print(cluster.doctor(), "\n", flush=True)
         batch = max(n, BATCH // n * n)
         config = TrainConfig(num_epochs=1, batch_size=batch, **CONFIG)
-        # As `python -m course_lib.demo` this module is __main__, whose functions would travel to
-        # the engines by value, without their imports: ship the importable module's (by name).
-        dataset = partial(importable, args.steps * batch)
-        warm_up = cluster.view.apply_async(importable, 1)  # the engines import torch meanwhile
+        dataset = partial(digits_subset, args.steps * batch)
+        warming = cluster.view.apply_async(warm_up)  # the engines import torch meanwhile
         t0 = time.perf_counter()
-        single = train_one_process(model(), dataset, config)
+        single = train_one_process(make_mlp, dataset, config)
         print(f"MLP 64-128-10 on digits: {args.steps} SGD steps, global batch {batch} "
               f"({batch // n} per engine), lr {config.lr}, momentum {config.momentum}")  # fmt: skip
         print(f"one process (the reference): {time.perf_counter() - t0:.1f} s, test accuracy "
               f"{100 * held_out_accuracy(single):.1f} % on {DIGITS_NUM_TEST} held-out digits\n")  # fmt: skip
-        warm_up.get(timeout=300)
+        warming.get(timeout=300)
         width = max(len(m) for m in args.methods)
-        head = table_head(width)
+        head = format_row(None, width)
         print(f"{n} engines, median per step (ms):\n{head}\n{'-' * (len(head) + 6)}", flush=True)
         for method in args.methods:
             t0 = time.perf_counter()
-            result = train_data_parallel(cluster, model=model(), dataset=dataset, config=config,
+            result = train_data_parallel(cluster, model=make_mlp, dataset=dataset, config=config,
                                          method=method, comm_timeout=60, timeout=300,
                                          **OPTIONS.get(method, {}))  # fmt: skip
-            row = method_row(result, single)
-            print(format_row(row, time.perf_counter() - t0, width), flush=True)
-        print(f"\n{LEGEND}\nwhole demo: {time.perf_counter() - started:.0f} s")
+            row = {**method_row(result, single), "seconds": time.perf_counter() - t0}
+            print(format_row(row, width), flush=True)
+        print(f"\n{LEGEND}\nwhole demo: {time.perf_counter() - began:.0f} s")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -211,6 +225,9 @@ def main(argv: list[str] | None = None) -> int:
     except (RuntimeError, ValueError, OSError, KernelError) as exc:  # ClusterError, timeouts, ...
         print(f"kit demo: {str(exc).strip().splitlines()[0]}", file=sys.stderr)
         return 1
+    except KeyboardInterrupt:  # the engines were stopped on the way out
+        print("kit demo: interrupted", file=sys.stderr)
+        return 130
     return 0
 
 
