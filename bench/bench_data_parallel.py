@@ -168,7 +168,9 @@ def run_link(cluster, link_name: str, link, sizes, methods, steps: int, batch: i
                   f"({time.perf_counter() - t0:.0f} s)", flush=True)  # fmt: skip
 
 
-def speed_goals(cluster, sizes, link, per_engine: int, steps: int, repeats: int) -> None:
+def speed_goals(
+    cluster, sizes, link, per_engine: int, steps: int, repeats: int, where: str = ""
+) -> None:
     """Print the buckets' speed goals: after-backward ring / bucketed (>= 1.3x), bucketed / DDP
     (<= 1.2x), at ``per_engine`` samples per engine, the three methods run in turn ``repeats``
     times (medians of the runs' median steps), and the most perfect overlap could give.
@@ -180,7 +182,7 @@ def speed_goals(cluster, sizes, link, per_engine: int, steps: int, repeats: int)
     steps than the ring (recursive doubling); the buckets forced onto the ring show overlap
     alone.
     """
-    print(f"\nspeed goals, {link.label if link else 'real link'}, {per_engine} samples per "
+    print(f"\nspeed goals, {link.label if link else where or 'real link'}, {per_engine} samples per "
           f"engine, {steps} steps, {repeats} runs per method in turn (ms, medians)")  # fmt: skip
     opts = {"bucketed": {"bucket_bytes": BUCKET_BYTES}, "ddp": {"bucket_bytes": BUCKET_BYTES}}
     for n in [s for s in sizes if s > 1]:
@@ -314,7 +316,8 @@ def main(argv: list[str] | None = None) -> int:
             with room_cluster(max(sizes), rate="1gbit") as cluster:
                 if not args.goals_only:
                     run_link(cluster, "room", None, sizes, args.methods, steps, batch)
-                speed_goals(cluster, sizes, None, args.per_engine, goal_steps, args.repeats)
+                speed_goals(cluster, sizes, None, args.per_engine, goal_steps, args.repeats,
+                            "room: one engine per PC, real TCP, 1 Gbit/s tbf links")  # fmt: skip
                 if args.accuracy:
                     time_to_accuracy(cluster, sizes)
         except RuntimeError as exc:
