@@ -3,9 +3,13 @@ real gloo and MPI ranks in comm_workers/worker.py's ``main`` suite)."""
 
 from __future__ import annotations
 
+import threading
+import time
+from collections import defaultdict, deque
+
 import numpy as np
 import pytest
-from comm_workers.threads import run_threads
+from comm_workers.threads import ThreadCommunicator, run_threads
 
 from course_lib.collectives import ring_allreduce
 from course_lib.collectives.ring_pipelined import (
@@ -63,3 +67,69 @@ def test_buffers_of_different_sizes_are_an_error_naming_the_ranks():
 def test_bad_segment_size_is_refused():
     with pytest.raises(ValueError, match="segment_bytes must be >= 1"):
         run_threads(2, lambda c: ring_allreduce_pipelined(c, np.ones(4), segment_bytes=0))
+
+
+class _PostedFabric:
+    """Messages move the moment both ends are posted, from and into the live buffers.
+
+    That is how gloo's transport works (the sender writes from its own buffer into the posted
+    receive while the receiver does other things), unlike ``run_threads``, whose receives copy
+    only inside ``wait``: a receive posted into memory that still holds an unread segment is
+    overwritten here as it would be on a real link.
+    """
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.sends: dict = defaultdict(deque)  # (src, dst, tag) -> unmatched (buffer, done event)
+        self.recvs: dict = defaultdict(deque)
+
+    def post(self, kind: str, arr: np.ndarray, key: tuple) -> threading.Event:
+        done = threading.Event()
+        with self.lock:
+            others = self.recvs[key] if kind == "send" else self.sends[key]
+            if not others:
+                (self.sends if kind == "send" else self.recvs)[key].append((arr, done))
+                return done
+            other, other_done = others.popleft()
+            src, dst = (arr, other) if kind == "send" else (other, arr)
+            dst.view(np.uint8)[...] = src.view(np.uint8)
+        other_done.set()
+        done.set()
+        return done
+
+
+class _PostedCommunicator(ThreadCommunicator):
+    def _post_send(self, arr, dst, raw_tag):
+        return self.fabric.post("send", arr, (self.rank, dst, raw_tag))
+
+    def _post_recv(self, arr, src, raw_tag):
+        return self.fabric.post("recv", arr, (src, self.rank, raw_tag))
+
+    def _wait_raw(self, req, deadline):
+        return req.wait(max(deadline - time.time(), 1e-3))
+
+
+@pytest.mark.parametrize("p", [2, 3, 4])
+@pytest.mark.parametrize("size", [4099, 10_007])
+def test_pipelined_ring_is_exact_when_data_lands_as_soon_as_posted(p, size):
+    """Receives are posted a step ahead into scratch slots; no segment may land on an unread one.
+
+    With these sizes the chunks differ in length by one element, so segment j of one chunk is a
+    little longer than segment j of the next: each needs its own slot in the scratch buffer.
+    """
+    x = np.random.default_rng(size + p).standard_normal((p, size)).astype(np.float32)
+    fabric = _PostedFabric()
+    results: list = [None] * p
+
+    def body(rank):
+        comm = _PostedCommunicator(fabric, rank, p, timeout=20.0)
+        results[rank] = ring_allreduce_pipelined(comm, x[rank].copy(), segment_bytes=64)
+
+    threads = [threading.Thread(target=body, args=(r,)) for r in range(p)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    plain = run_threads(p, lambda c: ring_allreduce(c, x[c.rank].copy()))
+    for got in results:
+        assert got is not None and np.array_equal(got, plain[0])

@@ -9,21 +9,32 @@ still in flight. This is the pipelining of Patarasuk & Yuan (2009) and of the se
 NCCL and gloo: the sends of consecutive steps overlap, and only one segment's arithmetic is left
 on the critical path. The result is bitwise the same as the plain ring (same chunks, same owners,
 same order of additions).
+
+Receives are posted one step ahead: the moment segment ``j`` of step ``k`` has been used, the
+receive for segment ``j`` of step ``k + 1`` is posted into the scratch slot (or chunk) it frees.
+Gloo sends only into a posted receive, and a "ready to receive" notice queues behind this rank's
+own outgoing data (a few ms on a shaped link), so a receive posted only when its step begins
+leaves the left neighbour's link idle at every step boundary; posted a step early, the notice
+has long arrived when the data is ready. Measured in the emulated room (``bench/bench_room.py``).
 """
 
 from __future__ import annotations
+
+import time
 
 import numpy as np
 
 from course_lib.collectives.common import reduce_into, reducible_flat
 from course_lib.collectives.ring import ring_schedule
 from course_lib.comm.buffers import Buffer, chunk_bounds
-from course_lib.comm.communicator import CommMismatchError, Communicator, wait_all
+from course_lib.comm.communicator import CommMismatchError, Communicator, Handle, wait_all
 
 __all__ = ["SEGMENT_TAGS", "ring_allreduce_pipelined", "segment_bounds"]
 
 # One tag per segment index, so segments in flight between the same two ranks cannot swap:
-# reduce-scatter segments use 8120 + j, allgather segments 8156 + j (j < MAX_SEGMENTS).
+# reduce-scatter segments use 8120 + j, allgather segments 8156 + j (j < MAX_SEGMENTS). Steps of
+# one phase reuse a tag; messages of one tag and pair arrive in order (gloo, MPI), and the receive
+# for step k + 1 is posted only after step k's has completed.
 SEGMENT_TAGS = {"ring_rs": 8120, "ring_ag": 8156}
 AGREE_TAG = 8119  # the neighbours compare buffer sizes before any eager receive is posted
 MAX_SEGMENTS = 36
@@ -40,15 +51,21 @@ def ring_allreduce_pipelined(
     tensor: Buffer,
     op: str = "sum",
     segment_bytes: int = DEFAULT_SEGMENT_BYTES,
+    timeline: list[tuple[int, int, float]] | None = None,
 ) -> Buffer:
     """Reduce ``tensor`` over all ranks in place, as the ring does, with segments pipelined.
 
     Every rank calls it with a buffer of the same size and dtype (and the same ``segment_bytes``)
     and ends with results bitwise equal to :func:`~course_lib.collectives.ring_allreduce`'s.
     Cost: $2(N-1)(\\alpha + \\frac{n}{N}\\beta)$ with the reductions hidden behind the transfers.
+    ``timeline``, if given, gets ``(step, segment, time.perf_counter())`` as each segment lands
+    (step -1: the entry, -2: the size check done, ``2(N-1)``: the return), to show where time goes.
     """
     if segment_bytes < 1:
         raise ValueError(f"segment_bytes must be >= 1, got {segment_bytes}")
+    mark = timeline.append if timeline is not None else None
+    if mark:
+        mark((-1, 0, time.perf_counter()))
     arr = reducible_flat(tensor, op)
     p, r = comm.world_size, comm.rank
     if p == 1 or arr.size == 0:
@@ -58,42 +75,55 @@ def ring_allreduce_pipelined(
     segments = int(min(MAX_SEGMENTS, max(1, np.ceil(longest * arr.itemsize / segment_bytes))))
     right, left = (r + 1) % p, (r - 1) % p
     _agree_with_neighbours(comm, arr, right, left)
+    if mark:
+        mark((-2, 0, time.perf_counter()))
     schedule = ring_schedule(r, p)
-    scratch = np.empty(longest, dtype=arr.dtype)
     pieces = {c: segment_bounds(*bounds[c], segments) for c in range(p)}
+    slot = -(-longest // segments)  # scratch slot j holds segment j of any chunk (all fit)
+    scratch = np.empty(slot * segments, dtype=arr.dtype)
+    sending: dict[tuple[int, int], Handle] = {}  # (chunk, segment) -> the send still reading it
 
-    sent: dict[int, list] = {c: [] for c in range(p)}  # sends still reading each chunk
-
-    def send_segment(chunk: int, j: int, phase: str) -> None:
+    def send(k: int, j: int) -> None:
+        phase, chunk, _ = schedule[k]
         a, b = pieces[chunk][j]
-        sent[chunk].append(comm.isend(arr[a:b], right, SEGMENT_TAGS[_tag_phase(phase)] + j))
+        tag = SEGMENT_TAGS[_tag_phase(phase)] + j
+        sending[(chunk, j)] = comm.isend(arr[a:b], right, tag)
+
+    def post_receive(k: int, j: int) -> Handle:
+        phase, _, got = schedule[k]
+        a, b = pieces[got][j]
+        if phase == "reduce-scatter":
+            target = scratch[j * slot : j * slot + b - a]
+        else:  # the allgather overwrites the segment: the reduce-scatter send reading it must end
+            earlier = sending.pop((got, j), None)
+            if earlier is not None:
+                earlier.wait()
+            target = arr[a:b]
+        # eager: the payload's receive is posted now (sizes were agreed), so the left
+        # neighbour's gloo may send it the moment it is ready, without a round trip
+        return comm.irecv(target, left, SEGMENT_TAGS[_tag_phase(phase)] + j, eager=True)
 
     for j in range(segments):
-        send_segment(schedule[0][1], j, schedule[0][0])
+        send(0, j)
+    recvs = [post_receive(0, j) for j in range(segments)]
     for k, (phase, _, got) in enumerate(schedule):
-        start = bounds[got][0]
-        if (
-            phase == "allgather"
-        ):  # about to overwrite chunk `got`: its reduce-scatter send must be done
-            wait_all(sent[got])
-        recvs = []
-        for j, (a, b) in enumerate(pieces[got]):
-            target = scratch[a - start : b - start] if phase == "reduce-scatter" else arr[a:b]
-            # eager: every segment's receive is posted now, so the left neighbour's sends flow
-            # while this rank reduces (gloo sends only into a posted receive)
-            tag = SEGMENT_TAGS[_tag_phase(phase)] + j
-            recvs.append(comm.irecv(target, left, tag, eager=True))
-        # The chunk finished in this step is the one the next step sends (after the last
-        # reduce-scatter step: the chunk this rank now owns, the allgather's first send), so each
-        # segment goes on as soon as it is ready, while the later ones are still arriving.
-        nxt = schedule[k + 1][0] if k + 1 < len(schedule) else None
-        for j, (a, b) in enumerate(pieces[got]):
+        last = k + 1 == len(schedule)
+        for j in range(segments):
             recvs[j].wait()
+            if mark:
+                mark((k, j, time.perf_counter()))
             if phase == "reduce-scatter":
-                reduce_into(arr[a:b], scratch[a - start : b - start], op)
-            if nxt is not None:
-                send_segment(got, j, nxt)
-    wait_all([h for handles in sent.values() for h in handles])
+                a, b = pieces[got][j]
+                reduce_into(arr[a:b], scratch[j * slot : j * slot + b - a], op)
+            if not last:
+                # The chunk finished in step k is the one step k + 1 sends (after the last
+                # reduce-scatter step: the chunk this rank now owns, the allgather's first send),
+                # so segment j goes on at once; its slot is free for step k + 1's segment j.
+                send(k + 1, j)
+                recvs[j] = post_receive(k + 1, j)
+    wait_all(list(sending.values()))
+    if mark:
+        mark((len(schedule), 0, time.perf_counter()))
     return tensor
 
 
@@ -102,10 +132,12 @@ def _agree_with_neighbours(comm: Communicator, arr: np.ndarray, right: int, left
 
     Around the ring this checks every rank against every other: the eager receives below post
     payloads of the sizes this rank expects, which is only safe once the sizes are known equal.
+    The check itself is always two int64, so its own receive may be eager (one trip, not two).
     """
     mine = np.array([arr.size, arr.dtype.num], dtype=np.int64)
     theirs = np.zeros(2, dtype=np.int64)
-    comm.sendrecv(mine, right, theirs, left, tag=AGREE_TAG)
+    recv = comm.irecv(theirs, left, AGREE_TAG, eager=True)
+    wait_all([recv, comm.isend(mine, right, AGREE_TAG)])
     if not np.array_equal(mine, theirs):
         raise CommMismatchError(
             f"rank {comm.rank} has {arr.size} elements of {arr.dtype} (dtype number "
