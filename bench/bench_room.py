@@ -89,10 +89,12 @@ def worker(rank: int, world_size: int, addr: str, sizes_mb: list[int], reps: int
     cal = ping_pong(comm, sizes=PING_SIZES, repeats=7, pair=(0, 1))
     b_ping = PING_SIZES[-1] / cal.times[-1]  # bytes/s of the largest message, one way (median)
     # the fastest of the repeats: a bound wants the best the link does, and load only slows it
-    fastest = {size: min(times) for size, times in cal.samples.items()}
-    b_stream = (PING_SIZES[-1] - PING_SIZES[-2]) / (
-        fastest[PING_SIZES[-1]] - fastest[PING_SIZES[-2]]
-    )
+    fastest = {size: min(times) for size, times in cal.samples.items() if times}
+    b_stream = float("nan")  # only the timed pair has samples; rank 0 (in it) reports
+    if PING_SIZES[-1] in fastest and PING_SIZES[-2] in fastest:
+        b_stream = (PING_SIZES[-1] - PING_SIZES[-2]) / (
+            fastest[PING_SIZES[-1]] - fastest[PING_SIZES[-2]]
+        )
     algos = algorithms(segments_mib)
     rows = []
     for mb in sizes_mb:
