@@ -28,7 +28,7 @@ sys.path.insert(0, str(ROOT))
 
 from course_lib import collectives as C  # noqa: E402
 from course_lib.comm import GIGABIT, emulate, free_port, make_communicator  # noqa: E402
-from course_lib.cost_model import (  # noqa: E402
+from course_lib.cost_model.alpha_beta import (  # noqa: E402
     LinkModel,
     allreduce_bound,
     ping_pong,

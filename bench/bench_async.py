@@ -26,11 +26,11 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from course_lib.cluster import start_cluster  # noqa: E402
-from course_lib.models import SmallCNN  # noqa: E402
-from course_lib.parallel.asynchronous import train_asynchronous  # noqa: E402
-from course_lib.parallel.data_parallel import train_data_parallel  # noqa: E402
-from course_lib.parallel.stragglers import Straggler  # noqa: E402
-from course_lib.training import TrainConfig  # noqa: E402
+from course_lib.parallel.asynchronous.train import train_asynchronous  # noqa: E402
+from course_lib.parallel.data_parallel.stragglers import Straggler  # noqa: E402
+from course_lib.parallel.data_parallel.train import train_data_parallel  # noqa: E402
+from course_lib.training.loop import TrainConfig  # noqa: E402
+from course_lib.training.models import SmallCNN  # noqa: E402
 
 ENGINES = 4
 HALF_SPEED = {ENGINES - 1: Straggler(speed=0.5)}

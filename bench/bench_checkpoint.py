@@ -26,8 +26,8 @@ sys.path.insert(0, str(ROOT))
 
 from course_lib.checkpoint import load_checkpoint, rank_state, save_checkpoint  # noqa: E402
 from course_lib.checkpoint.state import make_checkpoint  # noqa: E402
-from course_lib.models import build_model, param_count  # noqa: E402
-from course_lib.training import History, TrainConfig  # noqa: E402
+from course_lib.training.loop import History, TrainConfig  # noqa: E402
+from course_lib.training.models import build_model, param_count  # noqa: E402
 
 MODELS = ("mlp", "lenet", "small_cnn", "unet")
 

@@ -31,8 +31,8 @@ import torch  # noqa: E402
 
 from course_lib.compression import make_codec, make_compressor, pack_many, unpack_many  # noqa: E402
 from course_lib.data import load_dataset  # noqa: E402
-from course_lib.models import LeNet, UNet  # noqa: E402
-from course_lib.parallel.exchange import flatten_grads, trainable_parameters  # noqa: E402
+from course_lib.parallel.exchanges.base import flatten_grads, trainable_parameters  # noqa: E402
+from course_lib.training.models import LeNet, UNet  # noqa: E402
 
 COMPRESSORS = [
     ("none", {}), ("float16", {}), ("int8", {}), ("qsgd", {"levels": 7}), ("sign", {}),

@@ -41,14 +41,14 @@ sys.path.insert(0, str(ROOT))
 
 from course_lib.cluster import start_cluster  # noqa: E402
 from course_lib.comm import GIGABIT  # noqa: E402
-from course_lib.cost_model import LinkModel, predict  # noqa: E402
-from course_lib.models import SmallCNN  # noqa: E402
-from course_lib.parallel.bucket_choice import ALGORITHMS as CHOICES  # noqa: E402
-from course_lib.parallel.buckets import bucket_layout  # noqa: E402
-from course_lib.parallel.calibration import engine_calibrations  # noqa: E402
-from course_lib.parallel.data_parallel import COMM_NAME, train_data_parallel  # noqa: E402
-from course_lib.parallel.exchange import trainable_parameters  # noqa: E402
-from course_lib.training import TrainConfig  # noqa: E402
+from course_lib.cost_model.alpha_beta import LinkModel, predict  # noqa: E402
+from course_lib.cost_model.calibration import engine_calibrations  # noqa: E402
+from course_lib.parallel.data_parallel.train import COMM_NAME, train_data_parallel  # noqa: E402
+from course_lib.parallel.exchanges.base import trainable_parameters  # noqa: E402
+from course_lib.parallel.exchanges.bucket_choice import ALGORITHMS as CHOICES  # noqa: E402
+from course_lib.parallel.exchanges.buckets import bucket_layout  # noqa: E402
+from course_lib.training.loop import TrainConfig  # noqa: E402
+from course_lib.training.models import SmallCNN  # noqa: E402
 
 METHODS = ["parameter_server", "allreduce_naive", "ring", "builtin", "bucketed", "ddp"]
 BUCKET_BYTES = 1 << 19  # 512 kB: 2 buckets (the 2.1 MB dense layers; the 77 kB convolutions)
@@ -236,7 +236,7 @@ def time_to_accuracy(cluster, sizes, target: float = 0.93, max_epochs: int = 20)
     from functools import partial
 
     from course_lib.data.digits import load_digits
-    from course_lib.models import MLP
+    from course_lib.training.models import MLP
 
     test = load_digits(train=False)
     print(
@@ -310,7 +310,7 @@ def main(argv: list[str] | None = None) -> int:
           f"{steps}-step epoch, {steps} x the median step")  # fmt: skip
     started = time.perf_counter()
     if args.room:
-        from course_lib.cluster.room_cluster import room_cluster
+        from course_lib.cluster.room.cluster import room_cluster
 
         try:
             with room_cluster(max(sizes), rate="1gbit") as cluster:

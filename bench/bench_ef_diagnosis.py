@@ -33,8 +33,8 @@ sys.path.insert(0, str(ROOT))
 from course_lib.compression.base import mean_in_rank_order  # noqa: E402
 from course_lib.compression.registry import make_compressor  # noqa: E402
 from course_lib.data import load_dataset  # noqa: E402
-from course_lib.parallel.source000_table import source000_unet  # noqa: E402
-from course_lib.training import evaluate, seed_everything  # noqa: E402
+from course_lib.papers.source000_table import source000_unet  # noqa: E402
+from course_lib.training.loop import evaluate, seed_everything  # noqa: E402
 
 VARIANTS = {  # name -> (compressor settings, granularity, compress the downlink)
     "float32": ({"name": "none"}, "flat", False),

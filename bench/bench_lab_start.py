@@ -1,7 +1,7 @@
 """Benchmark ``./kit lab start``: seconds until every engine on every PC answers.
 
-Builds an emulated room of N PCs (see ``course_lib/cluster/room.py``), writes a hosts file
-whose ``ssh`` / ``scp`` are the room's stand-ins (``course_lib/cluster/room_ssh.py``), and times
+Builds an emulated room of N PCs (see ``course_lib/cluster/room/build.py``), writes a hosts file
+whose ``ssh`` / ``scp`` are the room's stand-ins (``course_lib/cluster/room/ssh.py``), and times
 ``python -m course_lib.cluster lab start`` (controller here, engines through ipyparallel's SSH
 launcher), then ``stop``; beside it, a local ``start_cluster`` of the same size on this machine.
 Prints the medians over the repeats and their ratio. Needs root, ``ip``, ``tc``, ``unshare``.
@@ -26,8 +26,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from course_lib.cluster import start_cluster  # noqa: E402
-from course_lib.cluster.room import emulated_room, room_unavailable_reason  # noqa: E402
-from course_lib.cluster.room_ssh import write_ssh_standins  # noqa: E402
+from course_lib.cluster.room.build import emulated_room, room_unavailable_reason  # noqa: E402
+from course_lib.cluster.room.ssh import write_ssh_standins  # noqa: E402
 
 
 def lab(env: dict[str, str], action: str, hosts: Path) -> str:

@@ -8,7 +8,7 @@ prints the median step time (slowest rank), the bytes each engine handed to the 
 Communicator's counters) beside the bytes the design predicts, and for the pipelines the measured
 bubble beside the formula (p-1)/(m+p-1) and the schedule simulation fed with the measured
 per-stage compute times. Then, for the course's ``SmallCNN`` (batch 64), Krizhevsky's hybrid
-(``course_lib.parallel.hybrid``: data-parallel convolutions, model-parallel dense layers) beside
+(``course_lib.parallel.model_parallel.hybrid``: data-parallel convolutions, model-parallel dense layers) beside
 data parallelism, the tensor-parallel dense head and a 1F1B pipeline: every collective there
 goes round the kit's ring from point-to-point messages, so the bytes are bytes sent (mean over
 ranks, beside the cost model). Communication time is shown twice: inside the step (it includes
@@ -28,14 +28,14 @@ import argparse
 
 from course_lib.cluster import start_cluster
 from course_lib.comm import setup_communicators
-from course_lib.cost_model import LinkModel, predict
-from course_lib.parallel.hybrid import (
+from course_lib.cost_model.alpha_beta import LinkModel, predict
+from course_lib.parallel.model_parallel.hybrid import (
     data_parallel_bytes,
     hybrid_bytes,
     hybrid_collectives,
     layer_sizes,
 )
-from course_lib.parallel.pipeline_schedule import Timeline, bubble_formula, simulate
+from course_lib.parallel.pipeline_parallel.schedule import Timeline, bubble_formula, simulate
 
 HIDDEN, BATCH, LAYERS = 512, 64, 4  # MLP 64 -> 512 x LAYERS -> 10
 CNN_BATCH = 64  # SmallCNN on 3 x 32 x 32 images
@@ -65,13 +65,13 @@ def _engine_step(kind: str, repeats: int, m: int = 1, schedule: str = "gpipe") -
     from IPython import get_ipython
     from torch import nn
 
-    from course_lib.parallel.pipeline import (
+    from course_lib.parallel.model_parallel.tensor_parallel import TensorParallelMLP
+    from course_lib.parallel.pipeline_parallel.pipeline import (
         PipelineSettings,
         even_stages,
         pipeline_step,
         split_stages,
     )
-    from course_lib.parallel.tensor_parallel import TensorParallelMLP
 
     comm = get_ipython().user_ns["comm"]
     p, r = comm.world_size, comm.rank
@@ -122,15 +122,20 @@ def _engine_cnn_step(kind: str, repeats: int) -> dict:
     from torch import nn
 
     from course_lib.collectives.ring import ring_allreduce
-    from course_lib.models import SmallCNN
-    from course_lib.parallel.hybrid import HybridCNN, RingCollectives, hybrid_step, shard_batch
-    from course_lib.parallel.pipeline import (
+    from course_lib.parallel.model_parallel.hybrid import (
+        HybridCNN,
+        RingCollectives,
+        hybrid_step,
+        shard_batch,
+    )
+    from course_lib.parallel.model_parallel.tensor_parallel import TensorParallelMLP
+    from course_lib.parallel.pipeline_parallel.pipeline import (
         PipelineSettings,
         even_stages,
         pipeline_step,
         split_stages,
     )
-    from course_lib.parallel.tensor_parallel import TensorParallelMLP
+    from course_lib.training.models import SmallCNN
 
     comm = get_ipython().user_ns["comm"]
     p, r = comm.world_size, comm.rank
@@ -180,8 +185,8 @@ def cnn_predictions(kind: str, p: int) -> tuple[float, list | None]:
     """Return (bytes per rank, mean over ranks; the step's collectives [(algorithm, bytes)])."""
     from torch import nn
 
-    from course_lib.models import SmallCNN
-    from course_lib.parallel.pipeline import even_stages
+    from course_lib.parallel.pipeline_parallel.pipeline import even_stages
+    from course_lib.training.models import SmallCNN
 
     net = SmallCNN()
     conv, widths = layer_sizes(net)
@@ -258,7 +263,9 @@ def cnn_table(cluster, p: int, repeats: int) -> None:
 def _calibrate() -> LinkModel:
     from IPython import get_ipython
 
-    from course_lib import cost_model  # a module: this function runs on the engines
+    from course_lib.cost_model import (
+        alpha_beta as cost_model,  # a module: this function runs on the engines
+    )
 
     comm = get_ipython().user_ns["comm"]
     # The collective's own fit, not a ping-pong: one idle pair is not what a ring step sees

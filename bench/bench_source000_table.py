@@ -4,7 +4,7 @@ Trains source 000's U-Net size (``UNet(base_width=16, depth=4)``: 7.8 MB of floa
 theirs 8.33 MB) on generated Vaihingen-format tiles with N local engines (default 4) through
 source 000's star (a server that also computes), once per gradient format: float32, float16,
 int8, int8 + mgzip (the source's settings), int8 + error feedback, int8 + EF + zstd and the
-kit's best (see ``course_lib/parallel/source000_table.py``). Each run has the same fixed budget
+kit's best (see ``course_lib/papers/source000_table.py``). Each run has the same fixed budget
 (epochs, tiles, seed). It first measures float32 on the emulated 1 Gbit/s link, derives the
 source's regime from its compute time per step (the link rate at which float32 sync takes
 68.7 / 97.0 of the epoch, as in the source) and prints the derivation, then prints the table at
@@ -40,8 +40,7 @@ sys.path.insert(0, str(ROOT))
 
 from course_lib.comm.emulated_link import GIGABIT, EmulatedLink  # noqa: E402
 from course_lib.data import load_dataset  # noqa: E402
-from course_lib.parallel.data_parallel import train_data_parallel  # noqa: E402
-from course_lib.parallel.source000_table import (  # noqa: E402
+from course_lib.papers.source000_table import (  # noqa: E402
     CONFIGS,
     format_side_by_side,
     goal_verdicts,
@@ -51,7 +50,8 @@ from course_lib.parallel.source000_table import (  # noqa: E402
     source_regime_rate,
     table_row,
 )
-from course_lib.training import TrainConfig  # noqa: E402
+from course_lib.parallel.data_parallel.train import train_data_parallel  # noqa: E402
+from course_lib.training.loop import TrainConfig  # noqa: E402
 
 
 def compute_per_step(result) -> float:
@@ -175,8 +175,8 @@ def _run_emulated(args, configs) -> None:
 
 
 def _run_in_room(args, configs) -> None:
-    from course_lib.cluster.room import room_unavailable_reason
-    from course_lib.cluster.room_cluster import room_cluster
+    from course_lib.cluster.room.build import room_unavailable_reason
+    from course_lib.cluster.room.cluster import room_cluster
 
     reason = room_unavailable_reason()
     if reason:

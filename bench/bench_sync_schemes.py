@@ -35,17 +35,17 @@ sys.path.insert(0, str(ROOT))
 from course_lib.cluster import start_cluster  # noqa: E402
 from course_lib.comm import GIGABIT  # noqa: E402
 from course_lib.data.digits import load_digits  # noqa: E402
-from course_lib.models import MLP  # noqa: E402
-from course_lib.parallel.configurations import (  # noqa: E402
+from course_lib.papers.source001_configurations import (  # noqa: E402
     CONFIGURATIONS,
     Configuration,
     compare_with_paper,
     configurations_table,
     run_configuration,
 )
-from course_lib.parallel.data_parallel import train_data_parallel  # noqa: E402
-from course_lib.parallel.stragglers import Straggler  # noqa: E402
-from course_lib.training import TrainConfig  # noqa: E402
+from course_lib.parallel.data_parallel.stragglers import Straggler  # noqa: E402
+from course_lib.parallel.data_parallel.train import train_data_parallel  # noqa: E402
+from course_lib.training.loop import TrainConfig  # noqa: E402
+from course_lib.training.models import MLP  # noqa: E402
 
 
 def options(period: int, averaging: str) -> dict:
@@ -112,7 +112,7 @@ def main() -> None:
     args = parser.parse_args()
     started = time.perf_counter()
     if args.room:
-        from course_lib.cluster.room_cluster import room_cluster
+        from course_lib.cluster.room.cluster import room_cluster
 
         try:
             with room_cluster(4, rate="1gbit") as cluster:

@@ -1,6 +1,6 @@
 """Training throughput (images / s) of each course model on this machine's CPU, at a fixed batch.
 
-One training step = forward, backward and an SGD update (``course_lib.training.train_step``) on a
+One training step = forward, backward and an SGD update (``course_lib.training.loop.train_step``) on a
 batch of random inputs of the model's input shape; the data do not change the cost. Each model
 gets warm-up steps, then ``--repeats`` timed steps; the table shows the median step time and
 images / s = batch size / median. Later lectures use these figures to say how much compute one
@@ -22,8 +22,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from course_lib.models import MLP, LeNet, SmallCNN, UNet, grad_bytes, param_count
-from course_lib.training import seed_everything, train_step
+from course_lib.training.loop import seed_everything, train_step
+from course_lib.training.models import MLP, LeNet, SmallCNN, UNet, grad_bytes, param_count
 
 # name -> (constructor, input shape of one sample, what it stands for)
 MODELS = {

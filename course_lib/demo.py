@@ -2,9 +2,9 @@
 
 Run it with ``./kit demo`` (or ``python -m course_lib.demo --engines 4 --methods ring,ddp``).
 Every method trains the same digits MLP for the same steps through
-:func:`~course_lib.parallel.data_parallel.train_data_parallel`; each row of the table is measured
+:func:`~course_lib.parallel.data_parallel.train.train_data_parallel`; each row of the table is measured
 in this run and compared with one process trained on the whole global batch
-(:mod:`course_lib.parallel.reference`).
+(:mod:`course_lib.parallel.data_parallel.reference`).
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ if TYPE_CHECKING:
     from torch.utils.data import Subset
 
     from course_lib.cluster import CourseCluster
-    from course_lib.parallel.data_parallel import DataParallelResult
+    from course_lib.parallel.data_parallel.train import DataParallelResult
 
 __all__ = ["BATCH", "DEFAULT_METHODS", "MAX_STEPS", "METHODS", "digits_subset", "main", "make_mlp",
            "method_row", "round_trip_seconds"]  # fmt: skip
@@ -42,7 +42,7 @@ OPTIONS = {"bucketed": {"bucket_bytes": 4096}, "ddp": {"bucket_bytes": 4096}}  #
 
 def make_mlp() -> nn.Module:
     """Return the MLP 64-128-10 of ``bench_data_parallel`` (9 610 weights, 38 kB of gradient)."""
-    from course_lib.models import MLP
+    from course_lib.training.models import MLP
 
     return MLP(64, (128,))
 
@@ -73,7 +73,11 @@ def round_trip_seconds(cluster: CourseCluster, repeats: int = 30) -> float:
 
 def method_row(result: DataParallelResult, single: dict[str, Any]) -> dict[str, Any]:
     """Return one method's medians over steps 2.. (ms, kB per rank) and its distance from one process."""
-    from course_lib.parallel.reference import ATOL, max_weight_difference, weights_match
+    from course_lib.parallel.data_parallel.reference import (
+        ATOL,
+        max_weight_difference,
+        weights_match,
+    )
 
     recs = [r for r in result.records if r["step"] >= 1] or result.records
     row: dict[str, Any] = {"method": result.method}
@@ -101,7 +105,7 @@ COLUMNS = {"step": ("step", 6, ".2f"), "compute": ("compute", 7, ".2f"), "wait":
 
 def format_row(row: dict[str, Any] | None, width: int) -> str:
     """Return the table line of :func:`method_row`'s ``row`` (the heading for None)."""
-    from course_lib.parallel.registry import EXCHANGES
+    from course_lib.parallel.exchanges.registry import EXCHANGES
 
     if row is None:
         cells = [f"{head:>{w}}" for head, w, _ in COLUMNS.values()]
@@ -180,9 +184,9 @@ def run_demo(args: argparse.Namespace) -> None:
     # As `python -m course_lib.demo` this module is __main__, whose functions would travel to the
     # engines by value, without their imports: ship the importable module's functions (by name).
     from course_lib.demo import digits_subset, make_mlp, warm_up
-    from course_lib.parallel.data_parallel import train_data_parallel
-    from course_lib.parallel.reference import train_one_process
-    from course_lib.training import TrainConfig
+    from course_lib.parallel.data_parallel.reference import train_one_process
+    from course_lib.parallel.data_parallel.train import train_data_parallel
+    from course_lib.training.loop import TrainConfig
 
     started = time.perf_counter()
     with start_cluster(args.kind, args.engines, profile=args.profile) as cluster:

@@ -20,11 +20,11 @@ import torch
 
 from course_lib.cluster import start_cluster
 from course_lib.data.digits import load_digits
-from course_lib.models import MLP
-from course_lib.parallel.asynchronous import AsyncTrainingError, train_asynchronous
-from course_lib.parallel.staleness import StalenessLedger, staleness_limit
-from course_lib.parallel.stragglers import Straggler
-from course_lib.training import TrainConfig
+from course_lib.parallel.asynchronous.staleness import StalenessLedger, staleness_limit
+from course_lib.parallel.asynchronous.train import AsyncTrainingError, train_asynchronous
+from course_lib.parallel.data_parallel.stragglers import Straggler
+from course_lib.training.loop import TrainConfig
+from course_lib.training.models import MLP
 
 pytestmark = pytest.mark.timeout(600)
 

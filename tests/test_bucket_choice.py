@@ -13,9 +13,13 @@ from comm_workers.threads import run_threads
 from course_lib.collectives import ring_allreduce
 from course_lib.collectives.tree import recursive_doubling_allreduce
 from course_lib.comm import CommMismatchError
-from course_lib.cost_model import LinkModel
-from course_lib.parallel.bucket_choice import agree_on_layout, choose_algorithms, measure_path
-from course_lib.parallel.buckets import BucketedAllreduce
+from course_lib.cost_model.alpha_beta import LinkModel
+from course_lib.parallel.exchanges.bucket_choice import (
+    agree_on_layout,
+    choose_algorithms,
+    measure_path,
+)
+from course_lib.parallel.exchanges.buckets import BucketedAllreduce
 
 SLOW_STEPS = LinkModel(alpha=1e-3, beta=8e-9)  # 1 ms a step, 125 MB/s
 

@@ -29,8 +29,8 @@ from course_lib.checkpoint import (
     save_checkpoint,
 )
 from course_lib.data import ShardSampler, load_dataset
-from course_lib.models import MLP
-from course_lib.training import TrainConfig, fit, seed_everything
+from course_lib.training.loop import TrainConfig, fit, seed_everything
+from course_lib.training.models import MLP
 
 ROOT = Path(__file__).resolve().parents[1]
 NUM_SAMPLES = 360  # with batch 40: 9 steps per epoch
@@ -218,8 +218,8 @@ import os, sys, time
 import torch
 from course_lib import checkpoint
 from course_lib.checkpoint import files
-from course_lib.models import MLP
-from course_lib.training import History, TrainConfig
+from course_lib.training.models import MLP
+from course_lib.training.loop import History, TrainConfig
 
 folder, where = sys.argv[1], sys.argv[2]
 net = MLP()

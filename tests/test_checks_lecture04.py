@@ -15,8 +15,8 @@ from course_lib.checks.lecture04 import (
     stub_ps_average,
     stub_sync_time,
 )
-from course_lib.cost_model import LinkModel
-from course_lib.parallel.prediction import predict_step
+from course_lib.cost_model.alpha_beta import LinkModel
+from course_lib.cost_model.prediction import predict_step
 
 pytestmark = pytest.mark.timeout(600)
 

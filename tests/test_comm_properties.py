@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 from course_lib import collectives as C
 from course_lib.comm import EmulatedLink, chunk_bounds
 from course_lib.comm.setup import master_address, rendezvous_peer, routed_address
-from course_lib.cost_model import (
+from course_lib.cost_model.alpha_beta import (
     ALGORITHMS,
     LinkModel,
     allreduce_bound,

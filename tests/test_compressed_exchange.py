@@ -20,10 +20,10 @@ from torch.utils.data import TensorDataset
 
 from course_lib.comm.emulated_link import EmulatedLink
 from course_lib.data.digits import load_digits
-from course_lib.parallel.compressed import CompressedExchange
-from course_lib.parallel.data_parallel import DataParallelError, train_data_parallel
-from course_lib.parallel.registry import register_exchange
-from course_lib.training import TrainConfig
+from course_lib.parallel.data_parallel.train import DataParallelError, train_data_parallel
+from course_lib.parallel.exchanges.compressed import CompressedExchange
+from course_lib.parallel.exchanges.registry import register_exchange
+from course_lib.training.loop import TrainConfig
 
 pytestmark = pytest.mark.timeout(600)
 

@@ -10,7 +10,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from course_lib.parallel.configurations import (
+from course_lib.papers.source001_configurations import (
     CONFIGURATIONS,
     GRADIENT_THRESHOLD,
     WEIGHT_THRESHOLD,
@@ -19,7 +19,7 @@ from course_lib.parallel.configurations import (
     predict_values_sent,
     row_from_result,
 )
-from course_lib.training import History
+from course_lib.training.loop import History
 
 SOURCE_001 = {  # DIGEST, "001", Experiments: the list as the source numbers it
     1: (1, "allreduce"), 2: (1, "gossip"), 3: (1, "gossip_sparse"),

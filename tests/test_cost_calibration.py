@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from comm_workers.launch import launch
 
-from course_lib.cost_model import LinkModel, fit_alpha_beta, fit_collective, predict
+from course_lib.cost_model.alpha_beta import LinkModel, fit_alpha_beta, fit_collective, predict
 
 ALLREDUCES = ["ring_allreduce", "star_allreduce", "allreduce_naive", "recursive_doubling_allreduce"]
 

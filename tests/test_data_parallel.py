@@ -23,12 +23,12 @@ from torch.utils.data import TensorDataset
 
 from course_lib.cluster import start_cluster
 from course_lib.data.digits import load_digits
-from course_lib.parallel.buckets import bucket_layout
-from course_lib.parallel.data_parallel import DataParallelError, train_data_parallel
-from course_lib.parallel.exchange import trainable_parameters
-from course_lib.parallel.registry import EXCHANGES, make_exchange
-from course_lib.parallel.replica import GlobalBatchSampler
-from course_lib.training import TrainConfig, fit, seed_everything
+from course_lib.parallel.data_parallel.replica import GlobalBatchSampler
+from course_lib.parallel.data_parallel.train import DataParallelError, train_data_parallel
+from course_lib.parallel.exchanges.base import trainable_parameters
+from course_lib.parallel.exchanges.buckets import bucket_layout
+from course_lib.parallel.exchanges.registry import EXCHANGES, make_exchange
+from course_lib.training.loop import TrainConfig, fit, seed_everything
 
 pytestmark = pytest.mark.timeout(600)
 

@@ -22,10 +22,10 @@ from course_lib.checkpoint import (
     load_checkpoint,
 )
 from course_lib.data.digits import load_digits
-from course_lib.models import MLP
-from course_lib.parallel.data_parallel import train_data_parallel
-from course_lib.parallel.replica import GlobalBatchSampler
-from course_lib.training import TrainConfig, fit, seed_everything
+from course_lib.parallel.data_parallel.replica import GlobalBatchSampler
+from course_lib.parallel.data_parallel.train import train_data_parallel
+from course_lib.training.loop import TrainConfig, fit, seed_everything
+from course_lib.training.models import MLP
 
 pytestmark = pytest.mark.timeout(600)
 

@@ -2,7 +2,7 @@
 methods and prints a table in which every method equals one process; bad input is one line.
 
 Tolerance: each method's weights must be within 2e-5 of one process trained on the whole global
-batch (``course_lib.parallel.reference.ATOL``). The two differ by float32 rounding only (the
+batch (``course_lib.parallel.data_parallel.reference.ATOL``). The two differ by float32 rounding only (the
 distributed mean sums N means of B/N samples, one process takes one mean of B): measured, 3e-8
 after this test's 6 steps, 1e-7 to 2e-7 after 20 steps of SGD with momentum on 2 and 4 engines,
 so 2e-5 leaves over 100x, and it is over 5 000x below source 000's published averaging, which
@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from course_lib.demo import BATCH, DEFAULT_METHODS, MAX_STEPS
-from course_lib.parallel.reference import ATOL
+from course_lib.parallel.data_parallel.reference import ATOL
 
 pytestmark = pytest.mark.timeout(600)
 

@@ -185,7 +185,7 @@ FORGED_VERDICT = (
             "from course_lib.checks.a1 import check_sgd_momentum as c",
             "imports course_lib.checks.a1",
         ),
-        ("from course_lib import verdict as v", "imports course_lib.verdict"),
+        ("from course_lib.checks import verdict as v", "imports course_lib.checks.verdict"),
         ("import course_lib.grading.grade", "imports course_lib.grading"),
         ('setattr(np, "allclose", lambda *a, **k: True)', "uses setattr"),
         ('globals()["check_sgd_momentum"] = None', "uses globals"),
@@ -200,7 +200,7 @@ FORGED_VERDICT = (
         ("from numpy import *", "imports * from numpy"),
         # the library's own answers, whichever way they are reached
         ("from course_lib.collectives import ring_allreduce", "library holds the reference"),
-        ("from course_lib.scratch import conv2d", "library holds the reference"),
+        ("from course_lib.training.scratch import conv2d", "library holds the reference"),
         ("from course_lib import collectives", "library holds the reference"),
         ("import course_lib.comm", "imports course_lib: the kit's library"),
         ("def f(comm, x):\n    return comm._builtin('allreduce', x)", "private attribute _builtin"),

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import pytest
 
-from course_lib.parallel.hybrid import crossover_batch, hybrid_bytes, layer_sizes
+from course_lib.parallel.model_parallel.hybrid import crossover_batch, hybrid_bytes, layer_sizes
 
 ATOL = 1e-5
 
@@ -47,13 +47,13 @@ def _train_case(size: int, steps: int, batch: int) -> dict | None:
     from IPython import get_ipython
     from torch import nn
 
-    from course_lib.models import LeNet
-    from course_lib.parallel.hybrid import HybridCNN, hybrid_step, shard_batch
-    from course_lib.parallel.tensor_parallel import (
+    from course_lib.parallel.model_parallel.hybrid import HybridCNN, hybrid_step, shard_batch
+    from course_lib.parallel.model_parallel.tensor_parallel import (
         ColumnParallelLinear,
         RowParallelLinear,
         TensorParallelMLP,
     )
+    from course_lib.training.models import LeNet
 
     comm = get_ipython().user_ns[f"comm{size}"]
     if comm is None:
@@ -106,7 +106,7 @@ def _train_case(size: int, steps: int, batch: int) -> dict | None:
 
 @pytest.mark.timeout(300)
 def test_hybrid_and_tensor_parallel_head_equal_one_process_and_bytes_equal_formula(cluster):
-    from course_lib.models import LeNet
+    from course_lib.training.models import LeNet
 
     conv_params, widths = layer_sizes(LeNet())
     for size in (2, 4):
@@ -127,9 +127,9 @@ def _bytes_case(batch: int) -> dict:
     from IPython import get_ipython
     from torch import nn
 
-    from course_lib.models import LeNet
-    from course_lib.parallel.exchange import RingAllreduce, StepTimeline
-    from course_lib.parallel.hybrid import HybridCNN, hybrid_step, shard_batch
+    from course_lib.parallel.exchanges.base import RingAllreduce, StepTimeline
+    from course_lib.parallel.model_parallel.hybrid import HybridCNN, hybrid_step, shard_batch
+    from course_lib.training.models import LeNet
 
     comm = get_ipython().user_ns["comm4"]
     torch.manual_seed(0)
@@ -145,8 +145,8 @@ def _bytes_case(batch: int) -> dict:
 
 @pytest.mark.timeout(300)
 def test_crossover_batch_from_the_cost_model_matches_the_counters(cluster):
-    from course_lib.models import LeNet
-    from course_lib.parallel.hybrid import data_parallel_bytes, dense_params
+    from course_lib.parallel.model_parallel.hybrid import data_parallel_bytes, dense_params
+    from course_lib.training.models import LeNet
 
     conv_params, widths = layer_sizes(LeNet())
     crossover = crossover_batch(4, conv_params, widths)
@@ -165,8 +165,8 @@ def _bad_inputs() -> dict:
     from IPython import get_ipython
     from torch import nn
 
-    from course_lib.models import LeNet
-    from course_lib.parallel.hybrid import HybridCNN, hybrid_step, shard_batch
+    from course_lib.parallel.model_parallel.hybrid import HybridCNN, hybrid_step, shard_batch
+    from course_lib.training.models import LeNet
 
     comm = get_ipython().user_ns["comm4"]
     messages = {}
@@ -208,7 +208,7 @@ def features_grad_by_reduce_scatter(comm, grad_whole):
 
 
 def features_grad_by_ring(comm, grad_whole):
-    from course_lib.parallel.hybrid import scatter_batch_grad
+    from course_lib.parallel.model_parallel.hybrid import scatter_batch_grad
 
     return scatter_batch_grad(comm, grad_whole)
 

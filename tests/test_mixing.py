@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from course_lib.parallel.mixing import (
+from course_lib.collectives.mixing import (
     allreduce_matrix,
     contraction,
     fit_noise_scale,

@@ -1,12 +1,14 @@
-"""Tests of course_lib.models: documented shapes and parameter counts, sizes in bytes."""
+"""Tests of course_lib.training.models: documented shapes and parameter counts, sizes in bytes."""
 
 from __future__ import annotations
+
+import importlib
 
 import pytest
 import torch
 from torch import nn
 
-from course_lib.models import (
+from course_lib.training.models import (
     MLP,
     LeNet,
     SmallCNN,
@@ -33,7 +35,7 @@ def test_documented_shapes_and_parameter_counts(make, in_shape, out_shape, count
     net = make()
     assert net(torch.zeros(in_shape)).shape == out_shape
     assert param_count(net) == count
-    assert f"{count:,}".replace(",", " ") in __import__("course_lib.models").models.__doc__
+    assert f"{count:,}".replace(",", " ") in importlib.import_module("course_lib.training.models").__doc__
 
 
 def test_mlp_by_hand():

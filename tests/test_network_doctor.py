@@ -131,7 +131,7 @@ def test_probes_on_loopback_measure_latency_bandwidth_and_clock() -> None:
 def test_room_matrix_matches_the_shaped_rates_and_flags_the_100_mbit_pc(tmp_path) -> None:
     from test_room import Lab
 
-    from course_lib.cluster.room import room_unavailable_reason, shape_pc
+    from course_lib.cluster.room.build import room_unavailable_reason, shape_pc
 
     reason = room_unavailable_reason()
     if reason is not None:

@@ -20,14 +20,14 @@ import pytest
 import torch
 from torch import nn
 
-from course_lib.parallel.pipeline import (
+from course_lib.parallel.pipeline_parallel.pipeline import (
     PipelineSettings,
     balance_stages,
     even_stages,
     measure_layer_costs,
     split_stages,
 )
-from course_lib.parallel.pipeline_schedule import (
+from course_lib.parallel.pipeline_parallel.schedule import (
     SCHEDULES,
     bubble_formula,
     schedule,
@@ -88,7 +88,7 @@ def test_balance_stages_minimises_the_slowest_stage():
 
 
 def test_split_stages_cuts_the_course_cnns_sharing_their_layers():
-    from course_lib.models import LeNet, SmallCNN
+    from course_lib.training.models import LeNet, SmallCNN
 
     for model in (LeNet(), SmallCNN()):
         stages = split_stages(model, even_stages(len(model), 2))
@@ -145,8 +145,12 @@ def _train(size: int, name: str, m: int, steps: int) -> dict | None:
     import torch
     from IPython import get_ipython
 
-    from course_lib.parallel.pipeline import PipelineSettings, even_stages, pipeline_step
-    from course_lib.parallel.pipeline import split_stages as split
+    from course_lib.parallel.pipeline_parallel.pipeline import (
+        PipelineSettings,
+        even_stages,
+        pipeline_step,
+    )
+    from course_lib.parallel.pipeline_parallel.pipeline import split_stages as split
 
     comm = get_ipython().user_ns[f"comm{size}"]
     if comm is None:
@@ -201,7 +205,11 @@ def _failing_stage(name: str) -> str:
     import torch
     from IPython import get_ipython
 
-    from course_lib.parallel.pipeline import PipelineSettings, even_stages, pipeline_step
+    from course_lib.parallel.pipeline_parallel.pipeline import (
+        PipelineSettings,
+        even_stages,
+        pipeline_step,
+    )
 
     comm = get_ipython().user_ns["comm3"]
     if comm is None:
@@ -269,7 +277,7 @@ def test_lecture10_checks_pass_answers_and_fail_stubs_and_wrong_ones():
         stub_balance,
         stub_one_f_one_b,
     )
-    from course_lib.parallel.pipeline_schedule import gpipe_schedule, one_f_one_b_schedule
+    from course_lib.parallel.pipeline_parallel.schedule import gpipe_schedule, one_f_one_b_schedule
 
     assert check_one_f_one_b(one_f_one_b_schedule, verbose=False).passed
     assert check_balance(balance_stages, verbose=False).passed

@@ -26,7 +26,7 @@ import psutil
 import pytest
 
 from course_lib.cluster import CourseCluster, connect_cluster, start_cluster
-from course_lib.cluster.room import (
+from course_lib.cluster.room.build import (
     Room,
     emulated_room,
     leftovers,
@@ -307,7 +307,7 @@ def _ping_pong_on_engine(pair: tuple[int, int], sizes: list[int]) -> dict[str, A
     """Run on an engine: calibrate the link between ``pair`` with ping-pong."""
     from IPython import get_ipython
 
-    from course_lib.cost_model import ping_pong
+    from course_lib.cost_model.alpha_beta import ping_pong
 
     cal = ping_pong(get_ipython().user_ns["comm"], sizes=sizes, repeats=3, pair=pair)
     return {"times": cal.times, "bandwidth": cal.model.bandwidth, "alpha": cal.model.alpha}

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from course_lib.cluster.room import leftovers, room_unavailable_reason
-from course_lib.cluster.room_state import read_state, room_down
+from course_lib.cluster.room.build import leftovers, room_unavailable_reason
+from course_lib.cluster.room.state import read_state, room_down
 
 ROOT = Path(__file__).resolve().parents[1]
 ECHO_SERVER = """

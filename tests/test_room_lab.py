@@ -1,6 +1,6 @@
 """``./kit lab start | status | stop hosts.toml`` in the emulated room, through ipyparallel's
 SSH engine launcher: ``ssh`` and ``scp`` are stand-ins that run the launcher's commands inside
-the PCs' namespaces (:mod:`course_lib.cluster.room_ssh`), so the launcher's own code runs as in
+the PCs' namespaces (:mod:`course_lib.cluster.room.ssh`), so the launcher's own code runs as in
 a real lab. The same room and cluster then lose two PCs during the "class" (one PC's engines
 killed, another PC's link cut), and ``./kit lab add`` brings them back. Deselect with
 ``-m "not room"``.
@@ -21,9 +21,9 @@ import psutil
 import pytest
 
 from course_lib.cluster import connect_cluster
-from course_lib.cluster.lab_hosts import read_hosts
-from course_lib.cluster.room import emulated_room, room_unavailable_reason
-from course_lib.cluster.room_ssh import write_ssh_standins
+from course_lib.cluster.lab.hosts import read_hosts
+from course_lib.cluster.room.build import emulated_room, room_unavailable_reason
+from course_lib.cluster.room.ssh import write_ssh_standins
 
 pytestmark = [pytest.mark.room, pytest.mark.slow, pytest.mark.timeout(2400)]
 

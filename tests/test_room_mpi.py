@@ -17,10 +17,10 @@ from pathlib import Path
 
 import pytest
 
-from course_lib.cluster.lab_hosts import read_hosts
-from course_lib.cluster.lab_mpi import write_hostfile
-from course_lib.cluster.room import emulated_room, room_unavailable_reason
-from course_lib.cluster.room_ssh import write_ssh_standins
+from course_lib.cluster.lab.hosts import read_hosts
+from course_lib.cluster.lab.mpi import write_hostfile
+from course_lib.cluster.room.build import emulated_room, room_unavailable_reason
+from course_lib.cluster.room.ssh import write_ssh_standins
 
 pytestmark = [pytest.mark.room, pytest.mark.slow, pytest.mark.timeout(300)]
 

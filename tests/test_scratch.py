@@ -1,4 +1,4 @@
-"""Tests of course_lib.scratch (from-scratch SGD, conv, pooling) and the lecture 1-2 checks."""
+"""Tests of course_lib.training.scratch (from-scratch SGD, conv, pooling) and the lecture 1-2 checks."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ import torch.nn.functional as F
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from course_lib import scratch
-from course_lib.checks import lectures01_02 as checks
-from course_lib.training import segmentation_scores
+from course_lib.checks import lecture01_02 as checks
+from course_lib.training import scratch
+from course_lib.training.loop import segmentation_scores
 
 # ---- from-scratch operators equal torch's -------------------------------------------------------
 

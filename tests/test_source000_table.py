@@ -13,9 +13,7 @@ import numpy as np
 import pytest
 
 from course_lib.data import load_dataset
-from course_lib.models import UNet
-from course_lib.parallel.data_parallel import DataParallelResult, train_data_parallel
-from course_lib.parallel.source000_table import (
+from course_lib.papers.source000_table import (
     CONFIGS_BY_NAME,
     PAPER_SYNC_SHARE,
     PAPER_TABLE2,
@@ -25,7 +23,9 @@ from course_lib.parallel.source000_table import (
     source_regime_rate,
     table_row,
 )
-from course_lib.training import History, TrainConfig
+from course_lib.parallel.data_parallel.train import DataParallelResult, train_data_parallel
+from course_lib.training.loop import History, TrainConfig
+from course_lib.training.models import UNet
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -126,7 +126,7 @@ def test_goal_verdicts() -> None:
 
 
 def test_every_configuration_builds_a_valid_exchange() -> None:
-    from course_lib.parallel.compressed import CompressedExchange
+    from course_lib.parallel.exchanges.compressed import CompressedExchange
 
     for config in CONFIGS_BY_NAME.values():
         exchange = CompressedExchange(**config.options)  # settings validated with advice

@@ -5,7 +5,7 @@ References: Local-SGD(1) (step, then average the weights) against one process tr
 whole global batch: averaging the stepped weights, (1/P) sum_j (w - lr v_j), equals stepping
 with the averaged gradient up to float32 rounding (the same 2e-5 + 1e-4 relative tolerance as
 ``tests/test_data_parallel``, >100x the rounding measured there). Local-SGD(p) and gossip against
-the single-process simulation of :mod:`course_lib.parallel.reference_local_sgd`, replica by
+the single-process simulation of :mod:`course_lib.parallel.data_parallel.reference_local_sgd`, replica by
 replica, with the same tolerance (the engines sum in gloo's order, the simulation in row order).
 One gossip step against the mixing matrix applied to the stacked vectors (float64: 1e-12).
 """
@@ -20,16 +20,16 @@ import pytest
 from torch.utils.data import TensorDataset
 
 from course_lib.collectives.gossip import gossip_partners, next_distance
+from course_lib.collectives.mixing import gossip_distances, gossip_matrix
 from course_lib.comm.setup import setup_communicators
 from course_lib.data.digits import load_digits
-from course_lib.models import MLP
-from course_lib.parallel.data_parallel import train_data_parallel
-from course_lib.parallel.mixing import gossip_distances, gossip_matrix
-from course_lib.parallel.reference import ATOL, RTOL, train_one_process
-from course_lib.parallel.reference_local_sgd import simulate_local_sgd
-from course_lib.parallel.registry import make_exchange
-from course_lib.parallel.stragglers import Straggler
-from course_lib.training import TrainConfig, seed_everything
+from course_lib.parallel.data_parallel.reference import ATOL, RTOL, train_one_process
+from course_lib.parallel.data_parallel.reference_local_sgd import simulate_local_sgd
+from course_lib.parallel.data_parallel.stragglers import Straggler
+from course_lib.parallel.data_parallel.train import train_data_parallel
+from course_lib.parallel.exchanges.registry import make_exchange
+from course_lib.training.loop import TrainConfig, seed_everything
+from course_lib.training.models import MLP
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -82,7 +82,7 @@ def _weights_here() -> dict:
 def _peer_bytes_here() -> dict[int, int]:
     from IPython import get_ipython
 
-    from course_lib.parallel.data_parallel import COMM_NAME
+    from course_lib.parallel.data_parallel.train import COMM_NAME
 
     stats = get_ipython().user_ns[COMM_NAME].stats
     return {r: p.bytes_sent for r, p in stats.peers.items()}

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import pytest
 
-from course_lib.parallel.tensor_parallel import shard_bounds
+from course_lib.parallel.model_parallel.tensor_parallel import shard_bounds
 
 SIZES = (2, 3, 4)
 ATOL = 1e-5
@@ -47,7 +47,10 @@ def _layers_case(size: int) -> dict | None:
     from IPython import get_ipython
     from torch import nn
 
-    from course_lib.parallel.tensor_parallel import ColumnParallelLinear, RowParallelLinear
+    from course_lib.parallel.model_parallel.tensor_parallel import (
+        ColumnParallelLinear,
+        RowParallelLinear,
+    )
 
     comm = get_ipython().user_ns[f"comm{size}"]
     if comm is None:
@@ -106,8 +109,8 @@ def _train_case(size: int, steps: int) -> dict | None:
     from IPython import get_ipython
     from torch import nn
 
-    from course_lib.models import MLP
-    from course_lib.parallel.tensor_parallel import TensorParallelMLP
+    from course_lib.parallel.model_parallel.tensor_parallel import TensorParallelMLP
+    from course_lib.training.models import MLP
 
     comm = get_ipython().user_ns[f"comm{size}"]
     if comm is None:
@@ -139,7 +142,7 @@ def _train_case(size: int, steps: int) -> dict | None:
 def _bad_width() -> str:
     from IPython import get_ipython
 
-    from course_lib.parallel.tensor_parallel import ColumnParallelLinear
+    from course_lib.parallel.model_parallel.tensor_parallel import ColumnParallelLinear
 
     try:
         ColumnParallelLinear(8, 3, get_ipython().user_ns["comm"])

@@ -1,4 +1,4 @@
-"""Tests of course_lib.training: one step, evaluation, the loop, its history and settings."""
+"""Tests of course_lib.training.loop: one step, evaluation, the loop, its history and settings."""
 
 from __future__ import annotations
 
@@ -9,8 +9,7 @@ from torch import nn
 from torch.utils.data import TensorDataset
 
 from course_lib.data import ShardSampler, load_dataset
-from course_lib.models import MLP, LeNet, UNet
-from course_lib.training import (
+from course_lib.training.loop import (
     History,
     TrainConfig,
     compute_gradients,
@@ -20,6 +19,7 @@ from course_lib.training import (
     segmentation_scores,
     train_step,
 )
+from course_lib.training.models import MLP, LeNet, UNet
 
 
 @pytest.fixture(scope="module")

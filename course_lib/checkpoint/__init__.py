@@ -4,7 +4,7 @@ A checkpoint holds what the next step depends on: the weights, the optimiser's s
 buffers, Adam's moments and step count), every random stream (Python ``random``, NumPy's global
 generator, torch's CPU and CUDA generators, the DataLoader's ``torch.Generator``), the position
 (epochs done, steps into the next epoch, and that epoch's running loss), the sampler's state and
-the :class:`~course_lib.training.History` so far. ``fit(..., checkpoint=folder)`` writes one
+the :class:`~course_lib.training.loop.History` so far. ``fit(..., checkpoint=folder)`` writes one
 after every epoch (and every ``every_steps`` steps); ``fit(..., resume_from=folder_or_file)``
 continues so that the weights equal the uninterrupted run's (``torch.equal``) and so does the
 history, wall times aside.
@@ -32,7 +32,7 @@ state (``restore_training_state``), and, when ``rank_state_for(ckpt, rank, N)`` 
 this (:func:`gather_rank_states` sends the states to rank 0; each rank's state also holds its
 history, whose train metrics are measured on its own shard); the checkpoint's ``batch_size`` is
 the global batch (per-rank batch x world size), so it matches on any world size.
-:mod:`course_lib.parallel.checkpointing` says which exchange methods allow it.
+:mod:`course_lib.parallel.data_parallel.checkpointing` says which exchange methods allow it.
 
 - Same world size: defined anywhere, mid-epoch included; the result is bit for bit the
   uninterrupted run's.

@@ -14,7 +14,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from course_lib.verdict import Verdict, assert_close, run_check
+from course_lib.checks.verdict import Verdict, assert_close, run_check
 
 __all__ = [
     "check_smoothed_cross_entropy",

@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from course_lib.verdict import Verdict, run_check
+from course_lib.checks.verdict import Verdict, run_check
 
 __all__ = [
     "A2_POINTS",

@@ -31,7 +31,7 @@ from course_lib.checks.a3_engine import (
     ring_bytes_bounds,
     train_and_compare,
 )
-from course_lib.verdict import Verdict, run_check
+from course_lib.checks.verdict import Verdict, run_check
 
 __all__ = ["A3_POINTS", "BUCKET_METHOD", "PS_METHOD", "A3Net", "check_bucket_average",
            "check_bucket_layout", "check_digits", "check_parameter_server", "prepare_engines",
@@ -55,7 +55,7 @@ def _fail_fast_on_stub(fn: Callable, *args: Any) -> None:
 
 def _connect(cluster: Any) -> list[int]:
     """Make sure the first 4 engines have the checks' communicator; return their ids."""
-    from course_lib.parallel.engines import ensure_communicators, select_engines
+    from course_lib.parallel.data_parallel.engines import ensure_communicators, select_engines
 
     assert cluster.world_size >= 4, f"A3 needs 4 engines, not {cluster.world_size}"
     ids = select_engines(cluster, 4)
@@ -67,14 +67,18 @@ def prepare_engines(cluster: Any) -> None:
     """Give 4 engines the checks' communicator and the training code (slow once: a set-up cell)."""
     ids = _connect(cluster)
     # Load what a run needs once, here, so that the first check cell is not the slow one.
-    warm_up = "import course_lib.parallel.registry, course_lib.parallel.replica"
+    warm_up = "import course_lib.parallel.exchanges.registry, course_lib.parallel.data_parallel.replica"
     cluster.client[ids].execute(f"{warm_up}; from course_lib.checks.a3 import check_digits; "
                                 "check_digits()", block=True)  # fmt: skip
     reference_weights()
 
 
 def _engine_check(kind: str, fn: Callable, cluster: Any, cases: list, options: dict) -> str:
-    from course_lib.parallel.engines import COMM_NAME, DataParallelError, run_on_engines
+    from course_lib.parallel.data_parallel.engines import (
+        COMM_NAME,
+        DataParallelError,
+        run_on_engines,
+    )
 
     _fail_fast_on_stub(fn, *([0] if kind == "ps" else []))
     ids = _connect(cluster)  # nothing to do when the set-up cell did it

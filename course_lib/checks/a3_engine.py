@@ -2,10 +2,10 @@
 
 The student's averaging functions plug into the kit's data-parallel seam: :func:`register_answer`
 registers an exchange method around the function (a
-:class:`~course_lib.parallel.exchange.FlatExchange` for the parameter server, a
-:class:`~course_lib.parallel.buckets.BucketedAllreduce` whose per-bucket averaging is the
+:class:`~course_lib.parallel.exchanges.base.FlatExchange` for the parameter server, a
+:class:`~course_lib.parallel.exchanges.buckets.BucketedAllreduce` whose per-bucket averaging is the
 student's) in the notebook and on every engine, and :func:`train_and_compare` trains with
-:func:`~course_lib.parallel.data_parallel.train_data_parallel` by that name.
+:func:`~course_lib.parallel.data_parallel.train.train_data_parallel` by that name.
 
 The **probe** calls the function once on every rank with known integer-valued gradients and
 reads the communicator's counters: no built-in collective (the exercise is to write the
@@ -14,7 +14,7 @@ published one above all (dividing inside the loop over the clients and leaving t
 the count). The **training run** of 2 epochs (10 steps) on 4 engines, on a network with a frozen
 bias, tied weights and 599 trainable values (a prime), must leave every replica equal to one
 process trained on the whole global batch (within float32 rounding,
-:mod:`course_lib.parallel.reference`) and move the method's bytes in every step. The verdicts
+:mod:`course_lib.parallel.data_parallel.reference`) and move the method's bytes in every step. The verdicts
 around them live in :mod:`course_lib.checks.a3`.
 """
 
@@ -30,9 +30,9 @@ import torch
 from torch import nn
 from torch.utils.data import TensorDataset
 
-from course_lib.parallel.buckets import bucket_layout as reference_bucket_layout
-from course_lib.parallel.parameter_server import source000_combine
-from course_lib.training import TrainConfig
+from course_lib.parallel.exchanges.buckets import bucket_layout as reference_bucket_layout
+from course_lib.parallel.exchanges.parameter_server import source000_combine
+from course_lib.training.loop import TrainConfig
 
 __all__ = ["BUCKET_METHOD", "COMM_TIMEOUT", "CONFIG", "PS_METHOD", "A3Net", "a3net_sizes",
            "check_digits", "probe", "raise_run_failure", "reference_layout", "reference_weights",
@@ -81,9 +81,9 @@ def ring_bytes_bounds(size: int, world_size: int, itemsize: int = 4) -> tuple[in
 # ---- plugging the answers into the seam ------------------------------------------------------
 def register_answer(kind: str, fn: Callable) -> None:
     """Register ``fn`` as exchange ``PS_METHOD`` or ``BUCKET_METHOD`` in this process."""
-    from course_lib.parallel.buckets import BucketedAllreduce
-    from course_lib.parallel.exchange import FlatExchange
-    from course_lib.parallel.registry import register_exchange
+    from course_lib.parallel.exchanges.base import FlatExchange
+    from course_lib.parallel.exchanges.buckets import BucketedAllreduce
+    from course_lib.parallel.exchanges.registry import register_exchange
 
     def into(flat: np.ndarray, out: Any) -> None:  # an answer may return a new array
         if out is not None and out is not flat:
@@ -190,8 +190,8 @@ def raise_run_failure(exc: BaseException) -> None:
 
 def train_and_compare(cluster: Any, kind: str, fn: Callable, **options: Any) -> int:
     """Train with the student's exchange; compare with one process; return the steps run."""
-    from course_lib.parallel.data_parallel import DataParallelError, train_data_parallel
-    from course_lib.parallel.reference import ATOL, RTOL, weights_match
+    from course_lib.parallel.data_parallel.reference import ATOL, RTOL, weights_match
+    from course_lib.parallel.data_parallel.train import DataParallelError, train_data_parallel
 
     method = PS_METHOD if kind == "ps" else BUCKET_METHOD
     register_answer(kind, fn)  # the seam: an exchange chosen by name, here and on every engine
@@ -232,7 +232,7 @@ def train_and_compare(cluster: Any, kind: str, fn: Callable, **options: Any) -> 
 @functools.cache
 def reference_weights() -> dict[str, np.ndarray]:
     """The weights of one process trained on the whole global batches (the same every time)."""
-    from course_lib.parallel.reference import train_one_process
+    from course_lib.parallel.data_parallel.reference import train_one_process
 
     return train_one_process(A3Net, check_digits, CONFIG)
 

@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from course_lib.verdict import Verdict, reraise_stub, run_check
+from course_lib.checks.verdict import Verdict, reraise_stub, run_check
 
 __all__ = [
     "A4_POINTS",

@@ -39,7 +39,7 @@ from course_lib.checks.a5_reference import (
     reference_encode,
     reference_topk,
 )
-from course_lib.verdict import Verdict, run_check
+from course_lib.checks.verdict import Verdict, run_check
 
 __all__ = [
     "A5_ACCURACY_SLACK",

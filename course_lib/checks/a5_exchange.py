@@ -41,7 +41,7 @@ A5_ACCURACY_SLACK = 1.0
 
 
 def _config() -> Any:
-    from course_lib.training import TrainConfig
+    from course_lib.training.loop import TrainConfig
 
     return TrainConfig(num_epochs=1, batch_size=32, lr=0.1, momentum=0.9, seed=1)
 
@@ -129,7 +129,7 @@ def compressors_body(int8_cls: Callable, topk_cls: Callable) -> str:
 
 def _train(cluster: Any, method: str, **options: Any) -> Any:
     from course_lib.data.digits import load_digits
-    from course_lib.parallel.data_parallel import train_data_parallel
+    from course_lib.parallel.data_parallel.train import train_data_parallel
 
     return train_data_parallel(cluster, model="mlp", dataset=load_digits, config=A5_CONFIG,
                                method=method, world_size=2, test_set=load_digits(train=False),

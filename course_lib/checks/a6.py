@@ -27,7 +27,7 @@ from typing import Any
 from course_lib.checks.a6_counters import TRAIN_STEPS
 from course_lib.checks.a6_gpipe import PIPELINE_CASES, PIPELINE_WIDTHS, pipeline_model
 from course_lib.checks.a6_row_parallel import ROW_PARALLEL_CASES
-from course_lib.verdict import Verdict, reraise_stub, run_check
+from course_lib.checks.verdict import Verdict, reraise_stub, run_check
 
 __all__ = [
     "A6_POINTS",

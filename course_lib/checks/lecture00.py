@@ -7,7 +7,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from course_lib.verdict import Verdict, run_check
+from course_lib.checks.verdict import Verdict, run_check
 
 __all__ = ["check_sum_of_squares"]
 

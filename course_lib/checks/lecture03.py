@@ -7,9 +7,9 @@ from typing import Any
 
 import numpy as np
 
+from course_lib.checks.verdict import Verdict, run_check
 from course_lib.comm.buffers import chunk_bounds
 from course_lib.comm.communicator import Communicator
-from course_lib.verdict import Verdict, run_check
 
 __all__ = ["check_ring_allgather", "check_ring_allgather_on_rank", "stub_ring_allgather"]
 

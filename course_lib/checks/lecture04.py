@@ -1,7 +1,7 @@
 """Checks for the exercises of lecture 4 (data parallelism), run on real engines.
 
 Exercise 4.1 trains with the student's averaging on every engine (through
-:func:`~course_lib.parallel.data_parallel.train_data_parallel`) and compares every replica with
+:func:`~course_lib.parallel.data_parallel.train.train_data_parallel`) and compares every replica with
 one process trained on the whole global batch, and each rank's bytes with a parameter server's.
 Exercise 4.2 compares the student's prediction of one exchange with the alpha-beta formulas.
 """
@@ -14,14 +14,18 @@ from typing import Any
 import numpy as np
 from torch.utils.data import TensorDataset
 
+from course_lib.checks.verdict import Verdict, run_check
 from course_lib.comm.communicator import Communicator
-from course_lib.cost_model import LinkModel, predict
+from course_lib.cost_model.alpha_beta import LinkModel, predict
 from course_lib.data.digits import load_digits
-from course_lib.models import MLP
-from course_lib.parallel.parameter_server import ParameterServer, ParameterServerSource000
-from course_lib.parallel.reference import max_weight_difference, train_one_process, weights_match
-from course_lib.training import TrainConfig
-from course_lib.verdict import Verdict, run_check
+from course_lib.parallel.data_parallel.reference import (
+    max_weight_difference,
+    train_one_process,
+    weights_match,
+)
+from course_lib.parallel.exchanges.parameter_server import ParameterServer, ParameterServerSource000
+from course_lib.training.loop import TrainConfig
+from course_lib.training.models import MLP
 
 __all__ = [
     "EXERCISE_METHOD",
@@ -67,8 +71,8 @@ def source000_ps_average(comm: Communicator, flat: np.ndarray) -> None:
 
 def _register(fn: Callable) -> str:
     """Register ``fn(comm, flat)`` as exchange method ``EXERCISE_METHOD`` in this process."""
-    from course_lib.parallel.exchange import FlatExchange
-    from course_lib.parallel.registry import register_exchange
+    from course_lib.parallel.exchanges.base import FlatExchange
+    from course_lib.parallel.exchanges.registry import register_exchange
 
     class ExerciseExchange(FlatExchange):
         name = EXERCISE_METHOD
@@ -88,7 +92,7 @@ def _expected_bytes(rank: int, n: int, nbytes: int) -> tuple[int, int]:
 
 
 def _parameter_server_body(fn: Callable, cluster: Any, world_size: int | None) -> str:
-    from course_lib.parallel.data_parallel import DataParallelError, train_data_parallel
+    from course_lib.parallel.data_parallel.train import DataParallelError, train_data_parallel
 
     _register(fn)
     cluster.run(_register, fn, timeout=60)

@@ -2,7 +2,7 @@
 
 Exercise 5.1: the staleness of every gradient a fully asynchronous server applies, for a given
 order of arrivals. Exercise 5.2: the stale-synchronous gate (Ho et al. 2013). Both are replayed
-against :class:`~course_lib.parallel.staleness.StalenessLedger`, the bookkeeping the kit's
+against :class:`~course_lib.parallel.asynchronous.staleness.StalenessLedger`, the bookkeeping the kit's
 server runs on the engines, on fixed and random orders.
 """
 
@@ -11,8 +11,8 @@ from __future__ import annotations
 import random
 from collections.abc import Callable
 
-from course_lib.parallel.staleness import StalenessLedger
-from course_lib.verdict import Verdict, run_check
+from course_lib.checks.verdict import Verdict, run_check
+from course_lib.parallel.asynchronous.staleness import StalenessLedger
 
 __all__ = [
     "check_ssp_gate",

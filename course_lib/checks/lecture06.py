@@ -12,14 +12,14 @@ from collections.abc import Callable
 
 import numpy as np
 
-from course_lib.parallel.mixing import (
+from course_lib.checks.verdict import Verdict, run_check
+from course_lib.collectives.mixing import (
     allreduce_matrix,
     gossip_distances,
     gossip_matrix,
     rotation_product,
     spectral_gap,
 )
-from course_lib.verdict import Verdict, run_check
 
 __all__ = [
     "check_gossip_matrix",

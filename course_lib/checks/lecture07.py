@@ -13,8 +13,8 @@ from collections.abc import Callable
 
 import numpy as np
 
+from course_lib.checks.verdict import Verdict, run_check
 from course_lib.compression.int8 import int8_decode, int8_encode
-from course_lib.verdict import Verdict, run_check
 
 __all__ = [
     "check_error_feedback",

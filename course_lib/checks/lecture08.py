@@ -2,7 +2,7 @@
 
 Exercise 8.1 compares the student's prediction of the values one rank sends under source 001's
 dense configurations (Local-SGD(p) with allreduce or with gossip) with
-:func:`~course_lib.parallel.configurations.predict_values_sent`, for world sizes 2..8 (where
+:func:`~course_lib.papers.source001_configurations.predict_values_sent`, for world sizes 2..8 (where
 gossip's two partners coincide at s = P/2), periods 1..32 and step counts that do and do not
 divide by the period. The notebook then holds the same prediction against the measured rows.
 """
@@ -13,8 +13,8 @@ from collections.abc import Callable
 
 import numpy as np
 
-from course_lib.parallel.configurations import predict_values_sent
-from course_lib.verdict import Verdict, run_check
+from course_lib.checks.verdict import Verdict, run_check
+from course_lib.papers.source001_configurations import predict_values_sent
 
 __all__ = [
     "check_values_sent",

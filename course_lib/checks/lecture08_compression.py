@@ -2,7 +2,7 @@
 
 The student writes the link rate at which float32 synchronisation through source 000's star
 takes a given share of each step (the "source's regime" of the re-measured Table 2); the check
-compares it with :func:`course_lib.parallel.source000_table.source_regime_rate` on several
+compares it with :func:`course_lib.papers.source000_table.source_regime_rate` on several
 clusters, and names the usual slip (counting only the workers' uploads, not the server's replies).
 """
 
@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from course_lib.parallel.source000_table import source_regime_rate
-from course_lib.verdict import Verdict, run_check
+from course_lib.checks.verdict import Verdict, run_check
+from course_lib.papers.source000_table import source_regime_rate
 
 __all__ = ["check_regime_rate", "one_hop_regime_rate", "stub_regime_rate"]
 

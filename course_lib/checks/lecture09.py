@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from course_lib.verdict import Verdict, run_check
+from course_lib.checks.verdict import Verdict, run_check
 
 __all__ = [
     "check_column_parallel",

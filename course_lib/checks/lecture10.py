@@ -7,9 +7,9 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from course_lib.parallel.pipeline import balance_stages
-from course_lib.parallel.pipeline_schedule import bubble_formula, simulate
-from course_lib.verdict import Verdict, run_check
+from course_lib.checks.verdict import Verdict, run_check
+from course_lib.parallel.pipeline_parallel.pipeline import balance_stages
+from course_lib.parallel.pipeline_parallel.schedule import bubble_formula, simulate
 
 __all__ = ["check_balance", "check_one_f_one_b", "stub_balance", "stub_one_f_one_b"]
 

@@ -2,11 +2,11 @@
 
 ``lab start | status | stop HOSTS.toml`` runs one cluster across the lab's PCs and
 ``lab add HOSTS.toml PC...`` re-adds PCs that dropped out (see
-:mod:`course_lib.cluster.lab_cluster`); ``lab mpi HOSTS.toml -- CMD`` runs CMD as MPI ranks on the
-PCs (see :mod:`course_lib.cluster.lab_mpi`); ``doctor --profile lab`` checks every engine of a running
+:mod:`course_lib.cluster.lab.cluster`); ``lab mpi HOSTS.toml -- CMD`` runs CMD as MPI ranks on the
+PCs (see :mod:`course_lib.cluster.lab.mpi`); ``doctor --profile lab`` checks every engine of a running
 cluster (``--network`` adds the measured matrix between PCs, ``--heatmap net.png`` draws it);
 ``room up N [--rate 1gbit]``, ``room status``, ``room run PC -- CMD`` and ``room down`` manage an
-emulated room that stays up between commands (see :mod:`course_lib.cluster.room_state`).
+emulated room that stays up between commands (see :mod:`course_lib.cluster.room.state`).
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ def doctor_main(args: argparse.Namespace) -> int:
 
 def room_main(args: argparse.Namespace) -> int:
     """Bring the emulated room up or down, show it, or run a command in one of its PCs."""
-    from course_lib.cluster import room_state
+    from course_lib.cluster.room import state as room_state
 
     state = Path(args.state) if args.state else room_state.default_state_file()
     try:
@@ -82,8 +82,8 @@ def room_main(args: argparse.Namespace) -> int:
 
 def lab_main(args: argparse.Namespace) -> int:
     """Start, show or stop the cluster across the lab's PCs that the hosts file describes."""
-    from course_lib.cluster.lab_cluster import add_pcs, lab_status, start_lab, stop_lab
-    from course_lib.cluster.lab_hosts import read_hosts
+    from course_lib.cluster.lab.cluster import add_pcs, lab_status, start_lab, stop_lab
+    from course_lib.cluster.lab.hosts import read_hosts
 
     try:
         hosts = read_hosts(args.hosts)
@@ -122,7 +122,7 @@ def _lab_mpi(hosts, args: argparse.Namespace) -> int:  # noqa: ANN001
     """Run the command after ``--`` as MPI ranks on the lab's PCs; return its exit status."""
     import tempfile
 
-    from course_lib.cluster.lab_mpi import run_lab_mpi
+    from course_lib.cluster.lab.mpi import run_lab_mpi
 
     with tempfile.TemporaryDirectory(prefix="kit-lab-mpi-") as folder:  # the hostfile
         return run_lab_mpi(hosts, Path(folder), args.pcs, n=args.ranks).returncode

@@ -8,7 +8,7 @@
     grad_hat = comp.decompress(unpack(frame)[0])     # same shape and dtype as grad
 
 The exchange that runs them inside data-parallel training is
-:mod:`course_lib.parallel.compressed`; the PyTorch DDP hook is
+:mod:`course_lib.parallel.exchanges.compressed`; the PyTorch DDP hook is
 :mod:`course_lib.compression.ddp_hook`.
 """
 

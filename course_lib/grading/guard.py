@@ -42,7 +42,7 @@ FORBIDDEN_NAMES = frozenset(
 )  # fmt: skip
 # Modules an answer never needs: the checks themselves, and ways to rebind or import by name.
 FORBIDDEN_MODULES = (
-    "course_lib.checks", "course_lib.grading", "course_lib.verdict",
+    "course_lib.checks", "course_lib.grading", "course_lib.checks.verdict",
     "importlib", "builtins", "IPython", "ipykernel",
 )  # fmt: skip
 # The only parts of course_lib an answer may import from (chunk_bounds, the error types).
@@ -137,7 +137,7 @@ def _module_problem(module: str, forbidden: Iterable[str] = ()) -> str | None:
     if any(module.startswith(banned) for banned in FORBIDDEN_MODULES):
         return f"imports {module}"
     # The kit's library holds the reference answers (course_lib.collectives.ring_allreduce,
-    # course_lib.scratch.conv2d): only the communicator's helpers may be imported from it.
+    # course_lib.training.scratch.conv2d): only the communicator's helpers may be imported from it.
     if _within(module, "course_lib") and not any(_within(module, ok) for ok in LIBRARY_ALLOWED):
         allowed = ", ".join(f"from {ok} import ..." for ok in LIBRARY_ALLOWED)
         return (

@@ -1,7 +1,12 @@
-"""Layer 3, parallel training: data parallelism (parameter server, allreduce exchanges, buckets,
-the DDP bridge), synchronisation schemes, model (tensor) and pipeline parallelism.
+"""Parallel training, one folder per seam, each named with a lecture's word.
 
-Each idea is one module; import from the module that holds it.
+- ``exchanges/`` (lectures 4-7): the ``GradientExchange`` seam and one module per method;
+- ``data_parallel/`` (lecture 4): the runner, the engine side, accounting, timelines, references;
+- ``asynchronous/`` (lecture 5): the asynchronous and stale-synchronous parameter server;
+- ``model_parallel/`` (lecture 9): tensor parallelism and Krizhevsky's hybrid;
+- ``pipeline_parallel/`` (lecture 10): schedules (naive, GPipe, 1F1B) and stages.
+
+Import from the module that holds a name.
 """
 
 __all__: list[str] = []

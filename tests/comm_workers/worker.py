@@ -27,7 +27,7 @@ from course_lib.comm import (
     emulate,
     make_communicator,
 )
-from course_lib.cost_model import LinkModel, predict
+from course_lib.cost_model.alpha_beta import LinkModel, predict
 
 ALLREDUCES = [C.ring_allreduce, C.star_allreduce, C.allreduce_naive, C.recursive_doubling_allreduce]
 DTYPES = [np.float32, np.float16, np.float64]
@@ -302,7 +302,7 @@ def suite_link(comm) -> dict:
 
 def suite_ring_calibration(comm) -> dict:
     """Fit alpha, beta from timed rings over an emulated link; return what every rank got."""
-    from course_lib.cost_model import collective_calibration
+    from course_lib.cost_model.alpha_beta import collective_calibration
 
     link = EmulatedLink(bandwidth=20e6, latency=1e-3)
     cal = collective_calibration(emulate(comm, link), "ring_allreduce", [2**18, 2**20], reps=2)

@@ -1,0 +1,274 @@
+"""One cluster across the lab's PCs from the hosts file: ``./kit lab start | status | stop``.
+
+``start`` runs the controller on this PC (the instructor's), listening on the lab network, and
+the engines on every PC through ipyparallel's SSH engine launcher (Linux PCs, and Windows PCs
+with OpenSSH server since ipyparallel 9); it returns once every engine answers and leaves them
+running. Students connect with the ``start_cluster`` call they use on a laptop, pointed at the
+profile (``COURSE_CLUSTER_PROFILE=lab``) or its ``ipcontroller-client.json``. ``status`` shows
+what runs where, and names the PCs that dropped out (see :mod:`course_lib.cluster.lab.roster`);
+``add HOSTS PC...`` starts a dropped-out PC's engines again, joined to the running controller
+(the others and the students' clients are left alone); ``stop`` stops the engines on every PC
+and the controller.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from course_lib.cluster.lab.hosts import LabHosts, LabPC
+from course_lib.cluster.lab.roster import (
+    HEARTBEAT_MISSES,
+    HEARTBEAT_MS,
+    record_roster,
+    roster_report,
+)
+
+__all__ = ["LAB_CLUSTER_ID", "add_pcs", "lab_status", "start_lab", "stop_lab"]
+
+# ipcluster's own (empty) id: the files keep their usual names (ipcontroller-client.json, which
+# students' start_cluster finds by profile), and status and stop find what start left running.
+LAB_CLUSTER_ID = ""
+WATCH_SECONDS = 10  # how long one remote wait of the launcher's engine watcher lasts
+
+
+def _profile_dir(profile: str) -> str:
+    from IPython.core.profiledir import ProfileDir
+    from IPython.paths import get_ipython_dir
+
+    return ProfileDir.find_profile_dir_by_name(get_ipython_dir(), profile).location
+
+
+def _security(hosts: LabHosts) -> Path | None:
+    """Return the profile's security folder, or None when the profile does not exist."""
+    from IPython.core.profiledir import ProfileDirError
+
+    try:
+        return Path(_profile_dir(hosts.profile)) / "security"
+    except ProfileDirError:
+        return None
+
+
+def _is_running(hosts: LabHosts) -> bool:
+    """Return True when the controller that ``start`` left for this profile still runs."""
+    import psutil
+
+    security = _security(hosts)
+    state = security / f"cluster-{LAB_CLUSTER_ID}.json" if security else None
+    if state is None or not state.is_file():
+        return False
+    try:
+        pid = json.loads(state.read_text())["controller"]["state"]["pid"]
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except (ValueError, KeyError, TypeError, psutil.Error):
+        return False
+
+
+def _load(hosts: LabHosts) -> Any | None:
+    """Return the lab cluster ``start`` left running (with its launchers), or None."""
+    import ipyparallel as ipp
+    from traitlets.config import Config
+
+    security = _security(hosts)
+    state = security / f"cluster-{LAB_CLUSTER_ID}.json" if security else None
+    if state is None or not state.is_file():
+        return None
+    quiet = logging.getLogger("course_lib.lab")
+    quiet.setLevel(logging.CRITICAL)
+    # Loading starts a watcher per engine (`ssh PC python -c "wait for pid, N s"`); ipyparallel's
+    # N for ssh is 60 s, which ``add`` and ``stop`` would wait out when they end the watchers.
+    config = Config()
+    config.SSHLauncher.poll_seconds = WATCH_SECONDS
+    return ipp.Cluster.from_file(str(state), config=config, log=quiet)
+
+
+def start_lab(hosts: LabHosts, timeout: float = 120.0) -> tuple[Any, float]:
+    """Start the controller here and the engines on every PC; return the cluster, seconds taken."""
+    import ipyparallel as ipp
+
+    if _is_running(hosts):
+        raise ValueError(
+            f"a lab cluster is already running in profile {hosts.profile!r}: "
+            "see it with ./kit lab status HOSTS, or stop it with ./kit lab stop HOSTS"
+        )
+    started = time.monotonic()
+    cluster = ipp.Cluster(
+        profile=hosts.profile,
+        cluster_id=LAB_CLUSTER_ID,
+        controller_ip=hosts.controller_ip,
+        engine_launcher_class="ssh",
+        n=hosts.engines,
+        shutdown_atexit=False,  # the lab outlives this command; ./kit lab stop ends it
+    )
+    # A dead PC is noticed by the controller's heartbeat: see lab.roster for the bound.
+    cluster.controller_args = [
+        f"--HeartMonitor.period={HEARTBEAT_MS}",
+        f"--HeartMonitor.max_heartmonitor_misses={HEARTBEAT_MISSES}",
+    ]
+    _configure_launcher(cluster, hosts, hosts.pcs)
+    try:
+        cluster.start_cluster_sync()
+        with cluster.connect_client_sync() as client:
+            client.wait_for_engines(hosts.engines, timeout=timeout)
+            record_roster(_security(hosts), hosts, client, timeout=timeout)
+    except BaseException:
+        cluster.stop_cluster_sync()
+        raise
+    finally:
+        _stop_watchers(cluster)
+    return cluster, time.monotonic() - started
+
+
+def _configure_launcher(cluster: Any, hosts: LabHosts, pcs: tuple[LabPC, ...]) -> None:
+    """Point the cluster's SSH engine launcher at ``pcs``: their engines, Python, ssh and scp."""
+    launcher = cluster.config.SSHEngineSetLauncher
+    # Per PC: its Python, and the engine command made from it (the launcher builds that command
+    # once, from its own remote_python, and would not see a per-PC one).
+    launcher.engines = {
+        pc.host: {"n": pc.engines, "remote_python": pc.python,
+                  "engine_cmd": [pc.python, "-m", "ipyparallel.engine"]}
+        for pc in pcs if pc.engines
+    }  # fmt: skip
+    launcher.ssh_cmd = list(hosts.ssh)
+    launcher.scp_cmd = list(hosts.scp)
+    # The launcher watches each engine with `ssh PC python -c "wait for pid, N s"`; a short N
+    # lets this command end those watchers soon after the engines answer (see below).
+    launcher.poll_seconds = WATCH_SECONDS
+
+
+def _pcs_named(hosts: LabHosts, names: list[str]) -> tuple[LabPC, ...]:
+    by_name = {pc.host: pc for pc in hosts.pcs}
+    unknown = [name for name in names if name not in by_name]
+    if not names:
+        raise ValueError(
+            f"name the PCs to re-add: ./kit lab add HOSTS PC... ({', '.join(by_name)})"
+        )
+    if unknown:
+        raise ValueError(
+            f"no PC {', '.join(map(repr, unknown))} in {hosts.path or 'the hosts file'}: "
+            f"name PCs as its [[pc]] host entries list them ({', '.join(by_name)})"
+        )
+    return tuple(by_name[name] for name in dict.fromkeys(names))
+
+
+def add_pcs(hosts: LabHosts, names: list[str], timeout: float = 120.0) -> tuple[list[str], float]:
+    """Start again the engines of the PCs ``names`` that dropped out; return those PCs, seconds.
+
+    PCs whose engines all answer are left alone. What is left of a re-added PC's earlier engines
+    (one that lost its link and is back, unregistered) is stopped first. Engines elsewhere and
+    the students' clients are not touched; a student's client sees the new engines at once.
+    """
+    started = time.monotonic()
+    pcs = _pcs_named(hosts, names)
+    if not _is_running(hosts):
+        raise ValueError(f"no lab cluster is running in profile {hosts.profile!r}: "
+                         "start one with ./kit lab start HOSTS")  # fmt: skip
+    security = _security(hosts)
+    with _client(hosts) as client:
+        _, _, dropped = roster_report(hosts, security, client)
+        todo = tuple(pc for pc in pcs if pc.host in dropped)
+        if not todo:
+            return [], time.monotonic() - started
+        cluster = _load(hosts)
+        try:
+            _stop_engines_on(cluster, {pc.host for pc in todo})
+            before = len(client.ids)
+            _configure_launcher(cluster, hosts, todo)
+            cluster.start_engines_sync()
+            client.wait_for_engines(before + sum(pc.engines for pc in todo), timeout=timeout)
+            record_roster(security, hosts, client, timeout=timeout)
+        finally:
+            _stop_watchers(cluster)
+    return [pc.host for pc in todo], time.monotonic() - started
+
+
+def _stop_engines_on(cluster: Any, pcs: set[str]) -> None:
+    """Kill what the launcher started earlier on ``pcs`` (for a dead engine that fails, quietly)."""
+    import signal
+
+    with _stderr_to_devnull():  # a dead engine's `kill` prints a remote traceback: expected
+        _signal_launchers_on(cluster, pcs, signal.SIGKILL)
+
+
+@contextlib.contextmanager
+def _stderr_to_devnull() -> Iterator[None]:
+    """Send this process's stderr (fd 2, inherited by ssh) to /dev/null for the block."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    try:
+        with open(os.devnull, "w") as devnull:
+            os.dup2(devnull.fileno(), 2)
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+
+
+def _signal_launchers_on(cluster: Any, pcs: set[str], sig: int) -> None:
+    for engine_set in cluster.engines.values():
+        for launcher in getattr(engine_set, "launchers", {}).values():
+            if launcher.location in pcs and launcher.state == "running":
+                try:
+                    launcher.signal(sig)
+                except Exception:  # noqa: BLE001 - gone already, or the PC is unreachable:
+                    pass  # either way nothing of it can answer the controller any more
+
+
+def _client(hosts: LabHosts) -> Any:
+    """Return a plain client of the running lab (as a student's): no launchers, no watchers."""
+    import ipyparallel as ipp
+
+    return ipp.Client(str(_security(hosts) / "ipcontroller-client.json"))
+
+
+def _stop_watchers(cluster: Any) -> None:
+    """End the launcher's per-engine watcher threads, so none outlives this command.
+
+    A watcher left running would hold this command's output open (``./kit lab start | tee``
+    would not end) and print a broken-pipe error on the PC once the command is gone.
+    """
+    launchers = [
+        launcher
+        for engine_set in cluster.engines.values()
+        for launcher in getattr(engine_set, "launchers", {}).values()
+    ]
+    for launcher in launchers:
+        if (stop := getattr(launcher, "_stop_waiting", None)) is not None:
+            stop.set()
+    for launcher in launchers:
+        if (thread := getattr(launcher, "_wait_thread", None)) is not None:
+            thread.join(timeout=WATCH_SECONDS + 30)
+
+
+def lab_status(hosts: LabHosts) -> tuple[bool, str]:
+    """Return (every engine answers, a table of the engines per PC naming those that dropped out)."""
+    if not _is_running(hosts):
+        return False, f"no lab cluster is running in profile {hosts.profile!r}"
+    with _client(hosts) as client:
+        ok, lines, dropped = roster_report(hosts, _security(hosts), client)
+        registered = len(client.ids)
+    head = f"lab cluster {'OK' if ok else 'INCOMPLETE'}: {registered} of {hosts.engines} engines "
+    head += f"registered at the controller (profile {hosts.profile!r})"
+    if dropped:
+        head += f"; dropped out: {', '.join(dropped)}"
+    return ok, "\n".join([head, *lines])
+
+
+def stop_lab(hosts: LabHosts) -> bool:
+    """Stop the engines on every PC and the controller; return False when none was running."""
+    cluster = _load(hosts) if _is_running(hosts) else None
+    if cluster is None:
+        return False
+    try:
+        with _stderr_to_devnull():  # `kill` of an engine that died earlier prints a traceback
+            cluster.stop_cluster_sync()
+    finally:
+        _stop_watchers(cluster)  # they end at once: the engines they watch are gone
+    return True

@@ -1,0 +1,192 @@
+"""A persistent emulated room: ``./kit room up N`` builds it, ``down`` removes it, ``status``.
+
+An instructor rehearses a class on one machine: ``up`` builds the same room as
+:func:`course_lib.cluster.room.build.emulated_room` (one implementation, :func:`build_room`) but leaves
+it up when the command exits, and records what it created (namespaces, veths, bridge, subnet)
+in a state file, written atomically. ``down`` removes exactly those objects (and stops what
+still runs inside the PCs), so a second ``down`` finds nothing and says so. The names are
+recorded *before* anything is built, so a killed ``up`` still leaves ``down`` what to remove.
+
+The state file is the checkout's ``.kit/room.json`` (``$COURSE_ROOM_STATE`` or ``--state``
+moves it). Network namespaces do not survive a reboot; a state file whose objects are all gone
+is stale, and ``status`` / ``up`` say so and replace it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import secrets
+import subprocess
+from collections.abc import Sequence
+from pathlib import Path
+
+import course_lib
+from course_lib.cluster.room.build import (
+    BURST,
+    PC,
+    Room,
+    build_room,
+    leftovers,
+    missing_prerequisite,
+    teardown_room,
+)
+
+__all__ = [
+    "RoomError",
+    "default_state_file",
+    "describe_room",
+    "read_state",
+    "room_down",
+    "room_up",
+    "pc_command",
+]
+
+ENV_VAR = "COURSE_ROOM_STATE"
+RATE = re.compile(r"^\d+(\.\d+)?([kmgt]i?)?(bit|bps)$", re.IGNORECASE)  # tc's rate syntax
+
+
+class RoomError(RuntimeError):
+    """A room cannot be built, found or removed here; the message names the fix."""
+
+
+def default_state_file() -> Path:
+    """Return where the room's state is kept: ``$COURSE_ROOM_STATE``, else ``.kit/room.json``."""
+    if os.environ.get(ENV_VAR):
+        return Path(os.environ[ENV_VAR])
+    return Path(course_lib.__file__).resolve().parent.parent / ".kit" / "room.json"
+
+
+def _write_state(path: Path, room: Room, burst: str) -> None:
+    """Write ``room`` to ``path`` atomically (temp file, fsync, rename, fsync the folder)."""
+    state = {
+        "format": 1,
+        "tag": room.tag,
+        "subnet": room.subnet,
+        "bridge": room.bridge,
+        "instructor_ip": room.instructor_ip,
+        "rate": room.rate,
+        "burst": burst,
+        "pcs": [vars(pc) for pc in room.pcs],
+        "created": sorted(room.created),
+    }
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.partial")
+    with open(tmp, "w") as handle:
+        json.dump(state, handle, indent=1)
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.replace(tmp, path)
+    folder = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(folder)
+    finally:
+        os.close(folder)
+
+
+def read_state(path: Path | None = None) -> Room | None:
+    """Return the room recorded in the state file, or None when there is none."""
+    path = path or default_state_file()
+    try:
+        state = json.loads(path.read_text())
+        return Room(
+            tag=state["tag"], subnet=state["subnet"], bridge=state["bridge"],
+            instructor_ip=state["instructor_ip"], rate=state["rate"],
+            pcs=[PC(**pc) for pc in state["pcs"]], created=set(state["created"]),
+        )  # fmt: skip
+    except FileNotFoundError:
+        return None
+    except (ValueError, KeyError, TypeError) as exc:
+        raise RoomError(
+            f"the room state file {path} is unreadable ({type(exc).__name__}: {exc}); if no "
+            f"room is up, delete it (`ip netns list` shows the PCs of a room still up)"
+        ) from None
+
+
+def _planned(n_pcs: int, tag: str, rate: str) -> Room:
+    """Return the room ``build_room(n_pcs, tag=tag)`` will create, every name marked created."""
+    pcs = [PC(netns=f"pc{k}_{tag}", hostname=f"pc{k}-{tag}", ip="", host_veth=f"rv{tag}p{k}")
+           for k in range(1, n_pcs + 1)]  # fmt: skip
+    room = Room(tag=tag, subnet="", bridge=f"rbr{tag}", instructor_ip="", rate=rate, pcs=pcs)
+    room.created = set(room.names)
+    return room
+
+
+def room_up(n_pcs: int, rate: str = "1gbit", state_file: Path | None = None) -> Room:
+    """Build a room of ``n_pcs`` PCs that stays up, record it in the state file; return it."""
+    if not 1 <= n_pcs <= 200:
+        raise ValueError(f"{n_pcs} PCs: give a number of PCs from 1 to 200")
+    if not RATE.match(rate):
+        raise ValueError(f"rate {rate!r}: give a tc rate such as 1gbit, 100mbit or 12.5mbps")
+    if (missing := missing_prerequisite()) is not None:
+        raise RoomError(missing)
+    path = state_file or default_state_file()
+    if (old := read_state(path)) is not None:
+        if leftovers(old.names):
+            raise RoomError(
+                f"a room of {len(old.pcs)} PCs ({old.subnet}) is already up (state {path}): "
+                f"run `./kit room down` first"
+            )
+        path.unlink()  # stale: its namespaces are gone (a reboot)
+    tag = "k" + "".join(secrets.choice("0123456789abcdefghijklmnopqrstuvwxyz") for _ in range(6))
+    _write_state(path, _planned(n_pcs, tag, rate), BURST)  # so a killed `up` can be undone
+    try:
+        room = build_room(n_pcs, rate, BURST, tag=tag)
+    except Exception as exc:
+        path.unlink(missing_ok=True)  # build_room removed what it had built
+        raise RoomError(f"building the room failed: {exc}") from None
+    _write_state(path, room, BURST)
+    return room
+
+
+def room_down(state_file: Path | None = None) -> tuple[Room | None, list[str]]:
+    """Remove the recorded room; return it (None: nothing was up) and what could not go."""
+    path = state_file or default_state_file()
+    room = read_state(path)
+    if room is None:
+        return None, []
+    if (missing := missing_prerequisite()) is not None:
+        raise RoomError(missing)
+    errors = teardown_room(room)
+    if not errors:
+        path.unlink(missing_ok=True)
+    return room, errors
+
+
+def pc_command(room: Room, name: str, argv: Sequence[str]) -> list[str]:
+    """Return ``argv`` wrapped to run in the PC called ``name`` (``pc1``, ``1`` or namespace)."""
+    for k, pc in enumerate(room.pcs, start=1):
+        if name in (f"pc{k}", str(k), pc.netns, pc.hostname):
+            return room.command(pc, argv)
+    names = ", ".join(f"pc{k}" for k in range(1, len(room.pcs) + 1))
+    raise RoomError(f"no PC {name!r} in the room: choose one of {names}")
+
+
+def describe_room(room: Room, state_file: Path, *, check: bool = False) -> str:
+    """Return the room as a table: each PC's name, IP, and the command prefix to run inside it."""
+    lines = [
+        f"Emulated room: {len(room.pcs)} PCs on bridge {room.bridge}, subnet {room.subnet}, "
+        f"every link shaped to {room.rate}; the instructor's PC (this machine) is "
+        f"{room.instructor_ip}.",
+        f"  {'PC':5} {'IP':13} {'host name':12} run a command inside it",
+    ]
+    for k, pc in enumerate(room.pcs, start=1):
+        lines.append(
+            f"  {'pc' + str(k):5} {pc.ip:13} {pc.hostname:12} ip netns exec {pc.netns} CMD"
+        )
+    lines.append(
+        "`./kit room run pc1 -- CMD` also gives CMD the PC's host name; "
+        f"`./kit room down` removes the room (state: {state_file})."
+    )
+    if check and (gone := [n for n in room.names if n not in leftovers(room.names)]):
+        lines.append(f"INCOMPLETE: {', '.join(gone)} no longer exist: run `./kit room down`")
+    return "\n".join(lines)
+
+
+def run_in_room(name: str, argv: Sequence[str], state_file: Path | None = None) -> int:
+    """Run ``argv`` in PC ``name`` of the recorded room, in the foreground; return its status."""
+    room = read_state(state_file or default_state_file())
+    if room is None:
+        raise RoomError("no room is up: start one with `./kit room up N`")
+    return subprocess.call(pc_command(room, name, argv))

@@ -1,0 +1,158 @@
+"""Run one function on a set of engines as ranks, and turn deaths, errors and hangs into one error.
+
+What every training scheme that runs on the engines shares (data-parallel steps, the
+asynchronous parameter server): pick the engines, make sure each has its communicator, ship a
+function to all of them, and report a failure by rank, engine and host instead of hanging.
+"""
+
+from __future__ import annotations
+
+import socket
+import time
+from types import SimpleNamespace
+from typing import Any
+
+from course_lib.comm.setup import setup_communicators
+from course_lib.parallel.data_parallel import replica
+from course_lib.training.loop import TrainConfig
+
+__all__ = [
+    "COMM_NAME",
+    "DataParallelError",
+    "check_replicas_alike",
+    "describe_rank",
+    "engine_alive",
+    "ensure_communicators",
+    "first_error_line",
+    "run_on_engines",
+    "select_engines",
+]
+
+COMM_NAME = "dp_comm"  # the communicator's name in every engine's namespace
+
+
+class DataParallelError(RuntimeError):
+    """A data-parallel run failed on the engines; the message names the ranks, engines and hosts."""
+
+
+def select_engines(cluster: Any, world_size: int | None) -> list[int]:
+    """Return the ids of the first ``world_size`` engines by rank (default: all of them)."""
+    ids = list(cluster.ids_by_rank)
+    n = len(ids) if world_size is None else world_size
+    if not 1 <= n <= len(ids):
+        raise ValueError(f"world_size={world_size}: the cluster has {len(ids)} engines")
+    return ids[:n]
+
+
+def ensure_communicators(
+    cluster: Any, ids: list[int], backend: str, link: Any, timeout: float
+) -> None:
+    """Create ``dp_comm`` on the engines unless the same set-up is already there."""
+    key = repr((backend, ids, link, timeout))
+    view = cluster.client[ids]
+    if all(k == key for k in view.apply_sync(replica.engine_comm_key)):
+        return
+    sub = SimpleNamespace(client=cluster.client, ids_by_rank=ids, engine_info=cluster.engine_info)
+    setup_communicators(sub, backend=backend, link=link, name=COMM_NAME, timeout=timeout)
+    view.apply_sync(replica.engine_comm_key, key)
+
+
+def describe_rank(cluster: Any, ids: list[int], rank: int) -> str:
+    """Return "rank r (engine e on host h, pid p)" for messages that must name the culprit."""
+    info = cluster.engine_info.get(ids[rank], {})
+    return f"rank {rank} (engine {ids[rank]} on host {info.get('host', '?')}, pid {info.get('pid', '?')})"
+
+
+def engine_alive(cluster: Any, eid: int) -> bool:
+    """Return False once engine ``eid`` is known dead: unregistered, or its local process gone.
+
+    The controller notices a killed engine only after missed heartbeats (seconds); on this PC
+    the process table tells at once.
+    """
+    import psutil
+
+    if eid not in cluster.client.ids:
+        return False
+    info = cluster.engine_info.get(eid, {})
+    if info.get("host") == socket.gethostname() and info.get("pid"):
+        try:
+            return psutil.Process(info["pid"]).status() != psutil.STATUS_ZOMBIE
+        except psutil.NoSuchProcess:
+            return False
+    return True
+
+
+def first_error_line(exc: BaseException) -> str:
+    """Return the first line of a (remote) exception as "Name: message", at most 400 characters."""
+    text = f"{getattr(exc, 'ename', type(exc).__name__)}: {getattr(exc, 'evalue', exc)}"
+    return text.strip().splitlines()[0][:400]
+
+
+def run_on_engines(cluster: Any, ids: list[int], fn: Any, args: tuple, timeout: float) -> list[Any]:
+    """Run ``fn`` on the engines ``ids``; turn deaths, errors and hangs into DataParallelError."""
+    import ipyparallel as ipp
+
+    pending = [cluster.client[eid].apply_async(fn, *args) for eid in ids]
+    deadline = time.monotonic() + timeout
+    gone: list[int] = []
+    while time.monotonic() < deadline:
+        cluster.client.wait(pending, timeout=0.5)  # returns early once all are done
+        waiting = [r for r, p in enumerate(pending) if not p.ready()]
+        gone = [r for r in waiting if not engine_alive(cluster, ids[r])]
+        if len(gone) == len(waiting):  # all done, or all that are not done are dead
+            break
+    died, failed, hung = [], [], []
+    for rank, p in enumerate(pending):
+        if not engine_alive(cluster, ids[rank]):
+            died.append(rank)
+        elif not p.ready():
+            hung.append(rank)
+        else:
+            try:
+                p.get(timeout=0)
+            except ipp.error.EngineError:
+                died.append(rank)
+            except ipp.error.RemoteError as exc:
+                failed.append((rank, exc))
+    if not (died or failed or hung):
+        return [p.get() for p in pending]
+    survivors = [ids[r] for r in range(len(ids)) if r not in died + hung]
+    if survivors:  # their communicators saw a failure: the next run creates new ones
+        cluster.client[survivors].apply_sync(replica.engine_comm_key, "")
+    parts = []
+    if died:
+        done = cluster.client[survivors].apply_sync(replica.engine_progress) if survivors else []
+        when = f" after step {min(done)} of this run" if done else ""
+        parts += [f"{describe_rank(cluster, ids, r)} died{when}" for r in died]
+        parts.append("restart the engines (cluster.recover(), or start_cluster again) and re-run")
+    if hung:
+        report = cluster.recover()
+        parts.append(f"ranks {hung} did not finish within {timeout:g} s; recovered: {report}")
+    parts += [f"{describe_rank(cluster, ids, r)} raised {first_error_line(e)}" for r, e in failed]
+    raise DataParallelError("data-parallel run failed: " + "; ".join(parts))
+
+
+def check_replicas_alike(cluster: Any, ids: list[int], infos: list[dict[str, Any]],
+                         config: TrainConfig) -> None:  # fmt: skip
+    """Raise ValueError naming the ranks whose model or data set differ from rank 0's."""
+    ref = infos[0]
+    for info in infos[1:]:
+        mine, theirs = info["fingerprint"], ref["fingerprint"]
+        if mine != theirs:
+            diff = next((f"{a} vs rank 0's {b}" for a, b in zip(mine, theirs, strict=False) if a != b),
+                        f"{len(mine)} tensors vs rank 0's {len(theirs)}")  # fmt: skip
+            bad = [
+                describe_rank(cluster, ids, i["rank"]) for i in infos if i["fingerprint"] != theirs
+            ]
+            raise ValueError(
+                f"the replicas differ in shape: {', '.join(bad)} built a different model than "
+                f"rank 0 (first difference: {diff}); every engine must build the same model"
+            )
+    sizes = {i["num_samples"] for i in infos}
+    if len(sizes) > 1:
+        raise ValueError(f"engines loaded data sets of different sizes {sorted(sizes)}")
+    if ref["num_samples"] < config.batch_size:
+        raise ValueError(
+            f"the data set has {ref['num_samples']} samples, fewer than one global batch of "
+            f"{config.batch_size}: use a smaller batch_size"
+        )

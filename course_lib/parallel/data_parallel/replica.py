@@ -1,0 +1,209 @@
+"""What runs on each engine of a data-parallel run: build the replica, sync it, train it.
+
+The notebook side is :mod:`course_lib.parallel.data_parallel.train`; these functions are shipped to
+the engines by reference (ipyparallel pickles them as ``module.name``), keep their state in the
+engine's namespace under ``_course_dp``, and find the communicator there by name.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import socket
+from collections.abc import Iterator
+from dataclasses import replace
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+from torch.utils.data import Dataset
+
+from course_lib.comm.communicator import Communicator
+from course_lib.data.sharding import ShardSampler, shard_indices
+from course_lib.parallel.data_parallel.accounting import StepRecorder
+from course_lib.parallel.data_parallel.stragglers import Straggler
+from course_lib.parallel.exchanges.registry import make_exchange
+from course_lib.training.loop import TrainConfig, fit, make_optimizer, seed_everything
+from course_lib.training.models import build_model
+
+__all__ = [
+    "GlobalBatchSampler",
+    "broadcast_parameters",
+    "engine_comm_key",
+    "engine_link_model",
+    "engine_prepare",
+    "engine_progress",
+    "engine_train",
+    "model_fingerprint",
+]
+
+STATE = "_course_dp"
+
+
+class GlobalBatchSampler(ShardSampler):
+    """This rank's part of every full global batch: ``B / N`` samples each, the remainder dropped.
+
+    Global batch ``k`` of the shared permutation (``order[kB:(k+1)B]``) is split so that rank
+    ``r`` takes its positions ``r, r+N, ...``: the union of the ranks' k-th batches is exactly
+    the k-th batch one process would take with batch size ``B``, and every rank takes the same
+    number of equal batches (so the mean of the ranks' mean gradients is the global mean).
+    """
+
+    def __init__(self, num_samples: int, rank: int, world_size: int, global_batch: int,
+                 *, seed: int = 0) -> None:  # fmt: skip
+        super().__init__(num_samples, rank, world_size, seed=seed)
+        if global_batch % world_size or global_batch < world_size:
+            raise ValueError(f"global batch {global_batch} does not split over {world_size} ranks")
+        self.global_batch = global_batch
+        self.steps = num_samples // global_batch
+
+    def __iter__(self) -> Iterator[int]:
+        order = shard_indices(self.num_samples, self.rank, self.world_size, seed=self.seed,
+                              epoch=self.epoch)  # fmt: skip
+        return iter(order[: self.steps * self.global_batch // self.world_size])
+
+    def __len__(self) -> int:
+        return self.steps * self.global_batch // self.world_size
+
+
+def model_fingerprint(net: nn.Module) -> list[tuple[str, tuple[int, ...], str, bool]]:
+    """Return ``(name, shape, dtype, trainable)`` of every parameter and buffer, in order."""
+    rows = [(n, tuple(p.shape), str(p.dtype), p.requires_grad) for n, p in net.named_parameters()]
+    rows += [(n, tuple(b.shape), str(b.dtype), False) for n, b in net.named_buffers()]
+    return rows
+
+
+def broadcast_parameters(comm: Communicator, net: nn.Module, src: int = 0) -> None:
+    """Overwrite ``net``'s parameters and buffers in place with rank ``src``'s; every rank calls it."""
+    tensors = [t for t in list(net.parameters()) + list(net.buffers()) if t.numel()]
+    if comm.world_size == 1 or not tensors:
+        return
+    with torch.no_grad():
+        flat = torch.cat([t.detach().reshape(-1).double() for t in tensors])
+        comm.broadcast(flat, src=src)
+        offset = 0
+        for t in tensors:
+            t.copy_(flat[offset : offset + t.numel()].view_as(t).to(t.dtype))
+            offset += t.numel()
+
+
+def _build(thing: Any, kind: type) -> Any:
+    if isinstance(thing, kind):
+        return copy.deepcopy(thing) if kind is nn.Module else thing
+    if isinstance(thing, str) and kind is nn.Module:
+        return build_model(thing)
+    if callable(thing):
+        return thing()
+    raise TypeError(f"expected a {kind.__name__}, a function returning one, got {type(thing)}")
+
+
+def engine_prepare(model: Any, dataset: Any, seed: int, comm_name: str) -> dict[str, Any]:
+    """Build this rank's replica and data set; return its fingerprint for the notebook to compare.
+
+    Each rank seeds with ``seed + rank`` on purpose: the replicas start different, so only the
+    broadcast of rank 0's weights can make them equal.
+    """
+    from IPython import get_ipython
+
+    ns = get_ipython().user_ns
+    comm = ns[comm_name]
+    seed_everything(seed + comm.rank)
+    net = _build(model, nn.Module)
+    data = _build(dataset, Dataset)
+    ns[STATE] = {"net": net, "dataset": data, "records": []}
+    return {"rank": comm.rank, "fingerprint": model_fingerprint(net), "num_samples": len(data),
+            "host": socket.gethostname(), "pid": os.getpid()}  # fmt: skip
+
+
+def engine_comm_key(new: str | None = None) -> str | None:
+    """Return (or, given ``new``, set) the description of the communicator set up for runs."""
+    from IPython import get_ipython
+
+    ns = get_ipython().user_ns
+    if new is not None:
+        ns["_course_dp_comm_key"] = new
+    return ns.get("_course_dp_comm_key")
+
+
+def engine_link_model(comm_name: str) -> tuple[float, float]:
+    """Return ``(alpha, beta)`` of the real link between ranks 0 and 1, by ping-pong; all call it."""
+    from IPython import get_ipython
+
+    from course_lib.cost_model.alpha_beta import ping_pong
+
+    comm = get_ipython().user_ns[comm_name]
+    model = ping_pong(comm, sizes=[2**k for k in range(10, 23, 3)], repeats=3).model
+    return model.alpha, model.beta
+
+
+def engine_progress() -> int:
+    """Return how many steps this engine completed in the current (or last) run."""
+    from IPython import get_ipython
+
+    state = get_ipython().user_ns.get(STATE) or {}
+    return len(state.get("records", []))
+
+
+def engine_train(
+    config: TrainConfig,
+    method: str,
+    options: dict[str, Any],
+    comm_name: str,
+    measure_wait: bool,
+    test_set: Any,
+    stragglers: dict[int, Straggler] | None = None,
+    measure_drift_every: int = 0,
+    checkpoint: Any = None,
+    resume_from: str | None = None,
+    resumed_at: tuple[int, int] = (0, 0),
+) -> dict[str, Any]:
+    """Train the prepared replica with ``method``; return history, step records and weights.
+
+    ``stragglers``: ``{rank: Straggler}``; a rank named there sleeps after each backward (an
+    emulated slow PC);
+    ``measure_drift_every``: record each replica's distance from the mean every k steps.
+    ``checkpoint``, ``resume_from``: as in ``fit`` (rank 0 writes, every rank reads the same
+    file); ``resumed_at``: that file's ``(epochs_done, steps_done)``, to number the epochs.
+    """
+    from IPython import get_ipython
+
+    ns = get_ipython().user_ns
+    comm, state = ns[comm_name], ns[STATE]
+    net, data, n = state["net"], state["dataset"], comm.world_size
+    broadcast_parameters(comm, net)  # source 000 step 3: a copy of the server's network
+    exchange = make_exchange(method, **options)
+    module = exchange.attach(comm, net)
+    optimizer = exchange.wrap_optimizer(comm, make_optimizer(module, config))
+    straggler = (stragglers or {}).get(comm.rank)
+    recorder = StepRecorder(comm, exchange, net, measure_wait, straggler, measure_drift_every)
+    state["records"] = recorder.records
+    recorder.attach(module, optimizer)
+    sampler = GlobalBatchSampler(len(data), comm.rank, n, config.batch_size, seed=config.seed)
+    local = replace(config, batch_size=config.batch_size // n)
+    comm.stats.reset()
+    recorder.reset_counters()
+    try:
+        history = fit(module, data, local, test_set=test_set, sampler=sampler,
+                      grad_hook=recorder.grad_hook, optimizer=optimizer, progress=False,
+                      device="cpu", checkpoint=checkpoint, resume_from=resume_from,
+                      comm=comm)  # fmt: skip
+    finally:
+        recorder.detach()
+        exchange.detach()
+    done_before = resumed_at[0] * sampler.steps + resumed_at[1]  # steps of the run resumed
+    for record in recorder.records:
+        record["epoch"] = (done_before + record["step"]) // sampler.steps + 1
+    weights = {name: p.detach().numpy().copy() for name, p in net.named_parameters()}
+    return {
+        "rank": comm.rank,
+        "epochs": history.epochs,
+        "step_times": history.step_times,
+        "records": recorder.records,
+        "weights": weights,
+        "label": comm.label,
+        "emulated": comm.emulated,
+        "steps_per_epoch": sampler.steps,
+        "param_bytes": int(sum(p.numel() * 4 for p in net.parameters() if p.requires_grad)),
+        "max_abs_weight": float(max((np.abs(w).max() for w in weights.values()), default=0.0)),
+    }

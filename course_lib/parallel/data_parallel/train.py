@@ -1,0 +1,221 @@
+"""Data-parallel training from the notebook in one call: every engine a replica, one method.
+
+::
+
+    result = train_data_parallel(cluster, model=MLP, dataset=load_digits,
+                                 config=TrainConfig(num_epochs=2, batch_size=64), method="ring")
+    result.replicas_equal, result.table(), result.plot_timeline()
+
+Source 000's algorithm: the data is split among the ranks in advance (each rank takes its part
+of every global batch), rank 0's network is copied to every rank, then each step every rank
+computes gradients on its part, the gradients are exchanged (the method, chosen by name from
+:data:`~course_lib.parallel.exchanges.registry.EXCHANGES`) and every rank applies the same mean.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+from matplotlib.figure import Figure
+
+from course_lib.comm.emulated_link import EmulatedLink
+from course_lib.parallel.data_parallel import replica
+from course_lib.parallel.data_parallel.accounting import format_table, summarize_steps
+from course_lib.parallel.data_parallel.checkpointing import prepare_checkpointing
+from course_lib.parallel.data_parallel.engines import (
+    COMM_NAME,
+    DataParallelError,
+    check_replicas_alike,
+    ensure_communicators,
+    run_on_engines,
+    select_engines,
+)
+from course_lib.parallel.data_parallel.stragglers import Straggler, parse_stragglers
+from course_lib.parallel.exchanges.registry import EXCHANGES
+from course_lib.training.loop import History, TrainConfig
+
+__all__ = ["COMM_NAME", "DataParallelError", "DataParallelResult", "train_data_parallel",
+           "valid_batch_sizes", "validate_config"]  # fmt: skip
+
+
+@dataclass
+class DataParallelResult:
+    """What a run returns: per-rank histories and step records, weights, the replica check."""
+
+    method: str
+    world_size: int
+    label: str
+    emulated: bool
+    histories: list[History]
+    records: list[dict[str, Any]]
+    weights: dict[str, np.ndarray]
+    replicas_equal: bool
+    max_replica_difference: float
+    engines: list[dict[str, Any]] = field(default_factory=list)
+    gradient_bytes: int = 0
+    #: ``{rank: Straggler}`` of the run: those ranks were slowed down on purpose (emulated).
+    stragglers: dict[int, Straggler] = field(default_factory=dict)
+
+    @property
+    def history(self) -> History:
+        """Return rank 0's history (test metrics are the same on every rank)."""
+        return self.histories[0]
+
+    def summary(self) -> list[dict[str, Any]]:
+        """Return one row per rank: median phase seconds and bytes per step."""
+        return summarize_steps(self.records)
+
+    @property
+    def straggler_label(self) -> str:
+        """Return e.g. ``"emulated stragglers: rank 2 at 0.5x speed"`` ('' without stragglers)."""
+        parts = [f"rank {r} at {s.speed:g}x speed" + (f" + {s.delay * 1e3:g} ms" if s.delay else "")
+                 for r, s in sorted(self.stragglers.items())]  # fmt: skip
+        return "emulated stragglers: " + ", ".join(parts) if parts else ""
+
+    def table(self) -> str:
+        """Return the per-rank summary as text, labelled with the method and the link."""
+        kind = "emulated" if self.emulated else "measured"
+        slow = f"; {self.straggler_label}" if self.stragglers else ""
+        head = f"{self.method} on {self.label} ({kind}{slow}), median per step:"
+        return head + "\n" + format_table(self.summary())
+
+    def drift(self) -> tuple[np.ndarray, np.ndarray]:
+        """Return ``(steps, distances)``: steps done at each measurement, and one column per rank.
+
+        ``distances[k, r]`` is rank ``r``'s L2 distance from the mean of the replicas after
+        ``steps[k]`` steps (empty unless the run had ``measure_drift_every``).
+        """
+        rows = sorted((r["step"] + 1, r["rank"], r["drift"]) for r in self.records if "drift" in r)
+        steps = sorted({s for s, _, _ in rows})
+        out = np.zeros((len(steps), self.world_size))
+        where = {s: k for k, s in enumerate(steps)}
+        for s, rank, d in rows:
+            out[where[s], rank] = d
+        return np.array(steps), out
+
+    def plot_breakdown(self) -> Figure:
+        """Return a stacked bar per rank of the median step's phases."""
+        from course_lib.parallel.data_parallel.timeline import plot_breakdown
+
+        slow = f"; {self.straggler_label}" if self.stragglers else ""
+        return plot_breakdown(self.summary(), title=f"{self.method}: {self.label}{slow}")
+
+    def plot_timeline(self, steps: tuple[int, int] | None = None) -> Figure:
+        """Return a Gantt chart per rank of ``steps`` (default: the last two steps)."""
+        from course_lib.parallel.data_parallel.timeline import plot_timeline
+
+        slow = f"; {self.straggler_label}" if self.stragglers else ""
+        return plot_timeline(self.records, steps=steps, title=f"{self.method}: {self.label}{slow}")
+
+    def __repr__(self) -> str:
+        same = "equal" if self.replicas_equal else f"DIFFER by {self.max_replica_difference:.2e}"
+        return (f"<DataParallelResult {self.method!r}, {self.world_size} ranks, "
+                f"{len(self.records) // max(self.world_size, 1)} steps, replicas {same}>")  # fmt: skip
+
+
+def valid_batch_sizes(world_size: int, near: int, count: int = 3) -> list[int]:
+    """Return ``count`` global batch sizes near ``near`` that split evenly over ``world_size``."""
+    low = max(world_size, near // world_size * world_size)
+    return [low + k * world_size for k in range(count)]
+
+
+def validate_config(config: TrainConfig, method: str, world_size: int) -> None:
+    """Raise ValueError naming the fix when ``config`` cannot run ``method`` on ``world_size`` ranks."""
+    if method not in EXCHANGES:
+        raise ValueError(f"unknown method {method!r}; choose one of {', '.join(EXCHANGES)}")
+    if config.batch_size % world_size:
+        raise ValueError(
+            f"batch_size={config.batch_size} (the global batch) cannot be split over "
+            f"{world_size} ranks: use a multiple of {world_size}, e.g. "
+            f"{valid_batch_sizes(world_size, config.batch_size)}"
+        )
+    if config.target is not None and not config.target_metric.startswith("test_"):
+        raise ValueError(
+            f"target_metric={config.target_metric!r} is measured on each rank's own shard, so "
+            "ranks could stop at different epochs; use a test_ metric (pass test_set=...)"
+        )
+
+
+def train_data_parallel(
+    cluster: Any,
+    *,
+    model: Any,
+    dataset: Any,
+    config: TrainConfig,
+    method: str = "ring",
+    backend: str = "gloo",
+    link: EmulatedLink | None = None,
+    world_size: int | None = None,
+    test_set: Any = None,
+    measure_wait: bool = True,
+    stragglers: dict[int, float | Straggler] | None = None,
+    measure_drift_every: int = 0,
+    comm_timeout: float = 60.0,
+    timeout: float = 600.0,
+    checkpoint: Any = None,
+    resume_from: Any = None,
+    **options: Any,
+) -> DataParallelResult:
+    """Train one replica per engine with gradient exchange ``method``; return what happened.
+
+    Args:
+        cluster: a ``CourseCluster``; the first ``world_size`` engines (default: all) train.
+        model: an ``nn.Module`` (copied), a model name (``"mlp"``) or a function building one.
+        dataset: a ``Dataset`` or a function returning one; every engine must see the same set.
+        config: ``batch_size`` is the *global* batch, split evenly over the ranks.
+        method: a name in ``EXCHANGES``: ``parameter_server``, ``parameter_server_source000``,
+            ``allreduce_naive``, ``ring``, ``builtin``, ``bucketed``, ``ddp``, ``local_sgd``,
+            ``gossip``, ``gossip_sparse``, ``compressed``, ``ddp_compressed``.
+        backend, link: the communicator (``"gloo"`` or ``"mpi"``), optionally emulating ``link``.
+        measure_wait: time a barrier where the method waits for every rank ("waiting").
+        stragglers: ``{rank: speed fraction or Straggler}``: slow those ranks down on purpose
+            (emulated; they sleep after each backward), e.g. ``{2: 0.5}`` for half speed.
+        measure_drift_every: every k steps, measure each replica's distance from the mean of
+            the replicas (an extra allreduce not counted as the method's); ``result.drift()``.
+        comm_timeout: seconds any one message may take before the ranks give up, naming a rank.
+        timeout: seconds for the whole run before hung engines are recovered.
+        checkpoint: a folder (or ``CheckpointConfig``) every engine can read: rank 0 saves the
+            whole run there after every epoch (and every ``every_steps`` steps), keeping 2.
+        resume_from: a checkpoint file or folder (its newest): continue that run, bit for bit on
+            the same world size (mid-epoch too), on another one only from an epoch boundary
+            (:mod:`course_lib.parallel.data_parallel.checkpointing` says which methods allow it).
+        options: the method's settings, e.g. ``bucket_bytes=4096`` for ``bucketed``.
+    """
+    ids = select_engines(cluster, world_size)
+    n = len(ids)
+    validate_config(config, method, n)
+    slow = parse_stragglers(stragglers, n)
+    if isinstance(measure_drift_every, bool) or not isinstance(measure_drift_every, int) \
+            or measure_drift_every < 0:  # fmt: skip
+        raise ValueError(f"measure_drift_every={measure_drift_every!r}: give a step count >= 1, "
+                         "or 0 for no drift measurement")  # fmt: skip
+    EXCHANGES[method](**options)  # bad options fail here, before any engine is busy
+    saver, resume_file, resumed_at = prepare_checkpointing(method, checkpoint, resume_from, n)
+    if (
+        method == "bucketed"
+        and (saver or resume_file)
+        and options.get("algorithm") in (None, "auto")
+    ):
+        # "auto" decides from a timing, so two runs may sum a bucket in different orders; a run
+        # that is saved or resumed must repeat the uninterrupted one bit for bit: fix the ring.
+        options = {**options, "algorithm": "ring"}
+    ensure_communicators(cluster, ids, backend, link, comm_timeout)
+    prepare = (model, dataset, config.seed, COMM_NAME)
+    infos = run_on_engines(cluster, ids, replica.engine_prepare, prepare, timeout)
+    check_replicas_alike(cluster, ids, infos, config)
+    args = (config, method, options, COMM_NAME, measure_wait, test_set, slow, measure_drift_every,
+            saver, resume_file, resumed_at)  # fmt: skip
+    results = run_on_engines(cluster, ids, replica.engine_train, args, timeout)
+    weights = results[0]["weights"]
+    diffs = [max(float(np.abs(r["weights"][k] - w).max(initial=0.0)) for k, w in weights.items())
+             for r in results]  # fmt: skip
+    return DataParallelResult(
+        method=method, world_size=n, label=results[0]["label"], emulated=results[0]["emulated"],
+        histories=[History(epochs=r["epochs"], step_times=r["step_times"]) for r in results],
+        records=[rec for r in results for rec in r["records"]], weights=weights,
+        replicas_equal=max(diffs) == 0.0, max_replica_difference=max(diffs),
+        engines=[{"rank": i["rank"], "engine": ids[i["rank"]], "host": i["host"]} for i in infos],
+        gradient_bytes=results[0]["param_bytes"], stragglers=slow,
+    )  # fmt: skip

@@ -1,0 +1,231 @@
+"""Bucketed, overlapped allreduce: communicate each bucket as soon as backward has filled it.
+
+Backward produces gradients from the last layer to the first. Exchanging after backward leaves
+the network idle during backward and the CPU idle during the exchange; PyTorch DDP (Li et al.
+2020, "PyTorch Distributed: Experiences on Accelerating Data Parallel Training", section 3.2.3)
+instead groups parameters into buckets of about ``bucket_bytes`` in *reverse* registration order
+(roughly the order backward finishes them) and starts a bucket's allreduce the moment its last
+gradient is accumulated, so communication of late layers overlaps backward of early ones.
+
+Here an autograd hook (``register_post_accumulate_grad_hook``) copies each gradient into its
+bucket's flat buffer; the last one of a bucket hands the bucket to a communication thread, which
+reduces buckets strictly in index order (the same order on every rank, so the collectives match).
+Each bucket's allreduce is the kit's ring or recursive doubling, whichever the cost model
+predicts faster on the path measured at attach (``algorithm="auto"``, see
+:mod:`~course_lib.parallel.exchanges.bucket_choice`), or the backend's own. The ranks agree on the bucket
+layout once, at attach, so every receive is posted before its message arrives ("eager"). After
+backward the loop waits for all buckets and copies the averaged slices back into ``p.grad``.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from typing import Any
+
+import torch
+from torch import nn
+
+from course_lib.collectives.ring import ring_allreduce
+from course_lib.collectives.tree import recursive_doubling_allreduce
+from course_lib.comm.communicator import CommTimeoutError, Communicator
+from course_lib.parallel.exchanges.base import GradientExchange, StepTimeline, trainable_parameters
+from course_lib.parallel.exchanges.bucket_choice import (
+    ALGORITHMS,
+    agree_on_layout,
+    choose_algorithms,
+    measure_path,
+)
+
+__all__ = ["BucketedAllreduce", "bucket_layout"]
+
+
+def bucket_layout(params: list[nn.Parameter], bucket_bytes: int) -> list[list[int]]:
+    """Return parameter indices per bucket: reverse order, a bucket closes once it holds >= cap.
+
+    A parameter larger than ``bucket_bytes`` gets a bucket of its own; every parameter is in
+    exactly one bucket. DDP's rule (``_compute_bucket_assignment_by_size``), minus its special
+    smaller first bucket.
+    """
+    if bucket_bytes < 1:
+        raise ValueError(f"bucket_bytes must be a positive number of bytes, got {bucket_bytes}")
+    buckets, current, size = [], [], 0
+    for i in reversed(range(len(params))):
+        current.append(i)
+        size += params[i].numel() * 4  # gradients travel as float32
+        if size >= bucket_bytes:
+            buckets.append(current)
+            current, size = [], 0
+    if current:
+        buckets.append(current)
+    return buckets
+
+
+class _Bucket:
+    """One flat float32 buffer and the parameters whose gradients it holds."""
+
+    def __init__(self, index: int, params: list[nn.Parameter]) -> None:
+        self.index, self.params = index, params
+        self.offsets, total = [], 0
+        for p in params:
+            self.offsets.append(total)
+            total += p.numel()
+        self.flat = torch.zeros(total)
+        self.pending = len(params)
+        self.algorithm = "ring"  # chosen at attach
+        self.ready_at = self.start = self.end = 0.0
+        self.launched_in_backward = False
+        self.done = threading.Event()
+
+    def put(self, slot: int, grad: torch.Tensor | None) -> None:
+        """Copy one gradient (zeros when None) into its slice of the flat buffer."""
+        a = self.offsets[slot]
+        view = self.flat[a : a + self.params[slot].numel()]
+        view.copy_(grad.reshape(-1)) if grad is not None else view.zero_()
+
+
+class BucketedAllreduce(GradientExchange):
+    """Flatten gradients into buckets of ``bucket_bytes``; allreduce each one during backward.
+
+    Args:
+        bucket_bytes: bucket capacity in bytes (DDP's default is 25 MB; small models need
+            small buckets to have more than one).
+        algorithm: ``"auto"`` (per bucket, the kit's ring or recursive doubling, whichever the
+            cost model predicts faster on the path measured at attach), ``"ring"``,
+            ``"doubling"`` (both from scratch, counted point-to-point) or ``"builtin"`` (the
+            backend's allreduce). ``algorithms`` holds each bucket's choice after attach.
+    """
+
+    name = "bucketed"
+    overlaps_backward = True
+
+    def __init__(self, bucket_bytes: int = 1 << 20, algorithm: str = "auto") -> None:
+        if bucket_bytes < 1:
+            raise ValueError(f"bucket_bytes must be a positive number of bytes, got {bucket_bytes}")
+        if algorithm != "auto" and algorithm not in ALGORITHMS:
+            raise ValueError(
+                f"algorithm must be 'auto' or one of {', '.join(map(repr, ALGORITHMS))}, "
+                f"got {algorithm!r}"
+            )
+        self.bucket_bytes, self.algorithm = int(bucket_bytes), algorithm
+        self.algorithms: list[str] = []
+        self.path = None  # the measured LinkModel when algorithm="auto"
+        self.buckets: list[_Bucket] = []
+        self._handles: list[Any] = []
+        self._queue: queue.Queue[int | None] = queue.Queue()
+        self._thread: threading.Thread | None = None
+        self._error: BaseException | None = None
+        self._algorithm_now = "ring"
+
+    # ---- set-up -------------------------------------------------------------------------
+    def attach(self, comm: Communicator, net: nn.Module) -> nn.Module:
+        """Lay out the buckets, agree on them, pick their algorithms, hook them, start the thread."""
+        self.comm = comm
+        params = trainable_parameters(net)
+        for index, members in enumerate(bucket_layout(params, self.bucket_bytes)):
+            self.buckets.append(_Bucket(index, [params[i] for i in members]))
+        sizes = [4 * b.flat.numel() for b in self.buckets]
+        if comm.world_size > 1:
+            agree_on_layout(comm, sizes)
+            if self.algorithm == "auto":
+                self.path = measure_path(comm)
+        self.algorithms = choose_algorithms(sizes, comm.world_size, self.algorithm, self.path)
+        for bucket, algorithm in zip(self.buckets, self.algorithms, strict=True):
+            bucket.algorithm = algorithm
+            for slot, p in enumerate(bucket.params):
+                self._handles.append(p.register_post_accumulate_grad_hook(self._hook(bucket, slot)))
+        self._thread = threading.Thread(target=self._communicate, name="bucket-comm", daemon=True)
+        self._thread.start()
+        return net
+
+    def _hook(self, bucket: _Bucket, slot: int):
+        def on_grad_ready(p: torch.Tensor) -> None:  # runs inside backward
+            bucket.put(slot, p.grad)
+            bucket.pending -= 1
+            if bucket.pending == 0:
+                self._launch(bucket, in_backward=True)
+
+        return on_grad_ready
+
+    def _launch(self, bucket: _Bucket, in_backward: bool) -> None:
+        bucket.ready_at = time.time()
+        bucket.launched_in_backward = in_backward
+        self._queue.put(bucket.index)
+
+    # ---- the communication thread -------------------------------------------------------
+    def _communicate(self) -> None:
+        """Reduce buckets in index order as they become ready (every rank in the same order)."""
+        ready: set[int] = set()
+        next_index = 0
+        while True:
+            item = self._queue.get()
+            if item is None:
+                return
+            ready.add(item)
+            while next_index in ready:
+                ready.discard(next_index)
+                bucket = self.buckets[next_index]
+                try:
+                    bucket.start = time.time()
+                    if self._error is None:
+                        self._algorithm_now = bucket.algorithm
+                        self._allreduce(bucket.flat)
+                    bucket.end = time.time()
+                except BaseException as exc:  # noqa: BLE001 - handed to the training thread
+                    self._error = exc
+                bucket.done.set()
+                next_index = (next_index + 1) % len(self.buckets)
+
+    def _allreduce(self, flat: torch.Tensor) -> None:
+        """Average one bucket in place with its algorithm (runs on the communication thread)."""
+        buf = flat.numpy()
+        if self._algorithm_now == "ring":
+            ring_allreduce(self.comm, buf, eager=True)  # eager: sizes agreed at attach
+        elif self._algorithm_now == "doubling":
+            recursive_doubling_allreduce(self.comm, buf, eager=True)
+        else:
+            self.comm.allreduce(buf)
+        buf /= self.comm.world_size
+
+    # ---- after backward -----------------------------------------------------------------
+    def exchange(self, comm: Communicator, net: nn.Module, timeline: StepTimeline) -> None:
+        """Wait for every bucket (launching those whose parameters got no gradient), unflatten."""
+        start = time.time()
+        for bucket in self.buckets:  # parameters unused this step never fire their hook
+            if bucket.pending > 0:
+                for slot, p in enumerate(bucket.params):
+                    bucket.put(slot, p.grad)
+                bucket.pending = 0
+                self._launch(bucket, in_backward=False)
+        limit = comm.timeout + 30.0
+        for bucket in self.buckets:
+            if not bucket.done.wait(limit):
+                raise CommTimeoutError(
+                    f"rank {comm.rank}: bucket {bucket.index} was not reduced within {limit:g} s; "
+                    "another rank stopped communicating (look at its error first)"
+                )
+        if self._error is not None:
+            raise self._error
+        for bucket in self.buckets:
+            for slot, p in enumerate(bucket.params):
+                a = bucket.offsets[slot]
+                p.grad = bucket.flat[a : a + p.numel()].view_as(p).clone()
+            timeline.buckets.append(
+                {"index": bucket.index, "nbytes": bucket.flat.numel() * 4,
+                 "algorithm": bucket.algorithm, "ready": bucket.ready_at, "start": bucket.start, "end": bucket.end,
+                 "launched_in_backward": bucket.launched_in_backward}
+            )  # fmt: skip
+            bucket.done.clear()
+            bucket.pending = len(bucket.params)
+        timeline.mark("comm", start)
+
+    def detach(self) -> None:
+        """Remove the gradient hooks and stop the communication thread."""
+        for handle in self._handles:
+            handle.remove()
+        self._handles.clear()
+        if self._thread is not None:
+            self._queue.put(None)
+            self._thread.join(timeout=5.0)
+            self._thread = None
