@@ -16,7 +16,7 @@ from course_lib.checks.lecture04 import (
     stub_sync_time,
 )
 from course_lib.cost_model.alpha_beta import LinkModel
-from course_lib.cost_model.prediction import predict_step
+from course_lib.parallel.data_parallel.prediction import predict_step
 
 pytestmark = pytest.mark.timeout(600)
 

@@ -22,7 +22,6 @@ from course_lib.comm.emulated_link import EmulatedLink
 from course_lib.data.digits import load_digits
 from course_lib.parallel.data_parallel.train import DataParallelError, train_data_parallel
 from course_lib.parallel.exchanges.compressed import CompressedExchange
-from course_lib.parallel.exchanges.registry import register_exchange
 from course_lib.training.loop import TrainConfig
 
 pytestmark = pytest.mark.timeout(600)
@@ -54,11 +53,6 @@ class CorruptingExchange(CompressedExchange):
     def attach(self, comm, net):  # noqa: ANN001, ANN201
         self.rank = comm.rank
         return super().attach(comm, net)
-
-
-def register_corrupting() -> None:
-    """Register :class:`CorruptingExchange` in this process's table (run on every engine too)."""
-    register_exchange(CorruptingExchange)
 
 
 @pytest.fixture(scope="module")
@@ -139,10 +133,9 @@ def test_per_tensor_qsgd_keeps_replicas_equal(cluster):
 
 
 def test_corrupt_payload_is_a_clear_error_and_the_engines_survive(cluster):
-    register_corrupting()
-    cluster.client[cluster.ids_by_rank].apply_sync(register_corrupting)
+    # A class of this test file: it travels to the engines by value, registered nowhere.
     with pytest.raises(DataParallelError, match=r"PayloadError: payload body of int8 .* corrupt"):
-        _train(cluster, SHORT, "compressed_corrupting", dataset=small_digits, compressor="int8")
+        _train(cluster, SHORT, CorruptingExchange(compressor="int8"), dataset=small_digits)
     assert cluster.client[cluster.ids_by_rank].apply_sync(lambda: 6 * 7) == [42, 42]
 
 

@@ -1,11 +1,12 @@
 """The engine side of A3's checks: the answer plugged into the seam, the probe, the training run.
 
-The student's averaging functions plug into the kit's data-parallel seam: :func:`register_answer`
-registers an exchange method around the function (a
+The student's averaging functions plug into the kit's data-parallel seam: :func:`answer_exchange`
+wraps the function in an exchange object (a
 :class:`~course_lib.parallel.exchanges.base.FlatExchange` for the parameter server, a
 :class:`~course_lib.parallel.exchanges.buckets.BucketedAllreduce` whose per-bucket averaging is the
-student's) in the notebook and on every engine, and :func:`train_and_compare` trains with
-:func:`~course_lib.parallel.data_parallel.train.train_data_parallel` by that name.
+student's), and :func:`train_and_compare` hands that object to
+:func:`~course_lib.parallel.data_parallel.train.train_data_parallel`; it travels to the engines
+by value, with the student's function.
 
 The **probe** calls the function once on every rank with known integer-valued gradients and
 reads the communicator's counters: no built-in collective (the exercise is to write the
@@ -36,7 +37,7 @@ from course_lib.training.loop import TrainConfig
 
 __all__ = ["BUCKET_METHOD", "COMM_TIMEOUT", "CONFIG", "PS_METHOD", "A3Net", "a3net_sizes",
            "check_digits", "probe", "raise_run_failure", "reference_layout", "reference_weights",
-           "register_answer", "ring_bytes_bounds", "train_and_compare"]  # fmt: skip
+           "answer_exchange", "ring_bytes_bounds", "train_and_compare"]  # fmt: skip
 
 PS_METHOD, BUCKET_METHOD = "a3_parameter_server", "a3_bucketed"
 CONFIG = TrainConfig(num_epochs=2, batch_size=48, lr=0.5, momentum=0.5, seed=3)
@@ -79,11 +80,14 @@ def ring_bytes_bounds(size: int, world_size: int, itemsize: int = 4) -> tuple[in
 
 
 # ---- plugging the answers into the seam ------------------------------------------------------
-def register_answer(kind: str, fn: Callable) -> None:
-    """Register ``fn`` as exchange ``PS_METHOD`` or ``BUCKET_METHOD`` in this process."""
+def answer_exchange(kind: str, fn: Callable, **options: Any) -> Any:
+    """Return the exchange ``PS_METHOD`` (kind "ps") or ``BUCKET_METHOD`` that averages with ``fn``.
+
+    ``options`` are its constructor's (``server``; ``bucket_bytes``). The instance travels to the
+    engines by value, with ``fn``: no registration anywhere.
+    """
     from course_lib.parallel.exchanges.base import FlatExchange
     from course_lib.parallel.exchanges.buckets import BucketedAllreduce
-    from course_lib.parallel.exchanges.registry import register_exchange
 
     def into(flat: np.ndarray, out: Any) -> None:  # an answer may return a new array
         if out is not None and out is not flat:
@@ -108,7 +112,7 @@ def register_answer(kind: str, fn: Callable) -> None:
             buf = flat.numpy()
             into(buf, fn(self.comm, buf))
 
-    register_exchange(StudentParameterServer if kind == "ps" else StudentBucketed)
+    return (StudentParameterServer if kind == "ps" else StudentBucketed)(**options)
 
 
 def _builtins(comm: Any) -> list[str]:
@@ -193,13 +197,11 @@ def train_and_compare(cluster: Any, kind: str, fn: Callable, **options: Any) -> 
     from course_lib.parallel.data_parallel.reference import ATOL, RTOL, weights_match
     from course_lib.parallel.data_parallel.train import DataParallelError, train_data_parallel
 
-    method = PS_METHOD if kind == "ps" else BUCKET_METHOD
-    register_answer(kind, fn)  # the seam: an exchange chosen by name, here and on every engine
-    cluster.client[cluster.ids_by_rank[:4]].apply_sync(register_answer, kind, fn)
+    method = answer_exchange(kind, fn, **options)  # the seam: an exchange object
     try:
         result = train_data_parallel(cluster, model=A3Net, dataset=check_digits, config=CONFIG,
                                      method=method, world_size=4, comm_timeout=COMM_TIMEOUT,
-                                     timeout=240, **options)  # fmt: skip
+                                     timeout=240)  # fmt: skip
     except DataParallelError as exc:
         raise_run_failure(exc)
     assert result.replicas_equal, (
@@ -211,7 +213,7 @@ def train_and_compare(cluster: Any, kind: str, fn: Callable, **options: Any) -> 
         f"batch (beyond {ATOL:g} + {RTOL:g} |w|): average every gradient over all N ranks"
     )
     sizes = a3net_sizes()
-    bounds = [ring_bytes_bounds(sum(sizes[i] for i in b), 4)
+    bounds = [ring_bytes_bounds(sum(sizes[i] for i in b) + len(b), 4)  # + a presence flag each
               for b in reference_layout(sizes, options.get("bucket_bytes", 1))]  # fmt: skip
     for rec in result.records:
         rank, sent, step = rec["rank"], rec["bytes_sent"], rec["step"]
@@ -219,7 +221,7 @@ def train_and_compare(cluster: Any, kind: str, fn: Callable, **options: Any) -> 
             f"rank {rank} used a built-in collective in step {step}; write it from send/recv"
         )
         if kind == "ps":
-            want = result.gradient_bytes * (3 if rank == options["server"] else 1)
+            want = (result.gradient_bytes + result.flag_bytes) * (3 if rank == options["server"] else 1)
             ok, what = sent == want, f"{want}"
         else:  # the ring's share of every bucket
             low, high = sum(b[0] for b in bounds), sum(b[1] for b in bounds)

@@ -69,10 +69,12 @@ def source000_ps_average(comm: Communicator, flat: np.ndarray) -> None:
     ParameterServerSource000().average(comm, flat)
 
 
-def _register(fn: Callable) -> str:
-    """Register ``fn(comm, flat)`` as exchange method ``EXERCISE_METHOD`` in this process."""
+def _exercise_exchange(fn: Callable) -> Any:
+    """Return an exchange method (named ``EXERCISE_METHOD``) that averages with ``fn(comm, flat)``.
+
+    The instance travels to the engines by value, with ``fn``: no registration anywhere.
+    """
     from course_lib.parallel.exchanges.base import FlatExchange
-    from course_lib.parallel.exchanges.registry import register_exchange
 
     class ExerciseExchange(FlatExchange):
         name = EXERCISE_METHOD
@@ -82,8 +84,7 @@ def _register(fn: Callable) -> str:
             if out is not None and out is not flat:  # an answer may return a new array
                 np.copyto(flat, np.asarray(out, dtype=flat.dtype).reshape(flat.shape))
 
-    register_exchange(ExerciseExchange)
-    return EXERCISE_METHOD
+    return ExerciseExchange()
 
 
 def _expected_bytes(rank: int, n: int, nbytes: int) -> tuple[int, int]:
@@ -94,12 +95,10 @@ def _expected_bytes(rank: int, n: int, nbytes: int) -> tuple[int, int]:
 def _parameter_server_body(fn: Callable, cluster: Any, world_size: int | None) -> str:
     from course_lib.parallel.data_parallel.train import DataParallelError, train_data_parallel
 
-    _register(fn)
-    cluster.run(_register, fn, timeout=60)
     try:
         result = train_data_parallel(
             cluster, model=check_net, dataset=check_digits, config=CHECK_CONFIG,
-            method=EXERCISE_METHOD, world_size=world_size, comm_timeout=20, timeout=240,
+            method=_exercise_exchange(fn), world_size=world_size, comm_timeout=20, timeout=240,
         )  # fmt: skip
     except DataParallelError as exc:
         if "NotImplementedError" in str(exc):
@@ -129,13 +128,14 @@ def _parameter_server_body(fn: Callable, cluster: Any, world_size: int | None) -
                 f"rank {rec['rank']} used a built-in collective ({rec['collective_bytes']} bytes):"
                 " write the exchange with comm.send / comm.recv (isend / irecv)"
             )
-        want = _expected_bytes(rec["rank"], n, result.gradient_bytes)
+        buffer = result.gradient_bytes + result.flag_bytes  # the values and their presence flags
+        want = _expected_bytes(rec["rank"], n, buffer)
         got = (rec["bytes_sent"], rec["bytes_received"])
         if got != want:
             raise AssertionError(
                 f"rank {rec['rank']} sent / received {got} bytes in step {rec['step']}; a "
                 f"parameter server's {'server' if rec['rank'] == 0 else 'worker'} moves {want} "
-                f"(gradient of {result.gradient_bytes} bytes)"
+                f"(gradient of {result.gradient_bytes} bytes and {result.flag_bytes} of flags)"
             )
     steps = len(result.records) // n
     return (

@@ -1,4 +1,4 @@
-"""Layer 1, the cluster: start, connect to and stop engines; the doctor; recovery; the room.
+"""Lecture 0: Layer 1, the cluster: start, connect to and stop engines; the doctor; recovery; the room.
 
 ``start_cluster`` is the one way a notebook gets engines (see :mod:`course_lib.cluster.launch`).
 The modules below it never import this package's ``__init__``, so they import each other one

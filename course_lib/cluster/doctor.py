@@ -1,4 +1,4 @@
-"""The doctor: one table of every engine, with version mismatches and silent engines flagged."""
+"""Lecture 0: The doctor: one table of every engine, with version mismatches and silent engines flagged."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Functions that run *on* the engines: describe an engine, and set it up for teaching.
+"""Lecture 0: Functions that run *on* the engines: describe an engine, and set it up for teaching.
 
 They import what they need inside their bodies, because ipyparallel ships a function's code to
 the engine and runs it there, where the notebook's imports do not exist.

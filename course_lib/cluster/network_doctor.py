@@ -1,4 +1,4 @@
-"""The doctor across PCs: a measured bandwidth and latency matrix of the lab, with its problems.
+"""Lecture 3 and the instructor's guide: The doctor across PCs: a measured bandwidth and latency matrix of the lab, with its problems.
 
 :func:`measure_network` groups the engines by PC (by their addresses, not host names: see
 :mod:`course_lib.comm.rendezvous`), then measures, one link at a time so that no two transfers

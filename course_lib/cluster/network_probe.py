@@ -1,4 +1,4 @@
-"""The network doctor's probes: a TCP sink on one PC, timed sends and clock reads from another.
+"""Lecture 3 and the instructor's guide: The network doctor's probes: a TCP sink on one PC, timed sends and clock reads from another.
 
 Plain TCP sockets, so that the doctor measures the lab's network before any communicator exists
 (and with the same kind of connection gloo opens: a port above 1024 that the OS picks). A

@@ -1,4 +1,4 @@
-"""Collectives written from point-to-point messages only; each takes a Communicator."""
+"""Lectures 3-6: Collectives written from point-to-point messages only; each takes a Communicator."""
 
 from course_lib.collectives.broadcast import broadcast_naive, tree_broadcast
 from course_lib.collectives.gossip import gossip_partners, gossip_step, next_distance

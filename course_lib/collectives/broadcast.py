@@ -1,4 +1,4 @@
-"""Broadcast from point-to-point: the naive loop over ranks and the binomial tree."""
+"""Lecture 3: Broadcast from point-to-point: the naive loop over ranks and the binomial tree."""
 
 from __future__ import annotations
 

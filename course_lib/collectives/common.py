@@ -1,4 +1,4 @@
-"""What every from-scratch collective shares: flat views, elementwise reduction, message tags."""
+"""Lecture 3: What every from-scratch collective shares: flat views, elementwise reduction, message tags."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""One gossip step with a rotating partner distance (source 001, Algorithm 2, after GossipGraD)."""
+"""Lecture 6: One gossip step with a rotating partner distance (source 001, Algorithm 2, after GossipGraD)."""
 
 from __future__ import annotations
 

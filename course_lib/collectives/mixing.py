@@ -1,4 +1,4 @@
-"""Mixing matrices: every averaging scheme as a P x P matrix W, and what its spectrum predicts.
+"""Lecture 6: Mixing matrices: every averaging scheme as a P x P matrix W, and what its spectrum predicts.
 
 One averaging step replaces the stacked replicas X (one row per rank) by W X. Allreduce is
 W = J (every entry 1/P); gossip at distance s puts 1/3 on the diagonal and on the partners

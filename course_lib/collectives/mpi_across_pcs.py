@@ -1,4 +1,4 @@
-"""Allreduce across the lab's PCs, as MPI ranks: MPI's own and the from-scratch ring, checked and timed.
+"""Lecture 3: Allreduce across the lab's PCs, as MPI ranks: MPI's own and the from-scratch ring, checked and timed.
 
 Run on every rank by ``./kit lab mpi hosts.toml -- python -m course_lib.collectives.mpi_across_pcs``
 (see :mod:`course_lib.cluster.lab.mpi`). Each rank fills a buffer with values that depend on its

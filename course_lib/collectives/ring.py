@@ -1,4 +1,4 @@
-"""Ring reduce-scatter, ring allgather and ring allreduce, written from point-to-point messages.
+"""Lecture 3: Ring reduce-scatter, ring allgather and ring allreduce, written from point-to-point messages.
 
 The buffer is cut into ``world_size`` chunks (``chunk_bounds`` layout). In each of the ``N - 1``
 reduce-scatter steps every rank passes one chunk to its right neighbour and adds the chunk it got

@@ -1,4 +1,4 @@
-"""The ring allreduce with each chunk cut into segments, so the link never waits for arithmetic.
+"""Lecture 3: The ring allreduce with each chunk cut into segments, so the link never waits for arithmetic.
 
 :func:`~course_lib.collectives.ring.ring_allreduce` moves a whole chunk per step, then adds it:
 while it adds, its link is idle, and the next step starts only when the whole chunk has landed.

@@ -1,4 +1,4 @@
-"""Star (parameter-server) allreduce and the naive all-to-all allreduce, from point-to-point."""
+"""Lecture 3: Star (parameter-server) allreduce and the naive all-to-all allreduce, from point-to-point."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Recursive-doubling allreduce for any world size, from point-to-point messages."""
+"""Lecture 3: Recursive-doubling allreduce for any world size, from point-to-point messages."""
 
 from __future__ import annotations
 

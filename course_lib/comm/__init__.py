@@ -1,4 +1,4 @@
-"""Engine-to-engine communication: one Communicator interface, mpi and gloo backends, an emulated link.
+"""Lecture 3: Engine-to-engine communication: one Communicator interface, mpi and gloo backends, an emulated link.
 
 ::
 

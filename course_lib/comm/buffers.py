@@ -1,4 +1,4 @@
-"""Turn torch tensors and NumPy arrays into flat byte-level buffers, and describe them in a header."""
+"""Lecture 3: Turn torch tensors and NumPy arrays into flat byte-level buffers, and describe them in a header."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Emulate a slower network link on top of a real communicator, so one laptop behaves like a lab room."""
+"""Lecture 3: Emulate a slower network link on top of a real communicator, so one laptop behaves like a lab room."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The gloo backend: torch.distributed over TCP, for PCs without MPI (the Windows lab PCs)."""
+"""Lecture 3: The gloo backend: torch.distributed over TCP, for PCs without MPI (the Windows lab PCs)."""
 
 from __future__ import annotations
 

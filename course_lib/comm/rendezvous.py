@@ -1,4 +1,4 @@
-"""Where gloo's ranks meet across PCs: who shares a PC, rank 0's address, each rank's interface.
+"""Lecture 3: Where gloo's ranks meet across PCs: who shares a PC, rank 0's address, each rank's interface.
 
 Host names cannot tell PCs apart: PCs cloned from one disk image all report the same one, and
 map it to ``127.0.1.1``, so gloo (which binds to whatever the host name resolves to) would listen

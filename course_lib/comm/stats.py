@@ -1,4 +1,4 @@
-"""Counters of messages, bytes and seconds, per peer and per built-in collective."""
+"""Lecture 3: Counters of messages, bytes and seconds, per peer and per built-in collective."""
 
 from __future__ import annotations
 

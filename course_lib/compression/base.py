@@ -1,4 +1,4 @@
-"""The compressor interface: what is sent (a payload), what stays (a context), how to undo it.
+"""Lecture 7: The compressor interface: what is sent (a payload), what stays (a context), how to undo it.
 
 A compressor turns one gradient tensor into a :class:`Payload` (NumPy arrays that travel, plus
 the original shape and dtype) and a local context that never leaves the rank, and turns a
@@ -11,12 +11,13 @@ memory (:mod:`~course_lib.compression.error_feedback`) and communicator (the exc
 
 from __future__ import annotations
 
-import copy
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 import numpy as np
+
+from course_lib.comm.by_value import ByValue
 
 __all__ = [
     "FLOAT_DTYPES",
@@ -76,7 +77,7 @@ def as_float32(tensor: Any) -> tuple[np.ndarray, tuple[int, ...], str]:
     return flat, tuple(int(s) for s in tensor.shape), name
 
 
-class Compressor(ABC):
+class Compressor(ByValue, ABC):
     """Base class: ``compress(tensor, name) -> (payload, ctx)``; ``decompress(payload, ctx)``.
 
     Subclasses set ``name``, ``summable`` (payloads add up elementwise: allreduce can carry them)
@@ -115,33 +116,9 @@ class Compressor(ABC):
         """Divide a summable payload by ``world_size`` in its own dtype, in place (see subclasses)."""
         raise TypeError(f"{self.name} payloads cannot be summed: gather them instead")
 
-    def __reduce_ex__(self, protocol: Any) -> Any:
-        """Pickle a compressor whose class was defined in a notebook (``__main__``) by value.
-
-        Engines have no copy of the notebook's classes, so plain pickle, which names the class
-        ``__main__.MyCompressor``, could not rebuild it there; cloudpickle sends the class itself
-        (with the functions its methods call). Classes of importable modules pickle as usual.
-        """
-        cls = type(self)
-        if cls.__module__ != "__main__":
-            return super().__reduce_ex__(protocol)
-        import cloudpickle
-
-        return _rebuild_by_value, (cloudpickle.dumps(cls), copy.copy(self.__dict__))
-
     def __repr__(self) -> str:
         settings = getattr(self, "settings", None)
         return f"<{type(self).__name__} {self.name!r} {settings if settings is not None else ''}>"
-
-
-def _rebuild_by_value(cls_bytes: bytes, state: dict[str, Any]) -> Compressor:
-    """Return a compressor of the cloudpickled class ``cls_bytes`` holding ``state``."""
-    import cloudpickle
-
-    cls = cloudpickle.loads(cls_bytes)
-    obj = cls.__new__(cls)
-    obj.__dict__.update(state)
-    return obj
 
 
 def payload_of(kind: str, shape: tuple[int, ...], dtype: str, **parts: np.ndarray) -> Payload:

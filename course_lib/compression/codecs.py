@@ -1,4 +1,4 @@
-"""Lossless byte coding after a compressor: none, zlib, zstandard, mgzip (source 000's choice).
+"""Lecture 7: Lossless byte coding after a compressor: none, zlib, zstandard, mgzip (source 000's choice).
 
 A codec pays only when the wire time it saves exceeds the time it takes to encode and decode:
 $\\frac{n}{B} > \\frac{n}{B} r + \\frac{n}{v_{enc}} + \\frac{n}{v_{dec}}$ for ratio r and link
@@ -91,6 +91,9 @@ class ZstdCodec(Codec):
 
     def __init__(self, settings: CodecSettings | None = None) -> None:
         super().__init__(settings)
+        self._open()
+
+    def _open(self) -> None:
         import zstandard
 
         self._c = zstandard.ZstdCompressor(level=self.level)
@@ -103,6 +106,15 @@ class ZstdCodec(Codec):
     def decode(self, data: bytes | memoryview, raw_size: int) -> bytes:
         """Return the decompressed frame (at most ``raw_size`` bytes)."""
         return self._d.decompress(data, max_output_size=raw_size)
+
+    def __getstate__(self) -> dict:
+        """Return the settings: zstd's contexts cannot be pickled (an exchange travels by value)."""
+        return {k: v for k, v in self.__dict__.items() if k not in ("_c", "_d")}
+
+    def __setstate__(self, state: dict) -> None:
+        """Rebuild the contexts from the settings."""
+        self.__dict__.update(state)
+        self._open()
 
 
 class MgzipCodec(Codec):

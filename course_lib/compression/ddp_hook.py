@@ -1,4 +1,4 @@
-"""The kit's compressors as a PyTorch DDP communication hook (``register_comm_hook``).
+"""Lecture 7: The kit's compressors as a PyTorch DDP communication hook (``register_comm_hook``).
 
 DDP hands each bucket of gradients (one flat tensor) to a hook, which must return a future of
 the averaged bucket (Li et al. 2020; torch's ``fp16_compress_hook`` and PowerSGD are hooks).

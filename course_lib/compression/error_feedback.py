@@ -1,4 +1,4 @@
-"""Error feedback: remember what compression dropped and add it to the next gradient.
+"""Lecture 7: Error feedback: remember what compression dropped and add it to the next gradient.
 
 1-bit SGD (Seide et al. 2014) and EF-SGD (Karimireddy et al. 2019): each rank keeps, per tensor
 name, the residual $e$; it compresses $p = g + e$ instead of $g$, and keeps $e \\leftarrow p -

@@ -1,4 +1,4 @@
-"""Source 000's int8 max-abs quantisation, exactly as they define it, and its error bound.
+"""Lecture 7: Source 000's int8 max-abs quantisation, exactly as they define it, and its error bound.
 
 Encode: find $m = \\max_i |g_i|$; $g / m \\in [-1, 1]$; $\\times 127 \\in [-127, 127]$; cast
 float32 -> int8. The cast truncates toward zero (PyTorch's ``.to(torch.int8)`` and NumPy's

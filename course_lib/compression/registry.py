@@ -1,4 +1,4 @@
-"""Compressors by name: ``make_compressor("int8")``, ``make_compressor("topk", ratio=0.01)``.
+"""Lecture 7: Compressors by name: ``make_compressor("int8")``, ``make_compressor("topk", ratio=0.01)``.
 
 Settings are the keyword arguments of each compressor's settings dataclass, validated there;
 ``error_feedback=True`` wraps the result in :class:`~course_lib.compression.error_feedback.ErrorFeedback`.

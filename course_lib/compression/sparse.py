@@ -1,4 +1,4 @@
-"""Sparsification: send some values with their indices, take the rest as zero.
+"""Lecture 7: Sparsification: send some values with their indices, take the rest as zero.
 
 * ``threshold`` (source 001, Algorithm 3): every value with $|g_i| > t$; t = 1 sent 5 % of the
   values in their trials. How many survive depends on the gradient, so the payload's size varies.

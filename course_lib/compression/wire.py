@@ -1,4 +1,4 @@
-"""The wire format of one payload: a checked header, the coded body, a checksum.
+"""Lecture 7: The wire format of one payload: a checked header, the coded body, a checksum.
 
 ::
 

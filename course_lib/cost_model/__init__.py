@@ -1,7 +1,9 @@
 """Lectures 3-4 (and 13's simulator): what communication should cost, and how well that prediction holds.
 
-``alpha_beta`` (the latency-bandwidth model, fits, ping-pong), ``calibration`` (alpha and beta
-fitted on the collective itself), ``prediction`` (a data-parallel step's time from the model).
+``alpha_beta`` (the latency-bandwidth model, fits, ping-pong) and ``calibration`` (alpha and beta
+fitted on the collective itself). A data-parallel step's predicted time needs to know which
+collective each exchange method pays (a fact of the method's class), so it lives one floor up,
+in :mod:`course_lib.parallel.data_parallel.prediction`.
 """
 
 __all__: list[str] = []

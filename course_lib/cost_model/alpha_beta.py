@@ -1,4 +1,4 @@
-"""The alpha-beta-gamma cost model of collectives, and its calibration (ping-pong, timed ring).
+"""Lecture 3: The alpha-beta-gamma cost model of collectives, and its calibration (ping-pong, timed ring).
 
 A message of ``n`` bytes takes $\\alpha + n\\beta$: ``alpha`` is the latency (seconds), ``beta``
 the time per byte (1 / bandwidth). Reducing ``n`` bytes into a buffer costs $n\\gamma$ more

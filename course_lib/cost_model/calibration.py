@@ -1,4 +1,4 @@
-"""Calibrate the cost model on the engines of a data-parallel run, the way its exchange sees them.
+"""Lecture 4: Calibrate the cost model on the engines of a data-parallel run, the way its exchange sees them.
 
 Shipped to the engines by reference, like :mod:`course_lib.parallel.data_parallel.replica`; the communicator is
 the one a run set up (found in the engine's namespace by name). Two kinds of fit of the same

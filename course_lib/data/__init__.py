@@ -1,4 +1,4 @@
-"""Datasets for the course: small ones that work offline, real ones through torchvision, shards.
+"""Lecture 1: Datasets for the course: small ones that work offline, real ones through torchvision, shards.
 
 ``load_dataset(name)`` is the one entry point; every set comes back as a ``TensorDataset`` of
 ``X`` (float32, N x C x H x W, values in [0, 1]) and ``y`` (int64 class labels, or N x H x W

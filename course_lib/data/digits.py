@@ -1,4 +1,4 @@
-"""scikit-learn's 8x8 digits: 1 797 images that ship with scikit-learn, so they work offline."""
+"""Lecture 1: scikit-learn's 8x8 digits: 1 797 images that ship with scikit-learn, so they work offline."""
 
 from __future__ import annotations
 

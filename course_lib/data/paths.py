@@ -1,4 +1,4 @@
-"""Where datasets live on disk, and how files are written there without leaving half a file."""
+"""Lecture 1: Where datasets live on disk, and how files are written there without leaving half a file."""
 
 from __future__ import annotations
 

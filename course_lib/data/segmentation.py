@@ -1,4 +1,4 @@
-"""Segmentation tiles in the format of ISPRS Vaihingen (source 000): a generator and a loader.
+"""Lecture 2: Segmentation tiles in the format of ISPRS Vaihingen (source 000): a generator and a loader.
 
 Source 000 trains a U-Net on the ISPRS Vaihingen aerial images cut into 512x512 tiles. The real
 tiles need a registration with ISPRS, so the course generates tiles in the same format: a

@@ -1,4 +1,4 @@
-"""Sharding a dataset for data parallelism: rank r of world_size gets its own part of every epoch.
+"""Lecture 4: Sharding a dataset for data parallelism: rank r of world_size gets its own part of every epoch.
 
 Source 000's algorithm starts with "distribute the training data among the nodes"; source 001
 splits the N = M/B mini-batches so that each of P devices gets N/P. Here every rank computes the

@@ -1,4 +1,4 @@
-"""MNIST, Fashion-MNIST and CIFAR through torchvision, cached under ``datasets/cache``.
+"""Lecture 1: MNIST, Fashion-MNIST and CIFAR through torchvision, cached under ``datasets/cache``.
 
 Offline, torchvision's download fails (``RuntimeError ... Name or service not known`` for MNIST,
 ``URLError`` for CIFAR) and leaves an empty ``raw/`` folder behind. We turn that into one

@@ -1,4 +1,4 @@
-"""Source 000's Table 2 re-measured: gradient formats on the U-Net task, side by side with the paper.
+"""Lecture 8: Source 000's Table 2 re-measured: gradient formats on the U-Net task, side by side with the paper.
 
 ::
 

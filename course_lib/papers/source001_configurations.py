@@ -1,4 +1,4 @@
-"""Source 001's ten configurations: Local-SGD 1 / 4 / 16 / 32 x allreduce / gossip / sparse gossip.
+"""Lecture 8: Source 001's ten configurations: Local-SGD 1 / 4 / 16 / 32 x allreduce / gossip / sparse gossip.
 
 Source 001 (MSU coursework, C++ and MPI) trained one small CNN in ten configurations and
 measured accuracy, total time, communication time and synchronisation time (communication +

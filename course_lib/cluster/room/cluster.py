@@ -1,4 +1,4 @@
-"""A cluster whose engines run in the PCs of an emulated room: real TCP through shaped links.
+"""The emulated room (docs/instructor.md's rehearsal; lecture 3's links): A cluster whose engines run in the PCs of an emulated room: real TCP through shaped links.
 
 As an instructor does it in a lab: the controller on the instructor's PC (here the machine's own
 network namespace, listening on every address), and ``ipengine --file=...`` on each PC (here a

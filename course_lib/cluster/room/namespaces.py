@@ -1,4 +1,4 @@
-"""The emulated room's objects: a lab PC is a network namespace, the room a bridge of them.
+"""The emulated room (docs/instructor.md's rehearsal; lecture 3's links): The emulated room's objects: a lab PC is a network namespace, the room a bridge of them.
 
 :class:`PC` names one PC's namespace, host name, address and the veth end left outside;
 :class:`Room` holds the PCs on the instructor's bridge and runs commands inside a PC (its own

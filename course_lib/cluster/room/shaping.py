@@ -1,4 +1,4 @@
-"""Shaping a room's links: a token bucket (``tc ... tbf``) on both ends of every PC's veth.
+"""The emulated room (docs/instructor.md's rehearsal; lecture 3's links): Shaping a room's links: a token bucket (``tc ... tbf``) on both ends of every PC's veth.
 
 tbf shapes only what a device sends, so each link gets one qdisc on the bridge's end (switch ->
 PC) and one on the PC's own interface (PC -> switch): traffic between two PCs crosses two links,

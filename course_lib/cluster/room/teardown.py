@@ -1,4 +1,4 @@
-"""Removing an emulated room: stop what runs in its PCs, delete only what it created.
+"""The emulated room (docs/instructor.md's rehearsal; lecture 3's links): Removing an emulated room: stop what runs in its PCs, delete only what it created.
 
 :func:`teardown_room` tries every step and returns what could not be removed, so a room that
 half failed to build, or one whose processes hang, is still cleaned up as far as it can be.

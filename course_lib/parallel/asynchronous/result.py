@@ -1,4 +1,4 @@
-"""What an asynchronous run returns: every applied gradient, per-worker timelines, the accuracy curve.
+"""Lecture 5: What an asynchronous run returns: every applied gradient, per-worker timelines, the accuracy curve.
 
 :func:`~course_lib.parallel.asynchronous.train.train_asynchronous` builds an :class:`AsyncResult` from
 the server's log (one entry per applied gradient, with its staleness) and the workers' own logs

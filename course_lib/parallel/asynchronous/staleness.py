@@ -1,4 +1,4 @@
-"""The asynchronous server's bookkeeping, without any engine: versions, clocks, staleness, the SSP gate.
+"""Lecture 5: The asynchronous server's bookkeeping, without any engine: versions, clocks, staleness, the SSP gate.
 
 An asynchronous parameter server (Dean et al. 2012, "Downpour SGD") applies each worker's
 gradient the moment it arrives. A gradient computed on the weights of version ``v`` and applied

@@ -1,4 +1,4 @@
-"""Asynchronous and stale-synchronous training from the notebook in one call.
+"""Lecture 5: Asynchronous and stale-synchronous training from the notebook in one call.
 
 ::
 
@@ -63,7 +63,7 @@ def _validate_async(config: TrainConfig, n: int, options: dict[str, Any]) -> Non
             f"world_size={n}: an asynchronous run needs a server (rank 0) and at least one "
             "worker; start at least 2 engines"
         )
-    validate_config(config, "parameter_server", n - 1)  # the global batch is split over the workers
+    validate_config(config, n - 1)  # the global batch is split over the workers
     if config.target is not None:
         raise ValueError("target= is not supported here: the run ends after num_updates")
     validate_bound(options["staleness_bound"])

@@ -2,7 +2,8 @@
 
 ``train`` (``train_data_parallel``, the notebook side), ``engines`` (start-up and checks on the
 engines), ``replica`` (the engine side), ``accounting`` and ``timeline`` (where a step's time and
-bytes go), ``stragglers``, ``checkpointing``, and the one-process references (``reference``,
+bytes go), ``prediction`` (a step's time from the alpha-beta model), ``stragglers``,
+``checkpointing``, and the one-process references (``reference``,
 ``reference_local_sgd``) that every distributed run is tested against.
 """
 

@@ -1,4 +1,4 @@
-"""Per-step accounting of data-parallel training: where each rank's time and bytes went.
+"""Lecture 4: Per-step accounting of data-parallel training: where each rank's time and bytes went.
 
 On every engine a :class:`StepRecorder` hooks into the loop (a forward pre-hook, the gradient
 hook, the optimiser's step hooks) and writes one plain dict per step: seconds of forward +

@@ -1,11 +1,12 @@
-"""Checkpoint and resume of a data-parallel run: which methods allow it, and the notebook's checks.
+"""Lecture 4: Checkpoint and resume of a data-parallel run: which methods allow it, and the notebook's checks.
 
 The engines follow the contract of :mod:`course_lib.checkpoint` through ``training.fit(...,
 comm=...)``: one file per position, written atomically by rank 0 (its replica, the optimiser
 state, the history and every rank's random streams and sampler, gathered to it); on resume
 every rank reads the same file. Rank 0's replica stands for all of them only when the replicas
 are equal after every step and the method keeps nothing between steps: true of the methods that
-average gradients every step with no memory. The others are refused, not half saved:
+average gradients every step with no memory (``GradientExchange.checkpointable``; the class
+says why not in ``not_checkpointable_because``). The others are refused, not half saved:
 
 * Local-SGD and gossip: the replicas differ between averagings (that is the method), so rank 0's
   weights are not the run's; saving every replica would be needed, and their optimisers too.
@@ -23,30 +24,19 @@ import os
 from pathlib import Path
 
 from course_lib.checkpoint import CheckpointConfig, load_checkpoint
+from course_lib.parallel.exchanges.base import GradientExchange
+from course_lib.parallel.exchanges.registry import EXCHANGES
 
-__all__ = ["CHECKPOINTABLE", "REFUSED", "prepare_checkpointing"]
+__all__ = ["checkpointable_methods", "prepare_checkpointing"]
 
-#: Methods whose whole state is rank 0's weights plus its optimiser state after every step.
-CHECKPOINTABLE = frozenset(
-    {"parameter_server", "parameter_server_source000", "allreduce_naive", "ring", "builtin",
-     "bucketed"}
-)  # fmt: skip
 
-_DRIFT = "its replicas differ between averagings, so rank 0's weights are not the run's state"
-_RESIDUAL = "each rank keeps an error-feedback residual (and compression streams) between steps"
-#: Why a method cannot be checkpointed yet (the error names the reason and the fix).
-REFUSED = {
-    "local_sgd": _DRIFT,
-    "gossip": _DRIFT,
-    "gossip_sparse": _DRIFT,
-    "compressed": _RESIDUAL,
-    "ddp_compressed": _RESIDUAL,
-    "ddp": "PyTorch DDP wraps the model (its parameters are named module.*)",
-}
+def checkpointable_methods() -> list[str]:
+    """Return the registered methods whose runs can be saved and resumed, sorted by name."""
+    return sorted(name for name, cls in EXCHANGES.items() if cls.checkpointable)
 
 
 def prepare_checkpointing(
-    method: str,
+    method: GradientExchange,
     checkpoint: CheckpointConfig | str | os.PathLike | None,
     resume_from: str | os.PathLike | None,
     world_size: int,
@@ -59,12 +49,12 @@ def prepare_checkpointing(
     config = CheckpointConfig.of(checkpoint)
     if config is not None and not isinstance(config, CheckpointConfig):
         raise TypeError(f"checkpoint must be a folder or a CheckpointConfig, got {checkpoint!r}")
-    if (config is not None or resume_from is not None) and method not in CHECKPOINTABLE:
-        why = REFUSED.get(method, "it is not known to keep its whole state in the weights")
+    if (config is not None or resume_from is not None) and not method.checkpointable:
+        name = method.name
         raise ValueError(
-            f"method {method!r} cannot be checkpointed: {why}. Checkpoint and resume work with "
-            f"{', '.join(sorted(CHECKPOINTABLE))}; run {method!r} without checkpoint= and "
-            f"resume_from="
+            f"method {name!r} cannot be checkpointed: {method.not_checkpointable_because}. "
+            f"Checkpoint and resume work with {', '.join(checkpointable_methods())}; run "
+            f"{name!r} without checkpoint= and resume_from="
         )
     if resume_from is None:
         return config, None, (0, 0)

@@ -1,4 +1,4 @@
-"""Run one function on a set of engines as ranks, and turn deaths, errors and hangs into one error.
+"""Lecture 4: Run one function on a set of engines as ranks, and turn deaths, errors and hangs into one error.
 
 What every training scheme that runs on the engines shares (data-parallel steps, the
 asynchronous parameter server): pick the engines, make sure each has its communicator, ship a

@@ -1,4 +1,4 @@
-"""The single-process reference of data parallelism: one process trained on the whole global batch.
+"""Lecture 4: The single-process reference of data parallelism: one process trained on the whole global batch.
 
 A data-parallel run on N ranks with global batch B is correct when its weights equal those of
 this run: rank 0's initial network (the same seed), the same global batches in the same order

@@ -1,4 +1,4 @@
-"""Local-SGD simulated in one process: P replicas stepped in lockstep, averaged by matrices.
+"""Lectures 5-6: Local-SGD simulated in one process: P replicas stepped in lockstep, averaged by matrices.
 
 The reference that ``local_sgd`` runs on engines must match: the same initial network (rank
 0's, seeded with ``config.seed``), each replica fed exactly the batches rank ``r`` gets

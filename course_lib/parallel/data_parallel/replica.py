@@ -1,4 +1,4 @@
-"""What runs on each engine of a data-parallel run: build the replica, sync it, train it.
+"""Lecture 4: What runs on each engine of a data-parallel run: build the replica, sync it, train it.
 
 The notebook side is :mod:`course_lib.parallel.data_parallel.train`; these functions are shipped to
 the engines by reference (ipyparallel pickles them as ``module.name``), keep their state in the
@@ -23,7 +23,7 @@ from course_lib.comm.communicator import Communicator
 from course_lib.data.sharding import ShardSampler, shard_indices
 from course_lib.parallel.data_parallel.accounting import StepRecorder
 from course_lib.parallel.data_parallel.stragglers import Straggler
-from course_lib.parallel.exchanges.registry import make_exchange
+from course_lib.parallel.exchanges.base import GradientExchange
 from course_lib.training.loop import TrainConfig, fit, make_optimizer, seed_everything
 from course_lib.training.models import build_model
 
@@ -147,8 +147,7 @@ def engine_progress() -> int:
 
 def engine_train(
     config: TrainConfig,
-    method: str,
-    options: dict[str, Any],
+    exchange: GradientExchange,
     comm_name: str,
     measure_wait: bool,
     test_set: Any,
@@ -158,7 +157,7 @@ def engine_train(
     resume_from: str | None = None,
     resumed_at: tuple[int, int] = (0, 0),
 ) -> dict[str, Any]:
-    """Train the prepared replica with ``method``; return history, step records and weights.
+    """Train the prepared replica with ``exchange`` (this engine's own copy); return what happened.
 
     ``stragglers``: ``{rank: Straggler}``; a rank named there sleeps after each backward (an
     emulated slow PC);
@@ -172,7 +171,6 @@ def engine_train(
     comm, state = ns[comm_name], ns[STATE]
     net, data, n = state["net"], state["dataset"], comm.world_size
     broadcast_parameters(comm, net)  # source 000 step 3: a copy of the server's network
-    exchange = make_exchange(method, **options)
     module = exchange.attach(comm, net)
     optimizer = exchange.wrap_optimizer(comm, make_optimizer(module, config))
     straggler = (stragglers or {}).get(comm.rank)
@@ -195,6 +193,7 @@ def engine_train(
     for record in recorder.records:
         record["epoch"] = (done_before + record["step"]) // sampler.steps + 1
     weights = {name: p.detach().numpy().copy() for name, p in net.named_parameters()}
+    trainable = [p for p in net.parameters() if p.requires_grad]
     return {
         "rank": comm.rank,
         "epochs": history.epochs,
@@ -205,5 +204,6 @@ def engine_train(
         "emulated": comm.emulated,
         "steps_per_epoch": sampler.steps,
         "param_bytes": int(sum(p.numel() * 4 for p in net.parameters() if p.requires_grad)),
+        "flag_bytes": 4 * len(trainable) if exchange.sends_presence_flags else 0,
         "max_abs_weight": float(max((np.abs(w).max() for w in weights.values()), default=0.0)),
     }

@@ -1,4 +1,4 @@
-"""Pictures of data-parallel steps: a stacked bar per rank and a timeline (Gantt chart) per rank."""
+"""Lecture 4: Pictures of data-parallel steps: a stacked bar per rank and a timeline (Gantt chart) per rank."""
 
 from __future__ import annotations
 

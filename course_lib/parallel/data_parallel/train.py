@@ -1,4 +1,4 @@
-"""Data-parallel training from the notebook in one call: every engine a replica, one method.
+"""Lecture 4: Data-parallel training from the notebook in one call: every engine a replica, one method.
 
 ::
 
@@ -8,8 +8,9 @@
 
 Source 000's algorithm: the data is split among the ranks in advance (each rank takes its part
 of every global batch), rank 0's network is copied to every rank, then each step every rank
-computes gradients on its part, the gradients are exchanged (the method, chosen by name from
-:data:`~course_lib.parallel.exchanges.registry.EXCHANGES`) and every rank applies the same mean.
+computes gradients on its part, the gradients are exchanged (the method: a
+:class:`~course_lib.parallel.exchanges.base.GradientExchange`, given as an instance or by its name
+in :data:`~course_lib.parallel.exchanges.registry.EXCHANGES`) and every rank applies the same mean.
 """
 
 from __future__ import annotations
@@ -33,7 +34,8 @@ from course_lib.parallel.data_parallel.engines import (
     select_engines,
 )
 from course_lib.parallel.data_parallel.stragglers import Straggler, parse_stragglers
-from course_lib.parallel.exchanges.registry import EXCHANGES
+from course_lib.parallel.exchanges.base import GradientExchange
+from course_lib.parallel.exchanges.registry import make_exchange
 from course_lib.training.loop import History, TrainConfig
 
 __all__ = ["COMM_NAME", "DataParallelError", "DataParallelResult", "train_data_parallel",
@@ -55,6 +57,9 @@ class DataParallelResult:
     max_replica_difference: float
     engines: list[dict[str, Any]] = field(default_factory=list)
     gradient_bytes: int = 0
+    #: Bytes of presence flags that ride with the gradient (one float32 per trainable tensor;
+    #: 0 for methods without them): what a rank's exchange buffer adds to ``gradient_bytes``.
+    flag_bytes: int = 0
     #: ``{rank: Straggler}`` of the run: those ranks were slowed down on purpose (emulated).
     stragglers: dict[int, Straggler] = field(default_factory=dict)
 
@@ -121,10 +126,8 @@ def valid_batch_sizes(world_size: int, near: int, count: int = 3) -> list[int]:
     return [low + k * world_size for k in range(count)]
 
 
-def validate_config(config: TrainConfig, method: str, world_size: int) -> None:
-    """Raise ValueError naming the fix when ``config`` cannot run ``method`` on ``world_size`` ranks."""
-    if method not in EXCHANGES:
-        raise ValueError(f"unknown method {method!r}; choose one of {', '.join(EXCHANGES)}")
+def validate_config(config: TrainConfig, world_size: int) -> None:
+    """Raise ValueError naming the fix when ``config`` cannot be trained on ``world_size`` ranks."""
     if config.batch_size % world_size:
         raise ValueError(
             f"batch_size={config.batch_size} (the global batch) cannot be split over "
@@ -144,7 +147,7 @@ def train_data_parallel(
     model: Any,
     dataset: Any,
     config: TrainConfig,
-    method: str = "ring",
+    method: str | GradientExchange = "ring",
     backend: str = "gloo",
     link: EmulatedLink | None = None,
     world_size: int | None = None,
@@ -165,9 +168,9 @@ def train_data_parallel(
         model: an ``nn.Module`` (copied), a model name (``"mlp"``) or a function building one.
         dataset: a ``Dataset`` or a function returning one; every engine must see the same set.
         config: ``batch_size`` is the *global* batch, split evenly over the ranks.
-        method: a name in ``EXCHANGES``: ``parameter_server``, ``parameter_server_source000``,
-            ``allreduce_naive``, ``ring``, ``builtin``, ``bucketed``, ``ddp``, ``local_sgd``,
-            ``gossip``, ``gossip_sparse``, ``compressed``, ``ddp_compressed``.
+        method: a ``GradientExchange`` instance (one defined in the notebook travels to the
+            engines by value; each engine gets a fresh copy), or a name in ``EXCHANGES``
+            (``list(EXCHANGES)``; ``options`` are then its constructor's settings).
         backend, link: the communicator (``"gloo"`` or ``"mpi"``), optionally emulating ``link``.
         measure_wait: time a barrier where the method waits for every rank ("waiting").
         stragglers: ``{rank: speed fraction or Straggler}``: slow those ranks down on purpose
@@ -185,37 +188,32 @@ def train_data_parallel(
     """
     ids = select_engines(cluster, world_size)
     n = len(ids)
-    validate_config(config, method, n)
+    exchange = make_exchange(method, **options)  # bad names or options fail before any engine
+    validate_config(config, n)
     slow = parse_stragglers(stragglers, n)
     if isinstance(measure_drift_every, bool) or not isinstance(measure_drift_every, int) \
             or measure_drift_every < 0:  # fmt: skip
         raise ValueError(f"measure_drift_every={measure_drift_every!r}: give a step count >= 1, "
                          "or 0 for no drift measurement")  # fmt: skip
-    EXCHANGES[method](**options)  # bad options fail here, before any engine is busy
-    saver, resume_file, resumed_at = prepare_checkpointing(method, checkpoint, resume_from, n)
-    if (
-        method == "bucketed"
-        and (saver or resume_file)
-        and options.get("algorithm") in (None, "auto")
-    ):
-        # "auto" decides from a timing, so two runs may sum a bucket in different orders; a run
-        # that is saved or resumed must repeat the uninterrupted one bit for bit: fix the ring.
-        options = {**options, "algorithm": "ring"}
+    saver, resume_file, resumed_at = prepare_checkpointing(exchange, checkpoint, resume_from, n)
+    if saver or resume_file:
+        exchange = exchange.for_saved_run()  # a saved run must repeat itself bit for bit
     ensure_communicators(cluster, ids, backend, link, comm_timeout)
     prepare = (model, dataset, config.seed, COMM_NAME)
     infos = run_on_engines(cluster, ids, replica.engine_prepare, prepare, timeout)
     check_replicas_alike(cluster, ids, infos, config)
-    args = (config, method, options, COMM_NAME, measure_wait, test_set, slow, measure_drift_every,
+    args = (config, exchange, COMM_NAME, measure_wait, test_set, slow, measure_drift_every,
             saver, resume_file, resumed_at)  # fmt: skip
     results = run_on_engines(cluster, ids, replica.engine_train, args, timeout)
     weights = results[0]["weights"]
     diffs = [max(float(np.abs(r["weights"][k] - w).max(initial=0.0)) for k, w in weights.items())
              for r in results]  # fmt: skip
     return DataParallelResult(
-        method=method, world_size=n, label=results[0]["label"], emulated=results[0]["emulated"],
+        method=exchange.name, world_size=n, label=results[0]["label"], emulated=results[0]["emulated"],
         histories=[History(epochs=r["epochs"], step_times=r["step_times"]) for r in results],
         records=[rec for r in results for rec in r["records"]], weights=weights,
         replicas_equal=max(diffs) == 0.0, max_replica_difference=max(diffs),
         engines=[{"rank": i["rank"], "engine": ids[i["rank"]], "host": i["host"]} for i in infos],
-        gradient_bytes=results[0]["param_bytes"], stragglers=slow,
+        gradient_bytes=results[0]["param_bytes"], flag_bytes=results[0]["flag_bytes"],
+        stragglers=slow,
     )  # fmt: skip

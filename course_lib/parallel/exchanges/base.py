@@ -39,6 +39,7 @@ from torch import nn
 
 from course_lib.collectives.ring import ring_allreduce
 from course_lib.collectives.star import allreduce_naive
+from course_lib.comm.by_value import ByValue
 from course_lib.comm.communicator import Communicator
 
 __all__ = [
@@ -87,38 +88,70 @@ def trainable_parameters(net: nn.Module) -> list[nn.Parameter]:
     return [p for p in net.parameters() if p.requires_grad]
 
 
-def flatten_grads(params: list[nn.Parameter]) -> torch.Tensor:
+def flatten_grads(params: list[nn.Parameter], flags: bool = False) -> torch.Tensor:
     """Return one new contiguous float32 tensor holding every ``p.grad`` (zeros where None).
 
     A parameter that took no part in this step's graph has no gradient; it contributes zeros,
-    so every rank's buffer has the same size (what DDP does for unused parameters).
+    so every rank's buffer has the same size (what DDP does for unused parameters). With
+    ``flags``, one presence flag per parameter follows the values: 1 where this rank has a
+    gradient, 0 where not; averaged with the values, a flag stays 0 only where no rank had one.
     """
     parts = [
         (p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1).float() for p in params
     ]
+    if flags:
+        parts.append(torch.tensor([float(p.grad is not None) for p in params]))
     return torch.cat(parts) if parts else torch.zeros(0)
 
 
-def unflatten_into_grads(flat: torch.Tensor, params: list[nn.Parameter]) -> None:
-    """Overwrite each ``p.grad`` with its slice of ``flat`` (the layout of :func:`flatten_grads`)."""
-    offset = 0
-    for p in params:
+def unflatten_into_grads(flat: torch.Tensor, params: list[nn.Parameter], flags: bool = False) -> None:
+    """Overwrite each ``p.grad`` with its slice of ``flat`` (the layout of :func:`flatten_grads`).
+
+    With ``flags``, a parameter whose averaged flag is 0 (no rank had a gradient for it: a
+    skipped branch, stochastic depth) keeps ``grad = None``, as one process would leave it:
+    a zero gradient instead would let momentum and weight decay move it.
+    """
+    offset, present = 0, flat[-len(params) :] if flags and params else None
+    for k, p in enumerate(params):
         n = p.numel()
-        p.grad = flat[offset : offset + n].view_as(p).to(p.dtype).clone()
+        if present is not None and present[k] == 0:
+            p.grad = None
+        else:
+            p.grad = flat[offset : offset + n].view_as(p).to(p.dtype).clone()
         offset += n
 
 
-class GradientExchange:
+class GradientExchange(ByValue):
     """Base class: how a data-parallel step turns local gradients into the global mean.
 
     Subclasses set ``name`` and override :meth:`exchange` (and, where needed, the other hooks
     described in this module's docstring). Every rank must use the same method with the same
-    settings, and call each hook the same number of times.
+    settings, and call each hook the same number of times. What the kit knows about a method
+    lives here too, as class attributes, so a method defined in a notebook is complete: pass an
+    instance to ``train_data_parallel(method=...)`` and it travels to the engines by value.
+    Keep ``__init__`` to settings (threads, queues and hooks belong in ``attach``).
     """
 
     name: ClassVar[str] = "abstract"
     #: True when communication runs during backward (its timeline has bucket intervals).
     overlaps_backward: ClassVar[bool] = False
+    #: True when every rank applies the same averaged gradient at every step (bulk-synchronous);
+    #: False for Local-SGD and gossip, whose replicas drift apart between averagings.
+    averages_every_step: ClassVar[bool] = True
+    #: True when the gradient travels lossy-compressed (the run is no longer one process's).
+    compresses: ClassVar[bool] = False
+    #: True when rank 0's weights and optimiser state after every step are the whole run's
+    #: state, so the run can be saved and resumed; else ``not_checkpointable_because`` says why.
+    checkpointable: ClassVar[bool] = False
+    not_checkpointable_because: ClassVar[str] = (
+        "it is not known to keep its whole state in rank 0's weights"
+    )
+    #: True when the exchanged buffer carries one presence flag (a float32) per trainable tensor
+    #: after the values, so that a parameter no rank has a gradient for keeps ``grad = None``.
+    sends_presence_flags: ClassVar[bool] = False
+    #: The collective whose alpha-beta cost one step pays (``cost_model.alpha_beta.predict``'s
+    #: names); None where the cost model has none for this method.
+    cost_collective: ClassVar[str | None] = None
     #: Where the method waits for every rank: ``"exchange"`` (after backward) or ``"after_step"``.
     sync_point: str = "exchange"
 
@@ -149,6 +182,10 @@ class GradientExchange:
     def detach(self) -> None:
         """Remove hooks and threads set up by :meth:`attach`."""
 
+    def for_saved_run(self) -> GradientExchange:
+        """Return the exchange a saved or resumed run uses: one that repeats itself bit for bit."""
+        return self
+
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.name!r}>"
 
@@ -156,17 +193,20 @@ class GradientExchange:
 class FlatExchange(GradientExchange):
     """Flatten all gradients into one buffer, reduce it after backward, divide, unflatten.
 
-    Subclasses implement :meth:`average` on a flat float32 NumPy view (in place).
+    Subclasses implement :meth:`average` on a flat float32 NumPy view (in place). The buffer ends
+    with one presence flag per trainable tensor (see :func:`flatten_grads`).
     """
+
+    sends_presence_flags = True
 
     def exchange(self, comm: Communicator, net: nn.Module, timeline: StepTimeline) -> None:
         """Replace every trainable ``p.grad`` by its mean over all ranks; every rank calls it."""
         params = trainable_parameters(net)
-        flat = flatten_grads(params)
+        flat = flatten_grads(params, flags=True)
         start = time.time()
         self.average(comm, flat.numpy())
         timeline.mark("comm", start)
-        unflatten_into_grads(flat, params)
+        unflatten_into_grads(flat, params, flags=True)
 
     def average(self, comm: Communicator, flat: np.ndarray) -> None:
         """Overwrite ``flat`` in place with the mean of every rank's ``flat``."""
@@ -181,6 +221,8 @@ class NaiveAllreduce(FlatExchange):
     """
 
     name = "allreduce_naive"
+    checkpointable = True
+    cost_collective = "allreduce_naive"
 
     def average(self, comm: Communicator, flat: np.ndarray) -> None:
         """Overwrite ``flat`` with the mean over ranks, gathered everywhere."""
@@ -196,6 +238,8 @@ class RingAllreduce(FlatExchange):
     """
 
     name = "ring"
+    checkpointable = True
+    cost_collective = "ring_allreduce"
 
     def average(self, comm: Communicator, flat: np.ndarray) -> None:
         """Overwrite ``flat`` with the mean over ranks, reduced round the ring."""
@@ -207,6 +251,8 @@ class BuiltinAllreduce(FlatExchange):
     """The backend's own allreduce (MPI's or gloo's algorithm) on the flat gradient."""
 
     name = "builtin"
+    checkpointable = True
+    cost_collective = "ring_allreduce"
 
     def average(self, comm: Communicator, flat: np.ndarray) -> None:
         """Overwrite ``flat`` with the mean over ranks, reduced by the backend."""

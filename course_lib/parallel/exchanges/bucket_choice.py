@@ -1,4 +1,4 @@
-"""Which allreduce each bucket uses: measure the path once, then let the cost model pick.
+"""Lecture 4: Which allreduce each bucket uses: measure the path once, then let the cost model pick.
 
 A bucket's allreduce pays a latency per message step and a time per byte. The ring takes
 $2(N-1)$ steps of $S/N$ bytes; recursive doubling takes $\\log_2 N$ steps of the whole $S$

@@ -1,4 +1,4 @@
-"""Bucketed, overlapped allreduce: communicate each bucket as soon as backward has filled it.
+"""Lecture 4: Bucketed, overlapped allreduce: communicate each bucket as soon as backward has filled it.
 
 Backward produces gradients from the last layer to the first. Exchanging after backward leaves
 the network idle during backward and the CPU idle during the exchange; PyTorch DDP (Li et al.
@@ -63,7 +63,7 @@ def bucket_layout(params: list[nn.Parameter], bucket_bytes: int) -> list[list[in
 
 
 class _Bucket:
-    """One flat float32 buffer and the parameters whose gradients it holds."""
+    """One flat float32 buffer: the gradients of its parameters, then a presence flag for each."""
 
     def __init__(self, index: int, params: list[nn.Parameter]) -> None:
         self.index, self.params = index, params
@@ -71,7 +71,8 @@ class _Bucket:
         for p in params:
             self.offsets.append(total)
             total += p.numel()
-        self.flat = torch.zeros(total)
+        self.values = total  # the flags follow, one per parameter (see flatten_grads)
+        self.flat = torch.zeros(total + len(params))
         self.pending = len(params)
         self.algorithm = "ring"  # chosen at attach
         self.ready_at = self.start = self.end = 0.0
@@ -79,10 +80,18 @@ class _Bucket:
         self.done = threading.Event()
 
     def put(self, slot: int, grad: torch.Tensor | None) -> None:
-        """Copy one gradient (zeros when None) into its slice of the flat buffer."""
+        """Copy one gradient (zeros when None) into its slice of the flat buffer; set its flag."""
         a = self.offsets[slot]
         view = self.flat[a : a + self.params[slot].numel()]
         view.copy_(grad.reshape(-1)) if grad is not None else view.zero_()
+        self.flat[self.values + slot] = float(grad is not None)
+
+    def take(self, slot: int) -> torch.Tensor | None:
+        """Return one averaged gradient, or None where no rank had one (its flag averaged to 0)."""
+        if self.flat[self.values + slot] == 0:
+            return None
+        a, p = self.offsets[slot], self.params[slot]
+        return self.flat[a : a + p.numel()].view_as(p).clone()
 
 
 class BucketedAllreduce(GradientExchange):
@@ -98,7 +107,10 @@ class BucketedAllreduce(GradientExchange):
     """
 
     name = "bucketed"
+    checkpointable = True
+    cost_collective = "ring_allreduce"  # overlap with backward is left out
     overlaps_backward = True
+    sends_presence_flags = True
 
     def __init__(self, bucket_bytes: int = 1 << 20, algorithm: str = "auto") -> None:
         if bucket_bytes < 1:
@@ -113,10 +125,18 @@ class BucketedAllreduce(GradientExchange):
         self.path = None  # the measured LinkModel when algorithm="auto"
         self.buckets: list[_Bucket] = []
         self._handles: list[Any] = []
-        self._queue: queue.Queue[int | None] = queue.Queue()
+        self._queue: queue.Queue[int | None] | None = None  # made in attach: settings pickle
         self._thread: threading.Thread | None = None
         self._error: BaseException | None = None
         self._algorithm_now = "ring"
+
+    def for_saved_run(self) -> BucketedAllreduce:
+        """Return this exchange with the ring fixed when it would choose by timing ("auto").
+
+        "auto" decides from a timing, so two runs may sum a bucket in different orders; a run
+        that is saved or resumed must repeat the uninterrupted one bit for bit.
+        """
+        return self if self.algorithm != "auto" else type(self)(self.bucket_bytes, "ring")
 
     # ---- set-up -------------------------------------------------------------------------
     def attach(self, comm: Communicator, net: nn.Module) -> nn.Module:
@@ -135,6 +155,7 @@ class BucketedAllreduce(GradientExchange):
             bucket.algorithm = algorithm
             for slot, p in enumerate(bucket.params):
                 self._handles.append(p.register_post_accumulate_grad_hook(self._hook(bucket, slot)))
+        self._queue = queue.Queue()
         self._thread = threading.Thread(target=self._communicate, name="bucket-comm", daemon=True)
         self._thread.start()
         return net
@@ -209,8 +230,7 @@ class BucketedAllreduce(GradientExchange):
             raise self._error
         for bucket in self.buckets:
             for slot, p in enumerate(bucket.params):
-                a = bucket.offsets[slot]
-                p.grad = bucket.flat[a : a + p.numel()].view_as(p).clone()
+                p.grad = bucket.take(slot)
             timeline.buckets.append(
                 {"index": bucket.index, "nbytes": bucket.flat.numel() * 4,
                  "algorithm": bucket.algorithm, "ready": bucket.ready_at, "start": bucket.start, "end": bucket.end,

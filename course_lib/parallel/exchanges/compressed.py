@@ -1,4 +1,4 @@
-"""Compressed gradient exchange: compensate, compress, code, communicate, decode, decompress, average.
+"""Lecture 7: Compressed gradient exchange: compensate, compress, code, communicate, decode, decompress, average.
 
 ::
 
@@ -81,6 +81,8 @@ class CompressedExchange(GradientExchange):
     """
 
     name = "compressed"
+    compresses = True
+    not_checkpointable_because = "each rank keeps an error-feedback residual (and compression streams) between steps"
 
     def __init__(
         self,

@@ -1,4 +1,4 @@
-"""DDP with a compression hook: the kit's compressors, or torch's own ``fp16_compress_hook``.
+"""Lecture 7: DDP with a compression hook: the kit's compressors, or torch's own ``fp16_compress_hook``.
 
 ::
 
@@ -42,6 +42,9 @@ class CompressedDDPExchange(DDPExchange):
     """
 
     name = "ddp_compressed"
+    compresses = True
+    not_checkpointable_because = "each rank keeps an error-feedback residual (and compression streams) between steps"
+    cost_collective = None
 
     def __init__(
         self,

@@ -1,4 +1,4 @@
-"""PyTorch DistributedDataParallel on the gloo group: what people use after the course.
+"""Lecture 4: PyTorch DistributedDataParallel on the gloo group: what people use after the course.
 
 DDP does what :mod:`course_lib.parallel.exchanges.buckets` does by hand (buckets in reverse order,
 allreduce started from autograd hooks, overlapped with backward; Li et al. 2020), in C++.
@@ -28,15 +28,22 @@ class DDPExchange(GradientExchange):
 
     Args:
         bucket_bytes: DDP's ``bucket_cap_mb`` in bytes (DDP's default: 25 MB).
+        find_unused_parameters: DDP's own switch, needed when a step may leave a parameter
+            without a gradient (a skipped branch, stochastic depth): DDP then allreduces a map
+            of which parameters each rank used, every step, and leaves a parameter no rank used
+            alone. Off by default, as in DDP: without it such a model fails at the next step.
     """
 
     name = "ddp"
+    not_checkpointable_because = "PyTorch DDP wraps the model (its parameters are named module.*)"
+    cost_collective = "ring_allreduce"  # overlap with backward is left out
     overlaps_backward = True
 
-    def __init__(self, bucket_bytes: int = 25 << 20) -> None:
+    def __init__(self, bucket_bytes: int = 25 << 20, find_unused_parameters: bool = False) -> None:
         if bucket_bytes < 1:
             raise ValueError(f"bucket_bytes must be a positive number of bytes, got {bucket_bytes}")
         self.bucket_bytes = int(bucket_bytes)
+        self.find_unused_parameters = bool(find_unused_parameters)
         self._records: list[dict[str, Any]] = []
         self._link_free_at = 0.0
 
@@ -50,7 +57,8 @@ class DDPExchange(GradientExchange):
         self.comm = comm
         group = getattr(comm, "group", None)
         self.ddp = nn.parallel.DistributedDataParallel(
-            net, process_group=group, bucket_cap_mb=self.bucket_bytes / 2**20
+            net, process_group=group, bucket_cap_mb=self.bucket_bytes / 2**20,
+            find_unused_parameters=self.find_unused_parameters,
         )
         self.ddp.register_comm_hook(None, self._hook)
         return self.ddp

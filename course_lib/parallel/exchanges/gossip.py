@@ -1,4 +1,4 @@
-"""Gossip instead of allreduce: average gradients with two partners whose distance rotates.
+"""Lecture 6: Gossip instead of allreduce: average gradients with two partners whose distance rotates.
 
 Source 001's Algorithm 2 (after GossipGraD, Daily et al. 2018) on device ``i``: partners
 ``r = (i + s) mod P`` and ``l = (i - s + P) mod P``; exchange gradients with them; step with
@@ -46,6 +46,8 @@ class GossipExchange(GradientExchange):
     """Source 001 Algorithm 2: replace each gradient by the mean of it and its two partners'."""
 
     name = "gossip"
+    averages_every_step = False
+    not_checkpointable_because = "its replicas differ between averagings, so rank 0's weights are not the run's state"
 
     def __init__(self) -> None:
         self.distance = 1  # s, the same on every rank: all ranks step in lockstep

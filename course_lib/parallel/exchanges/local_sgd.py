@@ -1,4 +1,4 @@
-"""Local-SGD(p): every rank steps on its own gradients and the *weights* are averaged every p steps.
+"""Lecture 5: Local-SGD(p): every rank steps on its own gradients and the *weights* are averaged every p steps.
 
 Source 001, Algorithm 1, after Yu et al. 2018 ("Parallel restarted SGD"): between
 synchronisations the replicas train alone, so communication falls by a factor ``p``; they
@@ -71,6 +71,8 @@ class LocalSGD(GradientExchange):
     """Local-SGD(p) of source 001: gradients stay local, weights averaged every ``period`` steps."""
 
     name = "local_sgd"
+    averages_every_step = False
+    not_checkpointable_because = "its replicas differ between averagings, so rank 0's weights are not the run's state"
 
     def __init__(
         self,

@@ -47,6 +47,8 @@ class ParameterServer(FlatExchange):
     """
 
     name = "parameter_server"
+    checkpointable = True
+    cost_collective = "star_allreduce"
     server = 0
 
     def average(self, comm: Communicator, flat: np.ndarray) -> None:

@@ -1,4 +1,4 @@
-"""Krizhevsky's hybrid: data-parallel convolutions, model-parallel dense layers (source 004).
+"""Lecture 9: Krizhevsky's hybrid: data-parallel convolutions, model-parallel dense layers (source 004).
 
 Krizhevsky (2014), "One weird trick for parallelizing convolutional neural networks"
 (arXiv:1404.5997), starts from two facts about CNNs: the convolutional layers hold few weights

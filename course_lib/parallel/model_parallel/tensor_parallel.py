@@ -1,4 +1,4 @@
-"""Model (tensor) parallelism: one linear layer's neurons split over ranks (Megatron-LM style).
+"""Lecture 9: Model (tensor) parallelism: one linear layer's neurons split over ranks (Megatron-LM style).
 
 Source 001 calls it model parallelism: each layer's K neurons are split K/P per device, and
 every device needs every device's outputs. For $Y = XW^T + b$ with $W$ of shape (out, in):

@@ -1,4 +1,4 @@
-"""Layer (pipeline) parallelism: a sequential model cut into stages, one stage per rank.
+"""Lecture 10: Layer (pipeline) parallelism: a sequential model cut into stages, one stage per rank.
 
 Stage s runs layers ``bounds[s]`` of an ``nn.Sequential``; in each step the batch is cut into m
 micro-batches, activations go forward to stage s+1 and activation gradients come back to stage

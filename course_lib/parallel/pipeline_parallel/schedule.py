@@ -1,4 +1,4 @@
-"""Pipeline schedules (naive, GPipe, 1F1B) and a pure simulation of them: no engines, no torch.
+"""Lecture 10: Pipeline schedules (naive, GPipe, 1F1B) and a pure simulation of them: no engines, no torch.
 
 A schedule is, for each stage, the ordered list of its actions: ``("F", i)`` runs the forward
 pass of micro-batch ``i``, ``("B", i)`` its backward pass. The same lists drive the real

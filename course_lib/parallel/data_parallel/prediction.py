@@ -1,4 +1,4 @@
-"""Predicted step time and speed-up of data-parallel training, from the alpha-beta cost model.
+"""Lecture 4: predicted step time and speed-up of data-parallel training, from the alpha-beta model.
 
 One step on N ranks with global batch B is forward + backward on B / N samples, then the
 gradient exchange of S bytes; one process does B samples and no exchange. So
@@ -16,19 +16,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from course_lib.cost_model.alpha_beta import LinkModel, predict
+from course_lib.parallel.exchanges.base import GradientExchange
+from course_lib.parallel.exchanges.registry import EXCHANGES
 
-__all__ = ["EXCHANGE_ALGORITHM", "StepPrediction", "predict_step"]
+__all__ = ["StepPrediction", "modelled_methods", "predict_step"]
 
-#: The collective whose cost each exchange method pays (bucketed and DDP: ring, overlap ignored).
-EXCHANGE_ALGORITHM = {
-    "parameter_server": "star_allreduce",
-    "parameter_server_source000": "star_allreduce",
-    "allreduce_naive": "allreduce_naive",
-    "ring": "ring_allreduce",
-    "builtin": "ring_allreduce",
-    "bucketed": "ring_allreduce",
-    "ddp": "ring_allreduce",
-}
+
+def modelled_methods() -> list[str]:
+    """Return the registered methods whose class names the collective it pays (``cost_collective``)."""
+    return [name for name, cls in EXCHANGES.items() if cls.cost_collective is not None]
 
 
 @dataclass(frozen=True)
@@ -56,7 +52,7 @@ class StepPrediction:
 
 
 def predict_step(
-    method: str,
+    method: str | GradientExchange,
     *,
     nbytes: float,
     world_size: int,
@@ -67,12 +63,14 @@ def predict_step(
     """Return the predicted step of ``method`` on ``world_size`` ranks over ``link``.
 
     Args:
+        method: an exchange (or its name); its class's ``cost_collective`` is what it pays.
         nbytes: the gradient's size in bytes (float32: 4 per trainable value).
         compute_per_sample: seconds of forward + backward per sample on one rank (measured).
     """
-    if method not in EXCHANGE_ALGORITHM:
+    cls = type(method) if isinstance(method, GradientExchange) else EXCHANGES.get(method)
+    if cls is None or cls.cost_collective is None:
         raise ValueError(
-            f"unknown method {method!r}; choose one of {', '.join(EXCHANGE_ALGORITHM)}"
+            f"no cost model for method {method!r}; choose one of {', '.join(modelled_methods())}"
         )
     if world_size < 1 or global_batch < world_size:
         raise ValueError(
@@ -82,7 +80,7 @@ def predict_step(
     if compute_per_sample < 0 or nbytes < 0:
         raise ValueError("compute_per_sample and nbytes must be >= 0")
     exchange = (
-        predict(EXCHANGE_ALGORITHM[method], nbytes, world_size, link) if world_size > 1 else 0.0
+        predict(cls.cost_collective, nbytes, world_size, link) if world_size > 1 else 0.0
     )
     return StepPrediction(
         compute_s=compute_per_sample * global_batch / world_size,

@@ -1,0 +1,286 @@
+"""The house's floor plan, read from the source (no imports run): layers, cycles, dead paths.
+
+``../shared/DESIGN.md`` ("Where code lives"): imports go one way — the cluster and the
+communicator at the bottom, checks and grading on top — and no two modules import each other.
+Every import and every dotted or slashed ``course_lib`` path in the library, the tests, the
+benchmarks, the notebooks and the README must name a module (and a name) that exists, so a move
+that forgot one place fails here rather than in a student's notebook.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+LIB = ROOT / "course_lib"
+
+#: Layer of each top-level package of course_lib; a module may import only its layer or below.
+LAYERS = {
+    "cluster": 0, "comm": 0,
+    "collectives": 1, "compression": 1, "cost_model": 1, "data": 1, "checkpoint": 1,
+    "training": 2,
+    "parallel": 3,
+    "papers": 4,
+    "checks": 5, "grading": 5, "demo": 5, "cli": 5, "__main__": 5,
+}  # fmt: skip
+
+
+def module_name(path: Path) -> str:
+    """Return the dotted module name of a file under the repository root."""
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+MODULES = {module_name(p): p for p in LIB.rglob("*.py")}
+
+
+def _type_checking_lines(tree: ast.AST) -> set[int]:
+    """Return the line numbers inside ``if TYPE_CHECKING:`` blocks (imports for the type checker)."""
+    lines: set[int] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            for child in node.body:
+                lines.update(range(child.lineno, (child.end_lineno or child.lineno) + 1))
+    return lines
+
+
+def imports_of(source: str, package: str) -> list[tuple[str, str | None, int]]:
+    """Return ``(module, name or None, line)`` for each import, at any depth, of ``course_lib``.
+
+    ``from a.b import c`` gives ``("a.b", "c")``; ``import a.b`` gives ``("a.b", None)``.
+    Relative imports are resolved against ``package``; ``TYPE_CHECKING`` blocks are skipped.
+    """
+    tree = ast.parse(source)
+    skip = _type_checking_lines(tree)
+    out = []
+    for node in ast.walk(tree):
+        if getattr(node, "lineno", None) in skip:
+            continue
+        if isinstance(node, ast.Import):
+            out += [(a.name, None, node.lineno) for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                base = ".".join(package.split(".")[: len(package.split(".")) - node.level + 1]
+                                + ([base] if base else []))  # fmt: skip
+            out += [(base, a.name, node.lineno) for a in node.names]
+    return [(m, n, line) for m, n, line in out if m.split(".")[0] == "course_lib"]
+
+
+def defined_names(module: str) -> set[str]:
+    """Return the names a module defines or imports at its top level (from its source)."""
+    tree = ast.parse(MODULES[module].read_text())
+    names: set[str] = set()
+    for node in tree.body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            for t in targets:
+                names.update(n.id for n in ast.walk(t) if isinstance(n, ast.Name))
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            names.update((a.asname or a.name).split(".")[0] for a in node.names)
+        elif isinstance(node, ast.If | ast.Try):
+            for sub in ast.walk(node):
+                if isinstance(sub, (ast.Import, ast.ImportFrom)):
+                    names.update((a.asname or a.name).split(".")[0] for a in sub.names)
+    return names
+
+
+def target_module(module: str, name: str | None) -> str:
+    """Return the module an import statement reaches (``from pkg import sub`` reaches ``pkg.sub``)."""
+    if name and f"{module}.{name}" in MODULES:
+        return f"{module}.{name}"
+    return module
+
+
+def library_graph() -> dict[str, set[str]]:
+    """Return each library module's set of imported library modules (self-imports left out)."""
+    graph: dict[str, set[str]] = {}
+    for mod, path in MODULES.items():
+        package = mod if path.name == "__init__.py" else mod.rpartition(".")[0]
+        graph[mod] = {target_module(m, n) for m, n, _ in imports_of(path.read_text(), package)}
+        graph[mod].discard(mod)
+    return graph
+
+
+def layer(module: str) -> int:
+    """Return the layer of a library module (its top-level package under course_lib)."""
+    parts = module.split(".")
+    return LAYERS[parts[1]] if len(parts) > 1 else -1
+
+
+def test_every_top_level_package_has_a_layer():
+    tops = {m.split(".")[1] for m in MODULES if m.count(".") >= 1}
+    assert tops <= set(LAYERS), f"give these a layer in LAYERS: {sorted(tops - set(LAYERS))}"
+
+
+def test_no_module_imports_a_higher_layer():
+    upward = [f"{mod} (layer {layer(mod)}) imports {dep} (layer {layer(dep)})"
+              for mod, deps in library_graph().items() for dep in deps
+              if dep in MODULES and layer(dep) > layer(mod)]  # fmt: skip
+    assert not upward, "imports that run upward:\n" + "\n".join(sorted(upward))
+
+
+def strongly_connected(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Return the strongly connected components with more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in graph.get(v, ()):
+            if w not in graph:
+                continue
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def test_no_import_cycle():
+    cycles = strongly_connected(library_graph())
+    assert not cycles, "modules that import each other: " + "; ".join(map(" <-> ".join, cycles))
+
+
+def test_the_cycle_detector_finds_a_planted_cycle():
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
+    assert strongly_connected(graph) == [["a", "b", "c"]]
+
+
+def _sources() -> list[tuple[str, str]]:
+    """Return ``(where, python source)`` for the tests, benchmarks and every notebook's code."""
+    out = [(str(p.relative_to(ROOT)), p.read_text()) for p in
+           [*(ROOT / "tests").rglob("*.py"), *(ROOT / "bench").rglob("*.py")]]  # fmt: skip
+    for nb in [*(ROOT / "notebooks").rglob("*.ipynb"), *(ROOT / "assignments").rglob("*.ipynb")]:
+        for k, cell in enumerate(json.loads(nb.read_text())["cells"]):
+            if cell["cell_type"] == "code":
+                code = "".join(cell["source"])
+                code = "\n".join("pass" if line.lstrip().startswith(("%", "!")) else line
+                                 for line in code.splitlines())  # fmt: skip
+                out.append((f"{nb.relative_to(ROOT)} cell {k}", code))
+    return out
+
+
+def dead_imports(module: str, name: str | None) -> str | None:
+    """Return why ``from module import name`` (or ``import module``) names nothing, else None."""
+    if module not in MODULES:
+        return f"no module {module}"
+    if name is None or name == "*" or f"{module}.{name}" in MODULES:
+        return None
+    if name not in defined_names(module):
+        return f"{module} defines no {name}"
+    return None
+
+
+def test_every_import_names_a_module_and_a_name_that_exist():
+    dead = []
+    for mod, path in MODULES.items():
+        dead += [(str(path.relative_to(ROOT)), line, m, n) for m, n, line in
+                 imports_of(path.read_text(), mod.rpartition(".")[0])]  # fmt: skip
+    for where, source in _sources():
+        dead += [(where, line, m, n) for m, n, line in imports_of(source, "")]
+    wrong = [f"{where}:{line}: {why}" for where, line, m, n in dead if (why := dead_imports(m, n))]
+    assert not wrong, "imports of things that do not exist:\n" + "\n".join(wrong)
+
+
+def test_the_import_scan_flags_a_moved_module():
+    source = "from course_lib.parallel.exchange import GradientExchange\n"
+    (m, n, _), = imports_of(source, "")
+    assert dead_imports(m, n) == "no module course_lib.parallel.exchange"
+    (m, n, _), = imports_of("from course_lib.parallel.exchanges.base import Nope\n", "")
+    assert dead_imports(m, n) == "course_lib.parallel.exchanges.base defines no Nope"
+
+
+DOTTED = re.compile(r"course_lib(?:\.[A-Za-z_][A-Za-z_0-9]*)+")
+SLASHED = re.compile(r"course_lib(?:/[A-Za-z_][A-Za-z_0-9]*)+(?:\.py)?")
+
+
+def dead_path(text: str) -> str | None:
+    """Return why a dotted or slashed course_lib path in prose or code names nothing, else None."""
+    if "/" in text:
+        path = ROOT / text
+        return None if path.exists() or path.with_suffix(".py").exists() else f"no file {text}"
+    parts = text.split(".")
+    longest = max((k for k in range(1, len(parts) + 1) if ".".join(parts[:k]) in MODULES),
+                  default=0)  # fmt: skip
+    if longest < 2 and len(parts) > 1 and parts[1] != "__file__":
+        return f"no module {'.'.join(parts[:2])}"
+    if longest < len(parts):
+        module, name = ".".join(parts[:longest]), parts[longest]
+        if name not in defined_names(module) and name not in ("__file__", "__doc__", "__path__"):
+            package = MODULES[module].name == "__init__.py"
+            return f"no module {module}.{name}" if package else f"{module} defines no {name}"
+    return None
+
+
+@pytest.mark.parametrize("folder", ["course_lib", "tests", "bench", "notebooks", "assignments",
+                                    "docs", "README.md"])  # fmt: skip
+def test_every_course_lib_path_in_text_exists(folder):
+    files = [ROOT / folder] if folder.endswith(".md") else [
+        p for p in (ROOT / folder).rglob("*") if p.suffix in (".py", ".ipynb", ".md")
+        and p.name != Path(__file__).name]  # this file names old paths on purpose
+    wrong = set()
+    for f in files:
+        text = re.sub(r'getLogger\("[^"]*"\)', "", f.read_text())  # logger names are not paths
+        for match in [*DOTTED.findall(text), *SLASHED.findall(text)]:
+            if why := dead_path(match.rstrip(".")):
+                wrong.add(f"{f.relative_to(ROOT)}: {match}: {why}")
+    assert not wrong, "paths that name nothing:\n" + "\n".join(sorted(wrong))
+
+
+def test_the_path_scan_flags_an_old_path():
+    assert dead_path("course_lib.parallel.replica") == "no module course_lib.parallel.replica"
+    assert dead_path("course_lib/parallel/replica.py") == "no file course_lib/parallel/replica.py"
+    assert dead_path("course_lib.training.loop.no_such") == "course_lib.training.loop defines no no_such"
+    assert dead_path("course_lib.parallel.data_parallel.replica.engine_train") is None
+
+
+def test_no_folder_holds_more_than_a_dozen_modules():
+    crowded = {str(d.relative_to(ROOT)): n for d in LIB.rglob("*") if d.is_dir()
+               and (n := len([p for p in d.glob("*.py") if p.name != "__init__.py"])) > 14}  # fmt: skip
+    assert not crowded, f"folders that want splitting by seam: {crowded}"
+
+
+def lecture_trip() -> dict[int, str]:
+    """Return the README's "where each lecture's algorithm lives" table: lecture -> path."""
+    text = (ROOT / "README.md").read_text()
+    section = text.split("### Where each lecture's algorithm lives", 1)[1].split("\n\n", 2)[1]
+    rows = re.findall(r"^\| (\d+) [^|]+\| `([^`]+)` \|$", section, re.M)
+    return {int(n): path for n, path in rows}
+
+
+def test_the_readme_names_a_path_that_exists_for_every_lecture():
+    trip = lecture_trip()
+    lectures = sorted(int(p.name[:2]) for p in (ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
+    assert sorted(trip) == lectures, "one line per lecture in the README's layout table"
+    missing = [f"lecture {n}: {path}" for n, path in trip.items() if not (ROOT / path).is_file()]
+    assert not missing, f"paths that do not exist: {missing}"
