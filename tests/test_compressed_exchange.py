@@ -85,8 +85,11 @@ def test_no_compression_equals_the_ring_bit_for_bit(cluster, float32_run):
     assert _max_difference(result, float32_run) == 0.0
     assert _notes(result, "bytes_gradient") == {MLP_BYTES}
     assert _notes(result, "bytes_coded") == {MLP_BYTES}  # nothing added: no header on allreduce
-    # The same ring: each rank sends 2 (N-1)/N of the gradient, like the ring method.
-    assert {r["bytes_sent"] for r in result.records} == {
+    # The same ring: each rank sends 2 (N-1)/N of the gradient, like the ring method (whose
+    # buffer also carries a presence flag per tensor, 4 bytes each: at N = 2 it sends them all).
+    n = float32_run.world_size
+    flags_sent = float32_run.flag_bytes * 2 * (n - 1) // n
+    assert {r["bytes_sent"] + flags_sent for r in result.records} == {
         r["bytes_sent"] for r in float32_run.records
     }
 
