@@ -11,7 +11,7 @@ import copy
 import os
 import socket
 from collections.abc import Iterator
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -29,6 +29,7 @@ from course_lib.training.models import build_model
 
 __all__ = [
     "GlobalBatchSampler",
+    "RunSpec",
     "broadcast_parameters",
     "engine_comm_key",
     "engine_link_model",
@@ -145,36 +146,45 @@ def engine_progress() -> int:
     return len(state.get("records", []))
 
 
-def engine_train(
-    config: TrainConfig,
-    exchange: GradientExchange,
-    comm_name: str,
-    measure_wait: bool,
-    test_set: Any,
-    stragglers: dict[int, Straggler] | None = None,
-    measure_drift_every: int = 0,
-    checkpoint: Any = None,
-    resume_from: str | None = None,
-    resumed_at: tuple[int, int] = (0, 0),
-) -> dict[str, Any]:
-    """Train the prepared replica with ``exchange`` (this engine's own copy); return what happened.
+@dataclass(frozen=True)
+class RunSpec:
+    """Everything one data-parallel run tells each engine (the same on every rank).
 
     ``stragglers``: ``{rank: Straggler}``; a rank named there sleeps after each backward (an
-    emulated slow PC);
-    ``measure_drift_every``: record each replica's distance from the mean every k steps.
-    ``checkpoint``, ``resume_from``: as in ``fit`` (rank 0 writes, every rank reads the same
-    file); ``resumed_at``: that file's ``(epochs_done, steps_done)``, to number the epochs.
+    emulated slow PC). ``measure_drift_every``: record each replica's distance from the mean
+    every k steps. ``checkpoint``, ``resume_from``: as in ``fit`` (rank 0 writes, every rank reads
+    the same file); ``resumed_at``: that file's ``(epochs_done, steps_done)``, to number epochs.
+    """
+
+    config: TrainConfig
+    exchange: GradientExchange  # each engine unpickles its own, unattached copy
+    comm_name: str
+    measure_wait: bool = True
+    test_set: Any = None
+    stragglers: dict[int, Straggler] = field(default_factory=dict)
+    measure_drift_every: int = 0
+    checkpoint: Any = None
+    resume_from: str | None = None
+    resumed_at: tuple[int, int] = (0, 0)
+
+
+def engine_train(spec: RunSpec) -> dict[str, Any]:
+    """Train the prepared replica as ``spec`` says, with this engine's copy of its exchange.
+
+    Return this rank's history, step records and weights.
     """
     from IPython import get_ipython
 
     ns = get_ipython().user_ns
-    comm, state = ns[comm_name], ns[STATE]
+    comm, state = ns[spec.comm_name], ns[STATE]
     net, data, n = state["net"], state["dataset"], comm.world_size
     broadcast_parameters(comm, net)  # source 000 step 3: a copy of the server's network
+    config, exchange = spec.config, spec.exchange
     module = exchange.attach(comm, net)
     optimizer = exchange.wrap_optimizer(comm, make_optimizer(module, config))
-    straggler = (stragglers or {}).get(comm.rank)
-    recorder = StepRecorder(comm, exchange, net, measure_wait, straggler, measure_drift_every)
+    straggler = spec.stragglers.get(comm.rank)
+    recorder = StepRecorder(comm, exchange, net, spec.measure_wait, straggler,
+                            spec.measure_drift_every)  # fmt: skip
     state["records"] = recorder.records
     recorder.attach(module, optimizer)
     sampler = GlobalBatchSampler(len(data), comm.rank, n, config.batch_size, seed=config.seed)
@@ -182,14 +192,14 @@ def engine_train(
     comm.stats.reset()
     recorder.reset_counters()
     try:
-        history = fit(module, data, local, test_set=test_set, sampler=sampler,
+        history = fit(module, data, local, test_set=spec.test_set, sampler=sampler,
                       grad_hook=recorder.grad_hook, optimizer=optimizer, progress=False,
-                      device="cpu", checkpoint=checkpoint, resume_from=resume_from,
+                      device="cpu", checkpoint=spec.checkpoint, resume_from=spec.resume_from,
                       comm=comm)  # fmt: skip
     finally:
         recorder.detach()
         exchange.detach()
-    done_before = resumed_at[0] * sampler.steps + resumed_at[1]  # steps of the run resumed
+    done_before = spec.resumed_at[0] * sampler.steps + spec.resumed_at[1]  # steps of the run resumed
     for record in recorder.records:
         record["epoch"] = (done_before + record["step"]) // sampler.steps + 1
     weights = {name: p.detach().numpy().copy() for name, p in net.named_parameters()}

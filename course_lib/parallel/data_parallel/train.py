@@ -202,9 +202,9 @@ def train_data_parallel(
     prepare = (model, dataset, config.seed, COMM_NAME)
     infos = run_on_engines(cluster, ids, replica.engine_prepare, prepare, timeout)
     check_replicas_alike(cluster, ids, infos, config)
-    args = (config, exchange, COMM_NAME, measure_wait, test_set, slow, measure_drift_every,
-            saver, resume_file, resumed_at)  # fmt: skip
-    results = run_on_engines(cluster, ids, replica.engine_train, args, timeout)
+    spec = replica.RunSpec(config, exchange, COMM_NAME, measure_wait, test_set, slow,
+                           measure_drift_every, saver, resume_file, resumed_at)  # fmt: skip
+    results = run_on_engines(cluster, ids, replica.engine_train, (spec,), timeout)
     weights = results[0]["weights"]
     diffs = [max(float(np.abs(r["weights"][k] - w).max(initial=0.0)) for k, w in weights.items())
              for r in results]  # fmt: skip
