@@ -96,10 +96,10 @@ def test_each_message_is_booked_once_on_each_side():
 def test_a_message_is_not_seen_before_it_arrives(monkeypatch):
     # record the waits instead of sleeping: the sender waits until its last byte left
     # (n/B after it started), the receiver exactly one latency later
-    from course_lib.comm import communicator
+    from course_lib.comm import emulated_link
 
     waits: list[float] = []
-    monkeypatch.setattr(communicator, "sleep_until", waits.append)
+    monkeypatch.setattr(emulated_link, "sleep_until", waits.append)
 
     def body(comm):
         slow = emulate(comm, LINK)

@@ -5,6 +5,11 @@ tag ``2 * tag`` followed by the payload on tag ``2 * tag + 1``. The receiver che
 against its buffer before the payload lands, so a size or dtype mismatch becomes an error naming
 the sender instead of a hang or silent truncation; the sender posts both at once, so the header
 costs one small eager message, not a round trip. Subclasses (mpi, gloo) supply raw transport.
+
+A real communicator has no clock of its own: the header's arrival time is 0 and nothing waits
+beyond the real transfer. An emulated link (:func:`course_lib.comm.emulated_link.emulate`) is a
+view of a communicator that overrides the four clock hooks (``_depart``, ``_arrive``,
+``_wait_for_link``, ``_after_collective``); this module knows nothing about links.
 """
 
 from __future__ import annotations
@@ -16,7 +21,6 @@ from typing import Any
 import numpy as np
 
 from course_lib.comm.buffers import DTYPE_NAMES, Buffer, as_flat_array, dtype_name
-from course_lib.comm.emulated_link import EmulatedLink, LinkClock, sleep_until
 from course_lib.comm.stats import CommStats
 
 __all__ = [
@@ -59,8 +63,7 @@ class Handle:
         self.done = False
         self.limit = comm.timeout  # seconds the current wait allows (for the error message)
         if kind == "send":
-            leaves, arrives = comm._clock.depart(self.arr.nbytes) if comm._clock else (0.0, 0.0)
-            self.leaves = leaves
+            self.leaves, arrives = comm._depart(self.arr.nbytes)
             header = [
                 self.arr.size,
                 DTYPE_NAMES.index(self.name),
@@ -89,7 +92,7 @@ class Handle:
         if self.kind == "send":
             for req in self.reqs:
                 self._wait(req, deadline, "received")
-            return self.leaves if self.comm._clock else 0.0
+            return self.leaves
         return self._receive(deadline)
 
     def _receive(self, deadline: float) -> float:
@@ -116,9 +119,7 @@ class Handle:
         if numel and self.payload is None:
             payload = self.comm._post_recv(self.arr, self.peer, 2 * self.tag + 1)
             self._wait(payload, deadline, "sent")
-        return (
-            self.comm._clock.arrive(self.arr.nbytes, arrives_ns / 1e9) if self.comm._clock else 0.0
-        )
+        return self.comm._arrive(self.arr.nbytes, arrives_ns / 1e9)
 
     def _wait(self, req: Any, deadline: float, verb: str) -> None:
         what = "send to" if self.kind == "send" else "recv from"
@@ -164,7 +165,7 @@ def wait_all(handles: list[Handle], timeout: float | None = None) -> None:
         h.limit = limit
     until = max(h._complete(deadline) for h in pending)
     if until:
-        sleep_until(until)
+        comm._wait_for_link(until)
     for h in pending:
         h._count()
         h.done = True
@@ -184,8 +185,6 @@ class Communicator(ABC):
             raise ValueError(f"timeout must be a positive number of seconds, got {timeout}")
         self.rank, self.world_size, self.timeout = rank, world_size, float(timeout)
         self.stats = CommStats()
-        self.link: EmulatedLink | None = None
-        self._clock: LinkClock | None = None
 
     # ---- what a backend provides ------------------------------------------------------------
     @abstractmethod
@@ -206,17 +205,36 @@ class Communicator(ABC):
     def reducible(self, name: str) -> bool:
         """Return True when the backend's built-in reductions accept dtype ``name``."""
 
+    # ---- the link's clock: a real link has none (an emulated link overrides these) -------------
+    #: The emulated link this communicator's traffic is slowed to; None on a real link.
+    link: Any = None
+
+    def _depart(self, nbytes: int) -> tuple[float, float]:
+        """Book a message of ``nbytes`` on the way out; return (when it leaves, when it arrives)."""
+        return 0.0, 0.0
+
+    def _arrive(self, nbytes: int, arrives_at: float) -> float:
+        """Book a message on the way in; return when the receiver may see it (0: at once)."""
+        return 0.0
+
+    def _wait_for_link(self, until: float) -> None:
+        """Hold the caller until ``until`` (``time.time()``), when the link would be done."""
+        return None  # a real link is done when the transfer is
+
+    def _after_collective(self, name: str, nbytes: int) -> None:
+        """Pay the link's time for a built-in collective of ``nbytes`` (real link: nothing)."""
+        return None
+
     # ---- labels -----------------------------------------------------------------------------
     @property
     def emulated(self) -> bool:
         """True when timings through this communicator come from an emulated link."""
-        return self.link is not None
+        return False
 
     @property
     def label(self) -> str:
-        """Return e.g. ``"mpi, 4 ranks, emulated link 1000 Mbit/s ..."`` for plots and tables."""
-        where = self.link.label if self.link else "real link"
-        return f"{self.backend}, {self.world_size} ranks, {where}"
+        """Return e.g. ``"mpi, 4 ranks, real link"`` for plots and tables."""
+        return f"{self.backend}, {self.world_size} ranks, real link"
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} rank {self.rank} of {self.world_size}, {self.label}>"
@@ -281,13 +299,7 @@ class Communicator(ABC):
         t0 = time.perf_counter()
         self._agree(name, arr, dtype_name(buf), code, deadline)
         out = self._builtin(name, buf, arr, deadline, **kw)
-        if self._clock:
-            # The link's time is added after the real collective, not overlapped with it: the
-            # real part is every rank arriving plus this machine's per-step software latency,
-            # which a real network pays on top of its wire time (as the kit's point-to-point
-            # algorithms do, step by step). Overstates by the loopback transfer, ~1 ms per 2 MB.
-            total = arr.nbytes * (self.world_size if name == "allgather" else 1)
-            sleep_until(time.time() + self.link.collective_time(name, total, self.world_size))
+        self._after_collective(name, arr.nbytes * (self.world_size if name == "allgather" else 1))
         stat = self.stats.collective(name)
         stat.calls, stat.bytes = stat.calls + 1, stat.bytes + arr.nbytes
         stat.seconds += time.perf_counter() - t0
@@ -359,12 +371,7 @@ class Communicator(ABC):
         ranks = [int(r) for r in ranks]
         if len(set(ranks)) != len(ranks) or not all(0 <= r < self.world_size for r in ranks):
             raise ValueError(f"ranks must be distinct and in 0..{self.world_size - 1}, got {ranks}")
-        sub = self._split(ranks)
-        if sub is not None and self.link is not None:
-            from course_lib.comm.emulated_link import emulate
-
-            sub = emulate(sub, self.link)
-        return sub
+        return self._split(ranks)
 
 
 def _op_code(op: str) -> int:
