@@ -1,0 +1,78 @@
+"""A communicator recovers after a rank skips a collective: on MPI engines and on gloo (issue 20).
+
+Real engines (MPI ranks from ``start_cluster("mpi", 3)``, local engines for gloo), one test body
+per backend. Reference: the allreduce's sum, a formula (``1 + 2 + 3`` times a ramp).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from course_lib.cluster import start_cluster
+from course_lib.comm.setup import setup_communicators
+
+N = 3
+SHORT = 4.0  # the skipped allreduce's timeout; generous for 3 ranks on 2 loaded cores
+WAIT = 60.0  # every other call: long, so that only the skipped call can time out
+
+
+def _allreduce_unless(skip_rank: int | None) -> str:
+    """Run on an engine: allreduce a ramp times (rank + 1), unless this is ``skip_rank``.
+
+    Returns ``"ok"`` with the sum checked, ``"skipped"``, or the error the call raised.
+    """
+    import time
+
+    import numpy as np
+    from IPython import get_ipython
+
+    ns = get_ipython().user_ns
+    comm, rank = ns["comm"], ns["rank"]
+    if rank == skip_rank:
+        time.sleep(SHORT + 2.0)  # alive but silent until the others have given up
+        return "skipped"
+    buf = np.arange(6, dtype=np.float64) * (rank + 1)
+    try:
+        comm.allreduce(buf)
+    except Exception as exc:  # noqa: BLE001 - the error's text is what the test checks
+        return f"{type(exc).__name__}: {exc}"
+    want = np.arange(6, dtype=np.float64) * sum(range(1, comm.world_size + 1))
+    return "ok" if np.array_equal(buf, want) else f"wrong sum {buf.tolist()}"
+
+
+def _set_timeout(seconds: float) -> None:
+    from IPython import get_ipython
+
+    get_ipython().user_ns["comm"].timeout = seconds
+
+
+@pytest.fixture(params=["mpi", "gloo"])
+def backend_cluster(request, shared_engines):
+    """A cluster of ``N`` engines with ``comm`` on ``backend``: MPI ranks, or pooled local engines."""
+    if request.param == "mpi":
+        with start_cluster("mpi", N) as cluster:
+            setup_communicators(cluster, "mpi", timeout=WAIT)
+            yield cluster, "mpi"
+    else:
+        cluster = shared_engines(N)
+        setup_communicators(cluster, "gloo", timeout=WAIT)
+        yield cluster, "gloo"
+
+
+@pytest.mark.timeout(400)
+def test_skipped_allreduce_names_the_rank_and_the_advised_recovery_works(backend_cluster):
+    cluster, backend = backend_cluster
+    assert cluster.run(_allreduce_unless, None, timeout=WAIT + 30) == ["ok"] * N
+    cluster.run(_set_timeout, SHORT)
+    results = cluster.run(_allreduce_unless, 1, timeout=WAIT + 30)
+    assert results[1] == "skipped"
+    for rank in (0, 2):
+        assert "CommTimeoutError" in results[rank] and "[1]" in results[rank], results
+    advice = results[0]
+    assert f"setup_communicators(cluster, '{backend}')" in advice, advice
+    # the advised recovery, as a student would run it from the notebook
+    setup_communicators(cluster, backend, timeout=WAIT)
+    for _ in range(3):  # and it stays in step: no message of the failed call is matched later
+        assert cluster.run(_allreduce_unless, None, timeout=WAIT + 30) == ["ok"] * N
+    assert np.all(np.array(cluster.view.pull("rank")) == np.arange(N))
