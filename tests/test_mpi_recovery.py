@@ -8,9 +8,12 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from comm_workers.launch import mpiexec
 
 from course_lib.cluster import start_cluster
 from course_lib.comm.setup import setup_communicators
+
+needs_mpi = [pytest.mark.mpi, pytest.mark.skipif(mpiexec() is None, reason="no mpiexec")]
 
 N = 3
 SHORT = 4.0  # the skipped allreduce's timeout; generous for 3 ranks on 2 loaded cores
@@ -47,7 +50,18 @@ def _set_timeout(seconds: float) -> None:
     get_ipython().user_ns["comm"].timeout = seconds
 
 
-@pytest.fixture(params=["mpi", "gloo"])
+def _new_mpi_communicator(timeout: float) -> str:
+    """Run on an MPI engine: build a communicator (a collective); return "ok" or the error."""
+    from course_lib.comm.mpi_backend import MPICommunicator
+
+    try:
+        MPICommunicator(timeout=timeout)
+    except Exception as exc:  # noqa: BLE001 - the error's text is what the test checks
+        return f"{type(exc).__name__}: {exc}"
+    return "ok"
+
+
+@pytest.fixture(params=[pytest.param("mpi", marks=needs_mpi), "gloo"])
 def backend_cluster(request, shared_engines):
     """A cluster of ``N`` engines with ``comm`` on ``backend``: MPI ranks, or pooled local engines."""
     if request.param == "mpi":
@@ -71,8 +85,27 @@ def test_skipped_allreduce_names_the_rank_and_the_advised_recovery_works(backend
         assert "CommTimeoutError" in results[rank] and "[1]" in results[rank], results
     advice = results[0]
     assert f"setup_communicators(cluster, '{backend}')" in advice, advice
+    if backend == "mpi":  # nothing hangs and the world is sound: recover() says what to run
+        report = cluster.recover()
+        assert report.action == "none" and "setup_communicators" in str(report), report
     # the advised recovery, as a student would run it from the notebook
     setup_communicators(cluster, backend, timeout=WAIT)
     for _ in range(3):  # and it stays in step: no message of the failed call is matched later
         assert cluster.run(_allreduce_unless, None, timeout=WAIT + 30) == ["ok"] * N
     assert np.all(np.array(cluster.view.pull("rank")) == np.arange(N))
+
+
+@pytest.mark.timeout(400)
+@needs_mpi[0]
+@needs_mpi[1]
+def test_an_mpi_world_out_of_step_is_reported_and_recover_restarts_it():
+    with start_cluster("mpi", N) as cluster:
+        setup_communicators(cluster, "mpi", timeout=WAIT)
+        # ranks 0 and 2 build a communicator (a collective on the world), rank 1 never does
+        apart = cluster.client[[cluster.ids_by_rank[r] for r in (0, 2)]]
+        for text in apart.apply_sync(_new_mpi_communicator, SHORT):
+            assert "MPI cannot recover" in text and "cluster.recover()" in text, text
+        report = cluster.recover()
+        assert report.action == "restarted" and "[0, 2]" in str(report), report
+        setup_communicators(cluster, "mpi", timeout=WAIT)
+        assert cluster.run(_allreduce_unless, None, timeout=WAIT + 30) == ["ok"] * N
