@@ -44,6 +44,12 @@ def _allreduce_unless(skip_rank: int | None) -> str:
     return "ok" if np.array_equal(buf, want) else f"wrong sum {buf.tolist()}"
 
 
+def _rebuild() -> None:
+    from IPython import get_ipython
+
+    get_ipython().user_ns["comm"].rebuild()
+
+
 def _set_timeout(seconds: float) -> None:
     from IPython import get_ipython
 
@@ -100,6 +106,11 @@ def test_skipped_allreduce_names_the_rank_and_the_advised_recovery_works(backend
     for _ in range(3):  # and it stays in step: no message of the failed call is matched later
         assert cluster.run(_allreduce_unless, None, timeout=WAIT + 30) == ["ok"] * N
     assert np.all(np.array(cluster.view.pull("rank")) == np.arange(N))
+    if backend == "mpi":  # the other advised recovery: comm.rebuild() on every rank
+        cluster.run(_set_timeout, SHORT)
+        assert cluster.run(_allreduce_unless, 1, timeout=WAIT + 30)[1] == "skipped"
+        cluster.run(_rebuild, timeout=WAIT + 30)
+        assert cluster.run(_allreduce_unless, None, timeout=WAIT + 30) == ["ok"] * N
 
 
 @pytest.mark.timeout(400)
