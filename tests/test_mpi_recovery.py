@@ -69,7 +69,7 @@ def _new_mpi_communicator(timeout: float) -> str:
 
 @pytest.fixture(params=[pytest.param("mpi", marks=needs_mpi), "gloo"])
 def backend_cluster(request, shared_engines):
-    """A cluster of ``N`` engines with ``comm`` on ``backend``: MPI ranks, or pooled local engines."""
+    """Return a cluster of ``N`` engines with ``comm`` on ``backend`` (MPI ranks, pooled engines)."""
     if request.param == "mpi":
         with start_cluster("mpi", N) as cluster:
             setup_communicators(cluster, "mpi", timeout=WAIT)

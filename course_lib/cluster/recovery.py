@@ -152,9 +152,9 @@ def recover(cluster: RecoverableCluster, grace: float = 10.0) -> RecoveryReport:
 
     MPI engines that all answer are asked to agree on a new communicator; when they cannot (a
     collective left unfinished on some ranks), MPI cannot repair their world and they are
-    restarted. Returns a report; the cluster's view, ranks and ``%px`` magics point at the live engines
-    afterwards. A cluster we only connected to cannot be signalled from here: the error says
-    to ask the instructor.
+    restarted. Returns a report; the cluster's view, ranks and ``%px`` magics point at the live
+    engines afterwards. A cluster we only connected to cannot be signalled from here: the error
+    says to ask the instructor.
     """
     start = time.monotonic()
     hung = _busy_ranks(cluster)

@@ -44,7 +44,9 @@ class MPICommunicator(Communicator):
 
     Creating one is collective: every rank of ``mpi_comm`` must create it (the duplicate is
     agreed within ``timeout``). Its messages never meet those of ``MPI.COMM_WORLD`` used
-    directly, nor of another ``MPICommunicator``. Waits poll the request with ``Test()`` until the deadline, so a missing peer becomes a
+    directly, nor those of another ``MPICommunicator``.
+
+    Waits poll the request with ``Test()`` until the deadline, so a missing peer becomes a
     ``CommTimeoutError`` naming it rather than a hang. Polling also drives MPICH's progress
     engine, which large shared-memory transfers need, so it spins for the first 20 ms and only
     then sleeps 50 us between polls (freeing the core when ranks outnumber cores).
@@ -95,8 +97,8 @@ class MPICommunicator(Communicator):
         )
 
     def _cancel(self, req: Any) -> None:
-        # A cancelled receive completes at once (MPI 4.0 section 3.8.4); one that matched in the
-        # meantime completes with its message, which is then simply dropped.
+        # A cancelled receive completes at once (MPI_Cancel); one that matched in the meantime
+        # completes with its 40-byte header, which is then dropped with the buffer.
         req.Cancel()
         if not self._wait_raw(req, time.time() + 1.0):
             req.Free()
