@@ -1,6 +1,7 @@
-"""Corner cases of two compressors at the edges of their number formats (issue 22, item 5).
+"""Corner cases of compressors at the edges of their number formats (issue 22, item 5).
 
-QSGD's norm at the edges of float32 (gradients of 1e20 and 1e-23), and the float16 compressor's
+QSGD's norm at the edges of float32 (gradients of 1e20 and 1e-23), sign's scale near float32's
+largest value, and the float16 compressor's
 mean of N ranks whose values sit at float16's largest, 65504. References: QSGD's error bound
 $|\\hat g_i - g_i| \\le \\|g\\|_2 / s$ and the float64 mean of the float16 inputs.
 """
@@ -60,6 +61,13 @@ def test_qsgd_refuses_a_norm_float32_cannot_hold():
     g = np.array([3e38, -3e38], np.float32)  # each value fits float32, the norm (4.2e38) does not
     with pytest.raises(ValueError, match=r"norm.*float32.*clip"):
         make_compressor("qsgd").compress(g, "big")
+
+
+def test_sign_scale_of_the_largest_float32_values_is_finite():
+    g = np.array([3e38, -3e38, 3e38], np.float32)  # their float32 sum overflows, the mean fits
+    comp = make_compressor("sign")
+    decoded = comp.decompress(comp.compress(g, "w")[0])
+    assert np.isfinite(decoded).all() and np.allclose(decoded, g, rtol=1e-6), decoded
 
 
 def float16_mean_by_allreduce(grads: list[np.ndarray]) -> np.ndarray:

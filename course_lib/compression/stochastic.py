@@ -90,6 +90,16 @@ def _float32_norm(flat: np.ndarray, name: str) -> np.float32:
     return np.float32(norm)
 
 
+def _mean_abs(flat: np.ndarray) -> float:
+    """Return the mean $|g_i|$ in float32, or in float64 where float32's sum overflows."""
+    if not flat.size:
+        return 0.0
+    with np.errstate(over="ignore"):
+        mean = np.abs(flat).mean()
+    # near 3e38 the float32 sum overflows though the mean fits; float32 elsewhere keeps the bits
+    return float(mean) if np.isfinite(mean) else float(np.abs(flat).mean(dtype=np.float64))
+
+
 @dataclass(frozen=True)
 class SignSettings:
     """``scale``: ``"mean"`` (send mean |g| and decode +-mean) or ``"none"`` (plain +-1, signSGD)."""
@@ -117,7 +127,7 @@ class Sign(Compressor):
         flat, shape, dtype = as_float32(tensor)
         check_finite(flat, name, "sign")
         if self.settings.scale == "mean":
-            scale = np.float32(np.abs(flat).mean()) if flat.size else np.float32(0)
+            scale = np.float32(_mean_abs(flat))
         else:
             scale = np.float32(1)
         bits = np.packbits(flat < 0)
