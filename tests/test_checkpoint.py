@@ -166,6 +166,39 @@ def test_corrupt_checkpoint_is_a_clear_error(two_checkpoints):
         load_checkpoint(newest)
 
 
+def _flip(offset: int, bit: int = 0x01):
+    """Return a damage that flips one bit of the byte at ``offset`` (negative: from the end)."""
+
+    def damage(data: bytes) -> bytes:
+        out = bytearray(data)
+        out[offset] ^= bit
+        return bytes(out)
+
+    return damage
+
+
+# The header: 16 bytes of magic, the contents' length (8 bytes, big-endian), their SHA-256.
+DAMAGES = {
+    "length field, top byte": (_flip(16), "corrupt: its header"),
+    "length field, one less": (_flip(23), "corrupt: its header"),
+    "length field, one more": (_flip(23, 0x02), "corrupt: its header"),
+    "magic": (_flip(3), "corrupt: its header"),
+    "digest": (_flip(40), "corrupt: its contents"),
+    "cut in the contents": (lambda data: data[: len(data) // 2], "truncated: "),
+    "cut in the header": (lambda data: data[:20], r"truncated \(20 bytes\)"),
+}
+
+
+@pytest.mark.parametrize("where", list(DAMAGES))
+def test_a_damaged_header_is_corrupt_and_a_cut_file_truncated(two_checkpoints, where):
+    damage, said = DAMAGES[where]
+    newest = two_checkpoints[-1]
+    newest.write_bytes(damage(newest.read_bytes()))
+    with pytest.raises(CheckpointError, match=said) as err:
+        load_checkpoint(newest)
+    assert "epoch0001-step000000.ckpt" in str(err.value)  # the fix: the earlier checkpoint
+
+
 def test_a_different_model_shape_is_a_clear_error_naming_the_parameter(two_checkpoints):
     with pytest.raises(CheckpointError, match=r"'1\.weight' has shape \(128, 64\) there and "
                        r"\(32, 64\) here") as err:  # fmt: skip

@@ -1,4 +1,4 @@
-"""Checkpoint and resume: the whole training state, written atomically, restored bit for bit.
+"""Lectures 1 and 4: Checkpoint and resume: the whole training state, written atomically, restored bit for bit.
 
 A checkpoint holds what the next step depends on: the weights, the optimiser's state (momentum
 buffers, Adam's moments and step count), every random stream (Python ``random``, NumPy's global

@@ -1,4 +1,4 @@
-"""The checkpoint file: written atomically and durably, checked on load, the last few kept.
+"""Lectures 1 and 4: The checkpoint file: written atomically and durably, checked on load, the last few kept.
 
 A file is a header (magic, payload length, payload SHA-256) and a ``torch.save`` payload. A save
 goes through a temporary file in the same folder (fsync, ``os.replace``, fsync of the folder);
@@ -143,30 +143,61 @@ def _others(path: Path) -> str:
 
 
 def _read_verified(path: Path) -> dict[str, Any]:
-    """Return the checkpoint stored in ``path`` after checking its header, length and hash."""
+    """Return the checkpoint stored in ``path`` after checking its header, length and hash.
+
+    A file cut short is *truncated* (an interrupted copy, a full disk); a file whose bytes were
+    changed is *corrupt*. A damaged length field must not pass for a cut: a payload that still
+    matches its SHA-256 is whole, so then the header is what was damaged.
+    """
     data = path.read_bytes()
-    if len(data) < HEADER.size or not data.startswith(MAGIC):
-        if len(data) < HEADER.size and MAGIC.startswith(data[: len(MAGIC)]):
+    if len(data) < HEADER.size:
+        if MAGIC.startswith(data[: len(MAGIC)]):
             raise CheckpointError(
                 f"checkpoint {path} is truncated ({len(data)} bytes); {_others(path)}"
             )
-        raise CheckpointError(
-            f"{path} is not a course_lib checkpoint (no header): pass a file written by "
-            f"save_checkpoint / fit(checkpoint=...), or its folder"
-        )
-    _, length, digest = HEADER.unpack_from(data)
+        raise _not_a_checkpoint(path)
+    magic, length, digest = HEADER.unpack_from(data)
     payload = data[HEADER.size :]
-    if len(payload) != length:
+    whole = hashlib.sha256(payload).digest() == digest
+    if magic != MAGIC:
+        # a few bytes off is a damaged header of ours; another kind of file shares almost none
+        if not whole and sum(a == b for a, b in zip(magic, MAGIC, strict=True)) < len(MAGIC) // 2:
+            raise _not_a_checkpoint(path)
+        raise _corrupt_header(path, f"its first {len(MAGIC)} bytes are not {MAGIC!r}")
+    if len(payload) != length and whole:
+        raise _corrupt_header(
+            path,
+            f"it gives the contents' length as {length} bytes, but the {len(payload)} bytes "
+            "after it are whole (they match the header's SHA-256)",
+        )
+    if len(payload) > length:
+        what = f"it gives the contents' length as {length} bytes, but {len(payload)} follow it"
+        raise _corrupt_header(path, what)
+    if len(payload) < length:
         raise CheckpointError(
             f"checkpoint {path} is truncated: {len(payload)} of {length} bytes (an interrupted "
             f"copy or a full disk); {_others(path)}"
         )
-    if hashlib.sha256(payload).digest() != digest:
+    if not whole:
         raise CheckpointError(
             f"checkpoint {path} is corrupt: its contents do not match their SHA-256 (a damaged "
             f"disk or copy); {_others(path)}"
         )
     return torch.load(io.BytesIO(payload), weights_only=True)
+
+
+def _corrupt_header(path: Path, what: str) -> CheckpointError:
+    return CheckpointError(
+        f"checkpoint {path} is corrupt: its header is damaged ({what}; a damaged disk or copy, "
+        f"not an interrupted save, which never leaves a partial file); {_others(path)}"
+    )
+
+
+def _not_a_checkpoint(path: Path) -> CheckpointError:
+    return CheckpointError(
+        f"{path} is not a course_lib checkpoint (no header): pass a file written by "
+        f"save_checkpoint / fit(checkpoint=...), or its folder"
+    )
 
 
 def _check_model(path: Path, saved: dict[str, torch.Tensor], net: nn.Module) -> None:

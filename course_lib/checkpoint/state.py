@@ -1,4 +1,4 @@
-"""The training state in a checkpoint: each rank's random streams and sampler, and the run's.
+"""Lectures 1 and 4: The training state in a checkpoint: each rank's random streams and sampler, and the run's.
 
 :func:`rank_state` / :func:`restore_rank_state` are what every rank of a data-parallel loop
 saves and restores; :func:`save_run` / :func:`resume_run` / :func:`skip_done_steps` are what

@@ -6,6 +6,11 @@ circular wait: nobody here waits for the ranks that wait.) A rank blocked inside
 interrupted (the wait is in C, where Python's SIGINT handler never runs), and its world
 communicator cannot be trusted afterwards, so MPI engines are restarted together. Local engines
 stuck in Python code are first interrupted with SIGINT, which keeps their variables.
+
+MPI engines that all answer may still hold a world that is out of step (some ranks wait in a
+collective on it that the others never joined): recovery asks every rank to agree on a new
+communicator, and restarts the engines when they cannot. Serves lecture 0 (the cluster) and
+lecture 3 (communication: recovering after a failed collective).
 """
 
 from __future__ import annotations
@@ -19,7 +24,14 @@ import ipyparallel as ipp
 
 from course_lib.cluster import engine_side
 
-__all__ = ["EngineTimeout", "RecoverableCluster", "RecoveryReport", "recover", "run_with_timeout"]
+__all__ = [
+    "EngineTimeout",
+    "RecoverableCluster",
+    "RecoveryReport",
+    "probe_mpi_world",
+    "recover",
+    "run_with_timeout",
+]
 
 
 class RecoverableCluster(Protocol):
@@ -55,15 +67,62 @@ class RecoveryReport:
     action: str = "none"  # "none", "interrupted" or "restarted"
     seconds: float = 0.0
     lost_state: bool = False
+    note: str = ""  # what else was found, e.g. the state of an MPI world
 
     def __str__(self) -> str:
         if self.action == "none":
-            return "all engines answered: nothing to recover"
-        ranks = ", ".join(map(str, self.hung_ranks)) or "none"
-        text = f"hung ranks: {ranks}; {self.action} in {self.seconds:.1f} s"
+            text = "all engines answered: nothing to recover"
+        else:
+            ranks = ", ".join(map(str, self.hung_ranks)) or "none"
+            text = f"hung ranks: {ranks}; {self.action} in {self.seconds:.1f} s"
         if self.lost_state:
             text += " (engines are new: variables defined on them earlier are gone, re-run setup)"
-        return text
+        return f"{text}; {self.note}" if self.note else text
+
+
+_MPI_HEALTHY = (
+    "their MPI world still builds new communicators: recreate a communicator whose call failed "
+    "with setup_communicators(cluster, 'mpi')"
+)
+
+
+def _is_mpi(cluster: RecoverableCluster) -> bool:
+    infos = [cluster.engine_info.get(eid, {}) for eid in cluster.ids_by_rank]
+    return bool(infos) and all(info.get("mpi_rank") is not None for info in infos)
+
+
+def probe_mpi_world(timeout: float) -> bool:
+    """Run on an MPI engine: return True when every rank joins a new world communicator in time."""
+    from mpi4py import MPI
+
+    probe, req = MPI.COMM_WORLD.Idup()  # nonblocking: a world out of step times out, never hangs
+    deadline = time.monotonic() + timeout
+    while not req.Test():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(1e-3)
+    probe.Free()  # nothing was sent on it, so no stale message can reach a later communicator
+    return True
+
+
+def _mpi_world_problem(cluster: RecoverableCluster, timeout: float) -> str | None:
+    """Return why the engines' MPI world cannot build a communicator, or None when it can."""
+    pending = [
+        cluster.client[eid].apply_async(probe_mpi_world, timeout) for eid in cluster.ids_by_rank
+    ]
+    stuck = []
+    for rank, result in enumerate(pending):
+        try:
+            if not result.get(timeout=timeout + 30):
+                stuck.append(rank)
+        except Exception:  # noqa: BLE001 - an engine that fails the probe cannot be trusted
+            stuck.append(rank)
+    if not stuck:
+        return None
+    return (
+        f"ranks {stuck} could not agree on a new MPI communicator with the others: their MPI "
+        "world is out of step, which MPI cannot repair, so the engines must be restarted"
+    )
 
 
 def _busy_ranks(cluster: RecoverableCluster) -> list[int]:
@@ -91,18 +150,27 @@ def _all_answer(cluster: RecoverableCluster, timeout: float) -> bool:
 def recover(cluster: RecoverableCluster, grace: float = 10.0) -> RecoveryReport:
     """Free hung engines: SIGINT for local engines, then a restart of all engines if needed.
 
-    Returns a report; the cluster's view, ranks and ``%px`` magics point at the live engines
-    afterwards. A cluster we only connected to cannot be signalled from here: the error says
-    to ask the instructor.
+    MPI engines that all answer are asked to agree on a new communicator; when they cannot (a
+    collective left unfinished on some ranks), MPI cannot repair their world and they are
+    restarted. Returns a report; the cluster's view, ranks and ``%px`` magics point at the live
+    engines afterwards. A cluster we only connected to cannot be signalled from here: the error
+    says to ask the instructor.
     """
     start = time.monotonic()
     hung = _busy_ranks(cluster)
+    problem = ""
     if not hung and _all_answer(cluster, timeout=grace):
-        return RecoveryReport()
+        if not _is_mpi(cluster):
+            return RecoveryReport()
+        # a probe that fails leaves one more unfinished collective behind: the restart clears it
+        problem = _mpi_world_problem(cluster, timeout=max(grace, 10.0)) or ""
+        if not problem:
+            return RecoveryReport(note=_MPI_HEALTHY)
     if cluster.owned is None:
+        what = problem or f"ranks {hung} are hung"
         raise EngineTimeout(
-            f"ranks {hung} of a cluster this notebook did not start are hung: ask the instructor "
-            "to restart the engines (`ipcluster engines` / restart the cluster), then reconnect"
+            f"{what} on a cluster this notebook did not start: ask the instructor to restart "
+            "the engines (`ipcluster engines` / restart the cluster), then reconnect"
         )
     if cluster.kind != "mpi":
         try:
@@ -115,7 +183,7 @@ def recover(cluster: RecoverableCluster, grace: float = 10.0) -> RecoveryReport:
     cluster.owned.restart_engines_sync()
     cluster.wait_for_fresh_engines(old_pids, deadline=time.monotonic() + cluster.settings.timeout)
     cluster.setup_engines()
-    return RecoveryReport(hung, "restarted", time.monotonic() - start, lost_state=True)
+    return RecoveryReport(hung, "restarted", time.monotonic() - start, True, problem)
 
 
 def _describe_failures(results: list[Any]) -> str:

@@ -1,4 +1,4 @@
-"""The Communicator interface: point-to-point messages with headers, timeouts and counters.
+"""Lecture 3: The Communicator interface: point-to-point messages with headers, timeouts and counters.
 
 Every message is a 32-byte header (element count, dtype, byte count, emulated arrival time) on
 tag ``2 * tag`` followed by the payload on tag ``2 * tag + 1``. The receiver checks the header
@@ -135,7 +135,7 @@ class Handle:
             raise CommTimeoutError(
                 f"rank {self.comm.rank}: {what} rank {self.peer} (tag {self.tag}) timed out after "
                 f"{self.limit:g} s: rank {self.peer} never answered (it {verb} nothing); "
-                "check that it calls the matching send/recv. Recreate the communicator after this."
+                f"check that it calls the matching send/recv. {self.comm.recovery_advice()}."
             )
 
     def _count(self) -> None:
@@ -185,6 +185,7 @@ class Communicator(ABC):
             raise ValueError(f"timeout must be a positive number of seconds, got {timeout}")
         self.rank, self.world_size, self.timeout = rank, world_size, float(timeout)
         self.stats = CommStats()
+        self._calls = 0  # collectives started on this communicator: ranks compare it in _agree
 
     # ---- what a backend provides ------------------------------------------------------------
     @abstractmethod
@@ -204,6 +205,17 @@ class Communicator(ABC):
     @abstractmethod
     def reducible(self, name: str) -> bool:
         """Return True when the backend's built-in reductions accept dtype ``name``."""
+
+    def _cancel(self, req: Any) -> None:
+        """Withdraw a posted receive that timed out; by default nothing (gloo closes the link)."""
+        return None
+
+    def recovery_advice(self) -> str:
+        """Return what to run after a failed call so that the ranks are in step again."""
+        return (
+            f"Recover: recreate the communicator on every rank, e.g. "
+            f"setup_communicators(cluster, '{self.backend}') from the notebook"
+        )
 
     # ---- the link's clock: a real link has none (an emulated link overrides these) -------------
     #: The emulated link this communicator's traffic is slowed to; None on a real link.
@@ -306,12 +318,20 @@ class Communicator(ABC):
         return out
 
     def _agree(self, name: str, arr: np.ndarray, dname: str, code: int, deadline: float) -> None:
-        """Exchange (collective, size, dtype, op/root) with every rank before a built-in collective."""
+        """Exchange (collective, size, dtype, op/root, call number) with every rank first.
+
+        The call number tells ranks that are out of step (one skipped a collective that timed out
+        on the others) from ranks that disagree about this call. A timed-out exchange withdraws
+        its receives, so they cannot swallow a later call's headers; the headers it sent stay
+        unread on the silent rank until the communicator is rebuilt.
+        """
+        self._calls += 1
         mine = np.array(
-            [_COLLECTIVES.index(name), arr.size, DTYPE_NAMES.index(dname), code], np.int64
+            [_COLLECTIVES.index(name), arr.size, DTYPE_NAMES.index(dname), code, self._calls],
+            np.int64,
         )
         peers = [r for r in range(self.world_size) if r != self.rank]
-        theirs = {r: np.zeros(4, np.int64) for r in peers}
+        theirs = {r: np.zeros(len(mine), np.int64) for r in peers}
         recvs = {r: self._post_recv(theirs[r], r, _AGREE_TAG) for r in peers}
         sends = [self._post_send(mine, r, _AGREE_TAG) for r in peers]
         missing, broken = [], []
@@ -322,15 +342,25 @@ class Communicator(ABC):
             except CommError:  # gloo closes a connection after a timeout on it
                 broken.append(r)
         if missing or broken:
+            for r in missing:
+                self._cancel(recvs[r])
             parts = [f"rank(s) {missing} never called {name}"] if missing else []
             parts += [f"the connection to rank(s) {broken} is broken"] if broken else []
             why = " and ".join(parts)
             raise (CommTimeoutError if missing else CommError)(
                 f"rank {self.rank}: {name} failed after {time.time() - deadline + self.timeout:.1f} s: "
-                f"{why}. Every rank must call it; recreate the communicator after this."
+                f"{why}. Every rank must call it. {self.recovery_advice()}."
             )
         for req in sends:
             self._wait_raw(req, deadline)
+        out_of_step = {r: int(h[4]) for r, h in theirs.items() if h[4] != mine[4]}
+        if out_of_step:
+            others = ", ".join(f"rank {r} at #{n}" for r, n in sorted(out_of_step.items()))
+            raise CommMismatchError(
+                f"rank {self.rank} is at collective #{mine[4]} of this communicator but {others}: "
+                "the ranks are out of step (a rank skipped a collective that timed out on the "
+                f"others, and the communicator was not rebuilt). {self.recovery_advice()}."
+            )
         bad = {r: h for r, h in theirs.items() if not np.array_equal(h, mine)}
         if bad:
             desc = lambda h: f"{_COLLECTIVES[h[0]]} of {h[1]} {DTYPE_NAMES[h[2]]} (op/root {h[3]})"  # noqa: E731

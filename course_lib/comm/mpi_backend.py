@@ -1,4 +1,9 @@
-"""The mpi backend: mpi4py's buffer API (uppercase Send / Recv / Allreduce) on MPI ranks."""
+"""The mpi backend: mpi4py's buffer API (uppercase Send / Recv / Allreduce) on MPI ranks.
+
+Lecture 3 (communication). Each communicator owns a duplicate of the world communicator, so a
+failed call leaves its unread messages behind in a context nothing else reads, and
+:meth:`MPICommunicator.rebuild` (or a new communicator) starts clean (issue 20).
+"""
 
 from __future__ import annotations
 
@@ -9,9 +14,16 @@ from typing import Any
 import numpy as np
 
 from course_lib.comm.buffers import Buffer, chunk_bounds, like
-from course_lib.comm.communicator import Communicator
+from course_lib.comm.communicator import CommTimeoutError, Communicator
 
 __all__ = ["MPICommunicator"]
+
+# Communicators replaced by ``rebuild``: kept, never freed. Freeing one would let MPICH hand its
+# context id to a later duplicate, and the failed call's unread messages, still queued under that
+# id, would then match the new communicator's receives: the very bug a rebuild is for (seen with
+# MPICH 5.0). mpi4py (4.1) never frees a communicator on garbage collection, so one dropped by
+# ``setup_communicators`` is abandoned the same way.
+_ABANDONED: list[Any] = []
 
 _REDUCIBLE = {
     "float16",
@@ -28,7 +40,11 @@ _REDUCIBLE = {
 
 
 class MPICommunicator(Communicator):
-    """A communicator over an ``mpi4py`` communicator (default ``MPI.COMM_WORLD``).
+    """A communicator over a private duplicate of an ``mpi4py`` communicator (default the world).
+
+    Creating one is collective: every rank of ``mpi_comm`` must create it (the duplicate is
+    agreed within ``timeout``). Its messages never meet those of ``MPI.COMM_WORLD`` used
+    directly, nor those of another ``MPICommunicator``.
 
     Waits poll the request with ``Test()`` until the deadline, so a missing peer becomes a
     ``CommTimeoutError`` naming it rather than a hang. Polling also drives MPICH's progress
@@ -42,9 +58,50 @@ class MPICommunicator(Communicator):
         from mpi4py import MPI
 
         self._MPI = MPI
-        self.mpi_comm = MPI.COMM_WORLD if mpi_comm is None else mpi_comm
-        super().__init__(self.mpi_comm.Get_rank(), self.mpi_comm.Get_size(), timeout)
+        self.parent = MPI.COMM_WORLD if mpi_comm is None else mpi_comm
+        super().__init__(self.parent.Get_rank(), self.parent.Get_size(), timeout)
         self._ops = {"sum": MPI.SUM, "max": MPI.MAX, "min": MPI.MIN}
+        self.mpi_comm = self._duplicate()
+
+    def rebuild(self) -> None:
+        """Replace the MPI communicator by a fresh duplicate; every rank must call it.
+
+        Messages and receives that a failed call left on the old one can no longer be matched,
+        so the ranks start in step again. The old one is abandoned, not freed (see ``_ABANDONED``).
+        """
+        fresh = self._duplicate()
+        _ABANDONED.append(self.mpi_comm)
+        self.mpi_comm, self._calls = fresh, 0
+
+    def _duplicate(self) -> Any:
+        """Return a new duplicate of ``parent``, agreed by every rank within ``timeout``."""
+        # Idup, not Dup: a rank that never joins becomes an error here instead of a hang in C
+        fresh, req = self.parent.Idup()
+        if not self._wait_raw(req, time.time() + self.timeout):
+            raise CommTimeoutError(
+                f"rank {self.rank}: a new MPI communicator was not agreed in {self.timeout:g} s: "
+                "some rank did not join (busy, stuck inside an MPI call, or dead). MPI cannot "
+                "recover from this here: the world communicator now holds a collective that "
+                "never finished. Run cluster.recover() (it restarts the MPI engines when their "
+                "world is out of step; variables on them are lost), then "
+                "setup_communicators(cluster, 'mpi') again."
+            )
+        return fresh
+
+    def recovery_advice(self) -> str:
+        """Return what to run after a failed call so that the ranks are in step again."""
+        return (
+            "Recover on every rank: setup_communicators(cluster, 'mpi') from the notebook, or "
+            "comm.rebuild() on every rank (%px); the failed call's messages stay behind in the "
+            "old communicator"
+        )
+
+    def _cancel(self, req: Any) -> None:
+        # A cancelled receive completes at once (MPI_Cancel); one that matched in the meantime
+        # completes with its 40-byte header, which is then dropped with the buffer.
+        req.Cancel()
+        if not self._wait_raw(req, time.time() + 1.0):
+            req.Free()
 
     def _post_send(self, arr: np.ndarray, dst: int, raw_tag: int) -> Any:
         return self.mpi_comm.Isend(arr, dest=dst, tag=raw_tag)
@@ -72,11 +129,11 @@ class MPICommunicator(Communicator):
 
     def _wait_or_raise(self, req: Any, name: str, deadline: float) -> None:
         if not self._wait_raw(req, deadline):
-            from course_lib.comm.communicator import CommTimeoutError
-
+            # the collective stays pending (MPI cannot cancel one): only a new duplicate helps
             raise CommTimeoutError(
                 f"rank {self.rank}: MPI {name} did not finish in {self.timeout:g} s after every "
-                "rank joined it; a rank may have died. Recreate the communicator."
+                f"rank joined it; a rank may have died (then only cluster.recover() helps). "
+                f"{self.recovery_advice()}."
             )
 
     def _builtin(self, name: str, buf: Buffer, arr: np.ndarray, deadline: float, **kw: Any) -> Any:

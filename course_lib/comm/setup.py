@@ -1,4 +1,4 @@
-"""Create communicators: one on this process, or one on every engine of a cluster at once."""
+"""Lecture 3: Create communicators: one on this process, or one on every engine of a cluster at once."""
 
 from __future__ import annotations
 
@@ -52,10 +52,11 @@ def make_communicator(
 ) -> Communicator:
     """Create this process's communicator for ``backend`` (``"mpi"`` or ``"gloo"``).
 
-    ``mpi`` uses ``MPI.COMM_WORLD`` (rank and size come from MPI). ``gloo`` needs ``rank``,
-    ``world_size`` and rank 0's ``master_addr:master_port``, and every rank must call it at once;
-    rank 0 may pass the ``store`` it already opened on that port. With ``link``, the result is
-    wrapped by :func:`emulate` and labelled as emulated.
+    ``mpi`` uses a private duplicate of ``MPI.COMM_WORLD`` (rank and size come from MPI; every
+    rank must call it, and calling it again replaces a communicator that failed). ``gloo`` needs
+    ``rank``, ``world_size`` and rank 0's ``master_addr:master_port``, and every rank must call
+    it at once; rank 0 may pass the ``store`` it already opened on that port. With ``link``, the
+    result is wrapped by :func:`emulate` and labelled as emulated.
     """
     if backend == "mpi":
         from course_lib.comm.mpi_backend import MPICommunicator
