@@ -194,7 +194,7 @@ def test_bench_all_skips_root_only_benchmarks_and_reports_failures(
     marks.mkdir()
     ran = f"open({str(marks)!r} + '/' + __file__.rsplit('/', 1)[-1], 'w').close()"
     plain = _script(tmp_path, "plain", "Benchmark a plain thing.", ran)
-    room = _script(tmp_path, "roomy", "Benchmark a thing across an emulated room.", ran)
+    room = _script(tmp_path, "roomy", "Benchmark a room.\n\nNeeds root, ``ip``, ``tc``.", ran)
     failing = _script(tmp_path, "failing", "Benchmark that fails.\n\nNeeds root.", "exit(3)")
     assert (plain.needs_root, room.needs_root, failing.needs_root) == (False, True, True)
     assert run_all([plain, room], as_root=False) == 0

@@ -1,8 +1,8 @@
 """``./kit bench``: list the benchmarks in ``bench/``, run one by name, or every one with ``--all``.
 
 A benchmark's one-line summary is the first line of its module docstring (read, not imported).
-Benchmarks that build an emulated room need root (network namespaces and ``tc``); ``--all`` skips
-them unless it runs as root, and the list names them.
+Benchmarks that build an emulated room need root (network namespaces and ``tc``; their docstrings
+say "Needs root"); ``--all`` skips them unless it runs as root, and the list names them.
 """
 
 from __future__ import annotations
@@ -31,8 +31,8 @@ class Benchmark:
 def _read(path: Path) -> Benchmark:
     doc = ast.get_docstring(ast.parse(path.read_text(encoding="utf-8"))) or ""
     first = doc.strip().splitlines()[0] if doc.strip() else "(no docstring)"
-    # The docstrings say it: "Needs root, ip, tc, unshare", or the first line is about the room.
-    needs_root = "needs root" in doc.lower() or "emulated room" in first.lower()
+    # Each benchmark that builds an emulated room says so: "Needs root, ``ip``, ``tc``, ...".
+    needs_root = "needs root" in doc.lower()
     return Benchmark(path.stem.removeprefix("bench_"), path, first, needs_root)
 
 
