@@ -20,6 +20,7 @@ import pytest
 
 from course_lib.cli import JOBS, help_text
 from course_lib.cli.bench import Benchmark, find_benchmarks, run_all
+from course_lib.cluster.lab_find import HOSTS_NOTE, remember_hosts_file
 
 ROOT = Path(__file__).resolve().parents[1]
 ROOT_ONLY = {"lab_faults", "lab_mpi", "lab_start", "network_doctor", "room"}  # build a room
@@ -207,9 +208,14 @@ def test_bench_all_skips_root_only_benchmarks_and_reports_failures(
     assert "bench_failing.py failed (exit 3)" in captured.err
 
 
-def test_bare_lab_status_finds_a_running_lab_controller(tmp_path: Path) -> None:
+def test_bare_lab_status_finds_a_running_lab_controller(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Without a hosts file, ``lab status`` finds the profile whose lab controller runs."""
     env = _env(tmp_path)
+    monkeypatch.setenv("IPYTHONDIR", env["IPYTHONDIR"])  # for remember_hosts_file, here
+    hosts = tmp_path / "hosts.toml"
+    hosts.write_text("")
     security = tmp_path / "ipython" / "profile_room7" / "security"
     security.mkdir(parents=True)
     # What `lab start` leaves: ipyparallel's state file naming the controller's pid and the ssh
@@ -225,11 +231,15 @@ def test_bare_lab_status_finds_a_running_lab_controller(tmp_path: Path) -> None:
             f"lab cluster running in profile 'room7' (controller pid {controller.pid}); for its "
             "engines per PC give its hosts file: ./kit lab status HOSTS.toml"
         )
+        remember_hosts_file("room7", hosts)  # a second start there will refuse: no note
+        assert not (security / HOSTS_NOTE).exists()
     finally:
         controller.kill()
         controller.wait()
     gone = _python(env, "lab", "status")  # the controller's pid is gone: nothing runs
     assert gone.returncode == 1 and "no lab cluster is running" in gone.stdout, gone.stdout
+    remember_hosts_file("room7", hosts)  # what `lab start` notes before it starts
+    assert (security / HOSTS_NOTE).read_text().strip() == str(hosts.resolve())
 
 
 def test_setup_check_reports_the_installed_kit(tmp_path: Path) -> None:

@@ -113,6 +113,8 @@ def lab_main(args: argparse.Namespace) -> int:
                 return _bare_status()
             raise ValueError(f"give the hosts file: ./kit lab {args.action} HOSTS.toml")
         hosts = read_hosts(args.hosts)
+        if args.action == "start":  # for a bare `./kit lab status` (only a live controller counts)
+            remember_hosts_file(hosts.profile, hosts.path)
         if args.action == "mpi":
             return _lab_mpi(hosts, args)
         if args.action != "add" and args.pcs:
@@ -127,7 +129,6 @@ def lab_main(args: argparse.Namespace) -> int:
             return 0
         if args.action == "start":
             _, seconds = start_lab(hosts, timeout=args.timeout)
-            remember_hosts_file(hosts.profile, hosts.path)  # for a bare `./kit lab status`
             print(f"lab cluster up: {hosts.engines} engines on {len(hosts.pcs)} PCs answered "
                   f"after {seconds:.1f} s; students: COURSE_CLUSTER_PROFILE={hosts.profile}")  # fmt: skip
             return 0

@@ -1,8 +1,9 @@
 """Find the lab clusters that run on this PC, without their hosts file: bare ``./kit lab status``.
 
 ``./kit lab start HOSTS`` leaves a controller per profile (ipyparallel's ``cluster-.json`` names
-its pid) and the roster of engines; it also notes which hosts file it started from
-(``lab-hosts-path``), so ``status`` can show the full per-PC table without being told the file.
+its pid) and the roster of engines; it also notes which hosts file it starts from
+(``lab-hosts-path``, written before the start: a note left by a failed start is never read, since
+only a running controller counts), so ``status`` shows the full per-PC table without the file.
 """
 
 from __future__ import annotations
@@ -32,10 +33,16 @@ def _ipython_dir() -> Path:
 
 
 def remember_hosts_file(profile: str, hosts_file: Path) -> None:
-    """Note in the profile's security folder which hosts file its lab cluster started from."""
+    """Note in the profile's security folder the hosts file its lab cluster starts from.
+
+    Called before the start; where a lab cluster already runs in the profile (the start will
+    refuse), its note is left as it is.
+    """
+    if any(lab.profile == profile for lab in running_labs()):
+        return
     security = _ipython_dir() / f"profile_{profile}" / "security"
-    if security.is_dir():
-        (security / HOSTS_NOTE).write_text(str(Path(hosts_file).resolve()) + "\n")
+    security.mkdir(mode=0o700, parents=True, exist_ok=True)  # IPython's own mode for it
+    (security / HOSTS_NOTE).write_text(str(Path(hosts_file).resolve()) + "\n")
 
 
 def _controller_pid(state: Path) -> int | None:
