@@ -9,11 +9,23 @@ anything is installed.
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from course_lib.cli import bench, delegate, lab, setup, suite
+from course_lib.cli.bench import bench_job
+from course_lib.cli.delegate import (
+    check_job,
+    demo_job,
+    doctor_job,
+    grade_job,
+    release_job,
+    room_job,
+)
+from course_lib.cli.lab import lab_job
+from course_lib.cli.setup import setup_job
+from course_lib.cli.suite import test_job
 
 __all__ = ["JOBS", "Job", "help_text", "main"]
 
@@ -45,10 +57,9 @@ _USAGE = {  # ./kit help's lines per job: (usage, what it does)
               ("grade --self-test", "attack the grader; say what held")),
     "check": (("check NOTEBOOK", "grade one notebook as the grader will"),),
 }
-_RUN = {"setup": setup.setup_job, "lab": lab.lab_job, "demo": delegate.demo_job,
-        "test": suite.test_job, "bench": bench.bench_job, "doctor": delegate.doctor_job,
-        "room": delegate.room_job, "release": delegate.release_job, "grade": delegate.grade_job,
-        "check": delegate.check_job}
+_RUN = {"setup": setup_job, "lab": lab_job, "demo": demo_job, "test": test_job,
+        "bench": bench_job, "doctor": doctor_job, "room": room_job, "release": release_job,
+        "grade": grade_job, "check": check_job}
 # fmt: on
 JOBS: dict[str, Job] = {name: Job(name, usage, _RUN[name]) for name, usage in _USAGE.items()}
 
@@ -65,16 +76,30 @@ def help_text() -> str:
     return "\n".join(lines)
 
 
+def _help(argv: list[str]) -> int:
+    print(help_text())
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the job named by the first argument with the rest; return its exit status."""
     argv = list(sys.argv[1:] if argv is None else argv)
     name = argv.pop(0) if argv else "help"
     if name in ("help", "-h", "--help"):
-        print(help_text())
-        return 0
+        return _quietly(_help, [])
     job = JOBS.get(name)
     if job is None:
         print(f"kit: no job named {name!r}; choose one of: {', '.join(JOBS)} (./kit help lists "
               "them with their options)", file=sys.stderr)  # fmt: skip
         return 2
-    return job.run(argv)
+    return _quietly(job.run, argv)
+
+
+def _quietly(run: Callable[[list[str]], int], argv: list[str]) -> int:
+    """Run a job; a reader that stops early (``./kit bench --help | head``) ends it quietly."""
+    try:
+        return run(argv)
+    except BrokenPipeError:
+        # Python would report the pipe again when it flushes stdout at exit: point it elsewhere.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
