@@ -104,7 +104,6 @@ def room_main(args: argparse.Namespace) -> int:
 def lab_main(args: argparse.Namespace) -> int:
     """Start, show or stop the cluster across the lab's PCs that the hosts file describes."""
     from course_lib.cluster.lab_cluster import add_pcs, lab_status, start_lab, stop_lab
-    from course_lib.cluster.lab_find import remember_hosts_file
     from course_lib.cluster.lab_hosts import read_hosts
 
     try:
@@ -114,6 +113,8 @@ def lab_main(args: argparse.Namespace) -> int:
             raise ValueError(f"give the hosts file: ./kit lab {args.action} HOSTS.toml")
         hosts = read_hosts(args.hosts)
         if args.action == "start":  # for a bare `./kit lab status` (only a live controller counts)
+            from course_lib.cluster.lab_find import remember_hosts_file
+
             remember_hosts_file(hosts.profile, hosts.path)
         if args.action == "mpi":
             return _lab_mpi(hosts, args)
