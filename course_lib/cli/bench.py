@@ -45,8 +45,8 @@ def listing(benchmarks: list[Benchmark]) -> str:
     """Return the usage and one line per benchmark (``./kit bench --help``)."""
     width = max(len(b.name) for b in benchmarks) + len(" (root)")
     lines = ["usage: ./kit bench NAME [ARGS...]   one benchmark (./kit bench NAME --help: its "
-             "options)", "       ./kit bench --all            every one in turn (those marked "
-             "root only as root)", "benchmarks in bench/:"]  # fmt: skip
+             "options)", "       ./kit bench --all            every one in turn; those marked "
+             "(root) only when run as root", "benchmarks in bench/:"]  # fmt: skip
     for b in benchmarks:
         label = f"{b.name} (root)" if b.needs_root else b.name
         lines.append(f"  {label:<{width}}  {b.summary}")

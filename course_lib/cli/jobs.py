@@ -69,8 +69,9 @@ def help_text() -> str:
     rows = [("help", "this list")]
     rows[:0] = [row for job in JOBS.values() for row in job.usage]
     width = max(len(usage) for usage, _ in rows)
-    lines = ["usage: ./kit JOB [ARGS...]   (without bash, e.g. on Windows: python -m course_lib "
-             "JOB [ARGS...], or course-kit JOB [ARGS...])"]  # fmt: skip
+    lines = ["usage: ./kit JOB [ARGS...]",
+             "       python -m course_lib JOB [ARGS...]   (the same without bash, e.g. on Windows;"
+             " or course-kit JOB)"]  # fmt: skip
     lines += [f"  {usage:<{width}}  {what}" for usage, what in rows]
     lines.append("./kit JOB --help shows a job's options.")
     return "\n".join(lines)
