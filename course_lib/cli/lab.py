@@ -20,7 +20,7 @@ __all__ = ["ACTIONS", "lab_job"]
 
 ACTIONS = ("start", "status", "add", "stop", "mpi")
 USAGE = """\
-usage: ./kit lab [JUPYTERLAB OPTIONS]              JupyterLab on notebooks/ (jupyter lab --help: its options)
+usage: ./kit lab [JUPYTERLAB OPTIONS]              JupyterLab on notebooks/ (./kit lab --help-all: its options)
        ./kit lab start|status|stop HOSTS.toml      one cluster across the lab's PCs (SSH)
        ./kit lab status                            the running lab cluster, if any
        ./kit lab add HOSTS.toml PC...              start again the engines of PCs that dropped out
