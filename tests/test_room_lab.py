@@ -151,6 +151,12 @@ def test_lab_cluster_starts_from_a_hosts_file_over_ssh_and_stops_cleanly(tmp_pat
             assert status.returncode == 0, status.stdout + status.stderr[-2000:]
             for pc, n in zip(room.pcs, ENGINES, strict=True):
                 assert f"{pc.hostname}: {n} of {n} engines answer" in status.stdout, status.stdout
+            # Without the hosts file, status finds the running lab and the file it started from.
+            bare = _lab(env, "status")
+            assert bare.returncode == 0, bare.stdout + bare.stderr[-2000:]
+            for pc, n in zip(room.pcs, ENGINES, strict=True):
+                assert f"{pc.hostname}: {n} of {n} engines answer" in bare.stdout, bare.stdout
+            assert f"(hosts file: {hosts_file.resolve()})" in bare.stdout, bare.stdout
             # A student connects with the profile, as on a laptop.
             profile_dir = tmp_path / "instructor" / "profile_lab"
             with connect_cluster(
@@ -174,6 +180,8 @@ def test_lab_cluster_starts_from_a_hosts_file_over_ssh_and_stops_cleanly(tmp_pat
         assert _marked(env["IPYTHONDIR"]) == []
         again = _lab(env, "status", str(hosts_file))
         assert again.returncode == 1 and "no lab cluster is running" in again.stdout
+        bare = _lab(env, "status")
+        assert bare.returncode == 1 and "no lab cluster is running" in bare.stdout, bare.stdout
 
 
 def test_a_bad_hosts_file_names_the_fix(tmp_path: Path) -> None:

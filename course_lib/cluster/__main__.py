@@ -20,6 +20,27 @@ __all__ = ["main"]
 
 def doctor_main(args: argparse.Namespace) -> int:
     """Print the doctor's table for a running cluster (the instructor's check before class)."""
+    from course_lib.cluster.launch import ClusterError
+
+    try:
+        return _doctor(args)
+    except ClusterError as exc:
+        print(f"kit doctor: {_no_cluster_advice(args, exc)}", file=sys.stderr)
+        return 1
+
+
+def _no_cluster_advice(args: argparse.Namespace, exc: Exception) -> str:
+    """Return the error as one line; where no cluster answers, advise the kit's own command."""
+    text = " ".join(str(exc).split())
+    if not text.startswith("no running cluster"):
+        return text
+    where = f"profile {args.profile!r}" if args.profile else f"connection file {args.file}"
+    return (f"no cluster is running for {where}: start the lab's with ./kit lab start "
+            "HOSTS.toml (its [controller] profile, 'lab' by default), or give the running "
+            "cluster's --profile or --file ipcontroller-client.json")  # fmt: skip
+
+
+def _doctor(args: argparse.Namespace) -> int:
     from course_lib.cluster.launch import connect_cluster
 
     with connect_cluster(profile=args.profile, connection_file=args.file, n=args.engines) as cl:
@@ -86,7 +107,15 @@ def lab_main(args: argparse.Namespace) -> int:
     from course_lib.cluster.lab.hosts import read_hosts
 
     try:
+        if args.hosts is None:
+            if args.action == "status":
+                return _bare_status()
+            raise ValueError(f"give the hosts file: ./kit lab {args.action} HOSTS.toml")
         hosts = read_hosts(args.hosts)
+        if args.action == "start":  # for a bare `./kit lab status` (only a live controller counts)
+            from course_lib.cluster.lab_find import remember_hosts_file
+
+            remember_hosts_file(hosts.profile, hosts.path)
         if args.action == "mpi":
             return _lab_mpi(hosts, args)
         if args.action != "add" and args.pcs:
@@ -118,6 +147,28 @@ def lab_main(args: argparse.Namespace) -> int:
         return 2
 
 
+def _bare_status() -> int:
+    """Show the lab cluster that runs here, found without its hosts file; 1 when none runs."""
+    from course_lib.cluster.lab_cluster import lab_status
+    from course_lib.cluster.lab_find import running_labs
+    from course_lib.cluster.lab_hosts import read_hosts
+
+    labs = running_labs()
+    if not labs:
+        print("no lab cluster is running on this PC: start one with ./kit lab start HOSTS.toml")
+        return 1
+    ok = True
+    for lab in labs:
+        if lab.hosts_file is None:
+            print(f"lab cluster running in profile {lab.profile!r} (controller pid {lab.pid}); "
+                  "for its engines per PC give its hosts file: ./kit lab status HOSTS.toml")  # fmt: skip
+            continue
+        fine, text = lab_status(read_hosts(lab.hosts_file))
+        print(f"{text}\n  (hosts file: {lab.hosts_file})")
+        ok = ok and fine
+    return 0 if ok else 1
+
+
 def _lab_mpi(hosts, args: argparse.Namespace) -> int:  # noqa: ANN001
     """Run the command after ``--`` as MPI ranks on the lab's PCs; return its exit status."""
     import tempfile
@@ -128,12 +179,12 @@ def _lab_mpi(hosts, args: argparse.Namespace) -> int:  # noqa: ANN001
         return run_lab_mpi(hosts, Path(folder), args.pcs, n=args.ranks).returncode
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Parse the command line and run the chosen job."""
-    parser = argparse.ArgumentParser(prog="python -m course_lib.cluster")
+def main(argv: list[str] | None = None, prog: str = "python -m course_lib.cluster") -> int:
+    """Parse the command line and run the chosen job (``prog``: the command named in its help)."""
+    parser = argparse.ArgumentParser(prog=prog)
     jobs = parser.add_subparsers(dest="job", required=True)
     doc = jobs.add_parser("doctor", help="check every engine of a running cluster")
-    doc.add_argument("--profile", help="profile of the running cluster (ipcluster --profile)")
+    doc.add_argument("--profile", help="profile of the running cluster (the lab's: lab)")
     doc.add_argument("--file", help="its ipcontroller-client.json, instead of a profile")
     doc.add_argument("--engines", type=int, default=None, help="engines to wait for")
     doc.add_argument(
@@ -161,7 +212,8 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument("argv", nargs=argparse.REMAINDER, help="the command")
     lab = jobs.add_parser("lab", help="one cluster across the lab's PCs, from a hosts file")
     lab.add_argument("action", choices=["start", "status", "add", "stop", "mpi"])
-    lab.add_argument("hosts", help="the hosts file (TOML), e.g. hosts.toml")
+    lab.add_argument("hosts", nargs="?", help="the hosts file (TOML), e.g. hosts.toml "
+                     "(status without it: the lab cluster running here)")  # fmt: skip
     lab.add_argument("pcs", nargs="*", metavar="PC",
                      help="add: the PCs to re-add; mpi: -- the command every rank runs")  # fmt: skip
     lab.add_argument("--ranks", type=int, default=None, help="mpi: ranks (default: all engines)")
