@@ -1,4 +1,4 @@
-"""Command line for the cluster layer: ``python -m course_lib.cluster doctor | room ...``.
+"""The cluster's ./kit jobs (lecture 0, the instructor's guide): Command line for the cluster layer: ``python -m course_lib.cluster doctor | room ...``.
 
 ``lab start | status | stop HOSTS.toml`` runs one cluster across the lab's PCs and
 ``lab add HOSTS.toml PC...`` re-adds PCs that dropped out (see
@@ -113,7 +113,7 @@ def lab_main(args: argparse.Namespace) -> int:
             raise ValueError(f"give the hosts file: ./kit lab {args.action} HOSTS.toml")
         hosts = read_hosts(args.hosts)
         if args.action == "start":  # for a bare `./kit lab status` (only a live controller counts)
-            from course_lib.cluster.lab_find import remember_hosts_file
+            from course_lib.cluster.lab.find import remember_hosts_file
 
             remember_hosts_file(hosts.profile, hosts.path)
         if args.action == "mpi":
@@ -149,9 +149,9 @@ def lab_main(args: argparse.Namespace) -> int:
 
 def _bare_status() -> int:
     """Show the lab cluster that runs here, found without its hosts file; 1 when none runs."""
-    from course_lib.cluster.lab_cluster import lab_status
-    from course_lib.cluster.lab_find import running_labs
-    from course_lib.cluster.lab_hosts import read_hosts
+    from course_lib.cluster.lab.cluster import lab_status
+    from course_lib.cluster.lab.find import running_labs
+    from course_lib.cluster.lab.hosts import read_hosts
 
     labs = running_labs()
     if not labs:

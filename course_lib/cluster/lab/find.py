@@ -1,4 +1,4 @@
-"""Find the lab clusters that run on this PC, without their hosts file: bare ``./kit lab status``.
+"""The instructor's lab (docs/instructor.md; lecture 0 connects to it): Find the lab clusters that run on this PC, without their hosts file: bare ``./kit lab status``.
 
 ``./kit lab start HOSTS`` leaves a controller per profile (ipyparallel's ``cluster-.json`` names
 its pid) and the roster of engines; it also notes which hosts file it starts from
