@@ -2,7 +2,7 @@
 
 Each PC is a network namespace with its own host name and a 1 Gbit/s shaped link to a bridge
 (see ``room.py``); the instructor's PC is this machine's root namespace. The steps are the
-README's ("For the instructor: one cluster for the room"): ``ipcluster start --profile=lab
+instructor guide (docs/instructor.md §2, "Start the room.s cluster"): ``ipcluster start --profile=lab
 --daemonize --ip='*'`` on the instructor's PC (with ``-n 0``: every engine here sits on a lab
 PC), ``ipengine --file=.../ipcontroller-engine.json`` on each PC, the doctor, and notebooks
 that connect with the client connection file. Deselect with ``-m "not room"``.
@@ -202,7 +202,7 @@ def test_every_engine_registers_and_the_doctor_is_happy(lab: Lab) -> None:
 
 
 def test_instructor_doctor_command_lists_every_pc(lab: Lab) -> None:
-    # The README's `./kit doctor --profile lab` runs exactly this after setting up the venv.
+    # The instructor guide's `./kit doctor --profile lab` runs exactly this after setting up the venv.
     done = subprocess.run(
         [
             sys.executable,
