@@ -2,7 +2,7 @@
 
 Each PC is a network namespace with its own host name and a 1 Gbit/s shaped link to a bridge
 (see ``room.py``); the instructor's PC is this machine's root namespace. The steps are the
-instructor guide (docs/instructor.md §2, "Start the room.s cluster"): ``ipcluster start --profile=lab
+instructor guide (docs/instructor.md §2, "Start the room's cluster"): ``ipcluster start --profile=lab
 --daemonize --ip='*'`` on the instructor's PC (with ``-n 0``: every engine here sits on a lab
 PC), ``ipengine --file=.../ipcontroller-engine.json`` on each PC, the doctor, and notebooks
 that connect with the client connection file. Deselect with ``-m "not room"``.

@@ -5,7 +5,7 @@ Every PC of this emulated room reports the same host name (which its /etc/hosts 
 ``enp3s0``, ``eno1``), so neither the host names nor one ``ifname`` can place the ranks.
 ``setup_communicators(cluster, "gloo")`` must still work with no ``ifname``, and a rendezvous
 that cannot complete must fail within seconds, naming the PC and the fix. Uses ``Lab`` of
-``test_room.py`` (the instructor guide.s lab steps). Deselect with ``-m "not room"``.
+``test_room.py`` (the instructor guide's lab steps). Deselect with ``-m "not room"``.
 """
 
 from __future__ import annotations
