@@ -76,6 +76,13 @@ def test_noise_scale_from_the_allreduce_matches_the_direct_estimate_on_digits(sh
     steps, measured = noise_scale_curve(result.records)
     by_rank = {r["rank"]: r["noise_scale"] for r in result.records if r["step"] == steps[-1]}
     assert len(set(by_rank.values())) == 1  # every rank computes the same number
+    # smoothed as the paper does: EMAs of the two estimates, then their ratio
+    grad_sq = trace = 0.0
+    for r in sorted((r for r in result.records if r["rank"] == 0), key=lambda r: r["step"]):
+        grad_sq = 0.95 * grad_sq + 0.05 * r["noise_grad_sq"]
+        trace = 0.95 * trace + 0.05 * r["noise_trace"]
+        assert r["noise_scale"] == pytest.approx(trace / grad_sq, rel=1e-9)
+        assert r["noise_small_batch"] == 32
     seed_everything(CONFIG.seed)  # rank 0 seeds with seed + 0 before building its replica
     net = MLP()
     start = direct_noise_scale(net, load_digits(), batch_size=8)["noise_scale"]
