@@ -81,6 +81,22 @@ def noise_scale_at(target: float | None, seed: int = 0) -> float:
     return direct_noise_scale(net, load_digits(), batch_size=8)["noise_scale"]
 
 
+def fit_steps_model(batches: list[int], steps: list[float]) -> tuple[float, float]:
+    """Return ``(S_min, B_crit)`` of $S = S_{min}(1 + B_{crit}/B)$, least squares in log steps.
+
+    Log space weighs every batch size alike (in steps the small batches' hundreds would drown
+    the large ones' tens); for each B_crit on a fine grid, the best S_min is closed-form.
+    """
+    b, log_s = np.array(batches, float), np.log(steps)
+    best = (np.inf, 0.0, 0.0)
+    for b_crit in np.geomspace(0.1, 1e5, 2000):
+        shape = np.log1p(b_crit / b)
+        log_s_min = float(np.mean(log_s - shape))
+        err = float(np.sum((log_s - log_s_min - shape) ** 2))
+        best = min(best, (err, float(np.exp(log_s_min)), float(b_crit)))
+    return best[1], best[2]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer batch sizes and lrs")
@@ -116,11 +132,8 @@ def main() -> None:
         rows.append({"batch": batch, "lr": lr, "steps": steps})
         print(f"{batch:>6} {lr:>8g} {statistics.median(steps):>7g} {min(steps):>6} "
               f"{max(steps):>6}   {steps}")  # fmt: skip
-    # S = S_min (1 + B_crit / B) is linear in 1/B: S = S_min + (S_min B_crit) (1/B)
-    inv = np.array([1 / r["batch"] for r in rows])
-    med = np.array([statistics.median(r["steps"]) for r in rows])
-    slope, s_min = np.polyfit(inv, med, 1)
-    b_crit = slope / s_min if s_min > 0 else float("nan")
+    s_min, b_crit = fit_steps_model([r["batch"] for r in rows],
+                                    [statistics.median(r["steps"]) for r in rows])  # fmt: skip
     b_start, b_target = noise_scale_at(None), noise_scale_at(args.target)
     print(f"fit S = S_min (1 + B_crit/B): S_min = {s_min:.1f} steps, B_crit = {b_crit:.0f}")
     print(
