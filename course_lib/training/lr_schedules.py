@@ -93,7 +93,8 @@ class LinearScalingWarmup:
         total, warm = num_epochs * steps_per_epoch, self.warmup_length(steps_per_epoch)
         if warm > total:
             raise ValueError(
-                f"the warm-up ({warm} steps) is longer than the training ({num_epochs} epochs of "
+                f"the warm-up ({warm} steps) is longer than the training ({num_epochs} "
+                f"epoch{'s' * (num_epochs != 1)} of "
                 f"{steps_per_epoch} steps = {total} steps): use warmup_steps <= {total} (or "
                 f"warmup_epochs <= {num_epochs}), or train for at least "
                 f"{math.ceil(warm / steps_per_epoch)} epochs"
