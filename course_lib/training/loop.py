@@ -21,6 +21,8 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset, Sampler
 
 from course_lib import checkpoint as ckpt_lib
+from course_lib.training.batch_schedules import BatchRampUp
+from course_lib.training.lr_schedules import LinearScalingWarmup
 
 __all__ = [
     "TrainConfig",
@@ -51,6 +53,12 @@ class TrainConfig:
     #: stop criterion "target accuracy reached").
     target: float | None = None
     target_metric: str = "test_accuracy"
+    #: A learning-rate schedule (lecture 12), e.g. ``LinearScalingWarmup``: ``fit`` sets the
+    #: optimiser's lr to ``lr_schedule.lr_at(step, base_lr=lr, ...)`` before every step.
+    lr_schedule: LinearScalingWarmup | None = None
+    #: A batch schedule (lecture 12), e.g. ``BatchRampUp``: epoch ``e`` trains with batches of
+    #: ``batch_size * batch_schedule.factor_at(e)``.
+    batch_schedule: BatchRampUp | None = None
 
     def __post_init__(self) -> None:
         if self.num_epochs < 1:
@@ -63,6 +71,13 @@ class TrainConfig:
             raise ValueError(f"momentum must be in [0, 1), got {self.momentum}")
         if self.optimizer not in ("sgd", "adam"):
             raise ValueError(f"optimizer must be 'sgd' or 'adam', got {self.optimizer!r}")
+        if self.lr_schedule is not None:
+            self.lr_schedule.check(self.num_epochs)
+        if self.batch_schedule is not None:
+            self.batch_schedule.check(self.num_epochs)
+            if self.lr_schedule is not None:  # its steps per epoch would change under it
+                raise ValueError("use lr_schedule or batch_schedule, not both (Smith et al. "
+                                 "2018 grow the batch in place of changing the lr)")  # fmt: skip
 
 
 @dataclass
@@ -247,10 +262,12 @@ def fit(
     if optimizer is None:
         optimizer = make_optimizer(net, config)
     generator = torch.Generator().manual_seed(config.seed)
-    train_loader = DataLoader(
-        train_set, batch_size=config.batch_size, sampler=sampler,
-        shuffle=sampler is None, generator=generator,
-    )  # fmt: skip
+
+    def loader(batch_size: int) -> DataLoader:
+        return DataLoader(train_set, batch_size=batch_size, sampler=sampler,
+                          shuffle=sampler is None, generator=generator)  # fmt: skip
+
+    train_loader = loader(config.batch_size)
     test_loader = DataLoader(test_set, batch_size=256) if test_set is not None else None
     history = History()
     saver = ckpt_lib.CheckpointConfig.of(checkpoint)
@@ -259,12 +276,20 @@ def fit(
         resume = ckpt_lib.resume_run(resume_from, net, optimizer, config, generator, sampler,
                                      history, comm=comm)  # fmt: skip
     first_epoch = resume["epochs_done"] + 1 if resume is not None else 1
+    schedule, steps_per_epoch = config.lr_schedule, len(train_loader)
+    if schedule is not None:
+        schedule.check(config.num_epochs, steps_per_epoch)
+        # The schedule scales with the run's global batch: a data-parallel rank's sampler
+        # knows it (each rank trains on global / world size); one process's is its own.
+        global_batch = getattr(sampler, "global_batch", None) or config.batch_size
     bar = tqdm(
         range(first_epoch, config.num_epochs + 1), desc="epoch", disable=not progress, leave=True
     )
     for epoch in bar:
         if hasattr(sampler, "set_epoch"):
             sampler.set_epoch(epoch - 1)
+        if config.batch_schedule is not None:  # a larger batch instead of a smaller lr
+            train_loader = loader(config.batch_size * config.batch_schedule.factor_at(epoch))
         net.train()
         start, seen, total_loss = time.perf_counter(), 0, 0.0
         # A mid-epoch checkpoint keeps the loader's generator as the epoch began: a resumed run
@@ -281,6 +306,11 @@ def fit(
             loss, _ = compute_gradients(net, X, y, loss_fn)
             if grad_hook is not None:
                 grad_hook(net)
+            if schedule is not None:
+                lr = schedule.lr_at((epoch - 1) * steps_per_epoch + step, base_lr=config.lr,
+                                    batch_size=global_batch, steps_per_epoch=steps_per_epoch)  # fmt: skip
+                for group in optimizer.param_groups:
+                    group["lr"] = lr
             optimizer.step()
             if device.type == "cuda":
                 torch.cuda.synchronize()  # GPU work is asynchronous: wait before reading a clock

@@ -1,0 +1,132 @@
+"""Lecture 12: LARS and LAMB against a reference written independently in NumPy from the papers.
+
+The reference works in float64 on a list of arrays, one per layer, with the papers' variable
+names (You et al. 2017, Algorithm 1; You et al. 2019, Algorithm 2); the torch optimisers must
+give the same weights after several steps on random inputs, within float32 rounding.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from course_lib.training.layerwise import LAMB, LARS
+
+SHAPES = [(5, 7), (7,), (3, 4, 2), (1,)]
+STEPS = 6
+
+
+def lars_reference(ws, grads, lr, m, beta, eta):
+    """You et al. 2017, Algorithm 1, in NumPy: one list of per-layer arrays per step's gradients."""
+    ws, vs = [w.copy() for w in ws], [np.zeros_like(w) for w in ws]
+    for step_grads in grads:
+        for layer, g in enumerate(step_grads):
+            w = ws[layer]
+            wn, gn = np.sqrt(np.sum(w * w)), np.sqrt(np.sum(g * g))
+            local_lr = eta * wn / (gn + beta * wn) if wn > 0 and gn > 0 else eta
+            vs[layer] = m * vs[layer] + lr * local_lr * (g + beta * w)
+            ws[layer] = w - vs[layer]
+    return ws
+
+
+def lamb_reference(ws, grads, lr, b1, b2, eps, lam):
+    """You et al. 2019, Algorithm 2 (phi = identity), in NumPy."""
+    ws = [w.copy() for w in ws]
+    ms, vs = [np.zeros_like(w) for w in ws], [np.zeros_like(w) for w in ws]
+    for t, step_grads in enumerate(grads, start=1):
+        for i, g in enumerate(step_grads):
+            ms[i] = b1 * ms[i] + (1 - b1) * g
+            vs[i] = b2 * vs[i] + (1 - b2) * g**2
+            m_hat, v_hat = ms[i] / (1 - b1**t), vs[i] / (1 - b2**t)
+            r = m_hat / (np.sqrt(v_hat) + eps)
+            x = ws[i]
+            u = r + lam * x
+            xn, un = np.linalg.norm(x.ravel()), np.linalg.norm(u.ravel())
+            ws[i] = x - lr * (xn / un if xn > 0 and un > 0 else 1.0) * u
+    return ws
+
+
+def _random_problem(seed):
+    rng = np.random.default_rng(seed)
+    ws = [rng.normal(size=s).astype(np.float32) for s in SHAPES]
+    ws[1][:] = 0  # a bias initialised at zero: its trust ratio is undefined, taken as 1
+    grads = [[(rng.normal(size=s) * rng.uniform(0.01, 10)).astype(np.float32) for s in SHAPES]
+             for _ in range(STEPS)]  # fmt: skip
+    return ws, grads
+
+
+def _run_torch(make, ws, grads):
+    params = [torch.nn.Parameter(torch.from_numpy(w.copy())) for w in ws]
+    optimizer = make(params)
+    for step_grads in grads:
+        for p, g in zip(params, step_grads, strict=True):
+            p.grad = torch.from_numpy(g.copy())
+        optimizer.step()
+    return [p.detach().numpy() for p in params]
+
+
+def _assert_close(got, want):
+    for g, w in zip(got, want, strict=True):
+        np.testing.assert_allclose(g, w, rtol=2e-5, atol=2e-6)
+
+
+@pytest.mark.parametrize("seed", range(4))
+@pytest.mark.parametrize("momentum, weight_decay", [(0.9, 5e-4), (0.0, 0.0), (0.5, 0.1)])
+def test_lars_equals_the_numpy_reference(seed, momentum, weight_decay):
+    ws, grads = _random_problem(seed)
+    settings = {"lr": 2.0, "momentum": momentum, "weight_decay": weight_decay,
+                "trust_coefficient": 0.01}  # fmt: skip
+    got = _run_torch(lambda p: LARS(p, **settings), ws, grads)
+    want = lars_reference([w.astype(np.float64) for w in ws],
+                          [[g.astype(np.float64) for g in s] for s in grads], lr=2.0, m=momentum,
+                          beta=weight_decay, eta=0.01)  # fmt: skip
+    _assert_close(got, want)
+    assert not np.allclose(got[0], ws[0], atol=1e-3)  # the weights did move
+
+
+@pytest.mark.parametrize("seed", range(4))
+@pytest.mark.parametrize("betas, weight_decay", [((0.9, 0.999), 0.01), ((0.5, 0.9), 0.0)])
+def test_lamb_equals_the_numpy_reference(seed, betas, weight_decay):
+    ws, grads = _random_problem(seed)
+    got = _run_torch(lambda p: LAMB(p, lr=0.05, betas=betas, eps=1e-6, weight_decay=weight_decay),
+                     ws, grads)  # fmt: skip
+    want = lamb_reference([w.astype(np.float64) for w in ws],
+                          [[g.astype(np.float64) for g in s] for s in grads], lr=0.05, b1=betas[0],
+                          b2=betas[1], eps=1e-6, lam=weight_decay)  # fmt: skip
+    _assert_close(got, want)
+    assert not np.allclose(got[0], ws[0], atol=1e-3)
+
+
+def test_the_trust_ratio_makes_the_step_relative_to_the_weight():
+    """Scaling a layer's weights and gradient by 1000 scales its LAMB step by 1000 too."""
+    for scale in (1.0, 1000.0):
+        p = torch.nn.Parameter(torch.full((4,), scale))
+        p.grad = torch.tensor([1.0, -2.0, 3.0, 0.5]) * scale
+        LAMB([p], lr=0.01).step()
+        relative = torch.linalg.vector_norm(p.detach() - scale) / (2 * scale)
+        assert relative.item() == pytest.approx(0.01, rel=1e-5)  # lr * ||w||, whatever the scale
+
+
+def test_a_parameter_without_gradient_is_left_alone():
+    a, b = torch.nn.Parameter(torch.ones(3)), torch.nn.Parameter(torch.ones(3))
+    a.grad = torch.ones(3)
+    for optimizer in (LARS([a, b], lr=1.0), LAMB([a, b], lr=0.1)):
+        optimizer.step()
+    assert torch.equal(b, torch.ones(3)) and not torch.equal(a, torch.ones(3))
+
+
+@pytest.mark.parametrize(
+    "make, match",
+    [(lambda p: LARS(p, lr=0.0), "lr must be"),
+     (lambda p: LARS(p, lr=1.0, momentum=1.0), "momentum must be in"),
+     (lambda p: LARS(p, lr=1.0, weight_decay=-1e-4), "weight_decay must be"),
+     (lambda p: LARS(p, lr=1.0, trust_coefficient=0.0), "trust_coefficient.*0.001"),
+     (lambda p: LAMB(p, lr=-1.0), "lr must be"),
+     (lambda p: LAMB(p, betas=(0.9, 1.0)), r"betas\[1\]"),
+     (lambda p: LAMB(p, betas=(0.9,)), "two numbers"),
+     (lambda p: LAMB(p, eps=0.0), "eps must be")],
+)  # fmt: skip
+def test_bad_settings_are_refused_with_advice(make, match):
+    with pytest.raises(ValueError, match=match):
+        make([torch.nn.Parameter(torch.ones(2))])
