@@ -4,7 +4,7 @@
   free from the allreduce a data-parallel step already does, and its one-process reference.
 
 The learning-rate schedule (linear scaling with warm-up) and the LARS / LAMB optimisers live
-with the training loop, in :mod:`course_lib.training`, which every rank runs.
+with the training loop, in :mod:`course_lib.training.loop`, which every rank runs.
 """
 
 __all__: list[str] = []
