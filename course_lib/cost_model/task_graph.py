@@ -1,0 +1,257 @@
+"""Lecture 13: A strategy as a task graph: compute tasks on workers, transfers on links (source 003).
+
+FlexFlow's execution simulator turns (operator graph, strategy) into tasks, each on one device:
+a forward or backward shard on a worker, or one message on a directed link ``(src, dst)`` (a link
+is a device that carries one transfer at a time, costed ``alpha + n beta`` by the kit's
+:class:`~course_lib.cost_model.alpha_beta.LinkModel`). Between two operators, each worker's needed
+input box is cut out of the boxes the producer's workers hold; what is not local travels (and in
+the backward pass the gradients travel back, summed where several workers used the same input).
+Collectives are expanded into their point-to-point messages: a ring allreduce over N workers is
+2(N-1) steps of N messages of S/N bytes (weight gradients of split-by-sample operators, the
+partial sums of a row-parallel layer, the input gradient of a column layer fed by a replicated
+one). The graph is built in segments (an operator's tasks, an edge's transfers), cached by the
+configurations they depend on, so a strategy that differs in one operator rebuilds only its
+neighbourhood: the first half of the delta simulation.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from course_lib.cost_model.alpha_beta import LinkModel
+from course_lib.cost_model.configs import ParallelConfig, check_strategy, in_boxes, out_boxes
+from course_lib.cost_model.operators import BYTES, Operator, OperatorGraph
+
+__all__ = ["LABEL_BYTES", "Task", "TaskGraphBuilder", "ring_allreduce_tasks"]
+
+LABEL_BYTES = 8  # int64 class labels
+
+
+@dataclass(frozen=True)
+class Task:
+    """One task: ``device`` is ``("worker", k)`` or ``("link", src, dst)``; runs after ``preds``.
+
+    ``nbytes`` is a transfer's payload; ``memory`` the activation bytes a compute task allocates
+    (forward, positive) or frees (backward, negative) on its worker when it ends.
+    """
+
+    id: str
+    device: tuple
+    seconds: float
+    preds: tuple[str, ...] = ()
+    nbytes: float = 0.0
+    memory: float = 0.0
+
+
+def _volume(a, b) -> int:
+    v = 1
+    for (a0, a1), (b0, b1) in zip(a, b, strict=True):
+        v *= max(0, min(a1, b1) - max(a0, b0))
+        if not v:
+            return 0
+    return v
+
+
+def _message(tid, src, dst, nbytes, preds, link: LinkModel, reduce=False) -> Task:
+    seconds = link.alpha + nbytes * link.beta + (nbytes * link.gamma if reduce else 0.0)
+    return Task(tid, ("link", src, dst), seconds, tuple(preds), float(nbytes))
+
+
+def ring_allreduce_tasks(tag: str, devices, nbytes: float, start: dict, link: LinkModel):
+    """Return (tasks, done) of a ring allreduce of ``nbytes`` over ``devices``.
+
+    Step s (0 .. 2(N-1)-1) sends one chunk of ``nbytes / N`` from each ``devices[i]`` to
+    ``devices[i+1]``, after what ``devices[i]`` received in step s-1; the first N-1 steps
+    reduce (reduce-scatter), the rest copy (all-gather). ``start[d]``: tasks after which worker
+    ``d``'s buffer is ready; ``done[d]``: tasks after which it holds the sum.
+    """
+    n = len(devices)
+    if n == 1:
+        return [], {devices[0]: list(start[devices[0]])}
+    tasks, chunk = [], nbytes / n
+    ids = [[f"{tag}s{s}:{devices[i]}>{devices[(i + 1) % n]}" for i in range(n)]
+           for s in range(2 * (n - 1))]  # fmt: skip
+    for s in range(2 * (n - 1)):
+        for i, d in enumerate(devices):
+            preds = list(start[d]) + ([ids[s - 1][(i - 1) % n]] if s else [])
+            tasks.append(_message(ids[s][i], d, devices[(i + 1) % n], chunk, preds, link,
+                                  reduce=s < n - 1))  # fmt: skip
+    last = ids[-1]
+    return tasks, {d: [last[(i - 1) % n]] for i, d in enumerate(devices)}
+
+
+def _fid(i, d):
+    return f"{i:03d}F{d}"
+
+
+def _bid(i, d):
+    return f"{i:03d}B{d}"
+
+
+class TaskGraphBuilder:
+    """Build the task graph of any strategy for ``graph`` on ``world_size`` workers.
+
+    ``costs(op, cfg, batch) -> (forward s, backward s)`` of one worker's shard (a
+    :class:`~course_lib.cost_model.op_costs.MeasuredCosts` or ``FlopsCosts``); ``link`` the model
+    of every link. Segments are cached by the configurations they depend on.
+    """
+
+    def __init__(self, graph: OperatorGraph, world_size: int, costs, link: LinkModel) -> None:
+        if world_size < 1:
+            raise ValueError(f"world_size must be >= 1, got {world_size}")
+        self.graph, self.world_size, self.costs, self.link = graph, world_size, costs, link
+        self._edges: dict = {}
+        self._nodes: dict = {}
+        self._costs: dict = {}
+
+    # -- edges: op i-1 (or the input, i = 0) -> op i ------------------------------------------
+    def _producer(self, i: int, strategy) -> tuple[list, Callable]:
+        """Return the producer's ``(worker, box)`` list and ``ready(worker) -> task ids``."""
+        g = self.graph
+        if i == 0:  # every worker loads its own samples: the input is split by samples over all
+            cfg = ParallelConfig("sample", tuple(range(self.world_size)))
+            in_op = Operator("input", "input", (), g.input_shape, 0, 0.0)
+            return out_boxes(in_op, cfg, g.batch), lambda d: []
+        op, cfg = g.ops[i - 1], strategy[i - 1]
+        if cfg.split == "row" and cfg.degree > 1:  # the output exists after the allreduce
+            n, devs = cfg.degree, cfg.devices
+            last = {d: f"{i - 1:03d}Ys{2 * n - 3}:{devs[(k - 1) % n]}>{d}" for k, d in enumerate(devs)}
+            return out_boxes(op, cfg, g.batch), lambda d: [last[d]]
+        return out_boxes(op, cfg, g.batch), lambda d: [_fid(i - 1, d)]
+
+    def _edge(self, i: int, strategy):
+        key = (i, strategy[i - 1] if i else None, strategy[i])
+        if key in self._edges:
+            return self._edges[key]
+        g, link = self.graph, self.link
+        op, cfg = g.ops[i], strategy[i]
+        produced, ready = self._producer(i, strategy)
+        holders = defaultdict(list)
+        for d, box in produced:
+            holders[box].append(d)
+        needs = in_boxes(op, cfg, g.batch)
+        tasks, fwd_ready, bwd_ready = [], defaultdict(list), defaultdict(list)
+        sends = defaultdict(float)  # (src, dst) -> bytes, one message per pair and direction
+        for j, (c, need) in enumerate(needs):
+            for box, hs in holders.items():
+                v = _volume(need, box)
+                if not v:
+                    continue
+                if c in hs:
+                    fwd_ready[c] += ready(c)
+                else:
+                    sends[(hs[j % len(hs)], c)] += BYTES * v
+        for (src, dst), nbytes in sorted(sends.items()):
+            tid = f"{i:03d}xf:{src}>{dst}"
+            tasks.append(_message(tid, src, dst, nbytes, ready(src), link))
+            fwd_ready[dst].append(tid)
+        if i > 0:
+            tasks += self._backward(i, cfg, holders, needs, bwd_ready)
+        result = (tasks, {d: sorted(set(v)) for d, v in fwd_ready.items()},
+                  {d: sorted(set(v)) for d, v in bwd_ready.items()})  # fmt: skip
+        self._edges[key] = result
+        return result
+
+    def _backward(self, i, cfg, holders, needs, bwd_ready) -> list[Task]:
+        """Return the transfers that bring op i's input gradients back to op i-1's workers."""
+        devs, link = cfg.devices, self.link
+        full = all(_volume(need, box) == _volume(box, box) for box in holders for _, need in needs)
+        if (len(holders) == 1 and cfg.split != "replicate" and full and cfg.degree > 1
+                and set(next(iter(holders.values()))) == set(devs)):  # fmt: skip
+            # replicated producer, every consumer used all of it: sum the partial gradients
+            nbytes = BYTES * _volume(*(2 * [next(iter(holders))]))
+            tasks, done = ring_allreduce_tasks(f"{i:03d}E", devs, nbytes,
+                                               {d: [_bid(i, d)] for d in devs}, link)  # fmt: skip
+            for d in devs:
+                bwd_ready[d] += done[d]
+            return tasks
+        sends = defaultdict(float)
+        for box, hs in holders.items():
+            for h in hs:
+                if cfg.split == "replicate":  # identical whole gradients: take one copy
+                    if h in devs:
+                        bwd_ready[h].append(_bid(i, h))
+                    else:
+                        sends[(devs[h % len(devs)], h)] += BYTES * _volume(needs[0][1], box)
+                    continue
+                for c, need in needs:  # partial or disjoint gradients: every piece, summed at h
+                    v = _volume(need, box)
+                    if v and c == h:
+                        bwd_ready[h].append(_bid(i, h))
+                    elif v:
+                        sends[(c, h)] += BYTES * v
+        tasks = []
+        for (src, dst), nbytes in sorted(sends.items()):
+            tid = f"{i:03d}xb:{src}>{dst}"
+            tasks.append(_message(tid, src, dst, nbytes, [_bid(i, src)], link))
+            bwd_ready[dst].append(tid)
+        return tasks
+
+    # -- nodes: one operator's compute tasks, its own collectives, labels for the loss ---------
+    def _cost(self, i: int, cfg: ParallelConfig) -> tuple[float, float]:
+        if (i, cfg) not in self._costs:
+            self._costs[(i, cfg)] = self.costs(self.graph.ops[i], cfg, self.graph.batch)
+        return self._costs[(i, cfg)]
+
+    def _node(self, i: int, strategy):
+        last = len(self.graph.ops) - 1
+        key = (i, strategy[i - 1] if i else None, strategy[i], strategy[i + 1] if i < last else None)
+        if key in self._nodes:
+            return self._nodes[key]
+        g, link, cfg, op = self.graph, self.link, strategy[i], self.graph.ops[i]
+        _, fwd_ready, _ = self._edge(i, strategy)
+        bwd_ready = self._edge(i + 1, strategy)[2] if i < last else {}
+        fwd, bwd = self._cost(i, cfg)
+        tasks, label_ready = [], defaultdict(list)
+        if op.kind == "loss":  # labels come from the workers that loaded each sample
+            n_all = self.world_size
+            for j, (d, need) in enumerate(in_boxes(op, cfg, g.batch)):
+                for k in range(n_all):
+                    rows = max(0, min(need[0][1], (k + 1) * g.batch // n_all)
+                               - max(need[0][0], k * g.batch // n_all))  # fmt: skip
+                    if rows and k != d:
+                        tid = f"{i:03d}l:{k}>{d}"
+                        tasks.append(_message(tid, k, d, LABEL_BYTES * rows, [], link))
+                        label_ready[d].append(tid)
+        held = {d: BYTES * _volume(b, b) for d, b in out_boxes(op, cfg, g.batch)}
+        for d in cfg.devices:
+            preds = fwd_ready.get(d, []) + label_ready[d]
+            tasks.append(Task(_fid(i, d), ("worker", d), fwd, tuple(preds), memory=held[d]))
+        if cfg.split == "row" and cfg.degree > 1:
+            more, _ = ring_allreduce_tasks(f"{i:03d}Y", cfg.devices, op.out_bytes(g.batch),
+                                           {d: [_fid(i, d)] for d in cfg.devices}, link)  # fmt: skip
+            tasks += more
+        for d in cfg.devices:
+            preds = [_fid(i, d)] + list(bwd_ready.get(d, []))
+            tasks.append(Task(_bid(i, d), ("worker", d), bwd, tuple(preds), memory=-held[d]))
+        if op.has_params and cfg.split in ("sample", "attribute") and cfg.degree > 1:
+            more, _ = ring_allreduce_tasks(f"{i:03d}G", cfg.devices, BYTES * op.params,
+                                           {d: [_bid(i, d)] for d in cfg.devices}, link)  # fmt: skip
+            tasks += more
+        self._nodes[key] = tasks
+        return tasks
+
+    def build(self, strategy: tuple[ParallelConfig, ...], check: bool = True) -> dict[str, Task]:
+        """Return the tasks of ``strategy`` by id (segments reused from earlier builds)."""
+        if check:
+            check_strategy(self.graph, strategy, self.world_size)
+        tasks = {}
+        for i in range(len(self.graph.ops)):
+            for t in self._edge(i, strategy)[0] + self._node(i, strategy):
+                tasks[t.id] = t
+        return tasks
+
+    def param_bytes(self, strategy) -> dict[int, float]:
+        """Return the parameter bytes each worker holds under ``strategy`` (weights only)."""
+        out = defaultdict(float)
+        for op, cfg in zip(self.graph.ops, strategy, strict=True):
+            for d in cfg.devices:
+                if cfg.split == "row" and op.kind == "linear":
+                    out[d] += BYTES * (op.in_shape[0] // cfg.degree * op.out_shape[0] + op.out_shape[0])
+                elif cfg.split == "column" and op.has_params:
+                    out[d] += BYTES * op.params / cfg.degree
+                else:
+                    out[d] += BYTES * op.params
+        return dict(out)
