@@ -81,9 +81,13 @@ def check_config(op: Operator, cfg: ParallelConfig, batch: int, world_size: int)
     if split == "row" and op.kind != "linear":
         raise ValueError(f"{op.name}: a row split cuts a linear layer's inputs, not a {op.kind}; "
                          "use column, sample or replicate")  # fmt: skip
-    if split == "column" and (op.kind == "loss" or (op.kind == "flatten" and len(op.in_shape) != 3)):
+    if split == "column" and (
+        op.kind == "loss" or (op.kind == "flatten" and len(op.in_shape) != 3)
+    ):
         raise ValueError(f"{op.name}: a {op.kind} has no columns to split; use sample or replicate")
-    if split == "attribute" and (op.kind not in ("conv2d", "maxpool", "relu") or len(op.out_shape) != 3):
+    if split == "attribute" and (
+        op.kind not in ("conv2d", "maxpool", "relu") or len(op.out_shape) != 3
+    ):
         raise ValueError(f"{op.name}: an attribute (height) split needs an image operator "
                          f"(conv2d, maxpool, relu on images), not {op.kind}; use sample")  # fmt: skip
     if split == "sample" and batch % n:
@@ -136,7 +140,9 @@ def in_boxes(op: Operator, cfg: ParallelConfig, batch: int) -> list[tuple[int, B
         box = _full(batch, op.in_shape)
         if cfg.split == "sample":
             box[0] = _part(batch, n, j)
-        elif cfg.split == "row" or (cfg.split == "column" and op.kind in ("relu", "maxpool", "flatten")):
+        elif cfg.split == "row" or (
+            cfg.split == "column" and op.kind in ("relu", "maxpool", "flatten")
+        ):
             box[1] = _part(op.in_shape[0], n, j)  # elementwise by channel: own channels only
         elif cfg.split == "attribute":
             o0, o1 = _part(op.out_shape[1], n, j)

@@ -94,9 +94,11 @@ def _next(kind: str, args: tuple, shape: tuple[int, ...], name: str) -> Operator
     """Return the operator of one layer tuple applied to per-sample ``shape``."""
     if kind == "conv2d":
         if len(shape) != 3:
-            raise ValueError(f"{name}: conv2d needs a (C, H, W) input, got {shape}; drop the flatten")
+            raise ValueError(
+                f"{name}: conv2d needs a (C, H, W) input, got {shape}; drop the flatten"
+            )
         c_out, k, p, s = args
-        (c, h, w), hh = shape, _window(shape[1], k, p, s, name)
+        (c, _, w), hh = shape, _window(shape[1], k, p, s, name)
         out = (c_out, hh, _window(w, k, p, s, name))
         params = c_out * c * k * k + c_out
         return Operator(name, kind, shape, out, params, 2.0 * c * k * k * _prod(out), (k, p, s))

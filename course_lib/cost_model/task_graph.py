@@ -117,7 +117,9 @@ class TaskGraphBuilder:
         op, cfg = g.ops[i - 1], strategy[i - 1]
         if cfg.split == "row" and cfg.degree > 1:  # the output exists after the allreduce
             n, devs = cfg.degree, cfg.devices
-            last = {d: f"{i - 1:03d}Ys{2 * n - 3}:{devs[(k - 1) % n]}>{d}" for k, d in enumerate(devs)}
+            last = {
+                d: f"{i - 1:03d}Ys{2 * n - 3}:{devs[(k - 1) % n]}>{d}" for k, d in enumerate(devs)
+            }
             return out_boxes(op, cfg, g.batch), lambda d: [last[d]]
         return out_boxes(op, cfg, g.batch), lambda d: [_fid(i - 1, d)]
 
@@ -197,7 +199,12 @@ class TaskGraphBuilder:
 
     def _node(self, i: int, strategy):
         last = len(self.graph.ops) - 1
-        key = (i, strategy[i - 1] if i else None, strategy[i], strategy[i + 1] if i < last else None)
+        key = (
+            i,
+            strategy[i - 1] if i else None,
+            strategy[i],
+            strategy[i + 1] if i < last else None,
+        )
         if key in self._nodes:
             return self._nodes[key]
         g, link, cfg, op = self.graph, self.link, strategy[i], self.graph.ops[i]
@@ -207,7 +214,7 @@ class TaskGraphBuilder:
         tasks, label_ready = [], defaultdict(list)
         if op.kind == "loss":  # labels come from the workers that loaded each sample
             n_all = self.world_size
-            for j, (d, need) in enumerate(in_boxes(op, cfg, g.batch)):
+            for d, need in in_boxes(op, cfg, g.batch):
                 for k in range(n_all):
                     rows = max(0, min(need[0][1], (k + 1) * g.batch // n_all)
                                - max(need[0][0], k * g.batch // n_all))  # fmt: skip
@@ -249,7 +256,9 @@ class TaskGraphBuilder:
         for op, cfg in zip(self.graph.ops, strategy, strict=True):
             for d in cfg.devices:
                 if cfg.split == "row" and op.kind == "linear":
-                    out[d] += BYTES * (op.in_shape[0] // cfg.degree * op.out_shape[0] + op.out_shape[0])
+                    out[d] += BYTES * (
+                        op.in_shape[0] // cfg.degree * op.out_shape[0] + op.out_shape[0]
+                    )
                 elif cfg.split == "column" and op.has_params:
                     out[d] += BYTES * op.params / cfg.degree
                 else:
