@@ -44,12 +44,12 @@ class FlopsCosts:
         return fwd, self.backward_ratio * fwd
 
 
-def machine_description() -> str:
+def machine_description(threads: int) -> str:
     """Return what makes a time measured here valid: CPU, cores, torch version and threads."""
     import torch
 
     return (f"{platform.machine()} {platform.processor() or platform.system()} "
-            f"cpus={os.cpu_count()} torch={torch.__version__} threads={torch.get_num_threads()}")  # fmt: skip
+            f"cpus={os.cpu_count()} torch={torch.__version__} threads={threads}")  # fmt: skip
 
 
 def shard_signature(op: Operator, cfg: ParallelConfig, batch: int) -> tuple:
@@ -78,24 +78,29 @@ def _layer(kind: str, in_shape: tuple, width: int, attrs: tuple):
     return lambda x: torch.nn.functional.cross_entropy(x, torch.zeros(len(x), dtype=torch.long))
 
 
-def _time(signature: tuple, repeats: int) -> tuple[float, float]:
-    """Return median (forward, backward) seconds of one shard, after one warm-up run."""
+def _time(signature: tuple, repeats: int, threads: int) -> tuple[float, float]:
+    """Return median (forward, backward) seconds of one shard on ``threads``, after 2 warm-ups."""
     import torch
 
     kind, batch, in_shape, width, attrs = signature
     layer = _layer(kind, in_shape, width, attrs)
     X = torch.randn(batch, *in_shape, requires_grad=True)
     fwd, bwd = [], []
-    for rep in range(repeats + 1):  # the first run allocates buffers and picks kernels
-        t0 = time.perf_counter()
-        out = layer(X)
-        t1 = time.perf_counter()
-        out.backward(torch.ones_like(out))
-        t2 = time.perf_counter()
-        X.grad = None
-        if rep:
-            fwd.append(t1 - t0)
-            bwd.append(t2 - t1)
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        for rep in range(repeats + 2):  # warm-ups allocate buffers and pick kernels
+            t0 = time.perf_counter()
+            out = layer(X)
+            t1 = time.perf_counter()
+            out.backward(torch.ones_like(out))
+            t2 = time.perf_counter()
+            X.grad = None
+            if rep >= 2:
+                fwd.append(t1 - t0)
+                bwd.append(t2 - t1)
+    finally:
+        torch.set_num_threads(before)
     return statistics.median(fwd), statistics.median(bwd)
 
 
@@ -104,14 +109,19 @@ class MeasuredCosts:
 
     ``path`` defaults to ``datasets/cache/op_costs.json``; entries are keyed by
     :func:`machine_description`, so a cache copied from another machine is not trusted.
-    ``measured`` counts the shards this object timed (the others came from the cache).
+    ``threads``: torch threads while timing, 1 by default as on the kit's local engines (two
+    cores shared by two engines); also steadier on a loaded machine. ``measured`` counts the
+    shards this object timed (the others came from the cache).
     """
 
-    def __init__(self, path: str | os.PathLike | None = None, repeats: int = 5) -> None:
-        if repeats < 1:
-            raise ValueError(f"repeats must be >= 1, got {repeats}")
+    def __init__(
+        self, path: str | os.PathLike | None = None, repeats: int = 7, threads: int = 1
+    ) -> None:
+        if repeats < 1 or threads < 1:
+            raise ValueError(f"need repeats >= 1 and threads >= 1, got {repeats}, {threads}")
         self.path = Path(path) if path else cache_dir() / "op_costs.json"
-        self.repeats, self.machine, self.measured = repeats, machine_description(), 0
+        self.repeats, self.threads = repeats, threads
+        self.machine, self.measured = machine_description(threads), 0
         self._table = json.loads(self.path.read_text()) if self.path.exists() else {}
 
     def __call__(self, op: Operator, cfg: ParallelConfig, batch: int) -> tuple[float, float]:
@@ -122,7 +132,7 @@ class MeasuredCosts:
         key = repr(signature)
         mine = self._table.setdefault(self.machine, {})
         if key not in mine:
-            mine[key] = list(_time(signature, self.repeats))
+            mine[key] = list(_time(signature, self.repeats, self.threads))
             self.measured += 1
             atomic_write_bytes(self.path, json.dumps(self._table, indent=1).encode())
         fwd, bwd = mine[key]
