@@ -12,8 +12,9 @@
    PREDICTION: AlexNet's graph, 128 images per GPU, per-operator costs from FLOPs at 1.5 TFLOP/s
    per GPU (a K20's 3.5 TFLOP/s peak at about 43 % efficiency, which puts one GPU's step at
    0.37 s, near the paper's 98 h for 90 epochs on one GPU), links of 6 GB/s and 10 us (PCIe
-   peer-to-peer); speed-up of the hybrid and of pure data parallelism, with the error against
-   the paper's figures.
+   peer-to-peer), either every pair of GPUs its own link or one shared bus (one transfer at a
+   time: GPUs behind one PCIe switch); speed-up of the hybrid and of pure data parallelism,
+   with the error against the paper's figures.
 
     .venv/bin/python bench/bench_simulator.py            # everything (a few minutes on 2 cores)
     .venv/bin/python bench/bench_simulator.py --no-engines  # skip the real-engine run
@@ -32,6 +33,7 @@ from course_lib.cost_model.op_costs import FlopsCosts, MeasuredCosts
 from course_lib.cost_model.operators import alexnet_layers, build_graph
 from course_lib.cost_model.search import mcmc, search_space
 from course_lib.cost_model.simulator import Simulator
+from course_lib.cost_model.task_graph import Network
 from course_lib.training.operator_graphs import kit_graph
 
 BATCH = 64
@@ -114,10 +116,11 @@ def search_table(seconds: float) -> None:
         )
 
 
-def weird_trick_table() -> None:
+def weird_trick_table(topology: str) -> None:
     """Print the predicted AlexNet speed-ups (hybrid, pure DP) beside the paper's."""
-    link, rate = LinkModel(alpha=10e-6, beta=1 / 6e9), 1.5e12
+    link, rate = Network(LinkModel(alpha=10e-6, beta=1 / 6e9), topology), 1.5e12
     base = {}
+    print(f"  links: {topology}")
     print(
         f"  {'GPUs':>4s} {'hybrid (pred.)':>14s} {'DP (pred.)':>10s} {'paper':>6s} {'hybrid err':>10s}"
     )
@@ -155,7 +158,8 @@ def main() -> None:
     )
     search_table(args.search_seconds)
     print("\nAlexNet, one weird trick: PREDICTED speed-ups (weak scaling, 128 images per GPU):")
-    weird_trick_table()
+    for topology in ("pairs", "bus"):
+        weird_trick_table(topology)
 
 
 if __name__ == "__main__":

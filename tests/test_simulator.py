@@ -25,7 +25,7 @@ from course_lib.cost_model.op_costs import FlopsCosts, MeasuredCosts
 from course_lib.cost_model.operators import alexnet_layers, build_graph
 from course_lib.cost_model.search import search_space
 from course_lib.cost_model.simulator import Simulator, simulate, simulate_delta
-from course_lib.cost_model.task_graph import Task, ring_allreduce_tasks
+from course_lib.cost_model.task_graph import Network, Task, ring_allreduce_tasks
 from course_lib.parallel.model_parallel.hybrid import data_parallel_bytes, hybrid_bytes, layer_sizes
 from course_lib.training.models import MLP, LeNet, SmallCNN, param_count
 from course_lib.training.operator_graphs import graph_of, kit_graph
@@ -116,6 +116,23 @@ def test_ring_allreduce_expands_into_its_messages_and_takes_the_formulas_time(wo
     sim = simulate({t.id: t for t in tasks})
     assert sim.step_time == pytest.approx(predict("ring_allreduce", nbytes, world_size, LINK))
     assert set(done) == set(devices)
+
+
+@pytest.mark.parametrize("topology", ["pairs", "nic", "bus"])
+def test_the_topology_says_which_messages_share_a_wire(topology):
+    world_size, nbytes = 4, 4e6
+    devices = tuple(range(world_size))
+    net = Network(LINK, topology)
+    tasks, _ = ring_allreduce_tasks("r", devices, nbytes, {d: [] for d in devices}, net)
+    one = LINK.alpha + nbytes / world_size * LINK.beta
+    steps = 2 * (world_size - 1)
+    # a ring sends one message per worker per step: only a shared bus serialises them
+    expected = steps * one * (world_size if topology == "bus" else 1)
+    assert simulate({t.id: t for t in tasks}).step_time == pytest.approx(expected)
+    fan_out = {
+        t.id: t for t in [Task("a", net.device(0, 1), one), Task("b", net.device(0, 2), one)]
+    }
+    assert simulate(fan_out).step_time == pytest.approx(one if topology == "pairs" else 2 * one)
 
 
 def test_halo_exchange_of_an_attribute_split_sends_one_row_each_way():

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from course_lib.cost_model.alpha_beta import LinkModel
 from course_lib.cost_model.configs import ParallelConfig
 from course_lib.cost_model.operators import OperatorGraph
-from course_lib.cost_model.task_graph import Task, TaskGraphBuilder
+from course_lib.cost_model.task_graph import Network, Task, TaskGraphBuilder
 
 __all__ = ["Simulation", "Simulator", "simulate", "simulate_delta"]
 
@@ -57,7 +57,7 @@ class Simulation:
         out = defaultdict(float)
         for t in self.tasks.values():
             if t.device[0] == "link":
-                out[t.device[1]] += t.nbytes
+                out[t.src] += t.nbytes
         return dict(out)
 
     def peak_memory(self) -> dict[int, float]:
@@ -145,9 +145,15 @@ def simulate_delta(old: Simulation, tasks: dict[str, Task]) -> Simulation:
 
 
 class Simulator:
-    """Predict step times of strategies for ``graph`` on ``world_size`` workers (one link model)."""
+    """Predict step times of strategies for ``graph`` on ``world_size`` workers.
 
-    def __init__(self, graph: OperatorGraph, world_size: int, costs, link: LinkModel) -> None:
+    ``link``: one :class:`LinkModel` for every pair of workers, or a
+    :class:`~course_lib.cost_model.task_graph.Network` that also says what a message occupies.
+    """
+
+    def __init__(
+        self, graph: OperatorGraph, world_size: int, costs, link: LinkModel | Network
+    ) -> None:
         self.graph, self.world_size = graph, world_size
         self.builder = TaskGraphBuilder(graph, world_size, costs, link)
 

@@ -24,7 +24,14 @@ from course_lib.cost_model.alpha_beta import LinkModel
 from course_lib.cost_model.configs import ParallelConfig, check_strategy, in_boxes, out_boxes
 from course_lib.cost_model.operators import BYTES, Operator, OperatorGraph
 
-__all__ = ["LABEL_BYTES", "Task", "TaskGraphBuilder", "ring_allreduce_tasks"]
+__all__ = [
+    "LABEL_BYTES",
+    "TOPOLOGIES",
+    "Network",
+    "Task",
+    "TaskGraphBuilder",
+    "ring_allreduce_tasks",
+]
 
 LABEL_BYTES = 8  # int64 class labels
 
@@ -43,6 +50,7 @@ class Task:
     preds: tuple[str, ...] = ()
     nbytes: float = 0.0
     memory: float = 0.0
+    src: int = -1  # a transfer's sending worker
 
 
 def _volume(a, b) -> int:
@@ -54,12 +62,43 @@ def _volume(a, b) -> int:
     return v
 
 
-def _message(tid, src, dst, nbytes, preds, link: LinkModel, reduce=False) -> Task:
-    seconds = link.alpha + nbytes * link.beta + (nbytes * link.gamma if reduce else 0.0)
-    return Task(tid, ("link", src, dst), seconds, tuple(preds), float(nbytes))
+TOPOLOGIES = ("pairs", "nic", "bus")
 
 
-def ring_allreduce_tasks(tag: str, devices, nbytes: float, start: dict, link: LinkModel):
+@dataclass(frozen=True)
+class Network:
+    """The links' cost model and what a transfer occupies (``topology``).
+
+    ``pairs``: every directed pair of workers is its own link (a full-duplex switched network);
+    ``nic``: each worker sends one message at a time, whoever receives it (one network card);
+    ``bus``: one message at a time in the whole machine (a shared bus or hub).
+    """
+
+    model: LinkModel
+    topology: str = "pairs"
+
+    def __post_init__(self) -> None:
+        if self.topology not in TOPOLOGIES:
+            raise ValueError(f"unknown topology {self.topology!r}; choose one of {TOPOLOGIES}")
+
+    def device(self, src: int, dst: int) -> tuple:
+        """Return the device a message from ``src`` to ``dst`` occupies."""
+        if self.topology == "pairs":
+            return ("link", src, dst)
+        return ("link", src) if self.topology == "nic" else ("link", "bus")
+
+
+def _network(link: LinkModel | Network) -> Network:
+    return link if isinstance(link, Network) else Network(link)
+
+
+def _message(tid, src, dst, nbytes, preds, link: Network, reduce=False) -> Task:
+    m = link.model
+    seconds = m.alpha + nbytes * m.beta + (nbytes * m.gamma if reduce else 0.0)
+    return Task(tid, link.device(src, dst), seconds, tuple(preds), float(nbytes), src=src)
+
+
+def ring_allreduce_tasks(tag: str, devices, nbytes: float, start: dict, link: LinkModel | Network):
     """Return (tasks, done) of a ring allreduce of ``nbytes`` over ``devices``.
 
     Step s (0 .. 2(N-1)-1) sends one chunk of ``nbytes / N`` from each ``devices[i]`` to
@@ -67,7 +106,7 @@ def ring_allreduce_tasks(tag: str, devices, nbytes: float, start: dict, link: Li
     reduce (reduce-scatter), the rest copy (all-gather). ``start[d]``: tasks after which worker
     ``d``'s buffer is ready; ``done[d]``: tasks after which it holds the sum.
     """
-    n = len(devices)
+    n, link = len(devices), _network(link)
     if n == 1:
         return [], {devices[0]: list(start[devices[0]])}
     tasks, chunk = [], nbytes / n
@@ -95,13 +134,17 @@ class TaskGraphBuilder:
 
     ``costs(op, cfg, batch) -> (forward s, backward s)`` of one worker's shard (a
     :class:`~course_lib.cost_model.op_costs.MeasuredCosts` or ``FlopsCosts``); ``link`` the model
-    of every link. Segments are cached by the configurations they depend on.
+    of every link, or a :class:`Network` (model and topology). Segments are cached by the
+    configurations they depend on.
     """
 
-    def __init__(self, graph: OperatorGraph, world_size: int, costs, link: LinkModel) -> None:
+    def __init__(
+        self, graph: OperatorGraph, world_size: int, costs, link: LinkModel | Network
+    ) -> None:
         if world_size < 1:
             raise ValueError(f"world_size must be >= 1, got {world_size}")
-        self.graph, self.world_size, self.costs, self.link = graph, world_size, costs, link
+        self.graph, self.world_size, self.costs = graph, world_size, costs
+        self.link = _network(link)
         self._edges: dict = {}
         self._nodes: dict = {}
         self._costs: dict = {}
