@@ -105,6 +105,8 @@ def test_two_transfers_on_one_link_serialise_and_on_two_links_overlap():
                                Task("b", ("link", 1, 0), one, nbytes=1e6)]}  # fmt: skip
     assert simulate(same).step_time == pytest.approx(2 * one)
     assert simulate(apart).step_time == pytest.approx(one)
+    worker = {t.id: t for t in [Task("f", ("worker", 0), 0.5), Task("g", ("worker", 0), 0.25)]}
+    assert simulate(worker).step_time == pytest.approx(0.75)  # independent, yet one at a time
 
 
 @pytest.mark.parametrize("world_size", [2, 3, 4, 8])

@@ -54,11 +54,13 @@ class Task:
 
 
 def _volume(a, b) -> int:
+    """Return the number of elements in the intersection of boxes ``a`` and ``b``."""
     v = 1
-    for (a0, a1), (b0, b1) in zip(a, b, strict=True):
-        v *= max(0, min(a1, b1) - max(a0, b0))
-        if not v:
+    for (a0, a1), (b0, b1) in zip(a, b):
+        side = (a1 if a1 < b1 else b1) - (a0 if a0 > b0 else b0)
+        if side <= 0:
             return 0
+        v *= side
     return v
 
 
@@ -202,9 +204,9 @@ class TaskGraphBuilder:
     def _backward(self, i, cfg, holders, needs, bwd_ready) -> list[Task]:
         """Return the transfers that bring op i's input gradients back to op i-1's workers."""
         devs, link = cfg.devices, self.link
-        full = all(_volume(need, box) == _volume(box, box) for box in holders for _, need in needs)
-        if (len(holders) == 1 and cfg.split != "replicate" and full and cfg.degree > 1
-                and set(next(iter(holders.values()))) == set(devs)):  # fmt: skip
+        if (len(holders) == 1 and cfg.split != "replicate" and cfg.degree > 1
+                and set(next(iter(holders.values()))) == set(devs)
+                and all(need == next(iter(holders)) for _, need in needs)):  # fmt: skip
             # replicated producer, every consumer used all of it: sum the partial gradients
             nbytes = BYTES * _volume(*(2 * [next(iter(holders))]))
             tasks, done = ring_allreduce_tasks(f"{i:03d}E", devs, nbytes,
