@@ -34,6 +34,7 @@ __all__ = [
 ]
 
 LABEL_BYTES = 8  # int64 class labels
+CACHE_LIMIT = 50_000  # cached segments (a few MB) before the builder forgets them
 
 
 @dataclass(frozen=True)
@@ -56,7 +57,7 @@ class Task:
 def _volume(a, b) -> int:
     """Return the number of elements in the intersection of boxes ``a`` and ``b``."""
     v = 1
-    for (a0, a1), (b0, b1) in zip(a, b):
+    for (a0, a1), (b0, b1) in zip(a, b, strict=True):
         side = (a1 if a1 < b1 else b1) - (a0 if a0 > b0 else b0)
         if side <= 0:
             return 0
@@ -289,6 +290,9 @@ class TaskGraphBuilder:
         """Return the tasks of ``strategy`` by id (segments reused from earlier builds)."""
         if check:
             check_strategy(self.graph, strategy, self.world_size)
+        if len(self._nodes) + len(self._edges) > CACHE_LIMIT:  # a long search: start afresh
+            self._nodes.clear()
+            self._edges.clear()
         tasks = {}
         for i in range(len(self.graph.ops)):
             for t in self._edge(i, strategy)[0] + self._node(i, strategy):
