@@ -97,6 +97,19 @@ def test_a_chain_on_one_worker_takes_the_sum_of_its_costs():
     assert sim.peak_memory() == {0: pytest.approx(2 * 4 * graph.params + acts)}
 
 
+def test_the_hybrid_splits_the_dense_weights_and_data_parallelism_copies_them():
+    net, world_size = LeNet(num_classes=12), 4
+    graph = graph_of(net, (1, 8, 8), 32)
+    sim = sim_of(graph, world_size)
+    conv, (w0, w1, w2, w3) = layer_sizes(net)
+    column1, row2, column3 = (w0 * w1 + w1) / 4, w1 // 4 * w2 + w2, (w2 * w3 + w3) / 4
+    hybrid = sim.run(expert_hybrid(graph, world_size)).param_bytes
+    assert hybrid == {w: 4 * (conv + column1 + row2 + column3) for w in range(world_size)}
+    dp = sim.run(data_parallel(graph, world_size))
+    assert dp.param_bytes == {w: 4 * graph.params for w in range(world_size)}
+    assert max(dp.peak_memory().values()) > 2 * 4 * graph.params  # plus activations
+
+
 def test_two_transfers_on_one_link_serialise_and_on_two_links_overlap():
     one = LINK.alpha + 1e6 * LINK.beta
     same = {t.id: t for t in [Task("a", ("link", 0, 1), one, nbytes=1e6),
@@ -198,6 +211,9 @@ def test_delta_simulation_equals_the_full_one_after_random_changes():
         full = sim.run(strategy)
         assert delta.order == full.order
         assert delta.start == full.start and delta.end == full.end
+        for device, spans in full.timeline().items():  # a device runs one task at a time
+            ends = sorted(spans)
+            assert all(a[1] <= b[0] + 1e-15 for a, b in zip(ends, ends[1:], strict=False)), device
         reused += delta.resumed_at > 0
         prev = delta
     assert reused > 10  # the delta really replayed part of the old run, most of the time
