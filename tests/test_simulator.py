@@ -197,9 +197,10 @@ def test_a_batch_that_does_not_split_names_the_fix():
         sim_of(graph, 4).run(data_parallel(graph, 4))
 
 
-def test_delta_simulation_equals_the_full_one_after_random_changes():
+@pytest.mark.parametrize("topology", ["pairs", "bus"])
+def test_delta_simulation_equals_the_full_one_after_random_changes(topology):
     graph, world_size = graph_of(LeNet(num_classes=12), (1, 8, 8), 32), 4
-    sim = sim_of(graph, world_size)
+    sim = sim_of(graph, world_size, Network(LINK, topology))
     space = search_space(sim)
     rng = random.Random(1)
     strategy = expert_hybrid(graph, world_size)
