@@ -29,11 +29,11 @@ import time
 
 from course_lib.cost_model.alpha_beta import LinkModel
 from course_lib.cost_model.configs import data_parallel, expert_hybrid
+from course_lib.cost_model.messages import Network
 from course_lib.cost_model.op_costs import FlopsCosts, MeasuredCosts
 from course_lib.cost_model.operators import alexnet_layers, build_graph
 from course_lib.cost_model.search import mcmc, search_space
 from course_lib.cost_model.simulator import Simulator
-from course_lib.cost_model.task_graph import Network
 from course_lib.training.operator_graphs import kit_graph
 
 BATCH = 64

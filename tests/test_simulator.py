@@ -21,11 +21,11 @@ from course_lib.cost_model.configs import (
     data_parallel,
     expert_hybrid,
 )
+from course_lib.cost_model.messages import Network, Task, ring_allreduce_tasks
 from course_lib.cost_model.op_costs import FlopsCosts, MeasuredCosts
 from course_lib.cost_model.operators import alexnet_layers, build_graph
 from course_lib.cost_model.search import search_space
 from course_lib.cost_model.simulator import Simulator, simulate, simulate_delta
-from course_lib.cost_model.task_graph import Network, Task, ring_allreduce_tasks
 from course_lib.parallel.model_parallel.hybrid import data_parallel_bytes, hybrid_bytes, layer_sizes
 from course_lib.training.models import MLP, LeNet, SmallCNN, param_count
 from course_lib.training.operator_graphs import graph_of, kit_graph

@@ -22,8 +22,9 @@ from dataclasses import dataclass, field
 
 from course_lib.cost_model.alpha_beta import LinkModel
 from course_lib.cost_model.configs import ParallelConfig
+from course_lib.cost_model.messages import Network, Task
 from course_lib.cost_model.operators import OperatorGraph
-from course_lib.cost_model.task_graph import Network, Task, TaskGraphBuilder
+from course_lib.cost_model.task_graph import TaskGraphBuilder
 
 __all__ = ["Simulation", "Simulator", "simulate", "simulate_delta"]
 

@@ -6,10 +6,9 @@ is a device that carries one transfer at a time, costed ``alpha + n beta`` by th
 :class:`~course_lib.cost_model.alpha_beta.LinkModel`). Between two operators, each worker's needed
 input box is cut out of the boxes the producer's workers hold; what is not local travels (and in
 the backward pass the gradients travel back, summed where several workers used the same input).
-Collectives are expanded into their point-to-point messages: a ring allreduce over N workers is
-2(N-1) steps of N messages of S/N bytes (weight gradients of split-by-sample operators, the
-partial sums of a row-parallel layer, the input gradient of a column layer fed by a replicated
-one). The graph is built in segments (an operator's tasks, an edge's transfers), cached by the
+Collectives are expanded into their point-to-point messages (:mod:`course_lib.cost_model.messages`):
+ring allreduces of the weight gradients of split-by-sample operators, of the partial sums of a
+row-parallel layer, of the input gradient of a column layer fed by a replicated one. The graph is built in segments (an operator's tasks, an edge's transfers), cached by the
 configurations they depend on, so a strategy that differs in one operator rebuilds only its
 neighbourhood: the first half of the delta simulation.
 """
@@ -18,40 +17,16 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Callable
-from dataclasses import dataclass
 
 from course_lib.cost_model.alpha_beta import LinkModel
 from course_lib.cost_model.configs import ParallelConfig, check_strategy, in_boxes, out_boxes
+from course_lib.cost_model.messages import Network, Task, message, network, ring_allreduce_tasks
 from course_lib.cost_model.operators import BYTES, Operator, OperatorGraph
 
-__all__ = [
-    "LABEL_BYTES",
-    "TOPOLOGIES",
-    "Network",
-    "Task",
-    "TaskGraphBuilder",
-    "ring_allreduce_tasks",
-]
+__all__ = ["LABEL_BYTES", "TaskGraphBuilder"]
 
 LABEL_BYTES = 8  # int64 class labels
 CACHE_LIMIT = 50_000  # cached segments (a few MB) before the builder forgets them
-
-
-@dataclass(frozen=True)
-class Task:
-    """One task: ``device`` is ``("worker", k)`` or ``("link", src, dst)``; runs after ``preds``.
-
-    ``nbytes`` is a transfer's payload; ``memory`` the activation bytes a compute task allocates
-    (forward, positive) or frees (backward, negative) on its worker when it ends.
-    """
-
-    id: str
-    device: tuple
-    seconds: float
-    preds: tuple[str, ...] = ()
-    nbytes: float = 0.0
-    memory: float = 0.0
-    src: int = -1  # a transfer's sending worker
 
 
 def _volume(a, b) -> int:
@@ -63,65 +38,6 @@ def _volume(a, b) -> int:
             return 0
         v *= side
     return v
-
-
-TOPOLOGIES = ("pairs", "nic", "bus")
-
-
-@dataclass(frozen=True)
-class Network:
-    """The links' cost model and what a transfer occupies (``topology``).
-
-    ``pairs``: every directed pair of workers is its own link (a full-duplex switched network);
-    ``nic``: each worker sends one message at a time, whoever receives it (one network card);
-    ``bus``: one message at a time in the whole machine (a shared bus or hub).
-    """
-
-    model: LinkModel
-    topology: str = "pairs"
-
-    def __post_init__(self) -> None:
-        if self.topology not in TOPOLOGIES:
-            raise ValueError(f"unknown topology {self.topology!r}; choose one of {TOPOLOGIES}")
-
-    def device(self, src: int, dst: int) -> tuple:
-        """Return the device a message from ``src`` to ``dst`` occupies."""
-        if self.topology == "pairs":
-            return ("link", src, dst)
-        return ("link", src) if self.topology == "nic" else ("link", "bus")
-
-
-def _network(link: LinkModel | Network) -> Network:
-    return link if isinstance(link, Network) else Network(link)
-
-
-def _message(tid, src, dst, nbytes, preds, link: Network, reduce=False) -> Task:
-    m = link.model
-    seconds = m.alpha + nbytes * m.beta + (nbytes * m.gamma if reduce else 0.0)
-    return Task(tid, link.device(src, dst), seconds, tuple(preds), float(nbytes), src=src)
-
-
-def ring_allreduce_tasks(tag: str, devices, nbytes: float, start: dict, link: LinkModel | Network):
-    """Return (tasks, done) of a ring allreduce of ``nbytes`` over ``devices``.
-
-    Step s (0 .. 2(N-1)-1) sends one chunk of ``nbytes / N`` from each ``devices[i]`` to
-    ``devices[i+1]``, after what ``devices[i]`` received in step s-1; the first N-1 steps
-    reduce (reduce-scatter), the rest copy (all-gather). ``start[d]``: tasks after which worker
-    ``d``'s buffer is ready; ``done[d]``: tasks after which it holds the sum.
-    """
-    n, link = len(devices), _network(link)
-    if n == 1:
-        return [], {devices[0]: list(start[devices[0]])}
-    tasks, chunk = [], nbytes / n
-    ids = [[f"{tag}s{s}:{devices[i]}>{devices[(i + 1) % n]}" for i in range(n)]
-           for s in range(2 * (n - 1))]  # fmt: skip
-    for s in range(2 * (n - 1)):
-        for i, d in enumerate(devices):
-            preds = list(start[d]) + ([ids[s - 1][(i - 1) % n]] if s else [])
-            tasks.append(_message(ids[s][i], d, devices[(i + 1) % n], chunk, preds, link,
-                                  reduce=s < n - 1))  # fmt: skip
-    last = ids[-1]
-    return tasks, {d: [last[(i - 1) % n]] for i, d in enumerate(devices)}
 
 
 def _fid(i, d):
@@ -147,7 +63,7 @@ class TaskGraphBuilder:
         if world_size < 1:
             raise ValueError(f"world_size must be >= 1, got {world_size}")
         self.graph, self.world_size, self.costs = graph, world_size, costs
-        self.link = _network(link)
+        self.link = network(link)
         self._edges: dict = {}
         self._nodes: dict = {}
         self._costs: dict = {}
@@ -193,7 +109,7 @@ class TaskGraphBuilder:
                     sends[(hs[j % len(hs)], c)] += BYTES * v
         for (src, dst), nbytes in sorted(sends.items()):
             tid = f"{i:03d}xf:{src}>{dst}"
-            tasks.append(_message(tid, src, dst, nbytes, ready(src), link))
+            tasks.append(message(tid, src, dst, nbytes, ready(src), link))
             fwd_ready[dst].append(tid)
         if i > 0:
             tasks += self._backward(i, cfg, holders, needs, bwd_ready)
@@ -233,7 +149,7 @@ class TaskGraphBuilder:
         tasks = []
         for (src, dst), nbytes in sorted(sends.items()):
             tid = f"{i:03d}xb:{src}>{dst}"
-            tasks.append(_message(tid, src, dst, nbytes, [_bid(i, src)], link))
+            tasks.append(message(tid, src, dst, nbytes, [_bid(i, src)], link))
             bwd_ready[dst].append(tid)
         return tasks
 
@@ -266,7 +182,7 @@ class TaskGraphBuilder:
                                - max(need[0][0], k * g.batch // n_all))  # fmt: skip
                     if rows and k != d:
                         tid = f"{i:03d}l:{k}>{d}"
-                        tasks.append(_message(tid, k, d, LABEL_BYTES * rows, [], link))
+                        tasks.append(message(tid, k, d, LABEL_BYTES * rows, [], link))
                         label_ready[d].append(tid)
         held = {d: BYTES * _volume(b, b) for d, b in out_boxes(op, cfg, g.batch)}
         for d in cfg.devices:
