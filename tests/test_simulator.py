@@ -34,8 +34,8 @@ LINK = LinkModel(alpha=1e-5, beta=1e-8)
 COSTS = FlopsCosts(1e9)
 
 
-def sim_of(graph, world_size, link=LINK):
-    return Simulator(graph, world_size, COSTS, link)
+def sim_of(graph, world_size, link=LINK, sync="per_operator"):
+    return Simulator(graph, world_size, COSTS, link, sync)
 
 
 @pytest.mark.parametrize("name, cls", [("mlp", MLP), ("lenet", LeNet), ("small_cnn", SmallCNN)])
@@ -60,6 +60,8 @@ def test_data_parallel_bytes_equal_the_rings(name, world_size):
 
 def _part(tid: str, graph) -> str:
     """Return which part of hybrid_bytes a message belongs to, from its operator and kind."""
+    if tid.startswith("S"):  # the one ring after the backward pass
+        return "conv gradients"
     op = graph.ops[int(tid[:3])]
     first_linear = next(i for i, o in enumerate(graph.ops) if o.kind == "linear")
     if "G" in tid[3:5]:
@@ -71,11 +73,12 @@ def _part(tid: str, graph) -> str:
     return "dense head" if op.kind in ("linear", "relu", "loss") else "other"
 
 
+@pytest.mark.parametrize("sync", ["per_operator", "after_backward"])
 @pytest.mark.parametrize("world_size, classes", [(2, 10), (4, 12)])
-def test_hybrid_bytes_equal_the_kits_hybrid_part_by_part(world_size, classes):
+def test_hybrid_bytes_equal_the_kits_hybrid_part_by_part(world_size, classes, sync):
     net, batch = LeNet(num_classes=classes), 32
     graph = graph_of(net, (1, 8, 8), batch)
-    sim = sim_of(graph, world_size).run(expert_hybrid(graph, world_size))
+    sim = sim_of(graph, world_size, sync=sync).run(expert_hybrid(graph, world_size))
     parts = {}
     for t in sim.tasks.values():
         if t.device[0] == "link":
@@ -84,6 +87,21 @@ def test_hybrid_bytes_equal_the_kits_hybrid_part_by_part(world_size, classes):
     assert parts == {k: pytest.approx(v, rel=1e-12) for k, v in expected.items()}
     per_worker = sim.bytes_sent()
     assert len(set(per_worker.values())) == 1  # every worker sends the same
+
+
+@pytest.mark.parametrize("world_size", [2, 4])
+def test_data_parallel_after_backward_takes_compute_plus_the_rings_formula(world_size):
+    graph = kit_graph("small_cnn", 32)
+    strategy = data_parallel(graph, world_size)
+    late = sim_of(graph, world_size, sync="after_backward").run(strategy)
+    compute = sum(
+        sum(COSTS(op, cfg, graph.batch)) for op, cfg in zip(graph.ops, strategy, strict=True)
+    )
+    ring = predict("ring_allreduce", 4 * graph.params, world_size, LINK)
+    assert late.step_time == pytest.approx(compute + ring, rel=1e-12)
+    early = sim_of(graph, world_size).run(strategy)  # per-operator rings overlap the backward
+    assert compute < early.step_time < late.step_time
+    assert early.bytes_sent() == pytest.approx(late.bytes_sent(), rel=1e-12)
 
 
 def test_a_chain_on_one_worker_takes_the_sum_of_its_costs():

@@ -149,14 +149,21 @@ class Simulator:
     """Predict step times of strategies for ``graph`` on ``world_size`` workers.
 
     ``link``: one :class:`LinkModel` for every pair of workers, or a
-    :class:`~course_lib.cost_model.task_graph.Network` that also says what a message occupies.
+    :class:`~course_lib.cost_model.messages.Network` that also says what a message occupies;
+    ``sync``: when gradients of replicated weights are summed (see
+    :class:`~course_lib.cost_model.task_graph.TaskGraphBuilder`).
     """
 
     def __init__(
-        self, graph: OperatorGraph, world_size: int, costs, link: LinkModel | Network
+        self,
+        graph: OperatorGraph,
+        world_size: int,
+        costs,
+        link: LinkModel | Network,
+        sync: str = "per_operator",
     ) -> None:
         self.graph, self.world_size = graph, world_size
-        self.builder = TaskGraphBuilder(graph, world_size, costs, link)
+        self.builder = TaskGraphBuilder(graph, world_size, costs, link, sync)
 
     def run(self, strategy: tuple[ParallelConfig, ...]) -> Simulation:
         """Return the full simulation of ``strategy`` (its task graph rebuilt from scratch)."""

@@ -23,9 +23,10 @@ from course_lib.cost_model.configs import ParallelConfig, check_strategy, in_box
 from course_lib.cost_model.messages import Network, Task, message, network, ring_allreduce_tasks
 from course_lib.cost_model.operators import BYTES, Operator, OperatorGraph
 
-__all__ = ["LABEL_BYTES", "TaskGraphBuilder"]
+__all__ = ["LABEL_BYTES", "SYNCS", "TaskGraphBuilder"]
 
 LABEL_BYTES = 8  # int64 class labels
+SYNCS = ("per_operator", "after_backward")
 CACHE_LIMIT = 50_000  # cached segments (a few MB) before the builder forgets them
 
 
@@ -38,6 +39,11 @@ def _volume(a, b) -> int:
             return 0
         v *= side
     return v
+
+
+def _synced(op: Operator, cfg: ParallelConfig) -> bool:
+    """Return whether ``op``'s weights are replicated with different gradients (to be summed)."""
+    return op.has_params and cfg.split in ("sample", "attribute") and cfg.degree > 1
 
 
 def _fid(i, d):
@@ -54,15 +60,26 @@ class TaskGraphBuilder:
     ``costs(op, cfg, batch) -> (forward s, backward s)`` of one worker's shard (a
     :class:`~course_lib.cost_model.op_costs.MeasuredCosts` or ``FlopsCosts``); ``link`` the model
     of every link, or a :class:`Network` (model and topology). Segments are cached by the
-    configurations they depend on.
+    configurations they depend on. ``sync``: when replicated weights' gradients are summed:
+    ``"per_operator"`` (a ring per operator as soon as its backward ends, overlapping the rest
+    of the backward pass, as DDP's buckets do) or ``"after_backward"`` (one ring of every such
+    gradient per group of workers after the whole backward pass, as the kit's plain ``ring``
+    exchange and ``hybrid_step`` do).
     """
 
     def __init__(
-        self, graph: OperatorGraph, world_size: int, costs, link: LinkModel | Network
+        self,
+        graph: OperatorGraph,
+        world_size: int,
+        costs,
+        link: LinkModel | Network,
+        sync: str = "per_operator",
     ) -> None:
         if world_size < 1:
             raise ValueError(f"world_size must be >= 1, got {world_size}")
-        self.graph, self.world_size, self.costs = graph, world_size, costs
+        if sync not in SYNCS:
+            raise ValueError(f"unknown sync {sync!r}; choose one of {SYNCS}")
+        self.graph, self.world_size, self.costs, self.sync = graph, world_size, costs, sync
         self.link = network(link)
         self._edges: dict = {}
         self._nodes: dict = {}
@@ -195,7 +212,7 @@ class TaskGraphBuilder:
         for d in cfg.devices:
             preds = [_fid(i, d)] + list(bwd_ready.get(d, []))
             tasks.append(Task(_bid(i, d), ("worker", d), bwd, tuple(preds), memory=-held[d]))
-        if op.has_params and cfg.split in ("sample", "attribute") and cfg.degree > 1:
+        if _synced(op, cfg) and self.sync == "per_operator":
             more, _ = ring_allreduce_tasks(f"{i:03d}G", cfg.devices, BYTES * op.params,
                                            {d: [_bid(i, d)] for d in cfg.devices}, link)  # fmt: skip
             tasks += more
@@ -213,6 +230,23 @@ class TaskGraphBuilder:
         for i in range(len(self.graph.ops)):
             for t in self._edge(i, strategy)[0] + self._node(i, strategy):
                 tasks[t.id] = t
+        if self.sync == "after_backward":
+            for t in self._sync_after_backward(strategy):
+                tasks[t.id] = t
+        return tasks
+
+    def _sync_after_backward(self, strategy) -> list[Task]:
+        """Return one ring per group of workers over all its replicated weights' gradients."""
+        groups, backward = defaultdict(int), defaultdict(list)
+        for i, (op, cfg) in enumerate(zip(self.graph.ops, strategy, strict=True)):
+            for d in cfg.devices:
+                backward[d].append(_bid(i, d))
+            if _synced(op, cfg):
+                groups[cfg.devices] += BYTES * op.params
+        tasks = []
+        for devs, nbytes in sorted(groups.items()):
+            tag = "S" + "-".join(map(str, devs))
+            tasks += ring_allreduce_tasks(tag, devs, nbytes, backward, self.link)[0]
         return tasks
 
     def param_bytes(self, strategy) -> dict[int, float]:
