@@ -116,25 +116,23 @@ def search_table(seconds: float) -> None:
         )
 
 
-def weird_trick_table(topology: str) -> None:
+def weird_trick_table(topology: str, sync: str) -> None:
     """Print the predicted AlexNet speed-ups (hybrid, pure DP) beside the paper's."""
     link, rate = Network(LinkModel(alpha=10e-6, beta=1 / 6e9), topology), 1.5e12
     base = {}
-    print(f"  links: {topology}")
-    print(
-        f"  {'GPUs':>4s} {'hybrid (pred.)':>14s} {'DP (pred.)':>10s} {'paper':>6s} {'hybrid err':>10s}"
-    )
+    print(f"  links: {topology}, gradient sync: {sync}")
+    print(f"  {'GPUs':>4s} {'hybrid (pred.)':>14s} {'DP (pred.)':>10s} {'paper':>6s} "
+          f"{'hybrid err':>10s}")  # fmt: skip
     for n in (1, 2, 4, 8):
         graph = build_graph("alexnet", (3, 224, 224), alexnet_layers(), 128 * n)
-        sim = Simulator(graph, n, FlopsCosts(rate), link)
+        sim = Simulator(graph, n, FlopsCosts(rate), link, sync)
         t = [sim.run(s(graph, n)).step_time for s in (expert_hybrid, data_parallel)]
         base = base or {k: v for k, v in enumerate(t)}
         hyb, dp = (n * base[k] / t[k] for k in (0, 1))
         paper = PAPER.get(n)
         err = f"{(hyb - paper) / paper:+10.0%}" if paper else f"{'':>10s}"
-        print(
-            f"  {n:4d} {hyb:14.2f} {dp:10.2f} {paper or 1.0:6.1f} {err}  (hybrid step {t[0]:.3f} s)"
-        )
+        print(f"  {n:4d} {hyb:14.2f} {dp:10.2f} {paper or 1.0:6.1f} {err}  "
+              f"(hybrid step {t[0]:.3f} s)")  # fmt: skip
 
 
 def main() -> None:
@@ -158,8 +156,9 @@ def main() -> None:
     )
     search_table(args.search_seconds)
     print("\nAlexNet, one weird trick: PREDICTED speed-ups (weak scaling, 128 images per GPU):")
-    for topology in ("pairs", "bus"):
-        weird_trick_table(topology)
+    for topology, sync in (("pairs", "per_operator"), ("pairs", "after_backward"),
+                           ("bus", "per_operator"), ("bus", "after_backward")):  # fmt: skip
+        weird_trick_table(topology, sync)
 
 
 if __name__ == "__main__":
