@@ -51,6 +51,10 @@ class ParallelConfig:
             raise ValueError(f"unknown split {self.split!r}; choose one of {SPLITS}")
         if not self.devices or len(set(self.devices)) != len(self.devices):
             raise ValueError(f"devices must be distinct worker indices, got {self.devices}")
+        object.__setattr__(self, "_hash", hash((self.split, self.devices)))
+
+    def __hash__(self) -> int:  # computed once: configurations key the simulator's caches
+        return self._hash
 
     @property
     def degree(self) -> int:

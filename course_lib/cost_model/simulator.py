@@ -132,7 +132,8 @@ def simulate_delta(old: Simulation, tasks: dict[str, Task]) -> Simulation:
     Equal to :func:`simulate` (same starts, ends and order), only faster when few tasks changed.
     """
     pos = {tid: k for k, tid in enumerate(old.order)}
-    changed = {tid for tid, t in tasks.items() if old.tasks.get(tid) != t}
+    get = old.tasks.get  # cached segments hand back the same Task objects: test identity first
+    changed = {tid for tid, t in tasks.items() if (o := get(tid)) is not t and o != t}
     cut = min([pos[tid] for tid in changed if tid in pos]
               + [pos[tid] for tid in old.tasks if tid not in tasks] + [len(old.order)])  # fmt: skip
     for tid in changed:
