@@ -83,7 +83,7 @@ def sim_speed(p: int, seconds: float = 3.0) -> tuple[float, float, float]:
     space = search_space(sim)
     for i, cands in enumerate(space):  # measure every shard once (cached afterwards)
         for cfg in cands:
-            sim.builder._cost(i, cfg)
+            sim.builder.shard_cost(i, cfg)
     rng = random.Random(0)
     strategies, s = [], expert_hybrid(graph, p)
     for _ in range(200):

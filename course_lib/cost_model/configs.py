@@ -27,6 +27,7 @@ __all__ = [
     "SPLITS",
     "ParallelConfig",
     "candidates",
+    "check_config",
     "check_strategy",
     "data_parallel",
     "expert_hybrid",

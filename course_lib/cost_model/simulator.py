@@ -168,8 +168,7 @@ class Simulator:
 
     def run(self, strategy: tuple[ParallelConfig, ...]) -> Simulation:
         """Return the full simulation of ``strategy`` (its task graph rebuilt from scratch)."""
-        self.builder._edges.clear()
-        self.builder._nodes.clear()
+        self.builder.clear()
         sim = simulate(self.builder.build(tuple(strategy)))
         sim.param_bytes = self.builder.param_bytes(strategy)
         return sim

@@ -171,6 +171,15 @@ class TaskGraphBuilder:
         return tasks
 
     # -- nodes: one operator's compute tasks, its own collectives, labels for the loss ---------
+    def clear(self) -> None:
+        """Forget every cached segment (the next build starts from scratch)."""
+        self._nodes.clear()
+        self._edges.clear()
+
+    def shard_cost(self, i: int, cfg: ParallelConfig) -> tuple[float, float]:
+        """Return (forward, backward) seconds of operator ``i``'s shard under ``cfg`` (memoised)."""
+        return self._cost(i, cfg)
+
     def _cost(self, i: int, cfg: ParallelConfig) -> tuple[float, float]:
         if (i, cfg) not in self._costs:
             self._costs[(i, cfg)] = self.costs(self.graph.ops[i], cfg, self.graph.batch)
@@ -224,8 +233,7 @@ class TaskGraphBuilder:
         if check:
             check_strategy(self.graph, strategy, self.world_size)
         if len(self._nodes) + len(self._edges) > CACHE_LIMIT:  # a long search: start afresh
-            self._nodes.clear()
-            self._edges.clear()
+            self.clear()
         tasks = {}
         for i in range(len(self.graph.ops)):
             for t in self._edge(i, strategy)[0] + self._node(i, strategy):
