@@ -1,0 +1,70 @@
+"""Lecture 13: The kit's models as operator graphs, for the execution simulator.
+
+:mod:`course_lib.cost_model.operators` describes a model by plain layer tuples (it sits below
+``training`` and knows no ``nn.Module``); this module reads a Sequential model of
+:mod:`course_lib.training.models` (``MLP``, ``LeNet``, ``SmallCNN``) into those tuples, so the
+simulator sees exactly the layers the engines train. The U-Net is not a chain (its skip
+connections join branches) and is refused with that reason.
+"""
+
+from __future__ import annotations
+
+from torch import nn
+
+from course_lib.cost_model.operators import OperatorGraph, build_graph
+from course_lib.training.models import MLP, LeNet, SmallCNN
+
+__all__ = ["graph_of", "kit_graph", "layers_of"]
+
+
+def _pair(v) -> int:
+    """Return one side of a square kernel, padding or stride (int or equal pair)."""
+    if isinstance(v, tuple):
+        if len(set(v)) != 1:
+            raise ValueError(f"only square kernels, paddings and strides are modelled, got {v}")
+        return v[0]
+    return v
+
+
+def layers_of(net: nn.Module) -> list[tuple]:
+    """Return the layer tuples of a Sequential ``net``, ending with the loss."""
+    if not isinstance(net, nn.Sequential):
+        raise ValueError(f"{type(net).__name__} is not a chain of layers (nn.Sequential); the "
+                         "simulator's graphs are chains: use MLP, LeNet or SmallCNN")  # fmt: skip
+    out = []
+    for m in net:
+        if isinstance(m, nn.Conv2d):
+            out.append(("conv2d", m.out_channels, _pair(m.kernel_size), _pair(m.padding),
+                        _pair(m.stride)))  # fmt: skip
+        elif isinstance(m, nn.Linear):
+            out.append(("linear", m.out_features))
+        elif isinstance(m, nn.ReLU):
+            out.append(("relu",))
+        elif isinstance(m, nn.MaxPool2d):
+            out.append(("maxpool", _pair(m.kernel_size), _pair(m.stride or m.kernel_size)))
+        elif isinstance(m, nn.Flatten):
+            out.append(("flatten",))
+        else:
+            raise ValueError(f"no operator for {type(m).__name__}; the simulator knows Conv2d, "
+                             "Linear, ReLU, MaxPool2d and Flatten")  # fmt: skip
+    return out + [("loss",)]
+
+
+def graph_of(
+    net: nn.Module, input_shape: tuple[int, ...], batch: int, name: str = ""
+) -> OperatorGraph:
+    """Return the operator graph of ``net`` on a ``batch`` of per-sample ``input_shape`` inputs."""
+    return build_graph(name or type(net).__name__, tuple(input_shape), layers_of(net), batch)
+
+
+def kit_graph(name: str, batch: int) -> OperatorGraph:
+    """Return the graph of a kit model by name: ``mlp``, ``lenet`` (digits) or ``small_cnn``."""
+    models = {
+        "mlp": (MLP, (1, 8, 8)),
+        "lenet": (LeNet, (1, 8, 8)),
+        "small_cnn": (SmallCNN, (3, 32, 32)),
+    }
+    if name not in models:
+        raise ValueError(f"no graph for {name!r}; choose one of {sorted(models)}")
+    cls, shape = models[name]
+    return graph_of(cls(), shape, batch, name)
