@@ -4,7 +4,8 @@
 - ``data_parallel/`` (lecture 4): the runner, the engine side, accounting, timelines, references;
 - ``asynchronous/`` (lecture 5): the asynchronous and stale-synchronous parameter server;
 - ``model_parallel/`` (lecture 9): tensor parallelism and Krizhevsky's hybrid;
-- ``pipeline_parallel/`` (lecture 10): schedules (naive, GPipe, 1F1B) and stages.
+- ``pipeline_parallel/`` (lecture 10): schedules (naive, GPipe, 1F1B) and stages;
+- ``large_batch/`` (lecture 12): the gradient noise scale measured from the allreduce.
 
 Import from the module that holds a name.
 """
