@@ -147,7 +147,11 @@ def test_memory_ledger_per_rank_is_within_5_percent_of_the_formula(runs, stage, 
     for rec in records:
         held = sum(rec[k] for k in LEDGER_KEYS)
         assert held == rec["ledger_settled_bytes"]
-        assert abs(held - want) <= 0.05 * want, (rec["rank"], {k: rec[k] for k in LEDGER_KEYS}, want)
+        assert abs(held - want) <= 0.05 * want, (
+            rec["rank"],
+            {k: rec[k] for k in LEDGER_KEYS},
+            want,
+        )
         assert rec["ledger_in_flight_bytes"] >= held
 
 
@@ -171,12 +175,16 @@ def test_tied_and_frozen_parameters(pool, stage):
 def test_sgd_with_momentum_on_stage_3(pool):
     result = train_data_parallel(pool, model=uneven_mlp, dataset=small_digits, config=SGD,
                                  method="zero3", world_size=3, comm_timeout=30, timeout=300)  # fmt: skip
-    assert relative_error(result.weights, train_one_process(uneven_mlp, small_digits, SGD)) <= DP_RTOL
+    assert (
+        relative_error(result.weights, train_one_process(uneven_mlp, small_digits, SGD)) <= DP_RTOL
+    )
     assert all(r["ledger_optimizer_bytes"] < 4 * 1375 / 3 * 1.05 for r in result.records[1:])
 
 
 def test_a_world_size_larger_than_the_model_is_refused_with_the_fix():
-    with pytest.raises(ValueError, match=r"2 trainable values, fewer than world_size=4.*world_size <= 2"):
+    with pytest.raises(
+        ValueError, match=r"2 trainable values, fewer than world_size=4.*world_size <= 2"
+    ):
         plan_units(nn.Linear(1, 1), 1, 4)
     tiny_unit = nn.Sequential(nn.Linear(64, 8), nn.Linear(8, 1, bias=False), nn.Linear(1, 2))
     with pytest.raises(ValueError, match=r"module '2' has 4 values, fewer than world_size=5"):
@@ -196,7 +204,9 @@ class SkipsABranch(nn.Module):
 
 @pytest.mark.parametrize("stage", [1, 3])
 def test_a_parameter_without_gradient_is_refused_with_the_fix(pool, stage):
-    with pytest.raises(DataParallelError, match="'branch.weight' got no gradient.*requires_grad=False"):
+    with pytest.raises(
+        DataParallelError, match="'branch.weight' got no gradient.*requires_grad=False"
+    ):
         train_data_parallel(pool, model=SkipsABranch, dataset=small_digits, config=ADAM,
                             method=f"zero{stage}", world_size=2, comm_timeout=30, timeout=300)  # fmt: skip
 
@@ -205,7 +215,10 @@ def test_a_sharded_run_is_refused_checkpointing_with_the_reason(tmp_path):
     from course_lib.parallel.data_parallel.checkpointing import prepare_checkpointing
 
     for stage in (1, 2, 3):
-        with pytest.raises(ValueError, match=f"'zero{stage}' cannot be checkpointed: each rank holds only its shard"):
+        with pytest.raises(
+            ValueError,
+            match=f"'zero{stage}' cannot be checkpointed: each rank holds only its shard",
+        ):
             prepare_checkpointing(make_exchange(f"zero{stage}"), tmp_path, None, 2)
 
 

@@ -17,12 +17,12 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from test_sharded import ADAM, relative_error, small_digits, uneven_mlp
 from torch import nn
 
 from course_lib.parallel.data_parallel.replica import GlobalBatchSampler
 from course_lib.parallel.data_parallel.train import train_data_parallel
 from course_lib.training.loop import fit, seed_everything
-from test_sharded import ADAM, relative_error, small_digits, uneven_mlp
 
 pytestmark = pytest.mark.timeout(600)
 

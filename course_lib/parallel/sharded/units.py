@@ -86,7 +86,9 @@ def _check(units: list[FlatUnit], world_size: int, stage: int) -> None:
             )
 
 
-def plan_units(net: nn.Module, stage: int, world_size: int, bucket_bytes: int = 1 << 16) -> list[FlatUnit]:
+def plan_units(
+    net: nn.Module, stage: int, world_size: int, bucket_bytes: int = 1 << 16
+) -> list[FlatUnit]:
     """Return the units of ``stage`` for ``net`` on ``world_size`` ranks (not yet flattened).
 
     Stages 0-1: one unit of every trainable parameter in registration order. Stage 2: buckets
@@ -111,7 +113,9 @@ def plan_units(net: nn.Module, stage: int, world_size: int, bucket_bytes: int = 
     elif stage == 3:
         seen: set[int] = set()
         for mname, module in net.named_modules():
-            mine = [p for p in module.parameters(recurse=False) if p.requires_grad and id(p) not in seen]
+            mine = [
+                p for p in module.parameters(recurse=False) if p.requires_grad and id(p) not in seen
+            ]
             seen.update(id(p) for p in mine)
             if mine:
                 groups.append((f"module {mname or type(module).__name__!r}", mine))
@@ -123,6 +127,8 @@ def plan_units(net: nn.Module, stage: int, world_size: int, bucket_bytes: int = 
     return units
 
 
-def unit_sizes(net: nn.Module, stage: int, world_size: int, bucket_bytes: int = 1 << 16) -> list[int]:
+def unit_sizes(
+    net: nn.Module, stage: int, world_size: int, bucket_bytes: int = 1 << 16
+) -> list[int]:
     """Return the number of values in each unit :func:`plan_units` makes (for the bytes auditor)."""
     return [u.numel for u in plan_units(net, stage, world_size, bucket_bytes)]

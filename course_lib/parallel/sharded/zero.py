@@ -39,7 +39,9 @@ __all__ = ["Zero0", "Zero1", "Zero2", "ZeroExchange", "shard_optimizer"]
 SHARDABLE = ("Adam", "AdamW", "SGD")
 
 
-def shard_optimizer(optimizer: torch.optim.Optimizer, shards: list[nn.Parameter]) -> torch.optim.Optimizer:
+def shard_optimizer(
+    optimizer: torch.optim.Optimizer, shards: list[nn.Parameter]
+) -> torch.optim.Optimizer:
     """Return an optimiser of ``optimizer``'s class and settings over ``shards`` instead."""
     cls = type(optimizer)
     if cls.__name__ not in SHARDABLE or len(optimizer.param_groups) != 1:
@@ -134,7 +136,9 @@ class ZeroExchange(GradientExchange):
                 flat = unit.flat_grads()
                 ring_allreduce(comm, flat.numpy())
                 flat /= comm.world_size
-                for p, part in zip(unit.params, flat.split([p.numel() for p in unit.params]), strict=True):
+                for p, part in zip(
+                    unit.params, flat.split([p.numel() for p in unit.params]), strict=True
+                ):
                     p.grad = part.view_as(p).clone()
             else:
                 self._reduce_scatter(unit)
@@ -150,7 +154,9 @@ class ZeroExchange(GradientExchange):
         self.bucket_records = []
         timeline.mark("comm", start)
 
-    def after_step(self, comm: Communicator, net: nn.Module, step: int, timeline: StepTimeline) -> None:
+    def after_step(
+        self, comm: Communicator, net: nn.Module, step: int, timeline: StepTimeline
+    ) -> None:
         """Allgather the updated weights (stages 1-2); note the step's ledger in its record."""
         self.ledger.sample(settled=True)
         if self.stage in (1, 2):
