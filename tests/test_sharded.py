@@ -225,3 +225,22 @@ def test_the_stages_are_registered_by_name():
     assert [EXCHANGES[f"zero{s}"].stage for s in range(4)] == [0, 1, 2, 3]
     with pytest.raises(ValueError, match="bucket_bytes"):
         make_exchange("zero2", bucket_bytes=0)
+
+
+@pytest.mark.parametrize("stage", [2, 3])
+def test_stages_2_and_3_reduce_scatter_each_bucket_during_backward(runs, stage):
+    for rec in runs(f"zero{stage}", 3).records:
+        backward_end = rec["compute_at"][1]  # the loop's gradient hook: backward has returned
+        assert len(rec["buckets"]) == len(unit_sizes(uneven_mlp(), stage, 3, bucket_bytes=1024))
+        assert all(b["end"] <= backward_end for b in rec["buckets"])
+
+
+def test_the_ledger_counts_each_storage_once_and_released_storage_as_nothing():
+    from course_lib.parallel.sharded.ledger import held_bytes
+
+    flat = torch.zeros(10)
+    views = [flat[:4], flat[4:]]
+    assert held_bytes(views + [flat], set()) == 40
+    released = torch.zeros(6)
+    released.untyped_storage().resize_(0)
+    assert held_bytes([released, None], set()) == 0
