@@ -153,7 +153,7 @@ def test_what_the_kit_knows_about_a_method_is_on_its_class():
         ["parameter_server", "parameter_server_source000", "allreduce_naive", "ring", "builtin",
          "bucketed"])  # fmt: skip
     assert demo_methods() == ["parameter_server", "parameter_server_source000", "allreduce_naive",
-                              "ring", "builtin", "bucketed", "ddp"]  # fmt: skip
+                              "ring", "builtin", "bucketed", "ddp", "zero0", "zero1", "zero2", "zero3"]  # fmt: skip
 
 
 def test_checkpointing_refuses_with_the_reason_the_class_gives(tmp_path):

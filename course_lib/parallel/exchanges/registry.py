@@ -27,6 +27,7 @@ from course_lib.parallel.exchanges.ddp import DDPExchange
 from course_lib.parallel.exchanges.gossip import GossipExchange, SparseGossipExchange
 from course_lib.parallel.exchanges.local_sgd import LocalSGD
 from course_lib.parallel.exchanges.parameter_server import ParameterServer, ParameterServerSource000
+from course_lib.parallel.sharded import SHARDED_EXCHANGES
 
 __all__ = ["EXCHANGES", "make_exchange", "register_exchange"]
 
@@ -56,6 +57,7 @@ for _cls in (
     SparseGossipExchange,
     CompressedExchange,
     CompressedDDPExchange,
+    *SHARDED_EXCHANGES,
 ):
     register_exchange(_cls)
 

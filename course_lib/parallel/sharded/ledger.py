@@ -1,0 +1,92 @@
+"""Lecture 11: The memory ledger: bytes of parameters, gradients and optimiser state one rank really holds.
+
+Bytes are counted from the tensors themselves: each distinct storage once (a parameter that
+is a view of a flat buffer, or a shard that is a view of it, counts with the buffer; a
+stage-3 parameter whose storage was released counts 0). A step's ledger keeps two peaks:
+
+* *settled*: sampled after backward (before the exchange) and after the optimiser step: what
+  the formulas count, float32 Adam per rank for ``Psi`` values (ZeRO, Rajbhandari et al.
+  2020, with K = 8 bytes of Adam state instead of mixed precision's 12): DDP 16 Psi, stage 1
+  8 Psi + 8 Psi/N, stage 2 4 Psi + 12 Psi/N, stage 3 16 Psi/N;
+* *in flight*: sampled also inside backward (full-size gradients of a bucket not yet
+  reduce-scattered, a stage-3 unit gathered for its layer): the transient part on top.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+import torch
+
+__all__ = ["LEDGER_KEYS", "Ledger", "formula_bytes", "held_bytes", "state_bytes_per_value"]
+
+LEDGER_KEYS = ("ledger_params_bytes", "ledger_grads_bytes", "ledger_optimizer_bytes")
+
+
+def held_bytes(tensors: Iterable[torch.Tensor | None], seen: set[int]) -> int:
+    """Return the bytes of the storages of ``tensors`` not in ``seen`` (which it extends)."""
+    total = 0
+    for t in tensors:
+        if t is None:
+            continue
+        storage = t.untyped_storage()
+        key = storage.data_ptr()
+        if storage.nbytes() == 0 or key in seen:
+            continue
+        seen.add(key)
+        total += storage.nbytes()
+    return total
+
+
+def state_bytes_per_value(optimizer: Any) -> int:
+    """Return the optimiser state's bytes per float32 value: Adam 8 (m, v), SGD with momentum 4."""
+    name = type(optimizer).__name__
+    if name in ("Adam", "AdamW"):
+        return 8
+    momentum = optimizer.param_groups[0].get("momentum", 0) if name == "SGD" else 0
+    return 4 if momentum else 0
+
+
+def formula_bytes(stage: int, psi: float, world_size: int, k: int = 8) -> float:
+    """Return the float32 model-state bytes per rank of ``stage`` (0 = DDP) with ``k`` state bytes/value."""
+    n = world_size
+    return {0: (8 + k) * psi, 1: 8 * psi + k * psi / n, 2: 4 * psi + (4 + k) * psi / n,
+            3: (8 + k) * psi / n}[stage]  # fmt: skip
+
+
+class Ledger:
+    """Samples one rank's model-state bytes during a step; :meth:`close` returns the step's peaks."""
+
+    def __init__(self, params: list[torch.nn.Parameter], shards: list[torch.nn.Parameter],
+                 optimizer: Any = None) -> None:  # fmt: skip
+        self.params, self.shards, self.optimizer = params, shards, optimizer
+        self.settled: dict[str, int] = {}
+        self.in_flight = 0
+
+    def sample(self, settled: bool) -> None:
+        """Count what is held now; ``settled``: a moment the formulas describe."""
+        seen: set[int] = set()
+        row = {
+            "ledger_params_bytes": held_bytes(list(self.params) + list(self.shards), seen),
+            "ledger_grads_bytes": held_bytes([p.grad for p in self.params + self.shards], seen),
+            "ledger_optimizer_bytes": held_bytes(self._state_tensors(), seen),
+        }
+        total = sum(row.values())
+        self.in_flight = max(self.in_flight, total)
+        if settled and total >= sum(self.settled.values()):
+            self.settled = row
+
+    def _state_tensors(self) -> list[torch.Tensor]:
+        if self.optimizer is None:
+            return []
+        return [v for state in self.optimizer.state.values() for v in state.values()
+                if isinstance(v, torch.Tensor)]  # fmt: skip
+
+    def close(self) -> dict[str, int]:
+        """Return this step's settled peak by kind and the in-flight peak; start a new step."""
+        out = dict(self.settled)
+        out["ledger_settled_bytes"] = sum(self.settled.values())
+        out["ledger_in_flight_bytes"] = self.in_flight
+        self.settled, self.in_flight = {}, 0
+        return out

@@ -1,0 +1,211 @@
+"""Lecture 11: ZeRO stages 1-3 from scratch on the kit's Communicator, as gradient-exchange methods.
+
+Data parallelism keeps N copies of everything: weights, gradients and optimiser state. ZeRO
+(Rajbhandari et al. 2020) keeps one copy, cut into N shards (:mod:`.units`):
+
+* ``zero1``: optimiser state sharded. After backward the ring's *reduce-scatter* leaves on
+  rank ``r`` the sum of chunk ``r`` of every rank's gradient (its shard of the mean, once
+  divided); rank ``r`` updates only its chunk of the weights, then the ring's *allgather*
+  brings every rank the updated weights. Reduce-scatter + allgather is the ring allreduce cut
+  in two: DDP's bytes, 2(N-1)/N Psi values per rank.
+* ``zero2``: + gradients sharded: each bucket is reduce-scattered from a post-accumulate hook
+  as soon as backward has produced it, and its full-size gradients are freed.
+* ``zero3``: + weights sharded (FSDP): each module's unit is allgathered just before its
+  forward and again before its backward, and freed after each; 3(N-1)/N Psi values per rank.
+* ``zero0``: plain data parallelism (ring allreduce, every rank the whole optimiser) with the
+  same memory ledger, the baseline of the comparison.
+
+Each rank's optimiser is the model's own (Adam, AdamW, SGD with momentum) built over its
+shards: those updates are elementwise, so a shard's update is bitwise the update one process
+makes to those values given the same gradient. A sharded run is not checkpointable yet.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, ClassVar
+
+import torch
+from torch import nn
+
+from course_lib.collectives.ring import ring_allgather, ring_allreduce, ring_reduce_scatter
+from course_lib.comm.communicator import Communicator
+from course_lib.parallel.exchanges.base import GradientExchange, StepTimeline, trainable_parameters
+from course_lib.parallel.sharded.ledger import Ledger
+from course_lib.parallel.sharded.units import FlatUnit, plan_units
+
+__all__ = ["Zero0", "Zero1", "Zero2", "ZeroExchange", "shard_optimizer"]
+
+SHARDABLE = ("Adam", "AdamW", "SGD")
+
+
+def shard_optimizer(
+    optimizer: torch.optim.Optimizer, shards: list[nn.Parameter]
+) -> torch.optim.Optimizer:
+    """Return an optimiser of ``optimizer``'s class and settings over ``shards`` instead."""
+    cls = type(optimizer)
+    if cls.__name__ not in SHARDABLE or len(optimizer.param_groups) != 1:
+        raise ValueError(
+            f"ZeRO shards elementwise optimisers with one parameter group ({', '.join(SHARDABLE)}); "
+            f"got {cls.__name__} with {len(optimizer.param_groups)} groups: use "
+            "TrainConfig(optimizer='adam' or 'sgd')"
+        )
+    group = optimizer.param_groups[0]
+    return cls(shards, **{k: group[k] for k in optimizer.defaults if k in group})
+
+
+class ZeroExchange(GradientExchange):
+    """ZeRO at ``stage`` (a class fact); ``bucket_bytes``: stage 2's bucket size."""
+
+    stage: ClassVar[int] = 0
+    name = "zero0"
+    not_checkpointable_because = (
+        "each rank holds only its shard of the run's state; sharded checkpoints are not "
+        "written yet (issue 24)"
+    )
+    cost_collective = "ring_allreduce"  # reduce-scatter + allgather: the ring allreduce's bytes
+
+    def __init__(self, bucket_bytes: int = 1 << 16) -> None:
+        if int(bucket_bytes) < 4:
+            raise ValueError(f"bucket_bytes must be at least one float32 (4), got {bucket_bytes}")
+        self.bucket_bytes = int(bucket_bytes)
+
+    # -- set-up -------------------------------------------------------------------------------
+    def attach(self, comm: Communicator, net: nn.Module) -> nn.Module:
+        """Flatten ``net``'s units, take this rank's shards, register the stage's hooks."""
+        self.comm, self.net, self.handles = comm, net, []
+        self.params = trainable_parameters(net)
+        self.units: list[FlatUnit] = plan_units(net, self.stage, comm.world_size, self.bucket_bytes)
+        for unit in self.units:
+            unit.flatten_parameters()
+        self.shards = [self._shard_of(u) for u in self.units] if self.stage else []
+        self.ledger = Ledger(self.params, self.shards)
+        self.bucket_records: list[dict[str, Any]] = []
+        self.reduced = 0
+        return net
+
+    def _shard_of(self, unit: FlatUnit) -> nn.Parameter:
+        """This rank's chunk of ``unit`` as a parameter: a view of the flat buffer (stages 1-2)."""
+        return nn.Parameter(unit.flat[unit.chunk(self.comm.rank)].detach())
+
+    def wrap_optimizer(self, comm: Communicator, optimizer: torch.optim.Optimizer) -> Any:
+        """Return the model's optimiser rebuilt over this rank's shards (stage 0: unchanged)."""
+        inner = shard_optimizer(optimizer, self.shards) if self.stage else optimizer
+        self.ledger.optimizer = inner
+        return inner
+
+    def detach(self) -> None:
+        """Remove the hooks."""
+        for handle in getattr(self, "handles", []):
+            handle.remove()
+        self.handles = []
+
+    # -- the step -----------------------------------------------------------------------------
+    def _check_gradients(self) -> None:
+        """Raise naming the fix when a trainable parameter took no part in this step."""
+        missing = [n for u in self.units if not u.reduced
+                   for n, p in zip(u.names, u.params, strict=True) if p.grad is None]  # fmt: skip
+        if missing:
+            raise ValueError(
+                f"parameter {missing[0]!r} got no gradient this step: ZeRO updates flat shards and "
+                "cannot leave one parameter alone; freeze it (requires_grad=False) or use "
+                "method='ring'"
+            )
+
+    def _reduce_scatter(self, unit: FlatUnit) -> None:
+        """Reduce-scatter ``unit``'s gradients: keep this rank's chunk of the mean, free the rest."""
+        start = time.time()
+        flat = unit.flat_grads()
+        for p in unit.params:
+            p.grad = None
+        ring_reduce_scatter(self.comm, flat.numpy())
+        self.shards[unit.index].grad = flat[unit.chunk(self.comm.rank)] / self.comm.world_size
+        self.reduced += 1
+        unit.reduced = True
+        self.bucket_records.append({"index": unit.index, "nbytes": 4 * unit.numel, "ready": start,
+                                    "start": start, "end": time.time()})  # fmt: skip
+
+    def exchange(self, comm: Communicator, net: nn.Module, timeline: StepTimeline) -> None:
+        """Stage 0: allreduce; stage 1: reduce-scatter the whole gradient (2-3 did it in backward)."""
+        start = time.time()
+        if self.stage <= 1:
+            self._check_gradients()
+            self.ledger.sample(settled=True)  # full gradients held: the peak of stages 0-1
+            unit = self.units[0]
+            if self.stage == 0:
+                flat = unit.flat_grads()
+                ring_allreduce(comm, flat.numpy())
+                flat /= comm.world_size
+                for p, part in zip(
+                    unit.params, flat.split([p.numel() for p in unit.params]), strict=True
+                ):
+                    p.grad = part.view_as(p).clone()
+            else:
+                self._reduce_scatter(unit)
+        elif self.reduced != len(self.units):
+            self._check_gradients()
+            raise RuntimeError(f"only {self.reduced} of {len(self.units)} units were reduced")
+        else:
+            self.ledger.sample(settled=True)
+        self.reduced = 0
+        for unit in self.units:
+            unit.reduced = False
+        timeline.buckets.extend(self.bucket_records)
+        self.bucket_records = []
+        timeline.mark("comm", start)
+
+    def after_step(
+        self, comm: Communicator, net: nn.Module, step: int, timeline: StepTimeline
+    ) -> None:
+        """Allgather the updated weights (stages 1-2); note the step's ledger in its record."""
+        self.ledger.sample(settled=True)
+        if self.stage in (1, 2):
+            start = time.time()
+            for unit in self.units:
+                ring_allgather(comm, unit.flat_numpy())
+            timeline.mark("sync", start)
+        for shard in self.shards:  # the shard's gradient is spent: free it, as zero_grad would
+            shard.grad = None
+        for key, value in self.ledger.close().items():
+            timeline.note(key, value)
+
+
+class Zero0(ZeroExchange):
+    """Plain data parallelism on the ring, with the ledger: the baseline ZeRO is measured against."""
+
+    name, stage = "zero0", 0
+
+
+class Zero1(ZeroExchange):
+    """ZeRO stage 1: optimiser state sharded (reduce-scatter, shard update, allgather)."""
+
+    name, stage = "zero1", 1
+
+
+class Zero2(ZeroExchange):
+    """ZeRO stage 2: + gradients reduce-scattered bucket by bucket during backward, then freed."""
+
+    name, stage = "zero2", 2
+    overlaps_backward = True
+
+    def attach(self, comm: Communicator, net: nn.Module) -> nn.Module:
+        """Set up the units and a post-accumulate hook on every trainable parameter."""
+        super().attach(comm, net)
+        for unit in self.units:
+            for p in unit.params:
+                self.handles.append(p.register_post_accumulate_grad_hook(self._hook(unit)))
+        return net
+
+    def _hook(self, unit: FlatUnit) -> Any:
+        def on_gradient(param: nn.Parameter) -> None:
+            unit.ready += 1
+            self.ledger.sample(settled=False)
+            if unit.ready == len(unit.params):  # the bucket is complete: send it now
+                unit.ready = 0
+                self._reduce_scatter(unit)
+                self.after_reduce(unit)
+
+        return on_gradient
+
+    def after_reduce(self, unit: FlatUnit) -> None:
+        """Run after ``unit``'s gradients were reduce-scattered (stage 3 frees its weights)."""
