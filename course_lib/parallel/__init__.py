@@ -5,6 +5,7 @@
 - ``asynchronous/`` (lecture 5): the asynchronous and stale-synchronous parameter server;
 - ``model_parallel/`` (lecture 9): tensor parallelism and Krizhevsky's hybrid;
 - ``pipeline_parallel/`` (lecture 10): schedules (naive, GPipe, 1F1B) and stages;
+- ``sharded/`` (lecture 11): ZeRO stages 1-3 as exchanges, the memory ledger, the bytes auditor;
 - ``large_batch/`` (lecture 12): the gradient noise scale measured from the allreduce.
 
 Import from the module that holds a name.
