@@ -128,13 +128,17 @@ class _Seats:
 
 
 def _spread(free: list[int], pcs: dict[int, str]) -> list[int]:
-    """Order engines so that the first n lie on as many PCs as possible (one per PC per round)."""
+    """Order engines so that a seat lies on as many PCs as possible, taking first from the PCs
+    with the most free engines (so the seats dealt next still find several PCs)."""
     by_pc: dict[str, list[int]] = {}
     for eid in sorted(free):
         by_pc.setdefault(pcs.get(eid, "?"), []).append(eid)
-    order = []
-    for round_ in range(max((len(ids) for ids in by_pc.values()), default=0)):
-        order += [ids[round_] for _, ids in sorted(by_pc.items()) if round_ < len(ids)]
+    order: list[int] = []
+    while by_pc:
+        # One engine from each PC per round, fullest PCs first.
+        for pc in sorted(by_pc, key=lambda pc: (-len(by_pc[pc]), pc)):
+            order.append(by_pc[pc].pop(0))
+        by_pc = {pc: ids for pc, ids in by_pc.items() if ids}
     return order
 
 

@@ -172,7 +172,8 @@ class CourseCluster:
             host = host or self.engine_info.get(eid, {}).get("host", "?")
             hosts[host] = hosts.get(host, 0) + 1
         on = ", ".join(f"{host} ({k})" for host, k in hosts.items())
-        source = f"profile {self.settings.profile!r}" if self.settings.profile else "its file"
+        source = (f"profile {self.settings.profile!r}" if self.settings.profile
+                  else f"file {self.settings.connection_file}")  # fmt: skip
         held = "a seat of" if self.seat else "all"
         lost = (
             " (SEAT LOST: the lab was stopped; start_cluster again)"
