@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
 import time
@@ -20,7 +21,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from course_lib.cluster import connect_cluster
+from course_lib.cluster import connect_cluster, start_cluster
 from course_lib.cluster.lab_preflight import leftover_controllers
 from course_lib.cluster.room import emulated_room, room_unavailable_reason
 from course_lib.cluster.room_ssh import write_lab_files
@@ -141,7 +142,7 @@ def test_three_students_hold_seats_of_their_own_and_a_fourth_is_told(
 
 
 def test_lab_start_names_an_unreachable_pc_and_leaves_nothing(
-    room_env: dict, tmp_path: Path
+    room_env: dict, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     security = tmp_path / "instructor" / "profile_lab" / "security"
     profile_dir = str(security.parent)
@@ -164,6 +165,13 @@ def test_lab_start_names_an_unreachable_pc_and_leaves_nothing(
         started = _kit(room_env, "lab", "start", str(without), "--timeout", "600")
         assert started.returncode == 0, started.stdout + started.stderr[-3000:]
         assert "2 engines on 2 PCs answered" in started.stdout, started.stdout
+        # A notebook's start_cluster(n=...) connects to the room when the environment says so.
+        monkeypatch.setenv("IPYTHONDIR", room_env["IPYTHONDIR"])
+        monkeypatch.setenv("COURSE_CLUSTER_PROFILE", "lab")
+        with start_cluster(n=2, timeout=120) as student:
+            hosts = sorted(student.view.apply_sync(socket.gethostname))
+            assert student.kind == "connect" and hosts == sorted(pc.hostname for pc in room.pcs[:2])
+            assert "2 engines of the room's cluster (profile 'lab')" in student.where()
         stopped = _kit(room_env, "lab", "stop", str(without))
         assert stopped.returncode == 0, stopped.stderr
         # A start that fails after it began (engines not up in time) stops what it started.

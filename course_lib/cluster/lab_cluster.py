@@ -181,7 +181,7 @@ def _wait_with_progress(client: Any, n: int, timeout: float, started: float, pro
             seen = count
         if time.monotonic() > deadline:
             raise TimeoutError(
-                f"{n - count} of {n} engines did not register within {timeout:.0f} s"
+                f"{n - count} of {n} engines did not register within {timeout:g} s"
             )
         time.sleep(0.5)
     progress(f"lab start: {n} of {n} engines registered ({time.monotonic() - started:.0f} s)")
