@@ -115,7 +115,7 @@ class _Seats:
             "ok": True,
             "seat": number,
             "ids": ids,
-            "pcs": {str(e): pcs.get(e, "?") for e in ids},
+            "pcs": {str(e): pcs.get(e) for e in ids},
         }
 
     def release(self, number: int | None) -> None:
@@ -263,7 +263,7 @@ class Seat:
     """Engines held by this client; released by :meth:`release` or when this process ends."""
 
     ids: list[int]
-    pcs: dict[int, str]
+    pcs: dict[int, str | None]  # engine -> its PC in the lab's roster (None: not in it)
     sock: socket.socket
     lost: bool = False
     _stop: threading.Event = field(default_factory=threading.Event)
