@@ -180,9 +180,7 @@ def _wait_with_progress(client: Any, n: int, timeout: float, started: float, pro
                      f"({time.monotonic() - started:.0f} s)")  # fmt: skip
             seen = count
         if time.monotonic() > deadline:
-            raise TimeoutError(
-                f"{n - count} of {n} engines did not register within {timeout:g} s"
-            )
+            raise TimeoutError(f"{n - count} of {n} engines did not register within {timeout:g} s")
         time.sleep(0.5)
     progress(f"lab start: {n} of {n} engines registered ({time.monotonic() - started:.0f} s)")
 
