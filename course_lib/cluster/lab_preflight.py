@@ -22,34 +22,33 @@ __all__ = ["PACKAGES", "check_pcs", "leftover_controllers", "versions_here"]
 
 PACKAGES = ("course-lib", "ipyparallel", "pyzmq", "torch")
 MARK = "KIT-VERSIONS "
-_ASK = f"""import json, platform
-from importlib import metadata, util
-v = {{"python": platform.python_version(), "kit": util.find_spec("course_lib") is not None}}
-for name in {PACKAGES!r}:
-    try:
-        v[name] = metadata.version(name)
-    except Exception:
-        v[name] = None
-print({MARK!r} + json.dumps(v))
-"""
+# One line, with neither double quotes nor anything a shell expands inside them, so that
+# `PYTHON -c "..."` means the same to a Linux PC's sh and a Windows PC's cmd.exe.
+_ASK = (
+    "import json, platform; from importlib import metadata, util; "
+    "d = {(x.metadata['Name'] or '').lower().replace('_', '-'): x.version "
+    "for x in metadata.distributions()}; "
+    f"v = {{n: d.get(n) for n in {PACKAGES!r}}}; "
+    "v.update(python=platform.python_version(), kit=util.find_spec('course_lib') is not None); "
+    f"print({MARK!r} + json.dumps(v))"
+)
 SSH_OPTIONS = ("-o", "BatchMode=yes", "-o", "ConnectTimeout=10")
 
 
 def versions_here() -> dict[str, Any]:
     """Return the versions of this PC (the instructor's), as :func:`check_pcs` asks every PC."""
-    found: dict[str, Any] = {"python": platform.python_version(), "kit": True}
-    for name in PACKAGES:
-        try:
-            found[name] = metadata.version(name)
-        except metadata.PackageNotFoundError:
-            found[name] = None
-    return found
+    names = {(dist.metadata["Name"] or "").lower().replace("_", "-"): dist.version
+             for dist in metadata.distributions()}  # fmt: skip
+    return {"python": platform.python_version(), "kit": True,
+            **{name: names.get(name) for name in PACKAGES}}  # fmt: skip
 
 
 def _check_one(hosts: LabHosts, pc: LabPC, here: dict[str, Any], timeout: float) -> str | None:
     """Return one line saying what is wrong with ``pc``, or None when it is ready."""
     where = hosts.path or "the hosts file"
-    command = f"{shlex.quote(pc.python)} -c {shlex.quote(_ASK)}"
+    windows = "\\" in pc.python or pc.python.lower().endswith(".exe")
+    python = f'"{pc.python}"' if windows else shlex.quote(pc.python)
+    command = f'{python} -c "{_ASK}"'
     try:
         done = subprocess.run([*hosts.ssh, *SSH_OPTIONS, pc.host, command], capture_output=True,
                               text=True, timeout=timeout, stdin=subprocess.DEVNULL)  # fmt: skip

@@ -1,0 +1,54 @@
+"""``./kit lab start``'s check of every PC before it starts anything: one line per PC not ready.
+
+Real ``ssh`` is replaced by a stand-in that runs the command on this machine (as the emulated
+room's does inside a namespace), so each kind of bad PC is real: a PC SSH cannot reach, a
+Python that is not there, a Python without the kit, a Python whose versions differ.
+"""
+
+from __future__ import annotations
+
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+
+from course_lib.cluster.lab_hosts import LabHosts, LabPC
+from course_lib.cluster.lab_preflight import check_pcs
+
+STAND_IN = """#!/bin/sh
+while [ $# -gt 0 ]; do case "$1" in -o) shift 2 ;; -*) shift ;; *) break ;; esac; done
+host=$1; shift
+case "$host" in
+    off) echo "ssh: connect to host off port 22: No route to host" >&2; exit 255 ;;
+    bare) cd / && exec env -u PYTHONPATH sh -c "$*" ;;
+esac
+exec sh -c "$*"
+"""
+
+
+def test_every_pc_not_ready_gets_one_line_naming_the_fix(tmp_path: Path) -> None:
+    ssh = tmp_path / "ssh"
+    ssh.write_text(STAND_IN)
+    ssh.chmod(0o755)
+    system_python = shutil.which("python3", path="/usr/bin")
+    if system_python is None or Path(system_python).resolve() == Path(sys.executable).resolve():
+        pytest.skip("needs a system python3 other than the kit's")
+    hosts = LabHosts(
+        pcs=(
+            LabPC("ready", 1, sys.executable),
+            LabPC("off", 1, sys.executable),
+            LabPC("nopython", 1, str(tmp_path / "no" / "python")),
+            LabPC("bare", 1, system_python),  # a Python without the kit (no PYTHONPATH there)
+            LabPC("other", 1, system_python),  # the kit on its path, but other versions
+        ),
+        ssh=(str(ssh),),
+        path=tmp_path / "hosts.toml",
+    )
+    lines = check_pcs(hosts, timeout=60)
+    by_pc = {line.split(":")[0]: line for line in lines}
+    assert len(lines) == len(by_pc) == 4, lines  # one line per bad PC, none for the ready one
+    assert "SSH cannot reach it (ssh: connect to host off" in by_pc["off"]
+    assert "no working Python at" in by_pc["nopython"]
+    assert "versions differ" in by_pc["other"] and "install the same kit" in by_pc["other"]
+    assert "the kit is not installed for" in by_pc["bare"]
