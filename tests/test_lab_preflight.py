@@ -52,3 +52,34 @@ def test_every_pc_not_ready_gets_one_line_naming_the_fix(tmp_path: Path) -> None
     assert "no working Python at" in by_pc["nopython"]
     assert "versions differ" in by_pc["other"] and "install the same kit" in by_pc["other"]
     assert "the kit is not installed for" in by_pc["bare"]
+
+
+def test_status_and_stop_find_a_controller_a_failed_start_left(tmp_path: Path) -> None:
+    import os
+    import subprocess
+
+    from course_lib.cluster.lab_preflight import leftover_controllers
+
+    env = dict(os.environ, IPYTHONDIR=str(tmp_path / "instructor"))
+    start = ("import ipyparallel as ipp; c = ipp.Cluster(profile='lab', cluster_id='', n=0, "
+             "shutdown_atexit=False, log_level=40); c.start_controller_sync()")  # fmt: skip
+    subprocess.run([sys.executable, "-c", start], env=env, check=True, timeout=120)
+    profile_dir = tmp_path / "instructor" / "profile_lab"
+    (profile_dir / "security" / "cluster-.json").unlink()  # no file names it any more
+    assert leftover_controllers(str(profile_dir)), "the controller should still run"
+    hosts = tmp_path / "hosts.toml"
+    hosts.write_text(f'[[pc]]\nhost = "lab-pc-01"\npython = "{sys.executable}"\n')
+
+    def kit_lab(*argv: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "course_lib.cluster", "lab", *argv,
+                               str(hosts)], env=env, capture_output=True, text=True,
+                              timeout=300)  # fmt: skip
+
+    status = kit_lab("status")
+    assert status.returncode == 1 and "a controller an earlier start left" in status.stdout
+    start_again = kit_lab("start")
+    assert start_again.returncode == 2 and "./kit lab stop" in start_again.stderr
+    stopped = kit_lab("stop")
+    assert stopped.returncode == 0 and "lab cluster stopped" in stopped.stdout, stopped.stderr
+    assert leftover_controllers(str(profile_dir)) == []
+    assert not list((profile_dir / "security").glob("ipcontroller-*.json"))
