@@ -7,10 +7,12 @@ Python that is not there, a Python without the kit, a Python whose versions diff
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 import sys
 from pathlib import Path
 
+import psutil
 import pytest
 
 from course_lib.cluster.lab_hosts import LabHosts, LabPC
@@ -75,11 +77,16 @@ def test_status_and_stop_find_a_controller_a_failed_start_left(tmp_path: Path) -
                                str(hosts)], env=env, capture_output=True, text=True,
                               timeout=300)  # fmt: skip
 
-    status = kit_lab("status")
-    assert status.returncode == 1 and "a controller an earlier start left" in status.stdout
-    start_again = kit_lab("start")
-    assert start_again.returncode == 2 and "./kit lab stop" in start_again.stderr
-    stopped = kit_lab("stop")
-    assert stopped.returncode == 0 and "lab cluster stopped" in stopped.stdout, stopped.stderr
-    assert leftover_controllers(str(profile_dir)) == []
+    try:
+        status = kit_lab("status")
+        assert status.returncode == 1 and "a controller an earlier start left" in status.stdout
+        start_again = kit_lab("start")
+        assert start_again.returncode == 2 and "./kit lab stop" in start_again.stderr
+        stopped = kit_lab("stop")
+        assert stopped.returncode == 0 and "lab cluster stopped" in stopped.stdout, stopped.stderr
+        assert leftover_controllers(str(profile_dir)) == []
+    finally:  # whatever a failing check left running
+        for pid in leftover_controllers(str(profile_dir)):
+            with contextlib.suppress(psutil.Error):
+                psutil.Process(pid).kill()
     assert not list((profile_dir / "security").glob("ipcontroller-*.json"))
