@@ -58,7 +58,7 @@ def seated():
         running.stop_cluster_sync()
 
 
-def _free_ids(security: Path) -> int:
+def _held_seats(security: Path) -> int:
     """Return how many seats are held now."""
     return int(seat_lines(security)[0].split()[1])
 
@@ -75,7 +75,7 @@ def test_seats_are_disjoint_and_a_full_room_says_so_in_one_line(seated: Path) ->
             connect_cluster(profile=PROFILE)
         with connect_cluster(profile=PROFILE, n=1) as second:
             assert not set(second.ids_by_rank) & set(first.ids_by_rank)
-            assert _free_ids(seated) == 2
+            assert _held_seats(seated) == 2
         taken = set(first.ids_by_rank)
     # Closed: the engines are back; the instructor's demo takes the whole room.
     with connect_cluster(profile=PROFILE) as demo:
@@ -104,14 +104,14 @@ def test_a_seat_comes_back_when_its_client_dies_or_goes_silent(seated: Path) -> 
         while (line := holder.stdout.readline()) and line.strip() != "held":
             pass
         assert line.strip() == "held"
-        assert _free_ids(seated) == 1
+        assert _held_seats(seated) == 1
     finally:
         holder.send_signal(signal.SIGKILL)
         holder.wait()
     deadline = time.monotonic() + 30
-    while _free_ids(seated) and time.monotonic() < deadline:  # the OS closed its connection
+    while _held_seats(seated) and time.monotonic() < deadline:  # the OS closed its connection
         time.sleep(0.2)
-    assert _free_ids(seated) == 0
+    assert _held_seats(seated) == 0
     # A client that took a seat and then says nothing more (a PC switched off): it expires.
     record = json.loads((seated / SEATS_FILE).read_text())
     from course_lib.cluster.lab_seats import _digest
@@ -121,8 +121,24 @@ def test_a_seat_comes_back_when_its_client_dies_or_goes_silent(seated: Path) -> 
                 "digest": _digest(seated / "ipcontroller-client.json")}  # fmt: skip
         silent.sendall((json.dumps(take) + "\n").encode())
         assert json.loads(silent.makefile().readline())["ok"]
-        assert _free_ids(seated) == 1
+        assert _held_seats(seated) == 1
         deadline = time.monotonic() + EXPIRY_SECONDS + 60
-        while _free_ids(seated) and time.monotonic() < deadline:
+        while _held_seats(seated) and time.monotonic() < deadline:
             time.sleep(0.5)
-        assert _free_ids(seated) == 0
+        assert _held_seats(seated) == 0
+
+
+def test_running_the_notebooks_cell_again_keeps_one_seat(
+    seated: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("COURSE_CLUSTER_PROFILE", PROFILE)
+    cluster = start_cluster(n=3)  # the whole room, as a notebook's first cell
+    first = cluster.seat
+    cluster = start_cluster(n=3)  # the cell again: the old seat goes back first
+    assert first.released and cluster.world_size == 3 and cluster.kind == "connect"
+    assert _held_seats(seated) == 1
+    del cluster  # a dropped cluster gives its seat back too
+    deadline = time.monotonic() + 30
+    while _held_seats(seated) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert _held_seats(seated) == 0

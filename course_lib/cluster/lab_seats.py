@@ -266,6 +266,7 @@ class Seat:
     pcs: dict[int, str | None]  # engine -> its PC in the lab's roster (None: not in it)
     sock: socket.socket
     lost: bool = False
+    released: bool = False
     _stop: threading.Event = field(default_factory=threading.Event)
 
     def _beat(self) -> None:
@@ -277,7 +278,10 @@ class Seat:
                 return
 
     def release(self) -> None:
-        """Give the engines back to the room."""
+        """Give the engines back to the room (again: nothing happens)."""
+        if self.released:
+            return
+        self.released = True
         self._stop.set()
         with contextlib.suppress(OSError):
             self.sock.sendall(b'{"op": "release"}\n')

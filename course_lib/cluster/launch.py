@@ -23,6 +23,7 @@ import os
 import shutil
 import sys
 import time
+import weakref
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -165,7 +166,11 @@ class CourseCluster:
         """Return one line saying which cluster this is: local, or the room's, on which PCs."""
         if self.kind != "connect":
             what = "MPI engines (ranks)" if self.kind == "mpi" else "local engines"
-            return f"{self.world_size} {what} on this PC"
+            hint = ""
+            if self.kind == "mpi" and (self.settings.profile or self.settings.connection_file):
+                # The room's engines are not MPI ranks of one world; MPI across its PCs is a job.
+                hint = " (the room's engines are not MPI ranks: ./kit lab mpi HOSTS -- CMD)"
+            return f"{self.world_size} {what} on this PC{hint}"
         hosts: dict[str, int] = {}
         for eid in self.ids_by_rank:
             host = self.seat.pcs.get(eid) if self.seat else None
@@ -335,6 +340,8 @@ def start_cluster(
         timeout=timeout,
     )
     if settings.kind == "connect":
+        if kind is None:
+            _give_back_earlier_seat()
         try:
             cluster = _connect(settings)
         except NoSeatError as exc:
@@ -355,7 +362,25 @@ def start_cluster(
     if activate:
         cluster.activate()
     print(f"course_lib: {cluster.where()}")
+    if kind is None and cluster.seat is not None:
+        _NOTEBOOK_SEAT[:] = [weakref.ref(cluster)]
     return cluster
+
+
+# The seat this process's notebook holds (a weak reference, so a dropped cluster is not kept).
+# Process-wide on purpose: the seat belongs to the kernel, and a notebook that runs its
+# `cluster = start_cluster(n=4)` cell again must not hold two seats (the old one would only go
+# once the new one exists, and in a full room the new one would find none).
+_NOTEBOOK_SEAT: list[weakref.ref] = []
+
+
+def _give_back_earlier_seat() -> None:
+    """Stop the cluster of this notebook's earlier seat, if it is still open."""
+    old = _NOTEBOOK_SEAT[0]() if _NOTEBOOK_SEAT else None
+    _NOTEBOOK_SEAT.clear()
+    if old is not None and old.seat is not None and not old.seat.released:
+        print(f"course_lib: giving back this notebook's earlier seat (engines {old.ids_by_rank})")
+        old.stop()
 
 
 def connect_cluster(
@@ -457,6 +482,10 @@ def _connect(settings: ClusterSettings) -> CourseCluster:
         ) from exc
     cluster = CourseCluster(settings, client, owned=None)
     cluster.seat = seat
+    if seat is not None:
+        # A notebook that runs its start_cluster cell again drops the old cluster without
+        # stop(): its seat goes back to the room when the old object goes.
+        weakref.finalize(cluster, seat.release)
     return cluster
 
 
