@@ -181,7 +181,7 @@ class CourseCluster:
                   else f"file {self.settings.connection_file}")  # fmt: skip
         held = "a seat of" if self.seat else "all"
         lost = (
-            " (SEAT LOST: the lab was stopped; start_cluster again)"
+            " (SEAT LOST: the lab stopped, or no heartbeat reached it; start_cluster again)"
             if self.seat and self.seat.lost
             else ""
         )
