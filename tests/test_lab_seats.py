@@ -142,3 +142,17 @@ def test_running_the_notebooks_cell_again_keeps_one_seat(
     while _held_seats(seated) and time.monotonic() < deadline:
         time.sleep(0.2)
     assert _held_seats(seated) == 0
+
+
+def test_a_seat_hung_in_plain_python_is_interrupted_not_left_hanging(seated: Path) -> None:
+    from course_lib.cluster import EngineTimeout
+
+    with connect_cluster(profile=PROFILE, n=2) as cluster:
+        with pytest.raises(EngineTimeout, match="interrupted"):
+            cluster.run(time.sleep, 1000, timeout=2)
+        # Still asleep (1000 s), they would time out here again.
+        assert cluster.run(_answer, timeout=60) == [42, 42]
+
+
+def _answer() -> int:
+    return 42

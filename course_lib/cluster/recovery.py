@@ -99,6 +99,15 @@ def recover(cluster: RecoverableCluster, grace: float = 10.0) -> RecoveryReport:
     hung = _busy_ranks(cluster)
     if not hung and _all_answer(cluster, timeout=grace):
         return RecoveryReport()
+    if cluster.owned is None and cluster.kind != "mpi":
+        # A connected cluster (a seat in the lab) holds only its own engines, so interrupting
+        # them is safe: ipyparallel's control channel asks each engine to signal itself.
+        try:
+            cluster.client.send_signal("SIGINT", targets=list(cluster.ids_by_rank), block=True)
+        except Exception:  # noqa: BLE001 - an engine gone or not answering: reported below
+            pass
+        if _all_answer(cluster, timeout=grace):
+            return RecoveryReport(hung, "interrupted", time.monotonic() - start)
     if cluster.owned is None:
         raise EngineTimeout(
             f"ranks {hung} of a cluster this notebook did not start are hung: ask the instructor "
