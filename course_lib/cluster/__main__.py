@@ -70,7 +70,7 @@ def room_main(args: argparse.Namespace) -> int:
     state = Path(args.state) if args.state else room_state.default_state_file()
     try:
         if args.action == "up":
-            room = room_state.room_up(args.pcs, args.rate, state)
+            room = room_state.room_up(args.pcs, args.rate, state, engines=args.engines)
             print(room_state.describe_room(room, state))
         elif args.action == "down":
             room, errors = room_state.room_down(state)
@@ -129,9 +129,13 @@ def lab_main(args: argparse.Namespace) -> int:
                 print(f"re-added {', '.join(added)}: their engines answered after {seconds:.1f} s")
             return 0
         if args.action == "start":
-            _, seconds = start_lab(hosts, timeout=args.timeout)
+            cluster, seconds = start_lab(hosts, timeout=args.timeout,
+                                         progress=lambda line: print(line, flush=True))  # fmt: skip
+            files = Path(cluster.profile_dir) / "security"
             print(f"lab cluster up: {hosts.engines} engines on {len(hosts.pcs)} PCs answered "
-                  f"after {seconds:.1f} s; students: COURSE_CLUSTER_PROFILE={hosts.profile}")  # fmt: skip
+                  f"after {seconds:.1f} s; students: COURSE_CLUSTER_PROFILE={hosts.profile} "
+                  f"(or COURSE_CLUSTER_FILE={files / 'ipcontroller-client.json'}, "
+                  "with lab-seats.json beside it); each notebook gets a seat of its own")  # fmt: skip
             return 0
         if args.action == "status":
             ok, text = lab_status(hosts)
@@ -205,6 +209,8 @@ def main(argv: list[str] | None = None, prog: str = "python -m course_lib.cluste
     up = actions.add_parser("up", help="build a room of N PCs that stays up")
     up.add_argument("pcs", type=int, metavar="N", help="number of PCs")
     up.add_argument("--rate", default="1gbit", help="every link's rate (tc syntax: 1gbit, 100mbit)")
+    up.add_argument("--engines", type=int, default=1,
+                    help="engines per PC in the hosts file it writes for ./kit lab start")  # fmt: skip
     actions.add_parser("down", help="remove the room that `up` built")
     actions.add_parser("status", help="show the room that is up")
     run = actions.add_parser("run", help="run a command inside one PC: run pc1 -- CMD")

@@ -1,15 +1,20 @@
 """Get engines for a notebook: start local or MPI engines, or connect to the lab's running cluster.
 
-The same notebook runs on a laptop and in the lab: the choice comes from arguments or from the
-environment (``COURSE_CLUSTER_KIND``, ``COURSE_CLUSTER_ENGINES``, ``COURSE_CLUSTER_PROFILE``,
-``COURSE_CLUSTER_FILE``), so an instructor can point a room of notebooks at one cluster without
-editing them::
+One rule for every lecture: the notebook asks for what it needs (``start_cluster(n=4)``), and
+the environment decides where the engines come from: local engines on this PC by default, the
+room's cluster when ``COURSE_CLUSTER_PROFILE`` or ``COURSE_CLUSTER_FILE`` name one (the lab's
+``./kit lab start``). In the room the notebook gets a *seat*, engines of its own that no other
+notebook uses while it is open (:mod:`course_lib.cluster.lab.seats`); with no free seat it says
+so in one line and runs on local engines. Every cluster says which it got (``cluster.where()``,
+printed when it starts)::
 
-    with start_cluster(n=4) as cluster:      # local engines, stopped on exit
+    with start_cluster(n=4) as cluster:      # local engines, or a seat of 4 in the room
         cluster.view.apply_sync(lambda: rank)
 
-    cluster = start_cluster(kind="mpi", n=4)  # every engine an MPI rank
-    cluster = connect_cluster(profile="lab")  # the instructor's cluster
+    cluster = start_cluster(kind="mpi", n=4)  # every engine an MPI rank (on this PC)
+    cluster = connect_cluster(profile="lab")  # the whole room: the instructor's demo
+
+An explicit ``kind="local"`` still means this PC, whatever the environment says.
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ import os
 import shutil
 import sys
 import time
+import weakref
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -26,6 +32,7 @@ import ipyparallel as ipp
 
 from course_lib.cluster import engine_side
 from course_lib.cluster.doctor import DoctorReport, doctor
+from course_lib.cluster.lab.seats import NoSeatError, Seat, take_seat
 from course_lib.cluster.recovery import EngineTimeout, RecoveryReport, recover, run_with_timeout
 
 __all__ = [
@@ -130,6 +137,8 @@ class CourseCluster:
         self.engine_info: dict[int, dict[str, Any]] = {}
         #: engines the controller still listed when this cluster was set up, found dead and left out
         self.left_out: list[int] = []
+        #: the engines this client holds in the room (None: not a seated cluster)
+        self.seat: Seat | None = None
         self._activated = False
         self._view: ipp.DirectView | None = None
 
@@ -149,8 +158,34 @@ class CourseCluster:
 
     def __repr__(self) -> str:
         return (
-            f"<CourseCluster kind={self.kind} world_size={self.world_size} ids={self.ids_by_rank}>"
+            f"<CourseCluster kind={self.kind} world_size={self.world_size} ids={self.ids_by_rank}"
+            f": {self.where()}>"
         )
+
+    def where(self) -> str:
+        """Return one line saying which cluster this is: local, or the room's, on which PCs."""
+        if self.kind != "connect":
+            what = "MPI engines (ranks)" if self.kind == "mpi" else "local engines"
+            hint = ""
+            if self.kind == "mpi" and (self.settings.profile or self.settings.connection_file):
+                # The room's engines are not MPI ranks of one world; MPI across its PCs is a job.
+                hint = " (the room's engines are not MPI ranks: ./kit lab mpi HOSTS -- CMD)"
+            return f"{self.world_size} {what} on this PC{hint}"
+        hosts: dict[str, int] = {}
+        for eid in self.ids_by_rank:
+            host = self.seat.pcs.get(eid) if self.seat else None
+            host = host or self.engine_info.get(eid, {}).get("host", "?")
+            hosts[host] = hosts.get(host, 0) + 1
+        on = ", ".join(f"{host} ({k})" for host, k in hosts.items())
+        source = (f"profile {self.settings.profile!r}" if self.settings.profile
+                  else f"file {self.settings.connection_file}")  # fmt: skip
+        held = "a seat of" if self.seat else "all"
+        lost = (
+            " (SEAT LOST: the lab stopped, or no heartbeat reached it; start_cluster again)"
+            if self.seat and self.seat.lost
+            else ""
+        )
+        return f"{held} {self.world_size} engines of the room's cluster ({source}) on {on}{lost}"
 
     # -- life cycle ---------------------------------------------------------------------------
     def setup_engines(self) -> None:
@@ -187,7 +222,7 @@ class CourseCluster:
         """Describe every registered engine; skip (and say so) engines that died but are still
         listed: the controller drops a dead engine only after a few missed heartbeats."""
         pending, dead = {}, []
-        for eid in self.client.ids:
+        for eid in self.seat.ids if self.seat else self.client.ids:
             try:
                 pending[eid] = self.client[eid].apply_async(engine_side.describe_engine, False)
             except IndexError:  # unregistered between reading ids and addressing it
@@ -219,6 +254,8 @@ class CourseCluster:
     def stop(self) -> None:
         """Close the client and stop the engines and controller if this object started them."""
         try:
+            if self.seat is not None:
+                self.seat.release()  # the engines go back to the room
             self.client.close()
         finally:
             if self.owned is not None:
@@ -303,7 +340,18 @@ def start_cluster(
         timeout=timeout,
     )
     if settings.kind == "connect":
-        cluster = _connect(settings)
+        if kind is None:
+            _give_back_earlier_seat()
+        try:
+            cluster = _connect(settings)
+        except NoSeatError as exc:
+            if kind == "connect" or settings.n is None:  # asked for the room itself: say so
+                raise ClusterError(f"no seat in the room: {exc}") from None
+            # A notebook asked for n engines; the room has none free: one line, then this PC.
+            local = ClusterSettings(**{**settings.__dict__, "kind": "local"})
+            print(f"course_lib: {exc}; running on {settings.n} local engines on this PC instead "
+                  "(start_cluster again later for a seat in the room)")  # fmt: skip
+            cluster = _start(local)
     else:
         cluster = _start(settings)
     try:
@@ -313,7 +361,26 @@ def start_cluster(
         raise
     if activate:
         cluster.activate()
+    print(f"course_lib: {cluster.where()}")
+    if kind is None and cluster.seat is not None:
+        _NOTEBOOK_SEAT[:] = [weakref.ref(cluster)]
     return cluster
+
+
+# The seat this process's notebook holds (a weak reference, so a dropped cluster is not kept).
+# Process-wide on purpose: the seat belongs to the kernel, and a notebook that runs its
+# `cluster = start_cluster(n=4)` cell again must not hold two seats (the old one would only go
+# once the new one exists, and in a full room the new one would find none).
+_NOTEBOOK_SEAT: list[weakref.ref] = []
+
+
+def _give_back_earlier_seat() -> None:
+    """Stop the cluster of this notebook's earlier seat, if it is still open."""
+    old = _NOTEBOOK_SEAT[0]() if _NOTEBOOK_SEAT else None
+    _NOTEBOOK_SEAT.clear()
+    if old is not None and old.seat is not None and not old.seat.released:
+        print(f"course_lib: giving back this notebook's earlier seat (engines {old.ids_by_rank})")
+        old.stop()
 
 
 def connect_cluster(
@@ -400,6 +467,11 @@ def _connect(settings: ClusterSettings) -> CourseCluster:
     n = settings.n or 1
     try:
         client.wait_for_engines(n, timeout=settings.timeout, interactive=False)
+        # The lab's seat service (if the cluster has one) deals out engines of our own.
+        seat = take_seat(_client_file(client, settings), settings.n, list(client.ids))
+    except NoSeatError:
+        client.close()
+        raise
     except (ipp.error.TimeoutError, TimeoutError) as exc:
         found = len(client.ids)
         client.close()
@@ -408,7 +480,24 @@ def _connect(settings: ClusterSettings) -> CourseCluster:
             f"within {settings.timeout:.0f} s: start engines (`ipcluster engines -n {n} "
             f"--profile={settings.profile or 'NAME'}`) or ask for fewer"
         ) from exc
-    return CourseCluster(settings, client, owned=None)
+    cluster = CourseCluster(settings, client, owned=None)
+    cluster.seat = seat
+    if seat is not None:
+        # A notebook that runs its start_cluster cell again drops the old cluster without
+        # stop(): its seat goes back to the room when the old object goes.
+        weakref.finalize(cluster, seat.release)
+    return cluster
+
+
+def _client_file(client: ipp.Client, settings: ClusterSettings) -> Path:
+    """Return the ipcontroller-client.json this client was made from (its folder: the seats)."""
+    if settings.connection_file:
+        return Path(settings.connection_file).expanduser()
+    from IPython.core.profiledir import ProfileDir
+    from IPython.paths import get_ipython_dir
+
+    location = ProfileDir.find_profile_dir_by_name(get_ipython_dir(), settings.profile).location
+    return Path(location) / "security" / "ipcontroller-client.json"
 
 
 def _engine_output(owned: ipp.Cluster) -> str:

@@ -166,6 +166,15 @@ def recover(cluster: RecoverableCluster, grace: float = 10.0) -> RecoveryReport:
         problem = _mpi_world_problem(cluster, timeout=max(grace, 10.0)) or ""
         if not problem:
             return RecoveryReport(note=_MPI_HEALTHY)
+    if cluster.owned is None and cluster.kind != "mpi":
+        # A connected cluster (a seat in the lab) holds only its own engines, so interrupting
+        # them is safe: ipyparallel's control channel asks each engine to signal itself.
+        try:
+            cluster.client.send_signal("SIGINT", targets=list(cluster.ids_by_rank), block=True)
+        except Exception:  # noqa: BLE001 - an engine gone or not answering: reported below
+            pass
+        if _all_answer(cluster, timeout=grace):
+            return RecoveryReport(hung, "interrupted", time.monotonic() - start)
     if cluster.owned is None:
         what = problem or f"ranks {hung} are hung"
         raise EngineTimeout(

@@ -1,4 +1,4 @@
-"""One cluster across the lab's PCs from the hosts file: ``./kit lab start | status | stop``.
+"""The instructor's lab (docs/instructor.md; lecture 0 connects to it): One cluster across the lab's PCs from the hosts file: ``./kit lab start | status | stop``.
 
 ``start`` runs the controller on this PC (the instructor's), listening on the lab network, and
 the engines on every PC through ipyparallel's SSH engine launcher (Linux PCs, and Windows PCs
@@ -9,6 +9,13 @@ what runs where, and names the PCs that dropped out (see :mod:`course_lib.cluste
 ``add HOSTS PC...`` starts a dropped-out PC's engines again, joined to the running controller
 (the others and the students' clients are left alone); ``stop`` stops the engines on every PC
 and the controller.
+
+``start`` first asks every PC over SSH whether it is ready (:mod:`course_lib.cluster.lab.preflight`)
+and starts nothing while one is not; a start that fails later stops what it started (engines,
+controller, seat service) and removes the connection files, so the next start begins clean.
+``status`` and ``stop`` also find a controller of the profile that no cluster file names any
+more (left by a crashed start). Beside the controller runs the seat service that deals the
+room's engines out to the students' notebooks (:mod:`course_lib.cluster.lab.seats`).
 """
 
 from __future__ import annotations
@@ -24,19 +31,34 @@ from pathlib import Path
 from typing import Any
 
 from course_lib.cluster.lab.hosts import LabHosts, LabPC
+from course_lib.cluster.lab.preflight import check_pcs, leftover_controllers
 from course_lib.cluster.lab.roster import (
     HEARTBEAT_MISSES,
     HEARTBEAT_MS,
+    ROSTER_FILE,
     record_roster,
     roster_report,
 )
+from course_lib.cluster.lab.seats import (
+    SEATS_FILE,
+    seat_lines,
+    start_seat_service,
+    stop_seat_service,
+)
 
-__all__ = ["LAB_CLUSTER_ID", "add_pcs", "lab_status", "start_lab", "stop_lab"]
+__all__ = ["LAB_CLUSTER_ID", "LabStartError", "add_pcs", "lab_status", "start_lab", "stop_lab"]
 
 # ipcluster's own (empty) id: the files keep their usual names (ipcontroller-client.json, which
 # students' start_cluster finds by profile), and status and stop find what start left running.
 LAB_CLUSTER_ID = ""
 WATCH_SECONDS = 10  # how long one remote wait of the launcher's engine watcher lasts
+# What a start leaves in the profile's security folder; a failed start or a stop removes them.
+LAB_FILES = ("ipcontroller-client.json", "ipcontroller-engine.json", f"cluster-{LAB_CLUSTER_ID}.json",
+             ROSTER_FILE, SEATS_FILE)  # fmt: skip
+
+
+class LabStartError(ValueError):
+    """``lab start`` stopped before or after starting: the message says why (a line per PC)."""
 
 
 def _profile_dir(profile: str) -> str:
@@ -89,8 +111,13 @@ def _load(hosts: LabHosts) -> Any | None:
     return ipp.Cluster.from_file(str(state), config=config, log=quiet)
 
 
-def start_lab(hosts: LabHosts, timeout: float = 120.0) -> tuple[Any, float]:
-    """Start the controller here and the engines on every PC; return the cluster, seconds taken."""
+def start_lab(hosts: LabHosts, timeout: float = 120.0, progress: Any = print) -> tuple[Any, float]:
+    """Check every PC, start the controller here, the engines on every PC and the seat service.
+
+    Returns the cluster and the seconds taken. Raises :class:`LabStartError` naming every PC that
+    is not ready (nothing started then); on any later failure what was started is stopped and
+    the connection files are removed. ``progress`` gets a line whenever more engines answer.
+    """
     import ipyparallel as ipp
 
     if _is_running(hosts):
@@ -98,7 +125,13 @@ def start_lab(hosts: LabHosts, timeout: float = 120.0) -> tuple[Any, float]:
             f"a lab cluster is already running in profile {hosts.profile!r}: "
             "see it with ./kit lab status HOSTS, or stop it with ./kit lab stop HOSTS"
         )
+    if _leftovers(hosts):
+        raise ValueError(f"a controller of profile {hosts.profile!r} is left from an earlier start "
+                         f"(pids {_leftovers(hosts)}): end it with ./kit lab stop HOSTS")  # fmt: skip
     started = time.monotonic()
+    if bad := check_pcs(hosts):
+        raise LabStartError(f"{len(bad)} of {len(hosts.pcs)} PCs are not ready; nothing was "
+                            "started:\n" + "\n".join(f"  {line}" for line in bad))  # fmt: skip
     cluster = ipp.Cluster(
         profile=hosts.profile,
         cluster_id=LAB_CLUSTER_ID,
@@ -106,6 +139,7 @@ def start_lab(hosts: LabHosts, timeout: float = 120.0) -> tuple[Any, float]:
         engine_launcher_class="ssh",
         n=hosts.engines,
         shutdown_atexit=False,  # the lab outlives this command; ./kit lab stop ends it
+        log_level=logging.CRITICAL,  # a failure is reported in one line below, not a traceback
     )
     # A dead PC is noticed by the controller's heartbeat: see lab.roster for the bound.
     cluster.controller_args = [
@@ -113,17 +147,74 @@ def start_lab(hosts: LabHosts, timeout: float = 120.0) -> tuple[Any, float]:
         f"--HeartMonitor.max_heartmonitor_misses={HEARTBEAT_MISSES}",
     ]
     _configure_launcher(cluster, hosts, hosts.pcs)
+    _remove_lab_files(hosts)  # stale files of an earlier run would mislead the students' clients
     try:
-        cluster.start_cluster_sync()
+        with _stderr_to_devnull():  # the launcher's remote tracebacks: reported below in a line
+            cluster.start_cluster_sync()
         with cluster.connect_client_sync() as client:
-            client.wait_for_engines(hosts.engines, timeout=timeout)
+            _wait_with_progress(client, hosts.engines, timeout, started, progress)
             record_roster(_security(hosts), hosts, client, timeout=timeout)
-    except BaseException:
-        cluster.stop_cluster_sync()
+        start_seat_service(_security(hosts), hosts.controller_ip)
+    except BaseException as exc:
+        _teardown(cluster, hosts)
+        if isinstance(exc, Exception):
+            raise LabStartError(f"starting failed, and what was started is stopped again: "
+                                f"{_one_line(exc)}") from None  # fmt: skip
         raise
     finally:
         _stop_watchers(cluster)
     return cluster, time.monotonic() - started
+
+
+def _one_line(exc: BaseException) -> str:
+    text = " ".join(str(exc).split()) or type(exc).__name__
+    return f"{type(exc).__name__}: {text[:300]}"
+
+
+def _wait_with_progress(client: Any, n: int, timeout: float, started: float, progress: Any) -> None:
+    """Wait until ``n`` engines registered, reporting each new count; TimeoutError past ``timeout``."""
+    deadline, seen = time.monotonic() + timeout, -1
+    while (count := len(client.ids)) < n:
+        if count != seen:
+            progress(f"lab start: {count} of {n} engines registered "
+                     f"({time.monotonic() - started:.0f} s)")  # fmt: skip
+            seen = count
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{n - count} of {n} engines did not register within {timeout:g} s")
+        time.sleep(0.5)
+    progress(f"lab start: {n} of {n} engines registered ({time.monotonic() - started:.0f} s)")
+
+
+def _leftovers(hosts: LabHosts) -> list[int]:
+    """Return the pids of this profile's controllers that no cluster file names (a crashed start)."""
+    security = _security(hosts)
+    return leftover_controllers(str(security.parent)) if security else []
+
+
+def _remove_lab_files(hosts: LabHosts) -> None:
+    if (security := _security(hosts)) is not None:
+        for name in LAB_FILES:
+            (security / name).unlink(missing_ok=True)
+
+
+def _teardown(cluster: Any, hosts: LabHosts) -> None:
+    """Stop, each step on its own so one failure does not keep the next from running: the engines
+    (over SSH; an unreachable PC fails, quietly), the controller, the seat service; remove files."""
+    import psutil
+
+    with _stderr_to_devnull():
+        for engine_set_id in list(getattr(cluster, "engines", {})):
+            with contextlib.suppress(Exception):
+                cluster.stop_engines_sync(engine_set_id)
+        with contextlib.suppress(Exception):
+            cluster.stop_controller_sync()
+    if (security := _security(hosts)) is not None:
+        stop_seat_service(security)
+    for pid in _leftovers(hosts):  # a controller the launcher could not stop
+        with contextlib.suppress(psutil.Error):
+            psutil.Process(pid).kill()
+            psutil.Process(pid).wait(10)
+    _remove_lab_files(hosts)
 
 
 def _configure_launcher(cluster: Any, hosts: LabHosts, pcs: tuple[LabPC, ...]) -> None:
@@ -250,10 +341,15 @@ def _stop_watchers(cluster: Any) -> None:
 def lab_status(hosts: LabHosts) -> tuple[bool, str]:
     """Return (every engine answers, a table of the engines per PC naming those that dropped out)."""
     if not _is_running(hosts):
+        if left := _leftovers(hosts):
+            return False, (f"no lab cluster is running in profile {hosts.profile!r}, but a "
+                           f"controller an earlier start left is (pids {left}): end it with "
+                           "./kit lab stop HOSTS")  # fmt: skip
         return False, f"no lab cluster is running in profile {hosts.profile!r}"
     with _client(hosts) as client:
         ok, lines, dropped = roster_report(hosts, _security(hosts), client)
         registered = len(client.ids)
+    lines += seat_lines(_security(hosts))
     head = f"lab cluster {'OK' if ok else 'INCOMPLETE'}: {registered} of {hosts.engines} engines "
     head += f"registered at the controller (profile {hosts.profile!r})"
     if dropped:
@@ -262,13 +358,23 @@ def lab_status(hosts: LabHosts) -> tuple[bool, str]:
 
 
 def stop_lab(hosts: LabHosts) -> bool:
-    """Stop the engines on every PC and the controller; return False when none was running."""
+    """Stop the engines on every PC, the controller and the seat service; False: none was running.
+
+    Also ends a controller of the profile that an earlier start left behind, and removes the
+    connection files, so the next start begins clean.
+    """
     cluster = _load(hosts) if _is_running(hosts) else None
-    if cluster is None:
+    leftover = _leftovers(hosts)
+    if cluster is None and not leftover:
+        _remove_lab_files(hosts)
         return False
     try:
-        with _stderr_to_devnull():  # `kill` of an engine that died earlier prints a traceback
-            cluster.stop_cluster_sync()
+        if cluster is not None:
+            with _stderr_to_devnull():  # `kill` of an engine that died earlier prints a traceback
+                with contextlib.suppress(Exception):  # what is left is ended by _teardown
+                    cluster.stop_cluster_sync()
     finally:
-        _stop_watchers(cluster)  # they end at once: the engines they watch are gone
+        if cluster is not None:
+            _stop_watchers(cluster)  # they end at once: the engines they watch are gone
+        _teardown(cluster if cluster is not None else object(), hosts)
     return True

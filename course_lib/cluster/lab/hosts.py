@@ -1,4 +1,4 @@
-"""The lab's hosts file: which PCs run how many engines, with which Python, reached how.
+"""The instructor's lab (docs/instructor.md; lecture 0 connects to it): The lab's hosts file: which PCs run how many engines, with which Python, reached how.
 
 A small TOML file the instructor writes once per room::
 

@@ -1,4 +1,4 @@
-"""MPI ranks across the lab's PCs from the hosts file: ``./kit lab mpi hosts.toml -- CMD``.
+"""The instructor's lab (docs/instructor.md; lecture 0 connects to it): MPI ranks across the lab's PCs from the hosts file: ``./kit lab mpi hosts.toml -- CMD``.
 
 The hosts file becomes an MPICH (hydra) hostfile, ``PC:engines`` per line, so a PC runs as many
 ranks as it runs engines; ``mpiexec`` starts them over the same ``ssh`` the engines use

@@ -1,4 +1,4 @@
-"""Which engine runs on which lab PC, and which PCs have dropped out: the lab's roster.
+"""The instructor's lab (docs/instructor.md; lecture 0 connects to it): Which engine runs on which lab PC, and which PCs have dropped out: the lab's roster.
 
 ``./kit lab start`` and ``add`` ask every new engine where it runs (host name and addresses),
 match that to a PC of the hosts file, and keep the answer in the profile's

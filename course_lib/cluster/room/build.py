@@ -1,4 +1,4 @@
-"""An emulated computer room on one Linux machine: network namespaces joined by a shaped bridge.
+"""The emulated room (docs/instructor.md's rehearsal; lecture 3's links): An emulated computer room on one Linux machine: network namespaces joined by a shaped bridge.
 
 Each lab PC is a network namespace with one interface, ``eth0``, plugged into a Linux bridge in
 the root namespace, which plays the instructor's PC. Every link is shaped with a token bucket

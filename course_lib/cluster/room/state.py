@@ -1,4 +1,4 @@
-"""A persistent emulated room: ``./kit room up N`` builds it, ``down`` removes it, ``status``.
+"""The emulated room (docs/instructor.md's rehearsal; lecture 3's links): A persistent emulated room: ``./kit room up N`` builds it, ``down`` removes it, ``status``.
 
 An instructor rehearses a class on one machine: ``up`` builds the same room as
 :func:`course_lib.cluster.room.build.emulated_room` (one implementation, :func:`build_room`) but leaves
@@ -10,6 +10,10 @@ recorded *before* anything is built, so a killed ``up`` still leaves ``down`` wh
 The state file is the checkout's ``.kit/room.json`` (``$COURSE_ROOM_STATE`` or ``--state``
 moves it). Network namespaces do not survive a reboot; a state file whose objects are all gone
 is stale, and ``status`` / ``up`` say so and replace it.
+
+``up`` also writes what ``./kit lab start`` needs to reach the room's PCs: a hosts file and the
+``ssh`` / ``scp`` stand-ins (:func:`course_lib.cluster.room.ssh.write_lab_files`), in the folder
+beside the state file (``.kit/room-lab/``); ``down`` removes them.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ import json
 import os
 import re
 import secrets
+import shutil
 import subprocess
 from collections.abc import Sequence
 from pathlib import Path
@@ -32,11 +37,13 @@ from course_lib.cluster.room.build import (
     missing_prerequisite,
     teardown_room,
 )
+from course_lib.cluster.room.ssh import write_lab_files
 
 __all__ = [
     "RoomError",
     "default_state_file",
     "describe_room",
+    "lab_folder",
     "read_state",
     "room_down",
     "room_up",
@@ -56,6 +63,11 @@ def default_state_file() -> Path:
     if os.environ.get(ENV_VAR):
         return Path(os.environ[ENV_VAR])
     return Path(course_lib.__file__).resolve().parent.parent / ".kit" / "room.json"
+
+
+def lab_folder(state_file: Path) -> Path:
+    """Return where ``up`` writes the room's hosts file and SSH stand-ins (beside the state)."""
+    return state_file.with_name(f"{state_file.stem}-lab")
 
 
 def _write_state(path: Path, room: Room, burst: str) -> None:
@@ -113,10 +125,18 @@ def _planned(n_pcs: int, tag: str, rate: str) -> Room:
     return room
 
 
-def room_up(n_pcs: int, rate: str = "1gbit", state_file: Path | None = None) -> Room:
-    """Build a room of ``n_pcs`` PCs that stays up, record it in the state file; return it."""
+def room_up(
+    n_pcs: int, rate: str = "1gbit", state_file: Path | None = None, engines: int = 1
+) -> Room:
+    """Build a room of ``n_pcs`` PCs that stays up, record it in the state file; return it.
+
+    Also writes the hosts file (``engines`` per PC) and SSH stand-ins for ``./kit lab start``
+    into :func:`lab_folder`.
+    """
     if not 1 <= n_pcs <= 200:
         raise ValueError(f"{n_pcs} PCs: give a number of PCs from 1 to 200")
+    if not 1 <= engines <= 64:
+        raise ValueError(f"--engines {engines}: give 1 to 64 engines per PC")
     if not RATE.match(rate):
         raise ValueError(f"rate {rate!r}: give a tc rate such as 1gbit, 100mbit or 12.5mbps")
     if (missing := missing_prerequisite()) is not None:
@@ -137,6 +157,7 @@ def room_up(n_pcs: int, rate: str = "1gbit", state_file: Path | None = None) -> 
         path.unlink(missing_ok=True)  # build_room removed what it had built
         raise RoomError(f"building the room failed: {exc}") from None
     _write_state(path, room, BURST)
+    write_lab_files(room, lab_folder(path), engines=engines)
     return room
 
 
@@ -151,6 +172,7 @@ def room_down(state_file: Path | None = None) -> tuple[Room | None, list[str]]:
     errors = teardown_room(room)
     if not errors:
         path.unlink(missing_ok=True)
+        shutil.rmtree(lab_folder(path), ignore_errors=True)
     return room, errors
 
 
@@ -179,6 +201,10 @@ def describe_room(room: Room, state_file: Path, *, check: bool = False) -> str:
         "`./kit room run pc1 -- CMD` also gives CMD the PC's host name; "
         f"`./kit room down` removes the room (state: {state_file})."
     )
+    hosts = lab_folder(state_file) / "hosts.toml"
+    if hosts.is_file():
+        lines.append(f"Rehearse the lab: ./kit lab start {hosts}  (hosts file and SSH stand-ins "
+                     f"in {hosts.parent}; then ./kit lab status / stop {hosts})")  # fmt: skip
     if check and (gone := [n for n in room.names if n not in leftovers(room.names)]):
         lines.append(f"INCOMPLETE: {', '.join(gone)} no longer exist: run `./kit room down`")
     return "\n".join(lines)

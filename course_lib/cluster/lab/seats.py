@@ -1,0 +1,319 @@
+"""The instructor's lab (docs/instructor.md; lecture 0 connects to it): Seats for a room of students: each notebook holds engines of its own (``./kit lab start``).
+
+A room of students shares one lab cluster. If two notebooks drove the same engine, their gloo
+set-ups would replace each other's process group there (one default group per process), so the
+room's engines are dealt out as *seats*: a disjoint set of engines, spread over the PCs, that one
+client holds while it is open. The instructor's ``lab start`` runs a small seat service beside
+the controller (this module's :func:`serve`, a process of its own) and writes its address into
+the profile's ``security/lab-seats.json``, next to ``ipcontroller-client.json``.
+
+A seat *is* an open TCP connection to the service:
+
+- a client asks for ``n`` engines (or the whole room, the instructor's demo) and gets a seat, or
+  one line saying why not (no free seat: how many are held, by how many notebooks);
+- it then sends a heartbeat every ``BEAT_SECONDS``; the service frees the seat when the client
+  closes it (``cluster.stop()``), when the connection drops (the notebook's kernel died: the OS
+  closes its socket) or when no heartbeat came for ``EXPIRY_SECONDS`` (the PC was switched off
+  or lost its link);
+- the service keeps seats only in memory: stopping it (``lab stop``) frees every seat.
+
+So no two clients that took seats ever run collectives on one engine at the same time.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import socket
+import socketserver
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+__all__ = [
+    "BEAT_SECONDS",
+    "EXPIRY_SECONDS",
+    "SEATS_FILE",
+    "NoSeatError",
+    "Seat",
+    "seat_lines",
+    "serve",
+    "start_seat_service",
+    "stop_seat_service",
+    "take_seat",
+]
+
+SEATS_FILE = "lab-seats.json"
+BEAT_SECONDS = 2.0
+# Five missed beats: a busy student's kernel still beats (a thread of its own, and torch
+# releases the GIL), so only a gone client misses that many.
+EXPIRY_SECONDS = 10.0
+
+
+class NoSeatError(RuntimeError):
+    """No free seat (or no seat service answering); the message is one line."""
+
+
+def _digest(connection_file: Path) -> str:
+    """Return a digest of the cluster's key: a seat file of another cluster is told apart."""
+    key = json.loads(connection_file.read_text()).get("key", "")
+    return hashlib.sha256(key.encode()).hexdigest()[:16]
+
+
+def _roster_pcs(security: Path) -> dict[int, str]:
+    """Return engine id -> PC from the lab's roster (engines missing from it: ``"?"``)."""
+    from course_lib.cluster.lab.roster import read_roster
+
+    return {
+        eid: row.get("pc") or row.get("host") or "?" for eid, row in read_roster(security).items()
+    }
+
+
+# -- the service (the instructor's PC) --------------------------------------------------------------
+@dataclass
+class _Seats:
+    """The seats held now; one lock, since every connection is served by a thread of its own."""
+
+    security: Path
+    digest: str
+    held: dict[int, dict[str, Any]] = field(default_factory=dict)  # seat number -> seat
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    counter: int = 0
+
+    def take(self, request: dict[str, Any]) -> dict[str, Any]:
+        if request.get("digest") != self.digest:
+            return {"ok": False, "why": "this seat service belongs to another cluster: ask the "
+                    "instructor for the current ipcontroller-client.json and lab-seats.json"}  # fmt: skip
+        registered = [int(eid) for eid in request.get("ids", [])]
+        pcs = _roster_pcs(self.security)
+        with self.lock:
+            busy = {eid for seat in self.held.values() for eid in seat["ids"]}
+            free = [eid for eid in registered if eid not in busy]
+            want = request.get("n")
+            holders = len(self.held)
+            if want is None:  # the whole room (the instructor's demo)
+                if busy:
+                    return {"ok": False, "why": f"the whole room was asked for, but {holders} "
+                            f"notebook(s) hold {len(busy)} of its {len(registered)} engines"}  # fmt: skip
+                want = len(free)
+            if want > len(free):
+                return {"ok": False, "why": f"no free seat of {want} engines: {len(busy)} of the "
+                        f"room's {len(registered)} engines are held by {holders} notebook(s), "
+                        f"{len(free)} free"}  # fmt: skip
+            ids = _spread(free, pcs)[:want]
+            self.counter += 1
+            number = self.counter
+            self.held[number] = {"ids": ids, "who": str(request.get("who", "?")),
+                                 "since": time.time()}  # fmt: skip
+        return {
+            "ok": True,
+            "seat": number,
+            "ids": ids,
+            "pcs": {str(e): pcs.get(e) for e in ids},
+        }
+
+    def release(self, number: int | None) -> None:
+        with self.lock:
+            self.held.pop(number, None)
+
+    def status(self) -> dict[str, Any]:
+        with self.lock:
+            return {"ok": True, "seats": [dict(seat, seat=n) for n, seat in self.held.items()]}
+
+
+def _spread(free: list[int], pcs: dict[int, str]) -> list[int]:
+    """Order engines so that a seat lies on as many PCs as possible, taking first from the PCs
+    with the most free engines (so the seats dealt next still find several PCs)."""
+    by_pc: dict[str, list[int]] = {}
+    for eid in sorted(free):
+        by_pc.setdefault(pcs.get(eid, "?"), []).append(eid)
+    order: list[int] = []
+    while by_pc:
+        # One engine from each PC per round, fullest PCs first.
+        for pc in sorted(by_pc, key=lambda pc: (-len(by_pc[pc]), pc)):
+            order.append(by_pc[pc].pop(0))
+        by_pc = {pc: ids for pc, ids in by_pc.items() if ids}
+    return order
+
+
+class _Handler(socketserver.StreamRequestHandler):
+    """One client's connection: its seat lives exactly as long as this handler."""
+
+    def handle(self) -> None:
+        seats: _Seats = self.server.seats  # type: ignore[attr-defined]
+        self.connection.settimeout(EXPIRY_SECONDS)  # no line for that long: the client is gone
+        number = None
+        try:
+            for line in self.rfile:
+                request = json.loads(line)
+                op = request.get("op")
+                if op == "take" and number is None:
+                    answer = seats.take(request)
+                    number = answer.get("seat")
+                elif op == "status":
+                    answer = seats.status()
+                elif op == "beat":
+                    continue
+                else:  # "release", or anything unexpected: end the seat
+                    break
+                self.wfile.write((json.dumps(answer) + "\n").encode())
+        except (OSError, ValueError):
+            pass  # timeout (missed heartbeats), reset, or garbage: the seat ends
+        finally:
+            seats.release(number)
+
+
+class _Server(socketserver.ThreadingTCPServer):
+    daemon_threads = True
+    allow_reuse_address = True
+
+
+def serve(security: Path, host: str, address_for_clients: str) -> None:
+    """Run the seat service for the cluster in ``security`` until killed (``lab stop``)."""
+    connection_file = security / "ipcontroller-client.json"
+    server = _Server((host, 0), _Handler)
+    server.seats = _Seats(security, _digest(connection_file))  # type: ignore[attr-defined]
+    port = server.server_address[1]
+    record = {"ip": address_for_clients, "port": port, "pid": os.getpid(),
+              "digest": server.seats.digest}  # type: ignore[attr-defined]  # fmt: skip
+    tmp = security / f".{SEATS_FILE}.tmp"
+    tmp.write_text(json.dumps(record))
+    os.replace(tmp, security / SEATS_FILE)
+    server.serve_forever()
+
+
+def start_seat_service(security: Path, listen_ip: str, timeout: float = 30.0) -> int:
+    """Start :func:`serve` as a process of its own for the cluster in ``security``; return its pid."""
+    client = json.loads((security / "ipcontroller-client.json").read_text())
+    host = "0.0.0.0" if listen_ip in ("*", "0.0.0.0", "") else listen_ip
+    reach = client.get("location") if host == "0.0.0.0" else listen_ip
+    (security / SEATS_FILE).unlink(missing_ok=True)
+    code = "import sys; from pathlib import Path; from course_lib.cluster.lab.seats import serve; "
+    code += "serve(Path(sys.argv[1]), sys.argv[2], sys.argv[3])"
+    proc = subprocess.Popen([sys.executable, "-c", code, str(security), host, str(reach)],
+                            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, start_new_session=True)  # fmt: skip
+    deadline = time.monotonic() + timeout
+    while not (security / SEATS_FILE).is_file():
+        if proc.poll() is not None or time.monotonic() > deadline:
+            proc.kill()
+            raise TimeoutError(f"the seat service did not start within {timeout:.0f} s")
+        time.sleep(0.1)
+    return proc.pid
+
+
+def stop_seat_service(security: Path) -> bool:
+    """Stop the seat service of the cluster in ``security`` and remove its file; True if it ran."""
+    import psutil
+
+    path = security / SEATS_FILE
+    try:
+        pid = json.loads(path.read_text())["pid"]
+    except (OSError, ValueError, KeyError):
+        return False
+    path.unlink(missing_ok=True)
+    with contextlib.suppress(psutil.Error):
+        proc = psutil.Process(pid)
+        if "course_lib.cluster.lab.seats" in " ".join(proc.cmdline()):
+            proc.kill()
+            proc.wait(10)
+            return True
+    return False
+
+
+def _ask(
+    record: dict[str, Any], request: dict[str, Any], timeout: float
+) -> tuple[socket.socket, Any]:
+    sock = socket.create_connection((record["ip"], record["port"]), timeout=timeout)
+    sock.sendall((json.dumps(request) + "\n").encode())
+    reader = sock.makefile("rb")
+    line = reader.readline()
+    if not line:
+        sock.close()
+        raise OSError("the seat service closed the connection")
+    return sock, json.loads(line)
+
+
+def seat_lines(security: Path, timeout: float = 5.0) -> list[str]:
+    """Return one line per seat held now (for ``lab status``); empty when none or no service."""
+    path = security / SEATS_FILE
+    if not path.is_file():
+        return []
+    try:
+        sock, answer = _ask(json.loads(path.read_text()), {"op": "status"}, timeout)
+        sock.close()
+    except (OSError, ValueError) as exc:
+        return [f"  seats: the seat service does not answer ({exc}); restart the lab"]
+    seats = answer.get("seats", [])
+    lines = [f"  seats: {len(seats)} held"]
+    for seat in seats:
+        held = time.time() - seat["since"]
+        lines.append(f"    {seat['who']}: engines {seat['ids']} for {held / 60:.0f} min")
+    return lines
+
+
+@dataclass
+class Seat:
+    """Engines held by this client; released by :meth:`release` or when this process ends."""
+
+    ids: list[int]
+    pcs: dict[int, str | None]  # engine -> its PC in the lab's roster (None: not in it)
+    sock: socket.socket
+    lost: bool = False
+    released: bool = False
+    _stop: threading.Event = field(default_factory=threading.Event)
+
+    def _beat(self) -> None:
+        while not self._stop.wait(BEAT_SECONDS):
+            try:
+                self.sock.sendall(b'{"op": "beat"}\n')
+            except OSError:
+                self.lost = True  # the service is gone (lab stopped) or freed the seat
+                return
+
+    def release(self) -> None:
+        """Give the engines back to the room (again: nothing happens)."""
+        if self.released:
+            return
+        self.released = True
+        self._stop.set()
+        with contextlib.suppress(OSError):
+            self.sock.sendall(b'{"op": "release"}\n')
+        with contextlib.suppress(OSError):
+            self.sock.close()
+
+
+def take_seat(
+    connection_file: Path, n: int | None, ids: list[int], timeout: float = 10.0
+) -> Seat | None:
+    """Take a seat of ``n`` engines (None: the whole room) among ``ids``; None if no service.
+
+    Raises :class:`NoSeatError` (one line) when no seat is free or the service does not answer.
+    """
+    path = connection_file.parent / SEATS_FILE
+    if not path.is_file():
+        return None  # a cluster started without seats (by hand, or room_cluster): all engines
+    record = json.loads(path.read_text())
+    who = f"{socket.gethostname()}:{os.getpid()}"
+    request = {"op": "take", "n": n, "ids": list(ids), "who": who,
+               "digest": _digest(connection_file)}  # fmt: skip
+    try:
+        sock, answer = _ask(record, request, timeout)
+    except (OSError, ValueError) as exc:
+        raise NoSeatError(f"the room's seat service ({record['ip']}:{record['port']}) does not "
+                          f"answer ({exc}): ask the instructor to restart the lab") from None  # fmt: skip
+    if not answer.get("ok"):
+        sock.close()
+        raise NoSeatError(answer.get("why", "no seat"))
+    sock.settimeout(None)
+    seat = Seat(
+        [int(e) for e in answer["ids"]], {int(e): pc for e, pc in answer["pcs"].items()}, sock
+    )
+    threading.Thread(target=seat._beat, name="course-seat-heartbeat", daemon=True).start()
+    return seat
