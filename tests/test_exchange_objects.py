@@ -183,3 +183,11 @@ def test_the_prediction_reads_the_collective_from_the_class():
         predict_step("ddp_compressed", **kwargs)
     with pytest.raises(ValueError, match="no cost model"):
         predict_step(notebook_class()(), **kwargs)
+
+
+def test_progress_follows_rank_0s_steps(cluster, capsys):
+    result = train_data_parallel(cluster, model="mlp", dataset=small_digits, config=CONFIG,
+                                 method="ring", world_size=2, progress=True)  # fmt: skip
+    steps = len(result.records) // 2
+    shown = capsys.readouterr().err  # tqdm writes text outside a notebook
+    assert "ring on 2 engines" in shown and f"{steps}/{steps}" in shown, shown[-300:]

@@ -82,25 +82,53 @@ def engine_alive(cluster: Any, eid: int) -> bool:
     return True
 
 
+def _show_progress(bar: Any, data: dict[str, Any], label: str) -> Any:
+    """Create or advance the notebook's bar from what rank 0 published; return the bar."""
+    if "steps_total" not in data:
+        return bar
+    if bar is None:
+        from tqdm.auto import tqdm
+
+        bar = tqdm(total=data["steps_total"], desc=label, unit="step", leave=False, mininterval=0)
+    bar.update(data["steps_done"] - bar.n)
+    return bar
+
+
 def first_error_line(exc: BaseException) -> str:
     """Return the first line of a (remote) exception as "Name: message", at most 400 characters."""
     text = f"{getattr(exc, 'ename', type(exc).__name__)}: {getattr(exc, 'evalue', exc)}"
     return text.strip().splitlines()[0][:400]
 
 
-def run_on_engines(cluster: Any, ids: list[int], fn: Any, args: tuple, timeout: float) -> list[Any]:
-    """Run ``fn`` on the engines ``ids``; turn deaths, errors and hangs into DataParallelError."""
+def run_on_engines(
+    cluster: Any, ids: list[int], fn: Any, args: tuple, timeout: float, progress: str = ""
+) -> list[Any]:
+    """Run ``fn`` on the engines ``ids``; turn deaths, errors and hangs into DataParallelError.
+
+    ``progress``: a label; when given, a bar (tqdm: a widget in Jupyter) follows the steps that
+    rank 0 publishes while it trains (``replica.StepsPublished``).
+    """
     import ipyparallel as ipp
 
     pending = [cluster.client[eid].apply_async(fn, *args) for eid in ids]
     deadline = time.monotonic() + timeout
     gone: list[int] = []
-    while time.monotonic() < deadline:
-        cluster.client.wait(pending, timeout=0.5)  # returns early once all are done
-        waiting = [r for r, p in enumerate(pending) if not p.ready()]
-        gone = [r for r in waiting if not engine_alive(cluster, ids[r])]
-        if len(gone) == len(waiting):  # all done, or all that are not done are dead
-            break
+    bar = None
+    try:
+        while time.monotonic() < deadline:
+            cluster.client.wait(pending, timeout=0.5)  # returns early once all are done
+            if progress:
+                bar = _show_progress(bar, pending[0].data, progress)
+            waiting = [r for r, p in enumerate(pending) if not p.ready()]
+            gone = [r for r in waiting if not engine_alive(cluster, ids[r])]
+            if len(gone) == len(waiting):  # all done, or all that are not done are dead
+                break
+        if progress and pending[0].ready():  # its last count may follow the result: wait for it
+            pending[0].wait_for_output(timeout=5)
+            bar = _show_progress(bar, pending[0].data, progress)
+    finally:
+        if bar is not None:
+            bar.close()
     died, failed, hung = [], [], []
     for rank, p in enumerate(pending):
         if not engine_alive(cluster, ids[rank]):

@@ -10,6 +10,7 @@ from __future__ import annotations
 import copy
 import os
 import socket
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -146,6 +147,27 @@ def engine_progress() -> int:
     return len(state.get("records", []))
 
 
+class StepsPublished:
+    """Tell the notebook how far this engine is: ``{"steps_done", "steps_total"}`` on IOPub.
+
+    ipyparallel delivers what a running task publishes to its ``AsyncResult.data`` at once, while
+    the engine is still busy (a query would wait behind the task); at most 4 messages a second.
+    """
+
+    def __init__(self, total: int) -> None:
+        self.total, self.done, self.sent = total, 0, 0.0
+
+    def step(self) -> None:
+        """Count one finished step; publish the count if a quarter second has passed."""
+        from ipyparallel.datapub import publish_data
+
+        self.done += 1
+        now = time.monotonic()
+        if now - self.sent >= 0.25 or self.done >= self.total:
+            publish_data({"steps_done": self.done, "steps_total": self.total})
+            self.sent = now
+
+
 @dataclass(frozen=True)
 class RunSpec:
     """Everything one data-parallel run tells each engine (the same on every rank).
@@ -191,15 +213,21 @@ def engine_train(spec: RunSpec) -> dict[str, Any]:
     local = replace(config, batch_size=config.batch_size // n)
     comm.stats.reset()
     recorder.reset_counters()
+    done_before = spec.resumed_at[0] * sampler.steps + spec.resumed_at[1]  # steps of the run resumed
+    progress = StepsPublished(config.num_epochs * sampler.steps - done_before)
+
+    def grad_hook(module: nn.Module) -> None:
+        recorder.grad_hook(module)
+        progress.step()
+
     try:
         history = fit(module, data, local, test_set=spec.test_set, sampler=sampler,
-                      grad_hook=recorder.grad_hook, optimizer=optimizer, progress=False,
+                      grad_hook=grad_hook, optimizer=optimizer, progress=False,
                       device="cpu", checkpoint=spec.checkpoint, resume_from=spec.resume_from,
                       comm=comm)  # fmt: skip
     finally:
         recorder.detach()
         exchange.detach()
-    done_before = spec.resumed_at[0] * sampler.steps + spec.resumed_at[1]  # steps of the run resumed
     for record in recorder.records:
         record["epoch"] = (done_before + record["step"]) // sampler.steps + 1
     weights = {name: p.detach().numpy().copy() for name, p in net.named_parameters()}

@@ -159,6 +159,7 @@ def train_data_parallel(
     timeout: float = 600.0,
     checkpoint: Any = None,
     resume_from: Any = None,
+    progress: bool = False,
     **options: Any,
 ) -> DataParallelResult:
     """Train one replica per engine with gradient exchange ``method``; return what happened.
@@ -184,6 +185,7 @@ def train_data_parallel(
         resume_from: a checkpoint file or folder (its newest): continue that run, bit for bit on
             the same world size (mid-epoch too), on another one only from an epoch boundary
             (:mod:`course_lib.parallel.data_parallel.checkpointing` says which methods allow it).
+        progress: show a bar of rank 0's steps while the engines train (for long notebook cells).
         options: the method's settings, e.g. ``bucket_bytes=4096`` for ``bucketed``.
     """
     ids = select_engines(cluster, world_size)
@@ -204,7 +206,8 @@ def train_data_parallel(
     check_replicas_alike(cluster, ids, infos, config)
     spec = replica.RunSpec(config, exchange, COMM_NAME, measure_wait, test_set, slow,
                            measure_drift_every, saver, resume_file, resumed_at)  # fmt: skip
-    results = run_on_engines(cluster, ids, replica.engine_train, (spec,), timeout)
+    label = f"{exchange.name} on {n} engines" if progress else ""
+    results = run_on_engines(cluster, ids, replica.engine_train, (spec,), timeout, label)
     weights = results[0]["weights"]
     diffs = [max(float(np.abs(r["weights"][k] - w).max(initial=0.0)) for k, w in weights.items())
              for r in results]  # fmt: skip
