@@ -27,7 +27,13 @@ import tempfile
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
-from course_lib.grading.sandbox import SandboxLimits, host_tmpfs, kernel_name, prepare_sandbox
+from course_lib.grading.sandbox import (
+    SandboxLimits,
+    host_tmpfs,
+    kernel_name,
+    kit_package,
+    prepare_sandbox,
+)
 
 __all__ = ["run_nbval", "stop_clusters"]
 
@@ -87,6 +93,9 @@ def run_nbval(
     # tells the clean-up below which ones are this run's.
     ipython_dir = Path(tempfile.mkdtemp(prefix="ipython-", dir=path.parent))
     env = {**os.environ, "IPYTHONDIR": str(ipython_dir)}
+    # nbval loads this kit's plugin, not one a venv's editable install points to elsewhere.
+    kit_root = str(kit_package().parent)
+    env["PYTHONPATH"] = os.pathsep.join([kit_root, *filter(None, [env.get("PYTHONPATH")])])
     cmd += ["-p", "course_lib.grading.nbval_ipc"]
     if probes is not None:
         env["COURSE_PROBE_DIR"] = str(probes)
