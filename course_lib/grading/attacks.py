@@ -189,7 +189,8 @@ def write_attack_class(
 
 
 def self_test(keep: Path | None = None) -> int:
-    """Grade a class of two honest students and four attackers; print what held. 0: all held."""
+    """Check the machine, grade a class of attackers and one per route past the guard; print
+    what held. 0: all held."""
     from course_lib.grading.grade import GradingLimits
     from course_lib.grading.gradebook import grade_folder
     from course_lib.grading.integrity import fingerprint
@@ -201,6 +202,15 @@ def self_test(keep: Path | None = None) -> int:
         return 1
     sources = kit_package().parent / "assignments" / "source"
     limits = SandboxLimits(processes=256, disk_mb=64)
+    from course_lib.grading.gradebook import load_sources
+    from course_lib.grading.selfcheck import GradingMachineError, preflight
+
+    try:
+        seconds = preflight(load_sources(sources), limits)
+    except GradingMachineError as exc:
+        print(f"selftest: {exc}")
+        return 1
+    print(f"HELD  the grading machine checked itself ({seconds:.0f} s)")
     folder = Path(keep or tempfile.mkdtemp(prefix="grading-selftest-"))
     site = Path(sysconfig.get_paths()["purelib"])
     venv_before = fingerprint(site, hash_all=False)
@@ -228,6 +238,11 @@ def self_test(keep: Path | None = None) -> int:
         ("no connection reached the outside listener", not attack.connections),
     ]
     for what, ok in checks:
+        held &= ok
+        print(f"{'HELD ' if ok else 'FAILED'} {what}")
+    from course_lib.grading.attacks_verdict import grade_routes
+
+    for ok, what in grade_routes(folder / "routes", sources):  # past the ast guard, and the host
         held &= ok
         print(f"{'HELD ' if ok else 'FAILED'} {what}")
     print("selftest: every attack held" if held else "selftest: SOME ATTACKS WENT THROUGH")

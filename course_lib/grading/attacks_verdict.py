@@ -211,3 +211,48 @@ def write_route_class(
         rest = 3.0 if route.others_intact else None
         expected[route.student] = {"A1.1": 0.0, "A1.2": rest, "A1.3": rest}
     return expected
+
+
+def grade_routes(folder: Path, source_dir: Path, seconds: float = 1500) -> list[tuple[bool, str]]:
+    """Grade the route class in the sandbox; return (held, what) per route and per invariant."""
+    import re
+    import threading
+
+    from course_lib.grading.grade import GradingLimits
+    from course_lib.grading.gradebook import grade_folder
+    from course_lib.grading.sandbox import SandboxLimits, kit_package
+
+    marker = folder / "PWNED"
+    expected = write_route_class(folder / "submissions", source_dir, marker, kit_package())
+    done: dict = {}
+
+    def grade() -> None:
+        done["rows"] = grade_folder(
+            folder / "submissions", source_dir, GradingLimits(60, 400), jobs=2, progress=False,
+            sandbox=SandboxLimits(processes=256, disk_mb=32),
+        )  # fmt: skip
+
+    worker = threading.Thread(target=grade, daemon=True)
+    worker.start()
+    worker.join(seconds)
+    if worker.is_alive():
+        return [(False, f"the route class finished within {seconds:g} s")]
+    rows = {(r.student, r.exercise): r for r in done["rows"]}
+    held = []
+    for route in ROUTES:
+        row = rows[(route.student, "A1.1")]
+        ok = row.points == 0 and re.search(route.reason, row.reason) is not None
+        ok &= all(
+            want is None or rows[(route.student, ex)].points == want
+            for ex, want in expected[route.student].items()
+            if ex != "A1.1"
+        )
+        held.append((ok, f"{route.what:62s} A1.1 {row.points:g} pts: {row.reason[:60]}"))
+    honest = all(
+        rows[(student, ex)].points == want
+        for student in ("honest_1", "honest_2")
+        for ex, want in expected[student].items()
+    )
+    held.append((honest, "honest students graded right beside the route attackers"))
+    held.append((not marker.exists(), "no command from inside the sandbox ran on the machine"))
+    return held
