@@ -53,7 +53,7 @@ from course_lib.grading.guard import rejected_answers
 from course_lib.grading.probes import convert_notebook, judge, probe_spec
 from course_lib.grading.release import write_notebook_atomically
 from course_lib.grading.runner import run_nbval
-from course_lib.grading.sandbox import SandboxLimits, sandbox_problem
+from course_lib.grading.sandbox import SandboxLimits, kit_package, sandbox_problem
 
 __all__ = [
     "ExerciseResult",
@@ -207,6 +207,9 @@ def grade_notebook(
     spec = probe_spec(pristine)
     seed = secrets.randbelow(2**31) if seed is None else seed
     forbidden = tuple(pristine.metadata.get("course", {}).get("forbidden_imports", []))
+    blocked = forbidden if spec is not None and spec.blocked else ()
+    kit = spec is None or spec.kit
+    kit_hidden = tuple(str(kit_package() / part) for part in spec.kit_hidden) if spec else ()
     captured: dict[int, str] = {}
     answers, checks = _exercise_cells(pristine)
     points = {check_id(c): check_points(c) for c in pristine.cells if check_id(c) is not None}
@@ -229,8 +232,8 @@ def grade_notebook(
                 results = None
             else:
                 results = run_nbval(
-                    path, min(cell_limit, remaining), remaining, sandbox=sandbox, hidden=hidden,
-                    blocked=forbidden if spec else (), kit=spec is None, probes=probes,
+                    path, min(cell_limit, remaining), remaining, sandbox=sandbox,
+                    hidden=(*hidden, *kit_hidden), blocked=blocked, kit=kit, probes=probes,
                 )  # fmt: skip
                 captured = _captured(probes)
             if results is None:

@@ -59,5 +59,4 @@ def a1_spec() -> ProbeSpec:
                 a1.check_conv2d_layer,
             ),
         },
-        forbidden=("torch", "scipy", "sklearn", "tensorflow", "jax"),
     )

@@ -64,6 +64,8 @@ def _course_probe():
             return {{type(x).__name__: [enc(v) for v in x]}}
         if x is None:
             return {{"none": 1}}
+        if isinstance(x, str):
+            return {{"str": x[:200]}}
         try:
             a = np.asarray(x)
         except Exception:
@@ -81,7 +83,12 @@ def _course_probe():
             out.append({{"value": enc({call})}})
         except Exception as exc:
             tb = traceback.extract_tb(exc.__traceback__)
-            out.append({{"error": type(exc).__name__, "message": str(exc)[:300],
+            name, message = type(exc).__name__, str(exc)
+            remote = [(exc.ename, exc.evalue)] if hasattr(exc, "ename") else []
+            for ename, evalue in remote + [e[:2] for e in getattr(exc, "elist", [])]:
+                if ename == "NotImplementedError":  # a stub's, raised on an engine
+                    name, message = ename, str(evalue)
+            out.append({{"error": name, "message": message[:300],
                         "line": tb[-1].lineno if tb else 0}})
     print("{mark}" + json.dumps(out))
 
@@ -105,9 +112,11 @@ class ExerciseProbe:
 class ProbeSpec:
     """An assignment whose verdicts the grader decides: its kernel set-up and exercises."""
 
-    kernel_setup: str  # replaces the set-up cell that imported the checks
+    kernel_setup: str  # replaces the set-up cell that imported the checks ("" keeps it)
     exercises: dict[str, ExerciseProbe]
-    forbidden: tuple[str, ...]  # packages the kernel must not be able to import
+    blocked: bool = True  # the kernel cannot import the assignment's forbidden packages
+    kit: bool = False  # the kernel sees course_lib (its engines need the communicators)...
+    kit_hidden: tuple[str, ...] = ("checks",)  # ...but not these parts (the references)
 
 
 def probe_spec(pristine: nbformat.NotebookNode) -> ProbeSpec | None:
@@ -157,7 +166,7 @@ def convert_notebook(
             )  # fmt: skip
             cell.metadata.setdefault("course", {})["probe"] = exercise
             cell.outputs = []
-        elif "course_lib.checks" in cell.source:
+        elif "course_lib.checks" in cell.source and spec.kernel_setup:
             cell.source = "" if setup_done else spec.kernel_setup
             setup_done = True
     return graded
@@ -189,6 +198,8 @@ def _decode_value(value: Any, depth: int = 0) -> Any:
         except (ValueError, OSError, EOFError):
             return _Unsupported("<undecodable array>")
         return array if array.dtype.kind in "biufc" else _Unsupported("<not numbers>")
+    if kind == "str" and isinstance(inner, str):
+        return inner[:200]
     if kind == "type" and isinstance(inner, str):
         return _Unsupported(f"<{inner[:40]}>")
     return _Unsupported("<not data>")
@@ -254,5 +265,11 @@ def _a1() -> ProbeSpec:
     return a1_spec()
 
 
+def _a2() -> ProbeSpec:
+    from course_lib.grading.probe_a2 import a2_spec
+
+    return a2_spec()
+
+
 # Assignments whose verdicts the grader decides; the others still check inside the kernel.
-CONVERTED: dict[str, Callable[[], ProbeSpec]] = {"A1": _a1}
+CONVERTED: dict[str, Callable[[], ProbeSpec]] = {"A1": _a1, "A2": _a2}
