@@ -91,3 +91,56 @@ def test_each_route_costs_its_exercise_and_nothing_else(graded, route):
             assert rows[(route.student, exercise)].points == expected[exercise], rows[
                 (route.student, exercise)
             ]
+
+
+# -- A2: the engines return data; the grader judges every rank ------------------------------------
+
+A2_ATTACKS = {
+    # The built-in reduce-scatter (right sums, wrong algorithm), and the verdict rebound.
+    "A2.1": "import pkgutil, sys\npkgutil.resolve_name('course_lib.verdict')\n"
+    "V = getattr(sys, 'modules')['course_lib.verdict'].Verdict\n"
+    "V.__bool__ = lambda self: True\nV.__str__ = lambda self: {pass_line!r}\n"
+    "def reduce_scatter_halving(comm, x):\n"
+    "    return comm.reduce_scatter(x)\n",
+    # The kit's checks fetched by name, to read the byte counts the algorithm must send.
+    "A2.2": "import pkgutil\ntry:\n    judge = pkgutil.resolve_name('course_lib.checks.a2:judge_rank')\n"
+    "except Exception:\n    judge = None\n"
+    "def allgather_doubling(comm, x):\n    return comm.allreduce(x)\n",
+    # A frame walk from inside the engines' call to whatever checks the result.
+    "A2.3": "def rabenseifner_allreduce(comm, x):\n"
+    "    import inspect\n    frame = inspect.currentframe()\n    while frame is not None:\n"
+    "        getattr(frame, 'f_glo' + 'bals').pop('judge_rank', None)\n"
+    "        frame = getattr(frame, 'f_ba' + 'ck')\n    return comm.allreduce(x)\n",
+}
+
+
+def test_a2_routes_to_the_verdict_get_nothing_and_the_checks_are_not_in_the_kernel(tmp_path):
+    import copy
+
+    import nbformat
+
+    from course_lib.grading.cells import answer_id, check_id
+    from course_lib.grading.grade import grade_notebook
+    from course_lib.grading.guard import rejected_answers
+
+    source = nbformat.read(SOURCES / "A2_rabenseifner_allreduce.ipynb", as_version=4)
+    passes = {check_id(c): c.outputs[0]["text"].strip() for c in source.cells if check_id(c)}
+    submission = copy.deepcopy(source)
+    for cell in submission.cells:
+        if answer_id(cell) in A2_ATTACKS:
+            cell.source = A2_ATTACKS[answer_id(cell)].format(pass_line=passes[answer_id(cell)])
+    assert not rejected_answers(
+        source,
+        {
+            k: submission.cells[i].source
+            for i, k in ((i, answer_id(c)) for i, c in enumerate(submission.cells))
+            if k
+        },
+    )  # past the guard
+    rows = grade_notebook("a2_attacker", "A2", source, submission, GradingLimits(90, 600),
+                          workdir=tmp_path, sandbox=SandboxLimits(processes=256))  # fmt: skip
+    reasons = {r.exercise: r.reason for r in rows}
+    assert {r.exercise: r.points for r in rows} == {"A2.1": 0.0, "A2.2": 0.0, "A2.3": 0.0}, reasons
+    assert "uses the built-in comm.reduce_scatter" in reasons["A2.1"], reasons
+    assert "uses the built-in comm.allreduce" in reasons["A2.2"], reasons
+    assert "uses the built-in comm.allreduce" in reasons["A2.3"], reasons

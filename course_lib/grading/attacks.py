@@ -35,6 +35,8 @@ __all__ = [
 ]
 
 _REFUSED = "Read-only file system|Permission denied"  # a read-only bind, or not the owner
+# A1's kernel is not shown the kit at all (its checks run in the grader): no such file.
+_NO_KIT = "No such file or directory|" + _REFUSED
 _COPY_ANSWER = """import json, pathlib, sys, tempfile
 nb = json.loads(pathlib.Path({path!r}).read_text())
 code = next("".join(c["source"]) for c in nb["cells"]
@@ -49,7 +51,7 @@ from {module} import {name}
 ATTACKS = [
     ("attacker_a", "A1.1", "poison the kit's checks for later students",
      "import pathlib\nwith open(pathlib.Path({kit!r}, 'checks', 'a1.py'), 'a') as f:\n"
-     "    f.write({poison!r})\n", _REFUSED),
+     "    f.write({poison!r})\n", _NO_KIT),
     ("attacker_a", "A1.2", "write the gradebook and the feedback folder",
      "import pathlib\npathlib.Path({gradebook!r}).write_text('attacker_a,A1,A1.2,3,3,PASS\\n')\n"
      "pathlib.Path({feedback!r}).write_text('Total: 0 / 8 points\\n')\n", "FileNotFoundError"),
@@ -79,7 +81,7 @@ ATTACKS = [
      "    s.sendall(b'answers please')\n", "Network is unreachable"),
     ("attacker_d", "A1.2", "write into the kit",
      "import pathlib\npathlib.Path({kit!r}, 'grading', 'zz_attack.py').write_text('x = 1\\n')\n",
-     _REFUSED),
+     _NO_KIT),
 ]  # fmt: skip
 HONEST = ("honest_1", "honest_2")  # all correct; A1.1 wrong (the other two correct)
 
