@@ -103,7 +103,9 @@ def run_nbval(
     shared = contextlib.nullcontext(False)
     run_dir = None
     if sandbox is not None:
-        run_dir = Path(tempfile.mkdtemp(prefix="sandbox-", dir=path.parent))
+        # In the system's temporary folder, not beside the notebook: the kernel's Unix sockets
+        # live in it, and a socket's path may not pass 107 bytes.
+        run_dir = Path(tempfile.mkdtemp(prefix="sandbox-"))
         env.update(prepare_sandbox(run_dir, sandbox, (*hidden, str(path.parent)), blocked, kit))
         env["COURSE_IPC"] = "1"
         cmd += ["--nbval-kernel-name=" + kernel_name()]
