@@ -144,3 +144,31 @@ def test_a2_routes_to_the_verdict_get_nothing_and_the_checks_are_not_in_the_kern
     assert "uses the built-in comm.reduce_scatter" in reasons["A2.1"], reasons
     assert "uses the built-in comm.allreduce" in reasons["A2.2"], reasons
     assert "uses the built-in comm.allreduce" in reasons["A2.3"], reasons
+
+
+def test_the_grader_never_unpickles_what_a_probe_printed(tmp_path):
+    # Fast, no kernel: the line a kernel could print, holding a pickled object array whose
+    # loading would run a command. The grader must refuse it as data, and run nothing.
+    import base64
+    import io
+    import json
+    import os
+
+    import numpy as np
+
+    from course_lib.grading.probe_a1 import a1_spec
+    from course_lib.grading.probes import MARK, judge
+
+    marker = tmp_path / "PWNED"
+
+    class Boom:
+        def __reduce__(self):
+            return (os.system, (f"touch {marker}",))
+
+    buf = io.BytesIO()
+    np.save(buf, np.array([Boom()], dtype=object), allow_pickle=True)
+    blob = {"npy": base64.b64encode(buf.getvalue()).decode()}
+    line = MARK + json.dumps([{"value": {"tuple": [blob, blob, blob]}}] * 5)
+    passed, reason = judge(a1_spec(), "A1.1", 3, line)
+    assert not passed and reason.startswith("FAIL"), reason
+    assert not marker.exists()
