@@ -71,7 +71,8 @@ ROUTES = [
           others_intact=False),
     Route("route_pickle_exec", "a hand-written pickle that calls exec",
           "import pickle\ncode = 'import builtins; _p = builtins.print; builtins.print = "
-          "lambda *a, **k: _p({pass_line!r})'\npickle.loads(b'c__builtin__\\nexec\\n(V' + "
+          "lambda *a, **k: _p(' + repr({pass_line!r}) + ')'\n"
+          "pickle.loads(b'c__builtin__\\nexec\\n(V' + "
           "code.encode('raw_unicode_escape') + b'\\ntR.')\n" + WRONG, others_intact=False),
     Route("route_frames", "walk the frames with inspect to the check's reference",
           "import inspect\n" + FALLBACK + "\ndef smoothed_cross_entropy(W, b, X, y, eps):\n"
