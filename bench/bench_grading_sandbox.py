@@ -3,10 +3,13 @@
 Writes N correct A1 submissions, grades them unisolated and sandboxed (alternating, ``--rounds``
 times each, 2 notebooks at once as ``./kit grade`` does), and prints the seconds per class,
 per notebook, and the sandboxed / unisolated ratio of the medians (target: at most 1.3).
-Both runs include the integrity checks after each pair of notebooks.
+Both runs include the integrity checks after each pair of notebooks, and both decide A1's
+verdicts in the grader (probes); sandboxed, A1's kernel has no torch and no kit. Then it times
+the grader's self-check (``course_lib.grading.selfcheck.preflight``), which ``./kit grade``
+runs once before the first student.
 
-    .venv/bin/python bench/bench_grading_sandbox.py            # a class of 30, 1 round
-    .venv/bin/python bench/bench_grading_sandbox.py --quick    # a class of 6
+    .venv/bin/python bench/bench_grading_sandbox.py                 # a class of 8, 1 round
+    .venv/bin/python bench/bench_grading_sandbox.py --students 30   # a bigger class
 """
 
 from __future__ import annotations
@@ -44,7 +47,7 @@ def write_class(folder: Path, size: int) -> None:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--students", type=int, default=30)
+    parser.add_argument("--students", type=int, default=8)
     parser.add_argument("--rounds", type=int, default=1)
     parser.add_argument("--jobs", type=int, default=2)
     parser.add_argument("--quick", action="store_true", help="a class of 6, one round")
@@ -74,6 +77,12 @@ def main() -> int:
         f"median over {args.rounds} round(s), {args.jobs} at once: unisolated {base:.1f} s, "
         f"sandboxed {boxed:.1f} s, ratio {boxed / base:.2f} (target <= 1.3)"
     )
+    from course_lib.grading.gradebook import load_sources
+    from course_lib.grading.selfcheck import preflight
+
+    seconds = preflight(load_sources(SOURCES), SandboxLimits())
+    print(f"self-check before grading (every assignment's imports, A1 known answer and stub): "
+          f"{seconds:.1f} s")  # fmt: skip
     return 0
 
 

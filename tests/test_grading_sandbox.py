@@ -70,8 +70,7 @@ print(json.dumps(found))
 
 @needs_sandbox
 def test_the_sandbox_hides_the_sources_refuses_writes_and_keeps_only_loopback(tmp_path):
-    (tmp_path / "ipython").mkdir()
-    env = prepare_sandbox(tmp_path / "run", tmp_path / "ipython", SandboxLimits(), (str(SOURCES),))
+    env = prepare_sandbox(tmp_path / "run", SandboxLimits(), (str(SOURCES),))
     spec = json.loads(Path(env["JUPYTER_PATH"], "kernels", KERNEL_NAME, "kernel.json").read_text())
     wrapper = spec["argv"][: spec["argv"].index("--") + 1]
     outside = outside_address() or "192.0.2.1"

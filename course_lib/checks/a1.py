@@ -2,7 +2,9 @@
 
 Each check compares the student's NumPy code with torch (``F.cross_entropy`` with
 ``label_smoothing``, ``torch.optim.SGD``, ``F.conv2d``) on fixed seeds, so its verdict line is
-the same on every run: the grader compares it with the instructor's stored PASS line. The
+the same on every run. The grader runs these same checks in its own process
+(:mod:`course_lib.grading.probe_a1`): the sandboxed kernel only calls the answer on the inputs
+below (``*_inputs(seed)``, the grader picks the seed) and returns the results as data. The
 library's ``scratch.py`` (plain cross-entropy, plain SGD) answers none of A1.1 and A1.2.
 """
 
@@ -20,6 +22,9 @@ __all__ = [
     "check_smoothed_cross_entropy",
     "check_sgd_momentum",
     "check_conv2d_layer",
+    "conv2d_inputs",
+    "sgd_inputs",
+    "smoothed_cross_entropy_inputs",
     "torch_loss_and_grad",
     "A1_POINTS",
 ]
@@ -50,25 +55,35 @@ def torch_loss_and_grad(W, b, X, y, eps: float = SMOOTHING):
     return loss.item(), Wt.grad.numpy(), bt.grad.numpy()
 
 
+def smoothed_cross_entropy_inputs(seed: int = 0) -> list[dict]:
+    """A1.1's cases: {W, b, X, y, eps}; ``seed`` 0 is the notebook's, the grader picks another."""
+    rng = np.random.default_rng(101 + seed)
+    # (n, d, k, eps, logit scale): eps / (k - 1) differs from torch's eps / k for any k;
+    # eps = 0 is lecture 1's loss; logits in the hundreds make log(softmax) underflow.
+    shapes = [
+        (1, 3, 2, 0.1, 1.0),
+        (8, 5, 4, 0.2, 1.0),
+        (64, 20, 10, 0.1, 1.0),
+        (16, 6, 5, 0.0, 1.0),
+        (8, 4, 3, 0.3, 400.0),
+    ]
+    cases = []
+    for n, d, k, eps, scale in shapes:
+        W, b, X, y = _problem(rng, n, d, k)
+        cases.append({"W": W, "b": b, "X": X * scale, "y": y, "eps": eps})
+    return cases
+
+
 def check_smoothed_cross_entropy(
-    smoothed_cross_entropy: Callable, *, verbose: bool = True
+    smoothed_cross_entropy: Callable, *, verbose: bool = True, seed: int = 0
 ) -> Verdict:
     """A1.1: ``smoothed_cross_entropy(W, b, X, y, eps) -> (loss, dW, db)`` against torch."""
 
     def body() -> str:
-        rng = np.random.default_rng(101)
-        # (n, d, k, eps, logit scale): eps / (k - 1) differs from torch's eps / k for any k;
-        # eps = 0 is lecture 1's loss; logits in the hundreds make log(softmax) underflow.
-        cases = [
-            (1, 3, 2, 0.1, 1.0),
-            (8, 5, 4, 0.2, 1.0),
-            (64, 20, 10, 0.1, 1.0),
-            (16, 6, 5, 0.0, 1.0),
-            (8, 4, 3, 0.3, 400.0),
-        ]
-        for n, d, k, eps, scale in cases:
-            W, b, X, y = _problem(rng, n, d, k)
-            X = X * scale
+        cases = smoothed_cross_entropy_inputs(seed)
+        for case in cases:
+            W, b, X, y, eps = (case[key] for key in ("W", "b", "X", "y", "eps"))
+            n, k = len(y), W.shape[1]
             got = smoothed_cross_entropy(W.copy(), b.copy(), X.copy(), y.copy(), eps)
             if not isinstance(got, tuple) or len(got) != 3:
                 raise AssertionError("smoothed_cross_entropy must return a tuple (loss, dW, db)")
@@ -117,7 +132,34 @@ def _warmup_then_step(t: int) -> float:
     return 0.2 * min(1.0, (t + 1) / 4) * 0.5 ** (t // 6)
 
 
-def check_sgd_momentum(sgd_momentum: Callable, *, verbose: bool = True) -> Verdict:
+def _constant(t: int) -> float:
+    return 0.1
+
+
+SCHEDULES = {"constant": _constant, "warmup_then_step": _warmup_then_step}
+
+
+def sgd_inputs(seed: int = 0) -> list[dict]:
+    """A1.2's runs: {what, W, b, X, y, schedule, momentum, weight_decay, batch_size,
+    num_epochs, order_seed}; ``seed`` 0 is the notebook's."""
+    # Each run adds one feature to the one before, so the first failure names what is missing.
+    runs = [
+        ("plain mini-batch SGD", 10, 4, 1, 0.0, 0.0, "constant"),
+        ("momentum 0.9 over 2 epochs", 10, 3, 2, 0.9, 0.0, "constant"),
+        ("weight decay 0.05 on W", 37, 8, 3, 0.9, 0.05, "constant"),
+        ("warm-up then step decay", 20, 6, 4, 0.5, 0.1, "warmup_then_step"),
+    ]
+    cases = []
+    for what, n, batch_size, num_epochs, momentum, weight_decay, schedule in runs:
+        W, b, X, y = _problem(np.random.default_rng(n + seed), n, 6, 3)
+        cases.append({"what": what, "W": W, "b": b, "X": X, "y": y, "schedule": schedule,
+                      "momentum": momentum, "weight_decay": weight_decay,
+                      "batch_size": batch_size, "num_epochs": num_epochs,
+                      "order_seed": 7 + seed})  # fmt: skip
+    return cases
+
+
+def check_sgd_momentum(sgd_momentum: Callable, *, verbose: bool = True, seed: int = 0) -> Verdict:
     """A1.2: ``sgd_momentum(loss_and_grad, W, b, X, y, lr_at, momentum, weight_decay,
     batch_size, num_epochs, rng) -> (W, b)`` against ``torch.optim.SGD``.
 
@@ -125,19 +167,12 @@ def check_sgd_momentum(sgd_momentum: Callable, *, verbose: bool = True) -> Verdi
     """
 
     def body() -> str:
-        def constant(t: int) -> float:
-            return 0.1
-
-        # (what it adds, n, batch_size, num_epochs, momentum, weight_decay, schedule): each case
-        # adds one feature to the one before, so the first failure names what is missing.
-        cases = [
-            ("plain mini-batch SGD", 10, 4, 1, 0.0, 0.0, constant),
-            ("momentum 0.9 over 2 epochs", 10, 3, 2, 0.9, 0.0, constant),
-            ("weight decay 0.05 on W", 37, 8, 3, 0.9, 0.05, constant),
-            ("warm-up then step decay", 20, 6, 4, 0.5, 0.1, _warmup_then_step),
-        ]
-        for what, n, batch_size, num_epochs, momentum, weight_decay, lr_at in cases:
-            W, b, X, y = _problem(np.random.default_rng(n), n, 6, 3)
+        cases = sgd_inputs(seed)
+        for case in cases:
+            W, b, X, y = case["W"], case["b"], case["X"], case["y"]
+            what, lr_at = case["what"], SCHEDULES[case["schedule"]]
+            momentum, weight_decay = case["momentum"], case["weight_decay"]
+            batch_size, num_epochs = case["batch_size"], case["num_epochs"]
             got = sgd_momentum(
                 torch_loss_and_grad,
                 W.copy(),
@@ -149,13 +184,14 @@ def check_sgd_momentum(sgd_momentum: Callable, *, verbose: bool = True) -> Verdi
                 weight_decay,
                 batch_size,
                 num_epochs,
-                np.random.default_rng(7),
+                np.random.default_rng(case["order_seed"]),
             )
             if not isinstance(got, tuple) or len(got) != 2:
                 raise AssertionError("sgd_momentum must return a tuple (W, b)")
             want_W, want_b = _torch_sgd_momentum(
-                W, b, X, y, lr_at, momentum, weight_decay, batch_size, num_epochs, 7
-            )
+                W, b, X, y, lr_at, momentum, weight_decay, batch_size, num_epochs,
+                case["order_seed"],
+            )  # fmt: skip
             assert_close(f"W ({what})", got[0], want_W)
             assert_close(f"b ({what})", got[1], want_b)
         return (
@@ -166,24 +202,36 @@ def check_sgd_momentum(sgd_momentum: Callable, *, verbose: bool = True) -> Verdi
     return run_check("A1.2", "sgd_momentum", body, max_points=A1_POINTS["A1.2"], verbose=verbose)
 
 
-def check_conv2d_layer(conv2d_layer: Callable, *, verbose: bool = True) -> Verdict:
+def conv2d_inputs(seed: int = 0) -> list[dict]:
+    """A1.3's cases: {X, K, bias, stride, padding}; ``seed`` 0 is the notebook's."""
+    rng = np.random.default_rng(303 + seed)
+    # (c_in, c_out, h, w, kh, kw, stride, padding): non-square images and kernels, so a
+    # layer that swaps kh and kw (or h and w) fails; strides 1 to 3, paddings 0 to 2.
+    shapes = [
+        (1, 1, 5, 5, 3, 3, 1, 0),
+        (3, 4, 8, 7, 3, 1, 1, 1),
+        (2, 3, 9, 10, 2, 3, 2, 0),
+        (2, 2, 7, 6, 1, 3, 2, 2),
+        (1, 2, 11, 9, 4, 2, 3, 1),
+    ]
+    cases = []
+    for c_in, c_out, h, w, kh, kw, stride, padding in shapes:
+        X = rng.normal(size=(c_in, h, w))
+        K = rng.normal(size=(c_out, c_in, kh, kw))
+        bias = rng.normal(size=c_out)
+        cases.append({"X": X, "K": K, "bias": bias, "stride": stride, "padding": padding})
+    return cases
+
+
+def check_conv2d_layer(conv2d_layer: Callable, *, verbose: bool = True, seed: int = 0) -> Verdict:
     """A1.3: ``conv2d_layer(X, K, bias, stride, padding)`` for X (C_in, H, W), K (C_out, C_in, kh, kw)."""
 
     def body() -> str:
-        rng = np.random.default_rng(303)
-        # (c_in, c_out, h, w, kh, kw, stride, padding): non-square images and kernels, so a
-        # layer that swaps kh and kw (or h and w) fails; strides 1 to 3, paddings 0 to 2.
-        cases = [
-            (1, 1, 5, 5, 3, 3, 1, 0),
-            (3, 4, 8, 7, 3, 1, 1, 1),
-            (2, 3, 9, 10, 2, 3, 2, 0),
-            (2, 2, 7, 6, 1, 3, 2, 2),
-            (1, 2, 11, 9, 4, 2, 3, 1),
-        ]
-        for c_in, c_out, h, w, kh, kw, stride, padding in cases:
-            X = rng.normal(size=(c_in, h, w))
-            K = rng.normal(size=(c_out, c_in, kh, kw))
-            bias = rng.normal(size=c_out)
+        cases = conv2d_inputs(seed)
+        for case in cases:
+            X, K, bias = case["X"], case["K"], case["bias"]
+            stride, padding = case["stride"], case["padding"]
+            kh, kw = K.shape[2:]
             want = F.conv2d(
                 torch.tensor(X)[None], torch.tensor(K), torch.tensor(bias), stride, padding
             )[0].numpy()

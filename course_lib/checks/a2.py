@@ -27,6 +27,7 @@ __all__ = [
     "check_allgather_doubling",
     "check_rabenseifner_allreduce",
     "check_reduce_scatter_halving",
+    "judge_rank",
     "rabenseifner_bytes_sent",
     "rabenseifner_partners",
 ]
@@ -66,32 +67,35 @@ def rabenseifner_bytes_sent(
     return sent
 
 
-def _run_case(fn: Callable, kind: str, size: int, dtype: str, comm_name: str) -> str:
-    """Run on an engine: call the student's ``fn`` on this rank's input; return "" or what is wrong."""
-    import numpy as np
-    from IPython import get_ipython
+def judge_rank(
+    kind: str,
+    size: int,
+    dtype: str,
+    rank: int,
+    world_size: int,
+    reference: Any,
+    got: Any,
+    builtin: list[str],
+    peers: dict[int, tuple[int, int, int]],
+) -> str:
+    """Return "" or what is wrong with one rank's run, from data only.
 
-    from course_lib.checks.a2 import rabenseifner_bytes_sent, rabenseifner_partners
+    ``reference``: the sum over ranks; ``got``: what the answer returned; ``builtin``: the
+    built-in collectives it called; ``peers``: {peer: (messages sent, received, bytes sent)}.
+    Shared by the kernel-side check and the grader's (:mod:`course_lib.grading.probe_a2`).
+    """
+    import numpy as np
+
     from course_lib.comm.buffers import chunk_bounds
 
-    comm = get_ipython().user_ns[comm_name]
-    rank, world_size = comm.rank, comm.world_size
-    rng = np.random.default_rng([size, rank])
-    x = rng.integers(-8, 9, size).astype(dtype)
-    reference = comm.allreduce(x.copy())
+    reference = np.asarray(reference).reshape(-1)
     lo, hi = chunk_bounds(size, world_size)[rank]
     if kind == "reduce_scatter":
-        expected = np.asarray(comm.reduce_scatter(x.copy())).reshape(-1)
-        part = f"chunk {rank} (elements {lo}:{hi})"
+        expected, part = reference[lo:hi], f"chunk {rank} (elements {lo}:{hi})"
     else:
         expected, part = reference, "the result"
-    if kind == "allgather":  # on entry rank r holds only its own (finished) chunk
-        x = np.zeros(size, dtype=dtype)
-        x[lo:hi] = reference[lo:hi]
-    comm.stats.reset()
-    got = fn(comm, x)
     # A barrier moves no data, so it cannot stand in for the exchanges; every other built-in can.
-    builtin = sorted(name for name in comm.stats.collectives if name != "barrier")
+    builtin = sorted(name for name in builtin if name != "barrier")
     if builtin:
         names = " and ".join(f"comm.{name}" for name in builtin)
         return f"rank {rank} uses the built-in {names}; write it from send/recv"
@@ -103,9 +107,8 @@ def _run_case(fn: Callable, kind: str, size: int, dtype: str, comm_name: str) ->
     if got.shape != expected.shape or not np.array_equal(got, expected):
         wrong = int((got != expected).sum()) if got.shape == expected.shape else "all"
         return f"size {size}: {part} on rank {rank} is wrong ({wrong} elements differ)"
-    peers = comm.stats.peers
-    sent_to = sorted(p for p, s in peers.items() if s.messages_sent)
-    received_from = sorted(p for p, s in peers.items() if s.messages_received)
+    sent_to = sorted(p for p, (sent, _, _) in peers.items() if sent)
+    received_from = sorted(p for p, (_, received, _) in peers.items() if received)
     partners = sorted(rabenseifner_partners(rank, world_size))
     if sent_to != partners or received_from != partners:
         return (
@@ -114,13 +117,39 @@ def _run_case(fn: Callable, kind: str, size: int, dtype: str, comm_name: str) ->
         )
     want = rabenseifner_bytes_sent(kind, size, np.dtype(dtype).itemsize, rank, world_size)
     for partner in partners:
-        if peers[partner].bytes_sent != want[partner]:
+        if peers[partner][2] != want[partner]:
             return (
-                f"size {size}: rank {rank} sent {peers[partner].bytes_sent} bytes to rank "
+                f"size {size}: rank {rank} sent {peers[partner][2]} bytes to rank "
                 f"{partner}, the algorithm sends exactly {want[partner]} there ({dtype}); "
                 "send only the half of the block the partner keeps (or, gathering, your block)"
             )
     return ""
+
+
+def _run_case(fn: Callable, kind: str, size: int, dtype: str, comm_name: str) -> str:
+    """Run on an engine: call the student's ``fn`` on this rank's input; return "" or what is wrong."""
+    import numpy as np
+    from IPython import get_ipython
+
+    from course_lib.checks.a2 import judge_rank
+    from course_lib.comm.buffers import chunk_bounds
+
+    comm = get_ipython().user_ns[comm_name]
+    rank, world_size = comm.rank, comm.world_size
+    rng = np.random.default_rng([size, rank])
+    x = rng.integers(-8, 9, size).astype(dtype)
+    reference = np.asarray(comm.allreduce(x.copy())).reshape(-1)
+    if kind == "allgather":  # on entry rank r holds only its own (finished) chunk
+        lo, hi = chunk_bounds(size, world_size)[rank]
+        x = np.zeros(size, dtype=dtype)
+        x[lo:hi] = reference[lo:hi]
+    comm.stats.reset()
+    got = fn(comm, x)
+    builtin = list(comm.stats.collectives)
+    peers = {
+        p: (s.messages_sent, s.messages_received, s.bytes_sent) for p, s in comm.stats.peers.items()
+    }
+    return judge_rank(kind, size, dtype, rank, world_size, reference, got, builtin, peers)
 
 
 def _check(

@@ -1,7 +1,9 @@
 """Command line: ``python -m course_lib.grading release | grade | check | selftest``.
 
 Also ``./kit release``, ``./kit grade``, ``./kit check``; ``./kit grade --self-test`` runs
-``selftest``: a small class with attackers, graded in the sandbox, and what held.
+``selftest``: a small class with attackers, graded in the sandbox, and what held. Before grading,
+``grade`` checks the grading machine itself (:mod:`course_lib.grading.selfcheck`) and stops with
+one line, exit status 3, when it cannot grade.
 
 ``release`` writes the student notebooks and the solution-free checking copies
 (``assignments/checks``); ``check`` grades one notebook against the instructor's sources where
@@ -138,6 +140,14 @@ def _main(argv: list[str] | None = None) -> int:
         sandbox, warning = _choose_sandbox(args)
         if sandbox is False:
             return 2
+        from course_lib.grading.selfcheck import GradingMachineError, preflight
+
+        try:
+            seconds = preflight(load_sources(args.source), sandbox, max(args.cell_timeout, 120))
+        except GradingMachineError as exc:
+            print(f"grade: {exc}", file=sys.stderr)
+            return 3
+        print(f"the grading machine checked itself in {seconds:.0f} s")
         rows = grade_folder(
             args.submissions, args.source, limits, jobs=args.jobs, sandbox=sandbox,
             hidden=(str(args.out),),
@@ -155,7 +165,9 @@ def _main(argv: list[str] | None = None) -> int:
     sources = load_sources(folder)
     assignment = assignment_of(args.notebook, nb, sources)
     print(f"checking {args.notebook} ({assignment}) against {what}")
-    rows = grade_notebook("you", assignment, sources[assignment], nb, limits)
+    # The notebook's own inputs (seed 0): a student checking their work sees the same verdicts
+    # every run; ``grade`` draws a fresh seed, so no answer can hold results for them.
+    rows = grade_notebook("you", assignment, sources[assignment], nb, limits, seed=0)
     for row in rows:
         print(f"{row.assignment} exercise {row.exercise}: {row.points:g}/{row.max_points:g} "
               f"— {row.reason}")  # fmt: skip

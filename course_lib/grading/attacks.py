@@ -35,6 +35,8 @@ __all__ = [
 ]
 
 _REFUSED = "Read-only file system|Permission denied"  # a read-only bind, or not the owner
+# A1's kernel is not shown the kit at all (its checks run in the grader): no such file.
+_NO_KIT = "No such file or directory|" + _REFUSED
 _COPY_ANSWER = """import json, pathlib, sys, tempfile
 nb = json.loads(pathlib.Path({path!r}).read_text())
 code = next("".join(c["source"]) for c in nb["cells"]
@@ -49,7 +51,7 @@ from {module} import {name}
 ATTACKS = [
     ("attacker_a", "A1.1", "poison the kit's checks for later students",
      "import pathlib\nwith open(pathlib.Path({kit!r}, 'checks', 'a1.py'), 'a') as f:\n"
-     "    f.write({poison!r})\n", _REFUSED),
+     "    f.write({poison!r})\n", _NO_KIT),
     ("attacker_a", "A1.2", "write the gradebook and the feedback folder",
      "import pathlib\npathlib.Path({gradebook!r}).write_text('attacker_a,A1,A1.2,3,3,PASS\\n')\n"
      "pathlib.Path({feedback!r}).write_text('Total: 0 / 8 points\\n')\n", "FileNotFoundError"),
@@ -79,7 +81,7 @@ ATTACKS = [
      "    s.sendall(b'answers please')\n", "Network is unreachable"),
     ("attacker_d", "A1.2", "write into the kit",
      "import pathlib\npathlib.Path({kit!r}, 'grading', 'zz_attack.py').write_text('x = 1\\n')\n",
-     _REFUSED),
+     _NO_KIT),
 ]  # fmt: skip
 HONEST = ("honest_1", "honest_2")  # all correct; A1.1 wrong (the other two correct)
 
@@ -189,7 +191,8 @@ def write_attack_class(
 
 
 def self_test(keep: Path | None = None) -> int:
-    """Grade a class of two honest students and four attackers; print what held. 0: all held."""
+    """Check the machine, grade a class of attackers and one per route past the guard; print
+    what held. 0: all held."""
     from course_lib.grading.grade import GradingLimits
     from course_lib.grading.gradebook import grade_folder
     from course_lib.grading.integrity import fingerprint
@@ -201,6 +204,15 @@ def self_test(keep: Path | None = None) -> int:
         return 1
     sources = kit_package().parent / "assignments" / "source"
     limits = SandboxLimits(processes=256, disk_mb=64)
+    from course_lib.grading.gradebook import load_sources
+    from course_lib.grading.selfcheck import GradingMachineError, preflight
+
+    try:
+        seconds = preflight(load_sources(sources), limits)
+    except GradingMachineError as exc:
+        print(f"selftest: {exc}")
+        return 1
+    print(f"HELD  the grading machine checked itself ({seconds:.0f} s)")
     folder = Path(keep or tempfile.mkdtemp(prefix="grading-selftest-"))
     site = Path(sysconfig.get_paths()["purelib"])
     venv_before = fingerprint(site, hash_all=False)
@@ -228,6 +240,11 @@ def self_test(keep: Path | None = None) -> int:
         ("no connection reached the outside listener", not attack.connections),
     ]
     for what, ok in checks:
+        held &= ok
+        print(f"{'HELD ' if ok else 'FAILED'} {what}")
+    from course_lib.grading.attacks_verdict import grade_routes
+
+    for ok, what in grade_routes(folder / "routes", sources):  # past the ast guard, and the host
         held &= ok
         print(f"{'HELD ' if ok else 'FAILED'} {what}")
     print("selftest: every attack held" if held else "selftest: SOME ATTACKS WENT THROUGH")

@@ -21,15 +21,20 @@ exercises that did not run say so.
 Where the machine allows (Linux namespaces), each run's kernel and everything it starts run in
 a sandbox (:mod:`course_lib.grading.sandbox`) that shows them no solutions and lets them change
 nothing outside a throwaway folder; elsewhere, the notebook runs unisolated and the gradebook
-says so. Each nbval run gets an IPython directory of its own. Clusters that the notebook starts record
-themselves there, so whatever a run leaves behind (a kernel killed on the total time limit cannot
-stop its engines, which run in sessions of their own) is found and stopped afterwards.
+says so. Whatever a run leaves behind dies with the sandbox, or is killed by the run's mark
+(:mod:`course_lib.grading.runner`); nothing the kernel wrote is read.
+
+For the assignments in :data:`course_lib.grading.probes.CONVERTED` (A1), the verdict is not the
+kernel's at all: the check cells become probes that return the answers' results as data, and
+the grader runs the checks in its own process (:mod:`course_lib.grading.probes`); the kernel
+then runs without the kit and without the packages the assignment forbids (torch).
 """
 
 from __future__ import annotations
 
 import copy
 import re
+import secrets
 import tempfile
 import time
 from dataclasses import dataclass
@@ -45,9 +50,10 @@ from course_lib.grading.cells import (
     stub_solution,
 )
 from course_lib.grading.guard import rejected_answers
+from course_lib.grading.probes import convert_notebook, judge, probe_spec
 from course_lib.grading.release import write_notebook_atomically
 from course_lib.grading.runner import run_nbval
-from course_lib.grading.sandbox import SandboxLimits, sandbox_problem
+from course_lib.grading.sandbox import SandboxLimits, kit_package, sandbox_problem
 
 __all__ = [
     "ExerciseResult",
@@ -150,6 +156,19 @@ def _stuck_cell(results: dict[int, tuple[str, str]]) -> tuple[int | None, str]:
     return None, ""
 
 
+def _captured(folder: Path) -> dict[int, str]:
+    """Return {cell number: stdout} of the probe cells, as nbval stored them (outside the sandbox)."""
+    import json
+
+    found = {}
+    for path in folder.glob("probe-*.json"):
+        try:
+            found[int(path.stem.removeprefix("probe-"))] = json.loads(path.read_text())["stdout"]
+        except (ValueError, KeyError, TypeError, OSError):
+            continue
+    return found
+
+
 def _reason(exercise: str, outcome: str, message: str) -> str:
     """Pull the student's verdict line (or the error) out of nbval's failure message."""
     if outcome == "passed":
@@ -174,14 +193,24 @@ def grade_notebook(
     workdir: Path | None = None,
     sandbox: SandboxLimits | None | str = "auto",
     hidden: tuple[str, ...] = (),
+    seed: int | None = None,
 ) -> list[ExerciseResult]:
     """Grade one submission against its pristine source; return one result per exercise.
 
     ``sandbox``: the limits of the sandbox the kernel runs in; None runs it unisolated, and
     "auto" (the default) sandboxes with the default limits where this machine can. ``hidden``:
     paths the kernel must not see (it sees none outside the system, Python and the kit anyway).
+    ``seed``: the inputs of a converted assignment's probes (default: a fresh one, so that no
+    answer can hold the results for the notebook's own inputs).
     """
     sandbox = resolve_sandbox(sandbox)
+    spec = probe_spec(pristine)
+    seed = secrets.randbelow(2**31) if seed is None else seed
+    forbidden = tuple(pristine.metadata.get("course", {}).get("forbidden_imports", []))
+    blocked = forbidden if spec is not None and spec.blocked else ()
+    kit = spec is None or spec.kit
+    kit_hidden = tuple(str(kit_package() / part) for part in spec.kit_hidden) if spec else ()
+    captured: dict[int, str] = {}
     answers, checks = _exercise_cells(pristine)
     points = {check_id(c): check_points(c) for c in pristine.cells if check_id(c) is not None}
     # exercise -> why its answer is not run
@@ -192,15 +221,21 @@ def grade_notebook(
     with tempfile.TemporaryDirectory(prefix="grade-", dir=workdir) as tmp:
         for run in range(len(points) + 2):  # each re-run stubs one more exercise, or retries once
             graded = build_graded_notebook(pristine, submission, set(stubbed))
+            if spec is not None:
+                graded = convert_notebook(graded, spec, seed)
             path = Path(tmp) / f"{assignment}_{run}.ipynb"
             write_notebook_atomically(graded, path)
+            probes = Path(tmp) / f"probes_{run}"  # nbval writes here; the kernel never sees it
+            probes.mkdir()
             remaining = limits.total_seconds - (time.monotonic() - started)
             if remaining <= 0:
                 results = None
             else:
                 results = run_nbval(
-                    path, min(cell_limit, remaining), remaining, sandbox=sandbox, hidden=hidden
-                )
+                    path, min(cell_limit, remaining), remaining, sandbox=sandbox,
+                    hidden=(*hidden, *kit_hidden), blocked=blocked, kit=kit, probes=probes,
+                )  # fmt: skip
+                captured = _captured(probes)
             if results is None:
                 return [
                     ExerciseResult(
@@ -246,7 +281,17 @@ def grade_notebook(
             reason = stubbed[exercise]
         elif slow_setup is not None and number > slow_setup[0]:
             reason, outcome = slow_setup[1], "skipped"
+        elif spec is not None and number in captured and outcome in ("passed", "failure"):
+            passed, reason = judge(spec, exercise, seed, captured[number])
+            outcome = "passed" if passed else "failure"
+            answer_outcome, answer_message = results.get(answer_cells.get(exercise, -1), ("", ""))
+            if not passed and answer_outcome in ("failure", "error"):
+                error = _reason(exercise, "error", answer_message)
+                if error.startswith("error: "):
+                    reason = "the answer cell raised " + error.removeprefix("error: ")
         else:
+            if spec is not None and outcome == "passed":
+                outcome = "failure"  # a probe that printed nothing the grader could read
             reason = _reason(exercise, outcome, message)
             answer_outcome, answer_message = results.get(answer_cells.get(exercise, -1), ("", ""))
             if outcome != "passed" and answer_outcome in ("failure", "error"):

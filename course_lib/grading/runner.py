@@ -1,15 +1,22 @@
 """Run one notebook under nbval in a subprocess, with time limits, and clean up after it.
 
-The run's kernel, and the ipyparallel controller and engines the notebook starts, all run in
-sessions of their own (jupyter_client and ipyparallel start them so), so killing the nbval
-process group on the total time limit does not reach them. Each run therefore gets its own
-``IPYTHONDIR``: the clusters record themselves in it, and every process started for the run
-carries it in its environment. After the run, whatever is left is stopped by that mark.
+Nothing the notebook's processes wrote is trusted: the grader never parses, imports or runs a
+file from a place they can write. In the sandbox, ``$IPYTHONDIR`` (profiles, cluster files) is
+inside the sandbox's size-limited ``/tmp``, and the kernel, the ipyparallel controller and
+engines and whatever an answer spawns all die with the sandbox's PID namespace when its first
+process ends. Each run's host-side processes (nbval's kernel launcher, and unisolated every
+process of the run) carry a mark of the run in their environment (a fresh ``IPYTHONDIR``);
+after the run, whatever still carries it is killed. Killing the sandbox's launcher ends its
+PID namespace (its first process has a parent-death signal), and with it everything inside.
+
+The only things read back are nbval's JUnit report and the outputs of the grader's probe
+cells (:mod:`course_lib.grading.probes`), both written by nbval outside the sandbox from the
+kernel's messages.
 """
 
 from __future__ import annotations
 
-import logging
+import contextlib
 import os
 import re
 import shutil
@@ -20,36 +27,28 @@ import tempfile
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
-from course_lib.grading.sandbox import SandboxLimits, kernel_name, prepare_sandbox
+from course_lib.grading.sandbox import (
+    SandboxLimits,
+    host_tmpfs,
+    kernel_name,
+    kit_package,
+    prepare_sandbox,
+)
 
 __all__ = ["run_nbval", "stop_clusters"]
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*m|#x1B\[[0-9;]*m")
+RUNTIME_MB = 4  # the kernel's connection file and sockets: a few kB
 
 
 def stop_clusters(ipython_dir: Path) -> None:
-    """Stop every ipyparallel cluster recorded in ``ipython_dir``, then every process left there.
+    """Kill every process that carries this run's mark (``IPYTHONDIR=ipython_dir``).
 
-    A cluster writes ``profile_*/security/cluster-*.json`` with the pids of its controller and
-    engines; ipyparallel stops them from that file (TERM, then KILL). Processes it does not know
-    (the kernel, engines whose file was never written, what the student's code started) carry
-    this run's ``IPYTHONDIR`` in their environment, and are killed by that mark.
+    No file is read: an ipyparallel cluster file names the commands that stop it, so one
+    forged by the notebook would run them here (an ``SSHControllerLauncher`` with any
+    ``ssh_cmd``). The mark is in the environment the grader gave the run's processes;
+    /proc is read as data only.
     """
-    profiles = [str(p) for p in ipython_dir.glob("profile_*") if (p / "security").is_dir()]
-    if any(Path(p, "security").glob("cluster-*.json") for p in profiles):
-        import ipyparallel as ipp
-
-        quiet = logging.getLogger("course_lib.grading.clusters")
-        quiet.setLevel(logging.CRITICAL)
-        try:
-            clusters = ipp.ClusterManager(log=quiet).load_clusters(profile_dirs=profiles)
-        except Exception:  # noqa: BLE001 - a damaged file must not stop the sweep below
-            clusters = {}
-        for cluster in clusters.values():
-            try:
-                cluster.stop_cluster_sync()
-            except Exception:  # noqa: BLE001 - already gone, or half gone: the sweep finishes it
-                pass
     import psutil
 
     left = []
@@ -73,11 +72,16 @@ def run_nbval(
     total_seconds: float,
     sandbox: SandboxLimits | None = None,
     hidden: tuple[str, ...] = (),
+    blocked: tuple[str, ...] = (),
+    kit: bool = True,
+    probes: Path | None = None,
 ) -> dict[int, tuple[str, str]] | None:
     """Run nbval on ``path``; return {cell number: (outcome, message)}, or None past the limit.
 
     With ``sandbox``, the kernel (and all it starts) runs in a sandbox with those limits, which
-    never shows it ``hidden`` (see :mod:`course_lib.grading.sandbox`); nbval stays outside.
+    never shows it ``hidden`` nor lets it import ``blocked``, and shows it the kit only when
+    ``kit`` (see :mod:`course_lib.grading.sandbox`); nbval stays outside. ``probes``: the
+    folder (the grader's, never shown to the kernel) where nbval stores the probe cells' outputs.
     """
     xml = path.with_suffix(".xml")
     cmd = [
@@ -89,10 +93,32 @@ def run_nbval(
     # tells the clean-up below which ones are this run's.
     ipython_dir = Path(tempfile.mkdtemp(prefix="ipython-", dir=path.parent))
     env = {**os.environ, "IPYTHONDIR": str(ipython_dir)}
+    # nbval loads this kit's plugin, not one a venv's editable install points to elsewhere.
+    kit_root = str(kit_package().parent)
+    env["PYTHONPATH"] = os.pathsep.join([kit_root, *filter(None, [env.get("PYTHONPATH")])])
+    cmd += ["-p", "course_lib.grading.nbval_ipc"]
+    if probes is not None:
+        env["COURSE_PROBE_DIR"] = str(probes)
+    env.pop("COURSE_IPC", None)
+    shared = contextlib.nullcontext(False)
+    run_dir = None
     if sandbox is not None:
-        run_dir = Path(tempfile.mkdtemp(prefix="sandbox-", dir=path.parent))
-        env.update(prepare_sandbox(run_dir, ipython_dir, sandbox, (*hidden, str(path.parent))))
-        cmd += ["-p", "course_lib.grading.nbval_ipc", f"--nbval-kernel-name={kernel_name()}"]
+        # In the system's temporary folder, not beside the notebook: the kernel's Unix sockets
+        # live in it, and a socket's path may not pass 107 bytes.
+        run_dir = Path(tempfile.mkdtemp(prefix="sandbox-"))
+        env.update(prepare_sandbox(run_dir, sandbox, (*hidden, str(path.parent)), blocked, kit))
+        env["COURSE_IPC"] = "1"
+        cmd += ["--nbval-kernel-name=" + kernel_name()]
+        shared = host_tmpfs(run_dir / "runtime", RUNTIME_MB)
+    with shared:
+        finished = _run(cmd, path, env, total_seconds, ipython_dir)
+    if run_dir is not None:
+        shutil.rmtree(run_dir, ignore_errors=True)  # unlinks; follows no link, opens no file
+    return _read_report(xml) if finished else None
+
+
+def _run(cmd: list[str], path: Path, env: dict, total_seconds: float, ipython_dir: Path) -> bool:
+    """Run nbval; kill what is left of the run afterwards. False: past the total time limit."""
     try:
         # A session of its own, so that on the total time limit pytest and the processes that
         # stay in its session go down together (the kernel and engines are found by the mark).
@@ -105,10 +131,15 @@ def run_nbval(
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
-            return None
+            return False
     finally:
         stop_clusters(ipython_dir)
         shutil.rmtree(ipython_dir, ignore_errors=True)
+    return True
+
+
+def _read_report(xml: Path) -> dict[int, tuple[str, str]]:
+    """Read nbval's JUnit report (written by nbval, outside the sandbox)."""
     if not xml.exists():
         return {}
     results = {}

@@ -8,24 +8,38 @@ folder (``ipc`` transport, :mod:`course_lib.grading.nbval_ipc`), since the kerne
 but its own loopback.
 
 Inside, the kernel sees read-only: the system (``/usr``, ``/etc``, ...), Python, the virtual
-environment and the kit's package ``course_lib``. It does not see the instructor sources,
-other submissions, the gradebook, the checkout's other folders or any home folder. It writes
-to a size-limited ``/tmp`` (its home and working folder) that is thrown away with the run.
+environment and, where the assignment's checks still run in the kernel, the kit's package
+``course_lib``. It does not see the instructor sources, other submissions, the gradebook, the
+checkout's other folders or any home folder, nor the packages its assignment forbids. It writes
+to a size-limited ``/tmp`` (its home, working folder and ``$IPYTHONDIR``) that is thrown away
+with the run; the grader never reads anything the kernel wrote there.
 """
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import functools
+import importlib.util
 import json
 import os
 import random
 import subprocess
 import sys
 import tempfile
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-__all__ = ["SandboxLimits", "kernel_name", "kit_package", "prepare_sandbox", "sandbox_problem"]
+__all__ = [
+    "SandboxLimits",
+    "host_tmpfs",
+    "kernel_name",
+    "kit_package",
+    "package_folders",
+    "prepare_sandbox",
+    "sandbox_problem",
+]
 
 KERNEL_NAME = "course-sandbox"
 _INIT = Path(__file__).with_name("sandbox_init.py")
@@ -61,15 +75,50 @@ def kit_package() -> Path:
     return Path(course_lib.__file__).resolve().parent
 
 
-def _readonly_paths() -> list[str]:
-    """The system, Python, the venv and the kit's package: everything a kernel needs to run."""
+def _readonly_paths(kit: bool = True) -> list[str]:
+    """The system, Python, the venv and (``kit``) the kit's package: what a kernel needs."""
     paths = list(_SYSTEM)
     for prefix in (sys.base_prefix, sys.prefix, sys.exec_prefix):
         for variant in (Path(prefix), Path(prefix).resolve()):
             if str(variant) not in paths:
                 paths.append(str(variant))
-    paths.append(str(kit_package()))
+    if kit:
+        paths.append(str(kit_package()))
     return [p for p in paths if os.path.lexists(p)]
+
+
+def package_folders(names: tuple[str, ...]) -> list[str]:
+    """Return the real folders of the installed top-level packages ``names`` (none imported)."""
+    found = []
+    for name in names:
+        try:
+            spec = importlib.util.find_spec(name.split(".")[0])
+        except (ImportError, ValueError):
+            continue
+        for location in (spec.submodule_search_locations or []) if spec else []:
+            real = str(Path(location).resolve())  # the sandbox binds the venv at its real path
+            if real not in found:
+                found.append(real)
+    return found
+
+
+@contextlib.contextmanager
+def host_tmpfs(folder: Path, size_mb: int) -> Iterator[bool]:
+    """Mount a ``size_mb`` tmpfs on ``folder`` for the block (as root); yield whether it did.
+
+    The kernel's socket folder is the one place the sandbox shares with the host: as a tmpfs
+    of its own, what the kernel writes there cannot fill the host's disk.
+    """
+    folder.mkdir(parents=True, exist_ok=True)
+    libc = ctypes.CDLL(None, use_errno=True)
+    mounted = os.geteuid() == 0 and sys.platform.startswith("linux") and libc.mount(
+        b"tmpfs", str(folder).encode(), b"tmpfs", 2 | 4 | 8, f"size={size_mb}m,mode=755".encode()
+    ) == 0  # fmt: skip
+    try:
+        yield mounted
+    finally:
+        if mounted:
+            libc.umount2(str(folder).encode(), 2)  # MNT_DETACH: even while a socket is open
 
 
 def kernel_name() -> str:
@@ -78,20 +127,29 @@ def kernel_name() -> str:
 
 
 def prepare_sandbox(
-    run_dir: Path, ipython_dir: Path, limits: SandboxLimits, hidden: tuple[str, ...] = ()
+    run_dir: Path,
+    limits: SandboxLimits,
+    hidden: tuple[str, ...] = (),
+    blocked: tuple[str, ...] = (),
+    kit: bool = True,
 ) -> dict[str, str]:
     """Write the run's kernelspec and sandbox settings; return the environment nbval needs.
 
     ``run_dir`` holds the sandbox's settings (never shown to the kernel), the kernelspec and
-    the kernel's connection file and sockets; ``ipython_dir`` is the run's IPython folder.
+    the kernel's connection file and sockets (``run_dir/runtime``, the only folder shared).
+    ``blocked``: packages that must not import inside (an assignment's forbidden imports);
+    ``kit``: whether the kernel sees ``course_lib`` (not when its checks run in the grader).
     """
     runtime = run_dir / "runtime"
     runtime.mkdir(parents=True, exist_ok=True)
     config = {
         "root": str(run_dir / "root"),
-        "readonly": _readonly_paths(),
-        "writable": [str(runtime), str(ipython_dir)],
+        "readonly": _readonly_paths(kit),
+        "writable": [str(runtime)],
         "hidden": [str(Path(p).resolve()) for p in (*hidden, *limits.hidden)],
+        "blocked": package_folders(blocked),
+        "blocked_reason": "this assignment forbids it; the grader runs its checks itself",
+        "pythonpath": str(kit_package().parent) if kit else "",
         # As root the kernel runs as a uid of its own: it owns no file outside the sandbox, and
         # its process count (RLIMIT_NPROC counts per uid) is its alone.
         "uid": random.randrange(2_000_000, 3_000_000) if os.geteuid() == 0 else None,
@@ -118,8 +176,7 @@ def sandbox_problem() -> str | None:
     if not sys.platform.startswith("linux"):
         return f"no sandbox on {sys.platform}: it needs Linux namespaces"
     with tempfile.TemporaryDirectory(prefix="sandbox-probe-") as tmp:
-        env = prepare_sandbox(Path(tmp), Path(tmp, "ipython"), SandboxLimits())
-        Path(tmp, "ipython").mkdir()
+        env = prepare_sandbox(Path(tmp), SandboxLimits())
         spec = json.loads(
             Path(env["JUPYTER_PATH"], "kernels", KERNEL_NAME, "kernel.json").read_text()
         )

@@ -9,8 +9,10 @@ kernel has (``unshare(2)``, ``mount(2)``, ``chroot(2)``, rlimits), so no tool ne
    student started (engines, a fork bomb, a double-forked daemon) is killed by the kernel;
 3. a fresh ``tmpfs`` root holding read-only binds of the system, Python, the virtual environment
    and the kit's package, and nothing else: no instructor sources, submissions or gradebook;
-   a size-limited ``tmpfs`` at ``/tmp`` (home and working folder) and ``/dev/shm`` is the only
-   place to write, besides the run's own IPython folder and kernel sockets;
+   a size-limited ``tmpfs`` at ``/tmp`` (home, working folder and ``$IPYTHONDIR``) and
+   ``/dev/shm`` is the only place to write, besides the folder of the kernel's sockets (itself a
+   size-limited tmpfs on the host when the grader runs as root); packages an assignment forbids
+   (``torch`` in A1) are covered by a package that refuses to import;
 4. loopback up (engines and gloo talk over it), no other interface: nothing outside is reachable;
 5. rlimits (address space, processes, CPU time, file size), then the kernel runs as an
    unprivileged user (a uid of its own when started as root; no capabilities otherwise).
@@ -118,6 +120,8 @@ def _build_root(config: dict) -> None:
             _bind(path, root)
     for path in config["writable"]:
         _bind(path, root, writable=True)
+    for path in config.get("blocked", []):  # forbidden packages: an import names why it fails
+        _block_package(root + path, config.get("blocked_reason", "not available here"))
     for path in config["hidden"]:  # instructor files that lie below a read-only bind
         below = [p for p in config["readonly"] if (path + "/").startswith(p.rstrip("/") + "/")]
         if not below or any(w.startswith(path.rstrip("/") + "/") for w in config["writable"]):
@@ -132,12 +136,24 @@ def _build_root(config: dict) -> None:
     except OSError:  # a container that masks parts of /proc forbids a fresh one
         _bind("/proc", root)
     uid = config["uid"]
-    for folder in ("/tmp/home", "/tmp/work"):
+    for folder in ("/tmp/home", "/tmp/work", "/tmp/ipython"):
         os.makedirs(root + folder)
         if uid is not None:
             os.chown(root + folder, uid, uid)
     os.chroot(root)
     os.chdir("/tmp/work")
+
+
+def _block_package(target: str, reason: str) -> None:
+    """Cover the package folder ``target`` with a read-only one whose import raises ``reason``."""
+    if not os.path.isdir(target):
+        return
+    _mount("tmpfs", target, "tmpfs", MS_NOSUID | MS_NODEV, "size=16k,mode=755")
+    name = os.path.basename(target)
+    Path(target, "__init__.py").write_text(
+        f"raise ImportError({f'{name} is not available in this sandbox: {reason}'!r})\n"
+    )
+    _mount(None, target, None, MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV)
 
 
 def _limit(config: dict) -> None:
@@ -173,7 +189,14 @@ def _as_init(config: dict, argv: list[str]) -> int:
     _build_root(config)
     _limit(config)
     _drop_privileges(config["uid"])
-    os.environ.update(HOME="/tmp/home", TMPDIR="/tmp", PWD="/tmp/work")
+    # $IPYTHONDIR (profiles, cluster files) lives in the size-limited /tmp and dies with it:
+    # the grader never reads it. PYTHONPATH names the kit the sandbox shows, so a venv whose
+    # editable install points to another checkout (not shown here) still imports this kit.
+    os.environ.update(HOME="/tmp/home", TMPDIR="/tmp", PWD="/tmp/work", IPYTHONDIR="/tmp/ipython")
+    if config.get("pythonpath"):
+        os.environ["PYTHONPATH"] = config["pythonpath"]
+    else:
+        os.environ.pop("PYTHONPATH", None)
     # The kernel would watch for the grader's pid, which is not in its PID namespace.
     os.environ.pop("JPY_PARENT_PID", None)
     kernel = os.fork()

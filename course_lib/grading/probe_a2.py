@@ -1,0 +1,129 @@
+"""A2 graded out of the kernel's reach: the engines return data, the grader decides.
+
+The kernel pushes the answer to its engines and has each rank call it on inputs drawn from the
+grader's seed; each rank returns what the answer returned, the built-in collectives it called
+and its communicator's per-peer counters (messages each way, bytes sent), as data. The grader
+re-derives the right sums from the seed and judges each rank with
+:func:`course_lib.checks.a2.judge_rank`, in its own process. The kernel sees the parts of the
+kit the engines need (``comm``, ``cluster``, ...) but not ``course_lib.checks``.
+
+Not closed: the counters are still counted inside the student's processes (the engines), so an
+answer that forges both the sums (with the built-in allreduce) and the counters it reports is
+not caught here; the ``ast`` guard (no private attributes) is the line there.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from course_lib.grading.probes import ExerciseProbe, ProbeSpec
+from course_lib.verdict import Verdict, run_check
+
+__all__ = ["a2_inputs", "a2_spec"]
+
+_ENGINE_SETUP = """\
+    def engine_case(fn, kind, size, dtype, seed):
+        import numpy as np
+        from IPython import get_ipython
+        from course_lib.comm import chunk_bounds
+
+        comm = get_ipython().user_ns["comm"]
+        rank, p = comm.rank, comm.world_size
+        make = lambda r: np.random.default_rng([seed, size, r]).integers(-8, 9, size)
+        x = make(rank).astype(dtype)
+        if kind == "allgather":  # on entry rank r holds only its own (finished) chunk
+            lo, hi = chunk_bounds(size, p)[rank]
+            total = sum(make(r) for r in range(p)).astype(dtype)
+            x = np.zeros(size, dtype=dtype)
+            x[lo:hi] = total[lo:hi]
+        comm.stats.reset()
+        got = fn(comm, x)
+        builtin = sorted(comm.stats.collectives)
+        stats = [[q, s.messages_sent, s.messages_received, s.bytes_sent]
+                 for q, s in sorted(comm.stats.peers.items())]
+        return rank, p, None if got is None else np.asarray(got).reshape(-1), builtin, stats
+
+    cluster.view.push({{"{name}": {name}}}, block=True)  # later answers call it by name
+"""
+_CALL = (
+    'cluster.run(engine_case, {name}, case["kind"], case["size"], case["dtype"], case["seed"],'
+    " timeout=60)"
+)
+_EXERCISES = {  # exercise: (function, kind)
+    "A2.1": ("reduce_scatter_halving", "reduce_scatter"),
+    "A2.2": ("allgather_doubling", "allgather"),
+    "A2.3": ("rabenseifner_allreduce", "allreduce"),
+}
+
+
+def a2_inputs(kind: str, seed: int) -> list[dict]:
+    """A2's cases: every size of ``A2_SIZES`` in float32 and float64, on the grader's seed."""
+    from course_lib.checks.a2 import A2_SIZES
+
+    return [{"kind": kind, "size": size, "dtype": dtype, "seed": seed}
+            for size in A2_SIZES for dtype in ("float32", "float64")]  # fmt: skip
+
+
+def _judge_case(case: dict, ranks: Any) -> int:
+    """Raise AssertionError with the first rank's problem; return the world size."""
+    from course_lib.checks.a2 import judge_rank
+
+    if not isinstance(ranks, list) or not ranks:
+        raise AssertionError("the engines returned no result")
+    world_size = int(ranks[0][1])
+    if world_size < 2 or world_size & (world_size - 1):
+        raise AssertionError(
+            f"the check needs a power-of-two number of engines, not {world_size}; start 4"
+        )
+    if sorted(int(r[0]) for r in ranks) != list(range(world_size)):
+        raise AssertionError("the engines' results do not come one from each rank")
+    size, dtype, seed = case["size"], case["dtype"], case["seed"]
+    inputs = [
+        np.random.default_rng([seed, size, r]).integers(-8, 9, size) for r in range(world_size)
+    ]
+    reference = sum(inputs).astype(dtype)  # small integers: every summation order is exact
+    for rank, p, got, builtin, stats in ranks:
+        peers = {int(q): (int(sent), int(received), int(nbytes))
+                 for q, sent, received, nbytes in stats}  # fmt: skip
+        if got is not None and np.asarray(got).dtype.kind not in "biuf":
+            raise AssertionError(f"rank {int(rank)} returned {got}, not an array")
+        why = judge_rank(case["kind"], size, dtype, int(rank), int(p), reference, got,
+                         [str(b) for b in builtin], peers)  # fmt: skip
+        if why:
+            raise AssertionError(why)
+    return world_size
+
+
+def _check(exercise: str, name: str, kind: str):
+    from course_lib.checks.a2 import A2_POINTS, A2_SIZES
+
+    def check(answer, *, verbose: bool = False, seed: int = 0) -> Verdict:
+        def body() -> str:
+            world_size = 0
+            for case in a2_inputs(kind, seed):
+                world_size = _judge_case(case, answer(case))
+            return (
+                f"{world_size} ranks, partners r XOR 2^k, {len(A2_SIZES)} sizes, "
+                "float32 and float64"
+            )
+
+        return run_check(exercise, name, body, max_points=A2_POINTS[exercise], verbose=verbose)
+
+    return check
+
+
+def a2_spec() -> ProbeSpec:
+    """A2's probes: the engines run the answers, the grader judges every rank's data."""
+    exercises = {}
+    for exercise, (name, kind) in _EXERCISES.items():
+        exercises[exercise] = ExerciseProbe(
+            lambda seed, kind=kind: a2_inputs(kind, seed),
+            _CALL.format(name=name),
+            _check(exercise, name, kind),
+            _ENGINE_SETUP.format(name=name),
+        )
+    # The engines need the communicators (gloo runs on torch): torch stays importable, and the
+    # kit is shown without its checks.
+    return ProbeSpec("", exercises, blocked=False, kit=True, kit_hidden=("checks",))

@@ -1,0 +1,174 @@
+"""Attacks past the ``ast`` guard, graded end to end by the real grader in the real sandbox.
+
+One class of A1 submissions: two honest students and one attacker per route
+(:data:`course_lib.grading.attacks_verdict.ROUTES`): the verdict reached from inside the kernel
+(rebound ``Verdict``/``print``, a pickle calling exec, frame walks, ``object.__subclasses__()``,
+torch or the kit's reference fetched past the guard, results held for the notebook's own inputs,
+forged probe output) and the grading machine reached from inside the sandbox (a forged
+ipyparallel cluster file, a FIFO in its place, ``$IPYTHONDIR`` and the socket folder filled).
+Each attacker must lose A1.1, nothing may run or change outside, the honest students must get
+their grades, and the whole class must finish within its limits.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+
+from course_lib.grading.attacks_verdict import ROUTES, write_route_class
+from course_lib.grading.grade import GradingLimits
+from course_lib.grading.gradebook import grade_folder
+from course_lib.grading.sandbox import SandboxLimits, kit_package, sandbox_problem
+
+ROOT = Path(__file__).resolve().parents[1]
+SOURCES = ROOT / "assignments" / "source"
+_PROBLEM = sandbox_problem()
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(
+        _PROBLEM is not None and ("unshare" in _PROBLEM or not sys.platform.startswith("linux")),
+        reason=str(_PROBLEM),
+    ),
+]
+CLASS_SECONDS = 1500  # a generous bound: 18 notebooks of a few seconds each, 2 at a time
+
+
+@pytest.fixture(scope="module")
+def graded(tmp_path_factory):
+    """Grade the class once (in a thread, so that a hang fails the tests instead of hanging)."""
+    assert _PROBLEM is None, _PROBLEM
+    folder = tmp_path_factory.mktemp("routes")
+    marker = folder / "PWNED"  # any command that runs on the host creates it
+    grades = folder / "grades"
+    grades.mkdir()
+    (grades / "gradebook.csv").write_text("student,assignment,exercise,points\n")
+    before = (grades / "gradebook.csv").read_bytes()
+    expected = write_route_class(folder / "submissions", SOURCES, marker, kit_package())
+    done: dict = {}
+
+    def grade() -> None:
+        done["rows"] = grade_folder(
+            folder / "submissions", SOURCES, GradingLimits(cell_seconds=60, total_seconds=400),
+            jobs=2, progress=False, sandbox=SandboxLimits(processes=256, disk_mb=32),
+            hidden=(str(grades),),
+        )  # fmt: skip
+
+    worker = threading.Thread(target=grade, daemon=True)
+    worker.start()
+    worker.join(CLASS_SECONDS)
+    assert not worker.is_alive(), f"grading the class did not finish in {CLASS_SECONDS} s"
+    rows = {(r.student, r.exercise): r for r in done["rows"]}
+    return {"rows": rows, "expected": expected, "marker": marker,
+            "gradebook_same": (grades / "gradebook.csv").read_bytes() == before}  # fmt: skip
+
+
+def test_honest_students_get_their_grades_beside_the_attackers(graded):
+    for student in ("honest_1", "honest_2"):
+        got = {ex: graded["rows"][(student, ex)].points for ex in ("A1.1", "A1.2", "A1.3")}
+        assert got == graded["expected"][student], (student, got)
+    assert graded["rows"][("honest_2", "A1.1")].reason.startswith("FAIL (dW (batch 8, 4 classes")
+
+
+def test_nothing_ran_or_changed_on_the_grading_machine(graded):
+    assert not graded["marker"].exists(), "a command from inside the sandbox ran on the host"
+    assert graded["gradebook_same"]
+
+
+@pytest.mark.parametrize("route", ROUTES, ids=[r.student for r in ROUTES])
+def test_each_route_costs_its_exercise_and_nothing_else(graded, route):
+    rows, expected = graded["rows"], graded["expected"][route.student]
+    a11 = rows[(route.student, "A1.1")]
+    assert a11.points == 0.0, f"{route.what}: {a11.reason}"
+    assert a11.reason.startswith(("FAIL", "the answer cell raised")), a11.reason
+    if route.reason:
+        assert re.search(route.reason, a11.reason), a11.reason
+    for exercise in ("A1.2", "A1.3"):
+        if expected[exercise] is not None:
+            assert rows[(route.student, exercise)].points == expected[exercise], rows[
+                (route.student, exercise)
+            ]
+
+
+# -- A2: the engines return data; the grader judges every rank ------------------------------------
+
+A2_ATTACKS = {
+    # The built-in reduce-scatter (right sums, wrong algorithm), and the verdict rebound.
+    "A2.1": "import pkgutil, sys\npkgutil.resolve_name('course_lib.verdict')\n"
+    "V = getattr(sys, 'modules')['course_lib.verdict'].Verdict\n"
+    "V.__bool__ = lambda self: True\nV.__str__ = lambda self: {pass_line!r}\n"
+    "def reduce_scatter_halving(comm, x):\n"
+    "    return comm.reduce_scatter(x)\n",
+    # The kit's checks fetched by name, to read the byte counts the algorithm must send.
+    "A2.2": "import pkgutil\ntry:\n    judge = pkgutil.resolve_name('course_lib.checks.a2:judge_rank')\n"
+    "except Exception:\n    judge = None\n"
+    "def allgather_doubling(comm, x):\n    return comm.allreduce(x)\n",
+    # A frame walk from inside the engines' call to whatever checks the result.
+    "A2.3": "def rabenseifner_allreduce(comm, x):\n"
+    "    import inspect\n    frame = inspect.currentframe()\n    while frame is not None:\n"
+    "        getattr(frame, 'f_glo' + 'bals').pop('judge_rank', None)\n"
+    "        frame = getattr(frame, 'f_ba' + 'ck')\n    return comm.allreduce(x)\n",
+}
+
+
+def test_a2_routes_to_the_verdict_get_nothing_and_the_checks_are_not_in_the_kernel(tmp_path):
+    import copy
+
+    import nbformat
+
+    from course_lib.grading.cells import answer_id, check_id
+    from course_lib.grading.grade import grade_notebook
+    from course_lib.grading.guard import rejected_answers
+
+    source = nbformat.read(SOURCES / "A2_rabenseifner_allreduce.ipynb", as_version=4)
+    passes = {check_id(c): c.outputs[0]["text"].strip() for c in source.cells if check_id(c)}
+    submission = copy.deepcopy(source)
+    for cell in submission.cells:
+        if answer_id(cell) in A2_ATTACKS:
+            cell.source = A2_ATTACKS[answer_id(cell)].format(pass_line=passes[answer_id(cell)])
+    assert not rejected_answers(
+        source,
+        {
+            k: submission.cells[i].source
+            for i, k in ((i, answer_id(c)) for i, c in enumerate(submission.cells))
+            if k
+        },
+    )  # past the guard
+    rows = grade_notebook("a2_attacker", "A2", source, submission, GradingLimits(90, 600),
+                          workdir=tmp_path, sandbox=SandboxLimits(processes=256))  # fmt: skip
+    reasons = {r.exercise: r.reason for r in rows}
+    assert {r.exercise: r.points for r in rows} == {"A2.1": 0.0, "A2.2": 0.0, "A2.3": 0.0}, reasons
+    assert "uses the built-in comm.reduce_scatter" in reasons["A2.1"], reasons
+    assert "uses the built-in comm.allreduce" in reasons["A2.2"], reasons
+    assert "uses the built-in comm.allreduce" in reasons["A2.3"], reasons
+
+
+def test_the_grader_never_unpickles_what_a_probe_printed(tmp_path):
+    # Fast, no kernel: the line a kernel could print, holding a pickled object array whose
+    # loading would run a command. The grader must refuse it as data, and run nothing.
+    import base64
+    import io
+    import json
+    import os
+
+    import numpy as np
+
+    from course_lib.grading.probe_a1 import a1_spec
+    from course_lib.grading.probes import MARK, judge
+
+    marker = tmp_path / "PWNED"
+
+    class Boom:
+        def __reduce__(self):
+            return (os.system, (f"touch {marker}",))
+
+    buf = io.BytesIO()
+    np.save(buf, np.array([Boom()], dtype=object), allow_pickle=True)
+    blob = {"npy": base64.b64encode(buf.getvalue()).decode()}
+    line = MARK + json.dumps([{"value": {"tuple": [blob, blob, blob]}}] * 5)
+    passed, reason = judge(a1_spec(), "A1.1", 3, line)
+    assert not passed and reason.startswith("FAIL"), reason
+    assert not marker.exists()
