@@ -97,8 +97,8 @@ def test_each_route_costs_its_exercise_and_nothing_else(graded, route):
 
 A2_ATTACKS = {
     # The built-in reduce-scatter (right sums, wrong algorithm), and the verdict rebound.
-    "A2.1": "import pkgutil, sys\npkgutil.resolve_name('course_lib.verdict')\n"
-    "V = getattr(sys, 'modules')['course_lib.verdict'].Verdict\n"
+    "A2.1": "import pkgutil, sys\npkgutil.resolve_name('course_lib.checks.verdict')\n"
+    "V = getattr(sys, 'modules')['course_lib.checks.verdict'].Verdict\n"
     "V.__bool__ = lambda self: True\nV.__str__ = lambda self: {pass_line!r}\n"
     "def reduce_scatter_halving(comm, x):\n"
     "    return comm.reduce_scatter(x)\n",

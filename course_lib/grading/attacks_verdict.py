@@ -62,7 +62,7 @@ class Route:
 
 ROUTES = [
     Route("route_verdict_str", "rebind Verdict.__str__ reached through getattr(sys, 'modules')",
-          "import sys\ntry:\n    V = getattr(sys, 'modules')['course_lib.verdict'].Verdict\n"
+          "import sys\ntry:\n    V = getattr(sys, 'modules')['course_lib.checks.verdict'].Verdict\n"
           "    V.__str__ = lambda self: {pass_line!r}\n    V.__bool__ = lambda self: True\n"
           "except Exception:\n    pass\n" + WRONG),
     Route("route_print_dict", "rebind print through a module's __dict__",

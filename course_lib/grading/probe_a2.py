@@ -18,8 +18,8 @@ from typing import Any
 
 import numpy as np
 
+from course_lib.checks.verdict import Verdict, run_check
 from course_lib.grading.probes import ExerciseProbe, ProbeSpec
-from course_lib.verdict import Verdict, run_check
 
 __all__ = ["a2_inputs", "a2_spec"]
 

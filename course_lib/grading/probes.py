@@ -26,8 +26,8 @@ from typing import Any
 import nbformat
 import numpy as np
 
+from course_lib.checks.verdict import Verdict
 from course_lib.grading.cells import answer_id, check_id
-from course_lib.verdict import Verdict
 
 __all__ = [
     "CONVERTED",
