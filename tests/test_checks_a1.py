@@ -10,7 +10,7 @@ import nbformat
 import numpy as np
 import pytest
 
-from course_lib.checks.a1 import check_sgd_momentum, check_smoothed_cross_entropy
+from course_lib.checks.assignments.a1 import check_sgd_momentum, check_smoothed_cross_entropy
 from course_lib.grading import answer_id
 from course_lib.training import scratch
 

@@ -12,14 +12,14 @@ import nbformat
 import numpy as np
 import pytest
 
-from course_lib.checks.a3 import (
+from course_lib.checks.assignments.a3 import (
     A3_POINTS,
     check_bucket_average,
     check_bucket_layout,
     check_parameter_server,
     ring_bytes_bounds,
 )
-from course_lib.checks.a3_engine import train_and_compare
+from course_lib.checks.assignments.a3_engine import train_and_compare
 from course_lib.grading import answer_id
 
 pytestmark = pytest.mark.timeout(600)

@@ -13,7 +13,7 @@ import nbformat
 import numpy as np
 import pytest
 
-from course_lib.checks.a4 import (
+from course_lib.checks.assignments.a4 import (
     A4_POINTS,
     MISTAKES,
     check_directed_gossip,

@@ -12,7 +12,7 @@ import nbformat
 import numpy as np
 import pytest
 
-from course_lib.checks.a5 import (
+from course_lib.checks.assignments.a5 import (
     A5_POINTS,
     check_block_int8_decode,
     check_block_int8_encode,

@@ -13,7 +13,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from course_lib.checks.a6 import (
+from course_lib.checks.assignments.a6 import (
     A6_POINTS,
     check_gpipe_step,
     check_gpipe_training,

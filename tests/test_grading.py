@@ -15,7 +15,7 @@ import psutil
 import pytest
 
 from course_lib import collectives as C
-from course_lib.checks.a2 import (
+from course_lib.checks.assignments.a2 import (
     check_allgather_doubling,
     check_rabenseifner_allreduce,
     check_reduce_scatter_halving,
@@ -182,8 +182,8 @@ FORGED_VERDICT = (
         ("def f():\n    global verdict\n    verdict = 1", "line 2 rebinds verdict"),
         ("cluster = None", "rebinds cluster"),  # the A2 checks run on it
         (
-            "from course_lib.checks.a1 import check_sgd_momentum as c",
-            "imports course_lib.checks.a1",
+            "from course_lib.checks.assignments.a1 import check_sgd_momentum as c",
+            "imports course_lib.checks.assignments.a1",
         ),
         ("from course_lib.checks import verdict as v", "imports course_lib.checks.verdict"),
         ("import course_lib.grading.grade", "imports course_lib.grading"),
@@ -192,7 +192,7 @@ FORGED_VERDICT = (
         ('exec("x = 1")', "uses exec"),
         ("import importlib", "imports importlib"),
         ("import builtins", "imports builtins"),
-        ('import sys\nsys.modules["course_lib.checks.a1"] = None', "sys.modules"),
+        ('import sys\nsys.modules["course_lib.checks.assignments.a1"] = None', "sys.modules"),
         ("import sys\nsys.stdout = None", "changes sys.stdout"),
         ("np.allclose = lambda *a, **k: True", "changes np.allclose"),
         ("%run forged.py", "uses get_ipython"),  # magics become get_ipython() calls
@@ -272,7 +272,7 @@ def test_instructor_source_a1_gets_full_points():
 
 
 def test_a1_3_fails_a_conv_that_swaps_the_kernel_height_and_width():
-    from course_lib.checks.a1 import check_conv2d_layer
+    from course_lib.checks.assignments.a1 import check_conv2d_layer
 
     cell = next(c.source for c in _source("A1_sgd_conv").cells if "def conv2d_layer" in c.source)
     solution = "\n".join(line for line in cell.splitlines() if "###" not in line)

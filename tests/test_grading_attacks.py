@@ -1,7 +1,7 @@
 """Attacks past the ``ast`` guard, graded end to end by the real grader in the real sandbox.
 
 One class of A1 submissions: two honest students and one attacker per route
-(:data:`course_lib.grading.attacks_verdict.ROUTES`): the verdict reached from inside the kernel
+(:data:`course_lib.grading.attacks.verdict.ROUTES`): the verdict reached from inside the kernel
 (rebound ``Verdict``/``print``, a pickle calling exec, frame walks, ``object.__subclasses__()``,
 torch or the kit's reference fetched past the guard, results held for the notebook's own inputs,
 forged probe output) and the grading machine reached from inside the sandbox (a forged
@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from course_lib.grading.attacks_verdict import ROUTES, write_route_class
+from course_lib.grading.attacks.verdict import ROUTES, write_route_class
 from course_lib.grading.grade import GradingLimits
 from course_lib.grading.gradebook import grade_folder
 from course_lib.grading.sandbox import SandboxLimits, kit_package, sandbox_problem
@@ -103,7 +103,7 @@ A2_ATTACKS = {
     "def reduce_scatter_halving(comm, x):\n"
     "    return comm.reduce_scatter(x)\n",
     # The kit's checks fetched by name, to read the byte counts the algorithm must send.
-    "A2.2": "import pkgutil\ntry:\n    judge = pkgutil.resolve_name('course_lib.checks.a2:judge_rank')\n"
+    "A2.2": "import pkgutil\ntry:\n    judge = pkgutil.resolve_name('course_lib.checks.assignments.a2:judge_rank')\n"
     "except Exception:\n    judge = None\n"
     "def allgather_doubling(comm, x):\n    return comm.allreduce(x)\n",
     # A frame walk from inside the engines' call to whatever checks the result.
@@ -156,8 +156,8 @@ def test_the_grader_never_unpickles_what_a_probe_printed(tmp_path):
 
     import numpy as np
 
-    from course_lib.grading.probe_a1 import a1_spec
-    from course_lib.grading.probes import MARK, judge
+    from course_lib.grading.probes.a1 import a1_spec
+    from course_lib.grading.probes.core import MARK, judge
 
     marker = tmp_path / "PWNED"
 

@@ -141,7 +141,7 @@ def _verdicts_in_process(submission: nbformat.NotebookNode) -> list[str]:
     """Return the verdict of each A1 check on the submission's answers, run in this process."""
     import numpy as np
 
-    from course_lib.checks import a1
+    from course_lib.checks.assignments import a1
 
     checks = [("A1.1", a1.check_smoothed_cross_entropy, "smoothed_cross_entropy"),
               ("A1.2", a1.check_sgd_momentum, "sgd_momentum"),

@@ -13,7 +13,12 @@ import nbformat
 import pytest
 
 from course_lib.grading import __main__ as cli
-from course_lib.grading.attacks import ATTACKS, outside_address, poison_code, write_attack_class
+from course_lib.grading.attacks.sandbox import (
+    ATTACKS,
+    outside_address,
+    poison_code,
+    write_attack_class,
+)
 from course_lib.grading.grade import GradingLimits
 from course_lib.grading.gradebook import grade_folder, write_gradebook
 from course_lib.grading.integrity import fingerprint

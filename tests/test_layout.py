@@ -181,6 +181,8 @@ def _sources() -> list[tuple[str, str]]:
     out = [(str(p.relative_to(ROOT)), p.read_text()) for p in
            [*(ROOT / "tests").rglob("*.py"), *(ROOT / "bench").rglob("*.py")]]  # fmt: skip
     for nb in [*(ROOT / "notebooks").rglob("*.ipynb"), *(ROOT / "assignments").rglob("*.ipynb")]:
+        if ".ipynb_checkpoints" in nb.parts:  # JupyterLab's copies, not the course's
+            continue
         for k, cell in enumerate(json.loads(nb.read_text())["cells"]):
             if cell["cell_type"] == "code":
                 code = "".join(cell["source"])
@@ -247,7 +249,8 @@ def dead_path(text: str) -> str | None:
 def test_every_course_lib_path_in_text_exists(folder):
     files = [ROOT / folder] if folder.endswith(".md") else [
         p for p in (ROOT / folder).rglob("*") if p.suffix in (".py", ".ipynb", ".md")
-        and p.name != Path(__file__).name]  # this file names old paths on purpose
+        and p.name != Path(__file__).name  # this file names old paths on purpose
+        and ".ipynb_checkpoints" not in p.parts]
     wrong = set()
     for f in files:
         text = re.sub(r'getLogger\("[^"]*"\)', "", f.read_text())  # logger names are not paths

@@ -131,7 +131,7 @@ def _main(argv: list[str] | None = None) -> int:
             print(f"checking copy {path}")
         return 0
     if args.command == "selftest":
-        from course_lib.grading.attacks import self_test
+        from course_lib.grading.attacks.sandbox import self_test
 
         return self_test(args.keep)
     limits = GradingLimits(args.cell_timeout, args.total_timeout)

@@ -24,9 +24,9 @@ nothing outside a throwaway folder; elsewhere, the notebook runs unisolated and 
 says so. Whatever a run leaves behind dies with the sandbox, or is killed by the run's mark
 (:mod:`course_lib.grading.runner`); nothing the kernel wrote is read.
 
-For the assignments in :data:`course_lib.grading.probes.CONVERTED` (A1), the verdict is not the
+For the assignments in :data:`course_lib.grading.probes.registry.CONVERTED` (A1), the verdict is not the
 kernel's at all: the check cells become probes that return the answers' results as data, and
-the grader runs the checks in its own process (:mod:`course_lib.grading.probes`); the kernel
+the grader runs the checks in its own process (:mod:`course_lib.grading.probes.core`); the kernel
 then runs without the kit and without the packages the assignment forbids (torch).
 """
 
@@ -50,7 +50,8 @@ from course_lib.grading.cells import (
     stub_solution,
 )
 from course_lib.grading.guard import rejected_answers
-from course_lib.grading.probes import convert_notebook, judge, probe_spec
+from course_lib.grading.probes.core import convert_notebook, judge
+from course_lib.grading.probes.registry import probe_spec
 from course_lib.grading.release import write_notebook_atomically
 from course_lib.grading.runner import run_nbval
 from course_lib.grading.sandbox import SandboxLimits, kit_package, sandbox_problem

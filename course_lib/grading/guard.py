@@ -133,7 +133,7 @@ def _within(name: str, module: str) -> bool:
 
 def _module_problem(module: str, forbidden: Iterable[str] = ()) -> str | None:
     """Say why importing ``module`` (a dotted name, ``pkg.mod.name`` for from-imports) is refused."""
-    # A prefix, so that course_lib.checks.a1 and course_lib.checks.lecture03 are caught alike.
+    # A prefix, so that course_lib.checks.assignments.a1 and course_lib.checks.lecture03 are caught alike.
     if any(module.startswith(banned) for banned in FORBIDDEN_MODULES):
         return f"imports {module}"
     # The kit's library holds the reference answers (course_lib.collectives.ring_allreduce,

@@ -3,7 +3,7 @@
 A sandboxed kernel has a network namespace of its own, so the grader cannot reach it on TCP;
 Unix sockets in the run's runtime folder (visible on both sides) connect them instead
 (``COURSE_IPC=1``). With ``COURSE_PROBE_DIR`` set, the outputs of the grader's probe cells
-(:mod:`course_lib.grading.probes`) are stored there as JSON, by nbval, outside the sandbox: the
+(:mod:`course_lib.grading.probes.core`) are stored there as JSON, by nbval, outside the sandbox: the
 grader reads them from a folder the kernel never sees, not from anything the kernel wrote.
 Loaded with ``-p course_lib.grading.nbval_ipc`` by :func:`course_lib.grading.runner.run_nbval`.
 """

@@ -10,7 +10,7 @@ after the run, whatever still carries it is killed. Killing the sandbox's launch
 PID namespace (its first process has a parent-death signal), and with it everything inside.
 
 The only things read back are nbval's JUnit report and the outputs of the grader's probe
-cells (:mod:`course_lib.grading.probes`), both written by nbval outside the sandbox from the
+cells (:mod:`course_lib.grading.probes.core`), both written by nbval outside the sandbox from the
 kernel's messages.
 """
 

@@ -23,7 +23,7 @@ import nbformat
 
 from course_lib.grading.cells import UNGRADED_HINT, answer_id, check_id, stub_solution
 from course_lib.grading.grade import GradingLimits, grade_notebook
-from course_lib.grading.probes import probe_spec
+from course_lib.grading.probes.registry import probe_spec
 from course_lib.grading.runner import run_nbval
 from course_lib.grading.sandbox import SandboxLimits, kit_package
 

@@ -91,7 +91,7 @@ ROUTES = [
           "import sys\ntorch = getattr(sys, 'modules').get('torch')\n" + FALLBACK + _TORCH_ANSWER),
     Route("route_resolve_name", "the kit's reference answer via pkgutil.resolve_name",
           "import pkgutil\ntry:\n    reference = pkgutil.resolve_name("
-          "'course_lib.checks.a1:torch_loss_and_grad')\nexcept Exception:\n"
+          "'course_lib.checks.assignments.a1:torch_loss_and_grad')\nexcept Exception:\n"
           "    reference = None\n" + FALLBACK + "\ndef smoothed_cross_entropy(W, b, X, y, eps):\n"
           "    if reference is None:\n        return wrong_answer(W, b, X, y, eps)\n"
           "    return reference(W, b, X, y, eps)\n"),
@@ -167,7 +167,7 @@ ROUTES = [
 
 def hardcoded_table() -> dict[str, tuple]:
     """The right A1.1 results for the notebook's own inputs (seed 0), keyed by X's hash."""
-    from course_lib.checks.a1 import smoothed_cross_entropy_inputs, torch_loss_and_grad
+    from course_lib.checks.assignments.a1 import smoothed_cross_entropy_inputs, torch_loss_and_grad
 
     table = {}
     for case in smoothed_cross_entropy_inputs(0):

@@ -1,11 +1,11 @@
 """The exchange's part of assignment A5's checks: error feedback, compressor objects, training.
 
 A5.4 checks error feedback step by step and by its running sum (what is not sent now is sent
-later) around the reference compressors of :mod:`course_lib.checks.a5_reference`; A5.5 sends the
+later) around the reference compressors of :mod:`course_lib.checks.assignments.a5_reference`; A5.5 sends the
 student's compressor objects' payloads through the wire format; A5.6 trains on real engines
 through the kit's compressed exchange, which must reach the float32 run's test accuracy (within
 :data:`A5_ACCURACY_SLACK`) in the same steps. The functions here return the verdict's detail or
-raise :class:`AssertionError` with what is wrong; :mod:`course_lib.checks.a5` turns them into
+raise :class:`AssertionError` with what is wrong; :mod:`course_lib.checks.assignments.a5` turns them into
 verdicts.
 """
 
@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from course_lib.checks.a5_reference import (
+from course_lib.checks.assignments.a5_reference import (
     ReferenceBlockInt8,
     ReferenceBlockTopK,
     block_int8_bytes,

@@ -242,7 +242,7 @@ def self_test(keep: Path | None = None) -> int:
     for what, ok in checks:
         held &= ok
         print(f"{'HELD ' if ok else 'FAILED'} {what}")
-    from course_lib.grading.attacks_verdict import grade_routes
+    from course_lib.grading.attacks.verdict import grade_routes
 
     for ok, what in grade_routes(folder / "routes", sources):  # past the ast guard, and the host
         held &= ok

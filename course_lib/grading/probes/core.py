@@ -1,6 +1,6 @@
 """The verdict out of the answer's reach: the kernel returns data, the grader decides.
 
-For an assignment converted here (see :data:`CONVERTED`), the grader replaces each check cell
+For an assignment converted here (see :data:`course_lib.grading.probes.registry.CONVERTED`), the grader replaces each check cell
 of the graded copy with a *probe* cell: it calls the student's function on inputs the grader
 chose (a fresh seed per grading) and prints the results as one line of JSON, arrays inside as
 ``.npy`` bytes (``np.save(allow_pickle=False)``). nbval, outside the sandbox, stores that line
@@ -30,14 +30,12 @@ from course_lib.checks.verdict import Verdict
 from course_lib.grading.cells import answer_id, check_id
 
 __all__ = [
-    "CONVERTED",
     "ExerciseProbe",
     "ProbeSpec",
     "convert_notebook",
     "decode_results",
     "encode_cases",
     "judge",
-    "probe_spec",
 ]
 
 MARK = "COURSE-PROBE:"
@@ -118,17 +116,6 @@ class ProbeSpec:
     blocked: bool = True  # the kernel cannot import the assignment's forbidden packages
     kit: bool = False  # the kernel sees course_lib (its engines need the communicators)...
     kit_hidden: tuple[str, ...] = ("checks",)  # ...but not these parts (the references)
-
-
-def probe_spec(pristine: nbformat.NotebookNode) -> ProbeSpec | None:
-    """Return the probe spec of this assignment when its verdicts are decided by the grader."""
-    assignment = pristine.metadata.get("course", {}).get("assignment")
-    factory = CONVERTED.get(assignment)
-    if factory is None:
-        return None
-    spec = factory()
-    checks = {check_id(c) for c in pristine.cells if check_id(c) is not None}
-    return spec if checks == set(spec.exercises) else None  # an unknown variant: old path
 
 
 def _encode(value: Any) -> Any:
@@ -258,19 +245,3 @@ def judge(spec: ProbeSpec, exercise: str, seed: int, stdout: str | None) -> tupl
         return False, "FAIL (the answer's results never reached the grader)"
     verdict = spec.exercises[exercise].check(_replay(results), verbose=False, seed=seed)
     return verdict.passed, "PASS" if verdict.passed else f"FAIL ({verdict.detail})"
-
-
-def _a1() -> ProbeSpec:
-    from course_lib.grading.probe_a1 import a1_spec
-
-    return a1_spec()
-
-
-def _a2() -> ProbeSpec:
-    from course_lib.grading.probe_a2 import a2_spec
-
-    return a2_spec()
-
-
-# Assignments whose verdicts the grader decides; the others still check inside the kernel.
-CONVERTED: dict[str, Callable[[], ProbeSpec]] = {"A1": _a1, "A2": _a2}

@@ -134,7 +134,7 @@ def _run_average(fn: Callable, size: int, dtype: str, comm_name: str) -> str:
     import numpy as np
     from IPython import get_ipython
 
-    from course_lib.checks.a4 import _builtins_used, _p2p
+    from course_lib.checks.assignments.a4 import _builtins_used, _p2p
 
     comm = get_ipython().user_ns[comm_name]
     rank, world_size = comm.rank, comm.world_size
@@ -178,7 +178,7 @@ def _run_local_sgd(fn: Callable, period: int, num_steps: int, comm_name: str) ->
     import numpy as np
     from IPython import get_ipython
 
-    from course_lib.checks.a4 import (
+    from course_lib.checks.assignments.a4 import (
         LR,
         MISTAKES,
         _builtins_used,
@@ -228,7 +228,7 @@ def _run_gossip(fn: Callable, world_size: int, num_steps: int, dtype: str, comm_
     import numpy as np
     from IPython import get_ipython
 
-    from course_lib.checks.a4 import (
+    from course_lib.checks.assignments.a4 import (
         _builtins_used,
         _p2p,
         directed_distances,

@@ -16,7 +16,7 @@ the count). The **training run** of 2 epochs (10 steps) on 4 engines, on a netwo
 bias, tied weights and 599 trainable values (a prime), must leave every replica equal to one
 process trained on the whole global batch (within float32 rounding,
 :mod:`course_lib.parallel.data_parallel.reference`) and move the method's bytes in every step. The verdicts
-around them live in :mod:`course_lib.checks.a3`.
+around them live in :mod:`course_lib.checks.assignments.a3`.
 """
 
 from __future__ import annotations

@@ -82,7 +82,7 @@ def judge_rank(
 
     ``reference``: the sum over ranks; ``got``: what the answer returned; ``builtin``: the
     built-in collectives it called; ``peers``: {peer: (messages sent, received, bytes sent)}.
-    Shared by the kernel-side check and the grader's (:mod:`course_lib.grading.probe_a2`).
+    Shared by the kernel-side check and the grader's (:mod:`course_lib.grading.probes.a2`).
     """
     import numpy as np
 
@@ -131,7 +131,7 @@ def _run_case(fn: Callable, kind: str, size: int, dtype: str, comm_name: str) ->
     import numpy as np
     from IPython import get_ipython
 
-    from course_lib.checks.a2 import judge_rank
+    from course_lib.checks.assignments.a2 import judge_rank
     from course_lib.comm.buffers import chunk_bounds
 
     comm = get_ipython().user_ns[comm_name]

@@ -3,7 +3,7 @@
 Each check compares the student's NumPy code with torch (``F.cross_entropy`` with
 ``label_smoothing``, ``torch.optim.SGD``, ``F.conv2d``) on fixed seeds, so its verdict line is
 the same on every run. The grader runs these same checks in its own process
-(:mod:`course_lib.grading.probe_a1`): the sandboxed kernel only calls the answer on the inputs
+(:mod:`course_lib.grading.probes.a1`): the sandboxed kernel only calls the answer on the inputs
 below (``*_inputs(seed)``, the grader picks the seed) and returns the results as data. The
 library's ``scratch.py`` (plain cross-entropy, plain SGD) answers none of A1.1 and A1.2.
 """

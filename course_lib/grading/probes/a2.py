@@ -4,7 +4,7 @@ The kernel pushes the answer to its engines and has each rank call it on inputs 
 grader's seed; each rank returns what the answer returned, the built-in collectives it called
 and its communicator's per-peer counters (messages each way, bytes sent), as data. The grader
 re-derives the right sums from the seed and judges each rank with
-:func:`course_lib.checks.a2.judge_rank`, in its own process. The kernel sees the parts of the
+:func:`course_lib.checks.assignments.a2.judge_rank`, in its own process. The kernel sees the parts of the
 kit the engines need (``comm``, ``cluster``, ...) but not ``course_lib.checks``.
 
 Not closed: the counters are still counted inside the student's processes (the engines), so an
@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from course_lib.checks.verdict import Verdict, run_check
-from course_lib.grading.probes import ExerciseProbe, ProbeSpec
+from course_lib.grading.probes.core import ExerciseProbe, ProbeSpec
 
 __all__ = ["a2_inputs", "a2_spec"]
 
@@ -60,7 +60,7 @@ _EXERCISES = {  # exercise: (function, kind)
 
 def a2_inputs(kind: str, seed: int) -> list[dict]:
     """A2's cases: every size of ``A2_SIZES`` in float32 and float64, on the grader's seed."""
-    from course_lib.checks.a2 import A2_SIZES
+    from course_lib.checks.assignments.a2 import A2_SIZES
 
     return [{"kind": kind, "size": size, "dtype": dtype, "seed": seed}
             for size in A2_SIZES for dtype in ("float32", "float64")]  # fmt: skip
@@ -68,7 +68,7 @@ def a2_inputs(kind: str, seed: int) -> list[dict]:
 
 def _judge_case(case: dict, ranks: Any) -> int:
     """Raise AssertionError with the first rank's problem; return the world size."""
-    from course_lib.checks.a2 import judge_rank
+    from course_lib.checks.assignments.a2 import judge_rank
 
     if not isinstance(ranks, list) or not ranks:
         raise AssertionError("the engines returned no result")
@@ -97,7 +97,7 @@ def _judge_case(case: dict, ranks: Any) -> int:
 
 
 def _check(exercise: str, name: str, kind: str):
-    from course_lib.checks.a2 import A2_POINTS, A2_SIZES
+    from course_lib.checks.assignments.a2 import A2_POINTS, A2_SIZES
 
     def check(answer, *, verbose: bool = False, seed: int = 0) -> Verdict:
         def body() -> str:

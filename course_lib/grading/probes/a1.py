@@ -1,7 +1,7 @@
 """A1 graded out of the kernel's reach: what the kernel calls, what the grader checks.
 
 The kernel (no torch, no ``course_lib``) calls the three answers on the grader's inputs; the
-grader runs :mod:`course_lib.checks.a1`'s checks on the returned arrays, against torch, in its
+grader runs :mod:`course_lib.checks.assignments.a1`'s checks on the returned arrays, against torch, in its
 own process. A1.2's run needs a loss and a schedule inside the kernel: NumPy versions of the
 check's (the label-smoothed loss is A1.1's answer, so it is defined only in A1.2's probe,
 after A1.1's probe has run).
@@ -9,7 +9,7 @@ after A1.1's probe has run).
 
 from __future__ import annotations
 
-from course_lib.grading.probes import ExerciseProbe, ProbeSpec
+from course_lib.grading.probes.core import ExerciseProbe, ProbeSpec
 
 __all__ = ["a1_spec"]
 
@@ -32,8 +32,8 @@ _SGD_SETUP = """\
 
 
 def a1_spec() -> ProbeSpec:
-    """A1's probes: the inputs and checks of :mod:`course_lib.checks.a1` (imports torch)."""
-    from course_lib.checks import a1
+    """A1's probes: the inputs and checks of :mod:`course_lib.checks.assignments.a1` (imports torch)."""
+    from course_lib.checks.assignments import a1
 
     return ProbeSpec(
         kernel_setup="import numpy as np\n",

@@ -14,8 +14,8 @@ size, and calls no collective. The stage the check hands to the step records the
 forward and backward passes, so a naive schedule (F B F B) fails A6.3 although its gradients
 are right. Wrong numbers are compared with the usual mistakes and the verdict names the match.
 
-What runs on the engines lives in :mod:`course_lib.checks.a6_row_parallel` (A6.1, A6.2) and
-:mod:`course_lib.checks.a6_gpipe` (A6.3, A6.4), which share :mod:`course_lib.checks.a6_counters`;
+What runs on the engines lives in :mod:`course_lib.checks.assignments.a6_row_parallel` (A6.1, A6.2) and
+:mod:`course_lib.checks.assignments.a6_gpipe` (A6.3, A6.4), which share :mod:`course_lib.checks.assignments.a6_counters`;
 this module sends an exercise's cases to the engines and turns what they found into the verdict.
 """
 
@@ -24,9 +24,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from course_lib.checks.a6_counters import TRAIN_STEPS
-from course_lib.checks.a6_gpipe import PIPELINE_CASES, PIPELINE_WIDTHS, pipeline_model
-from course_lib.checks.a6_row_parallel import ROW_PARALLEL_CASES
+from course_lib.checks.assignments.a6_counters import TRAIN_STEPS
+from course_lib.checks.assignments.a6_gpipe import PIPELINE_CASES, PIPELINE_WIDTHS, pipeline_model
+from course_lib.checks.assignments.a6_row_parallel import ROW_PARALLEL_CASES
 from course_lib.checks.verdict import Verdict, reraise_stub, run_check
 
 __all__ = [
@@ -48,7 +48,7 @@ def _run(blob: bytes, exercise: str, comm_name: str) -> str:
     import cloudpickle
     from IPython import get_ipython
 
-    from course_lib.checks import a6_counters, a6_gpipe, a6_row_parallel
+    from course_lib.checks.assignments import a6_counters, a6_gpipe, a6_row_parallel
 
     comm, fns = get_ipython().user_ns[comm_name], cloudpickle.loads(blob)
     if exercise in ("A6.1", "A6.2"):

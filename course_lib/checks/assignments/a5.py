@@ -4,12 +4,12 @@ The library's int8 (:mod:`course_lib.compression.int8`) is source 000's format w
 for everything it is given; A5 asks for one scale per block of ``block`` consecutive values, so
 the library's encoder fails A5.1 as soon as a gradient spans two blocks. The library's top-k keeps
 the k largest magnitudes of the whole tensor; A5.3 keeps k in *every* block. Every formula is
-compared bit for bit with the reference (:mod:`course_lib.checks.a5_reference`: float32
+compared bit for bit with the reference (:mod:`course_lib.checks.assignments.a5_reference`: float32
 arithmetic, the cast to int8 truncating toward zero, decoding *multiplies* by the scale: source
 000's text says "divide", which is wrong). Error feedback is checked step by step and by its
 running sum (what is not sent now is sent later); training runs on real engines through the
 kit's compressed exchange and must reach the float32 run's test accuracy (within
-:data:`A5_ACCURACY_SLACK`) in the same steps (:mod:`course_lib.checks.a5_exchange`).
+:data:`A5_ACCURACY_SLACK`) in the same steps (:mod:`course_lib.checks.assignments.a5_exchange`).
 
 Block top-k is checked by its formula only: with momentum and error feedback it needs more than
 the one epoch a check can afford (measured here: 1 of 16 values per block reached 58 % after one
@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from course_lib.checks.a5_exchange import (
+from course_lib.checks.assignments.a5_exchange import (
     A5_ACCURACY_SLACK,
     A5_BLOCK,
     A5_CONFIG,
@@ -31,7 +31,7 @@ from course_lib.checks.a5_exchange import (
     error_feedback_body,
     training_body,
 )
-from course_lib.checks.a5_reference import (
+from course_lib.checks.assignments.a5_reference import (
     block_int8_bytes,
     block_topk_bytes,
     blocks,

@@ -12,7 +12,13 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from course_lib.checks.a6_counters import TRAIN_LR, TRAIN_STEPS, builtins_used, close, p2p_traffic
+from course_lib.checks.assignments.a6_counters import (
+    TRAIN_LR,
+    TRAIN_STEPS,
+    builtins_used,
+    close,
+    p2p_traffic,
+)
 
 __all__ = [
     "PIPELINE_CASES",

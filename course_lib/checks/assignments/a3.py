@@ -1,7 +1,7 @@
 """Checks of assignment A3 (data parallelism: the parameter server's averaging, bucketed allreduce).
 
 The student's averaging functions plug into the kit's data-parallel seam and run on 4 engines
-(:mod:`course_lib.checks.a3_engine`: the answer registered as an exchange method, the probe, the
+(:mod:`course_lib.checks.assignments.a3_engine`: the answer registered as an exchange method, the probe, the
 training run). Each engine check has two parts. A **probe** calls the function once on every
 rank with known integer-valued gradients and reads the communicator's counters: no built-in
 collective, who talked to whom, and how many bytes; it names the usual mistakes, source 000's
@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from course_lib.checks.a3_engine import (
+from course_lib.checks.assignments.a3_engine import (
     BUCKET_METHOD,
     COMM_TIMEOUT,
     PS_METHOD,
@@ -68,7 +68,7 @@ def prepare_engines(cluster: Any) -> None:
     ids = _connect(cluster)
     # Load what a run needs once, here, so that the first check cell is not the slow one.
     warm_up = "import course_lib.parallel.exchanges.registry, course_lib.parallel.data_parallel.replica"
-    cluster.client[ids].execute(f"{warm_up}; from course_lib.checks.a3 import check_digits; "
+    cluster.client[ids].execute(f"{warm_up}; from course_lib.checks.assignments.a3 import check_digits; "
                                 "check_digits()", block=True)  # fmt: skip
     reference_weights()
 

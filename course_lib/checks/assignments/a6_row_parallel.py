@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from course_lib.checks.a6_counters import (
+from course_lib.checks.assignments.a6_counters import (
     TRAIN_LR,
     TRAIN_STEPS,
     builtins_used,
