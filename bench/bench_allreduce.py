@@ -48,8 +48,11 @@ ALGORITHMS = {
 def worker(backend: str, quick: bool, out: str) -> None:
     kw = {}
     if backend == "gloo":
-        kw = dict(rank=int(os.environ["RANK"]), world_size=int(os.environ["WORLD_SIZE"]),
-                  master_port=int(os.environ["MASTER_PORT"]))  # fmt: skip
+        kw = dict(
+            rank=int(os.environ["RANK"]),
+            world_size=int(os.environ["WORLD_SIZE"]),
+            master_port=int(os.environ["MASTER_PORT"]),
+        )
     comm = make_communicator(backend, timeout=120, **kw)
     p = comm.world_size
     real = ping_pong(comm, sizes=[2**k for k in range(3, 24, 4)], repeats=3).model
@@ -57,8 +60,10 @@ def worker(backend: str, quick: bool, out: str) -> None:
     rows = []
     for mb in sizes_mb:
         x = np.random.default_rng(0).standard_normal(mb * 2**18).astype(np.float32)
-        for link_name, c, model in (("loopback", comm, real),
-                                    ("emulated", emulate(comm, GIGABIT), LinkModel.from_link(GIGABIT))):  # fmt: skip
+        for link_name, c, model in (
+            ("loopback", comm, real),
+            ("emulated", emulate(comm, GIGABIT), LinkModel.from_link(GIGABIT)),
+        ):
             names = list(ALGORITHMS)
             if link_name == "emulated":
                 names = ["builtin", "ring_allreduce"] + ([] if quick else ["star_allreduce"])
@@ -69,12 +74,30 @@ def worker(backend: str, quick: bool, out: str) -> None:
                 base = t if name == "builtin" else base
                 bound = allreduce_bound(x.nbytes, p, model.bandwidth)
                 pred = predict(name, x.nbytes, p, model) if name != "builtin" else float("nan")
-                rows.append(dict(backend=backend, n=p, mb=mb, link=link_name, algorithm=name,
-                                 ms=t * 1e3, vs_builtin=t / base, vs_bound=t / bound,
-                                 predicted_ms=pred * 1e3, label=c.label))  # fmt: skip
+                rows.append(
+                    dict(
+                        backend=backend,
+                        n=p,
+                        mb=mb,
+                        link=link_name,
+                        algorithm=name,
+                        ms=t * 1e3,
+                        vs_builtin=t / base,
+                        vs_bound=t / bound,
+                        predicted_ms=pred * 1e3,
+                        label=c.label,
+                    )
+                )
     if comm.rank == 0:
-        rows.append(dict(calibration=True, backend=backend, n=p, alpha_us=real.alpha * 1e6,
-                         bandwidth_mb_s=real.bandwidth / 1e6))  # fmt: skip
+        rows.append(
+            dict(
+                calibration=True,
+                backend=backend,
+                n=p,
+                alpha_us=real.alpha * 1e6,
+                bandwidth_mb_s=real.bandwidth / 1e6,
+            )
+        )
         Path(out).write_text(json.dumps(rows))
     comm.barrier()
     if backend == "gloo":  # torch's teardown at exit sometimes aborts once rank 0 has gone
@@ -108,8 +131,10 @@ def _run_world(backend: str, n: int, quick: bool, workdir: Path, last: bool) -> 
         worlds = [([mpiexec, "-n", str(n), *cmd], env)]
     else:
         port = free_port("127.0.0.1")
-        worlds = [(cmd, dict(env, RANK=str(r), WORLD_SIZE=str(n), MASTER_PORT=str(port)))
-                  for r in range(n)]  # fmt: skip
+        worlds = [
+            (cmd, dict(env, RANK=str(r), WORLD_SIZE=str(n), MASTER_PORT=str(port)))
+            for r in range(n)
+        ]
     logs = [workdir / f"rank{i}.log" for i in range(len(worlds))]
     procs = []
     for (args, proc_env), log in zip(worlds, logs, strict=True):
@@ -144,8 +169,10 @@ def _run_world(backend: str, n: int, quick: bool, workdir: Path, last: bool) -> 
     if killed:
         what += [f"killed {who}(s) {killed}" + (" after 900 s" if timed_out else ", which waited")]
     what += [] if failed or killed else ["no result file"]
-    sys.exit(f"{backend} x{n} failed: {'; '.join(what)}. Output of {who} {first}:\n"
-             f"{texts[first][-4000:]}")  # fmt: skip
+    sys.exit(
+        f"{backend} x{n} failed: {'; '.join(what)}. Output of {who} {first}:\n"
+        f"{texts[first][-4000:]}"
+    )
 
 
 def main() -> None:
@@ -159,19 +186,26 @@ def main() -> None:
     if args.worker:
         worker(args.worker, args.quick, args.out)
         return
-    print(f"{'backend':7} {'N':>2} {'MB':>3} {'link':9} {'algorithm':29} {'median ms':>10} "
-          f"{'predicted':>10} {'/builtin':>8} {'/bound':>7}")  # fmt: skip
+    print(
+        f"{'backend':7} {'N':>2} {'MB':>3} {'link':9} {'algorithm':29} {'median ms':>10} "
+        f"{'predicted':>10} {'/builtin':>8} {'/bound':>7}"
+    )
     for backend in args.backends.split(","):
         for n in (int(v) for v in args.ranks.split(",")):
             rows = launch(backend, n, args.quick)
             for row in rows:
                 if row.get("calibration"):
-                    print(f"# {backend} x{n} loopback ping-pong: alpha {row['alpha_us']:.1f} us, "
-                          f"bandwidth {row['bandwidth_mb_s']:.0f} MB/s")  # fmt: skip
+                    print(
+                        f"# {backend} x{n} loopback ping-pong: alpha {row['alpha_us']:.1f} us, "
+                        f"bandwidth {row['bandwidth_mb_s']:.0f} MB/s"
+                    )
                     continue
-                print(f"{row['backend']:7} {row['n']:>2} {row['mb']:>3} {row['link']:9} "
-                      f"{row['algorithm']:29} {row['ms']:10.2f} {row['predicted_ms']:10.2f} "
-                      f"{row['vs_builtin']:8.2f} {row['vs_bound']:7.2f}", flush=True)  # fmt: skip
+                print(
+                    f"{row['backend']:7} {row['n']:>2} {row['mb']:>3} {row['link']:9} "
+                    f"{row['algorithm']:29} {row['ms']:10.2f} {row['predicted_ms']:10.2f} "
+                    f"{row['vs_builtin']:8.2f} {row['vs_bound']:7.2f}",
+                    flush=True,
+                )
     print(
         f"# emulated rows: {GIGABIT.label}; built-in on it = real run, then padded to the ring cost"
     )

@@ -42,14 +42,22 @@ def synthetic_cifar(size: int):
     from torch.utils.data import TensorDataset
 
     g = torch.Generator().manual_seed(0)
-    return TensorDataset(torch.randn(size, 3, 32, 32, generator=g),
-                         torch.randint(0, 10, (size,), generator=g))  # fmt: skip
+    return TensorDataset(
+        torch.randn(size, 3, 32, 32, generator=g), torch.randint(0, 10, (size,), generator=g)
+    )
 
 
 def run_sync(cluster, data, method: str, config: TrainConfig, stragglers, **options) -> dict:
     """Return seconds per epoch (first step, which pays set-up, left out) and steps per rank."""
-    result = train_data_parallel(cluster, model=SmallCNN, dataset=data, config=config,
-                                 method=method, stragglers=stragglers, **options)  # fmt: skip
+    result = train_data_parallel(
+        cluster,
+        model=SmallCNN,
+        dataset=data,
+        config=config,
+        method=method,
+        stragglers=stragglers,
+        **options,
+    )
     times = result.history.step_times
     per_step = statistics.mean(times[1:]) if len(times) > 1 else times[0]
     steps = len(times) // config.num_epochs
@@ -58,14 +66,22 @@ def run_sync(cluster, data, method: str, config: TrainConfig, stragglers, **opti
 
 def run_async(cluster, data, bound, config: TrainConfig, stragglers) -> dict:
     """Return seconds per epoch of the server's run, gradients per worker and the staleness."""
-    result = train_asynchronous(cluster, model=SmallCNN, dataset=data, config=config,
-                                staleness_bound=bound, stragglers=stragglers)  # fmt: skip
+    result = train_asynchronous(
+        cluster,
+        model=SmallCNN,
+        dataset=data,
+        config=config,
+        staleness_bound=bound,
+        stragglers=stragglers,
+    )
     last = max(a["apply_at"][1] for a in result.applied)
     seconds = last - result.started
     stale = [a["staleness"] for a in result.applied]
-    return {"epoch_s": seconds / config.num_epochs,
-            "steps": "/".join(str(result.applied_per_worker[w]) for w in result.workers),
-            "staleness": f"mean {statistics.mean(stale):.2f}, max {max(stale)}"}  # fmt: skip
+    return {
+        "epoch_s": seconds / config.num_epochs,
+        "steps": "/".join(str(result.applied_per_worker[w]) for w in result.workers),
+        "staleness": f"mean {statistics.mean(stale):.2f}, max {max(stale)}",
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -94,16 +110,20 @@ def main(argv: list[str] | None = None) -> int:
             even = {"epoch_s": statistics.median(r["epoch_s"] for r in evens)}
             slow = {**slows[-1], "epoch_s": statistics.median(r["epoch_s"] for r in slows)}
             rows.append((name, even, slow))
-    print(f"{ENGINES} engines, SmallCNN, {samples} synthetic samples per epoch, global batch "
-          f"{config.batch_size}; straggler: rank {ENGINES - 1} at half speed (emulated); "
-          f"median of {args.repeats} runs")  # fmt: skip
+    print(
+        f"{ENGINES} engines, SmallCNN, {samples} synthetic samples per epoch, global batch "
+        f"{config.batch_size}; straggler: rank {ENGINES - 1} at half speed (emulated); "
+        f"median of {args.repeats} runs"
+    )
     head = f"{'scheme':<24} {'s/epoch':>8} {'straggler':>10} {'ratio':>6}  {'gradients per worker (straggler run)':<38} staleness (straggler run)"
     print(head)
     print("-" * len(head))
     for name, even, slow in rows:
         ratio = slow["epoch_s"] / even["epoch_s"]
-        print(f"{name:<24} {even['epoch_s']:>8.2f} {slow['epoch_s']:>10.2f} {ratio:>6.2f}  "
-              f"{slow['steps']:<38} {slow['staleness']}")  # fmt: skip
+        print(
+            f"{name:<24} {even['epoch_s']:>8.2f} {slow['epoch_s']:>10.2f} {ratio:>6.2f}  "
+            f"{slow['steps']:<38} {slow['staleness']}"
+        )
     print(f"(measured; took {time.perf_counter() - started:.0f} s)")
     return 0
 

@@ -47,24 +47,34 @@ def main() -> None:
     parser.add_argument("--folder", default=None, help="where to write (default: a temp folder)")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(dir=args.folder) as tmp:
-        print(f"{'model':10} {'params':>9} {'file MB':>8} {'save ms':>8} {'load ms':>8} "
-              f"{'torch.save ms':>14}")  # fmt: skip
+        print(
+            f"{'model':10} {'params':>9} {'file MB':>8} {'save ms':>8} {'load ms':>8} "
+            f"{'torch.save ms':>14}"
+        )
         for name in MODELS:
             net = build_model(name)
             optimizer = torch.optim.Adam(net.parameters(), lr=1e-3)
             for p in net.parameters():
                 p.grad = torch.randn_like(p)
             optimizer.step()  # Adam's moments now exist: a checkpoint's realistic size
-            ckpt = make_checkpoint(net, optimizer, TrainConfig(optimizer="adam"), History(),
-                                   epochs_done=1, steps_done=0,
-                                   ranks=[rank_state(torch.Generator(), None)])  # fmt: skip
+            ckpt = make_checkpoint(
+                net,
+                optimizer,
+                TrainConfig(optimizer="adam"),
+                History(),
+                epochs_done=1,
+                steps_done=0,
+                ranks=[rank_state(torch.Generator(), None)],
+            )
             folder = Path(tmp) / name
             path = save_checkpoint(folder, ckpt)
             save = _median_time(lambda: save_checkpoint(folder, ckpt), args.repeats)  # noqa: B023
             load = _median_time(lambda: load_checkpoint(path, net=net), args.repeats)  # noqa: B023
             plain = _median_time(lambda: torch.save(ckpt, folder / "plain.pt"), args.repeats)  # noqa: B023
-            print(f"{name:10} {param_count(net):>9} {path.stat().st_size / 1e6:>8.2f} "
-                  f"{save * 1e3:>8.1f} {load * 1e3:>8.1f} {plain * 1e3:>14.1f}")  # fmt: skip
+            print(
+                f"{name:10} {param_count(net):>9} {path.stat().st_size / 1e6:>8.2f} "
+                f"{save * 1e3:>8.1f} {load * 1e3:>8.1f} {plain * 1e3:>14.1f}"
+            )
 
 
 if __name__ == "__main__":

@@ -57,8 +57,9 @@ def real_gradient(name: str) -> np.ndarray:
     return flatten_grads(trainable_parameters(net)).numpy()
 
 
-def measure(g: np.ndarray, compressor: str, settings: dict, codec: str, codec_settings: dict,
-            repeats: int) -> dict:  # fmt: skip
+def measure(
+    g: np.ndarray, compressor: str, settings: dict, codec: str, codec_settings: dict, repeats: int
+) -> dict:
     """Return median encode and decode seconds, the wire size and the relative error."""
     comp = make_compressor(compressor, **settings)
     coder = make_codec(codec, **codec_settings)
@@ -72,8 +73,13 @@ def measure(g: np.ndarray, compressor: str, settings: dict, codec: str, codec_se
         decode.append(time.process_time() - middle)
         encode.append(middle - start)
     error = float(np.linalg.norm(g_hat - g) / max(np.linalg.norm(g), 1e-30))
-    return {"encode": statistics.median(encode), "decode": statistics.median(decode),
-            "encode_wall": statistics.median(wall), "wire": len(frame), "error": error}  # fmt: skip
+    return {
+        "encode": statistics.median(encode),
+        "decode": statistics.median(decode),
+        "encode_wall": statistics.median(wall),
+        "wire": len(frame),
+        "error": error,
+    }
 
 
 def table(name: str, g: np.ndarray, repeats: int) -> dict:
@@ -90,8 +96,10 @@ def table(name: str, g: np.ndarray, repeats: int) -> dict:
         for codec, codec_settings in CODECS:
             r = measure(g, comp, settings, codec, codec_settings, repeats)
             rows[(comp, codec)] = r
-            print(f"{comp:>10} {codec:>6} {mb / r['encode']:>9.0f} {mb / r['decode']:>9.0f} "
-                  f"{g.nbytes / r['wire']:>8.1f} {r['error']:>8.2e}")  # fmt: skip
+            print(
+                f"{comp:>10} {codec:>6} {mb / r['encode']:>9.0f} {mb / r['decode']:>9.0f} "
+                f"{g.nbytes / r['wire']:>8.1f} {r['error']:>8.2e}"
+            )
     return rows
 
 
@@ -111,16 +119,20 @@ def main() -> None:
     unet = rows["unet"]
     g = real_gradient("unet")
     r = measure(g, "int8", {}, *SOURCE_MGZIP, repeats=1)
-    print(f"\nint8 + mgzip at source 000's defaults (level 9, 100 MB blocks): "
-          f"{g.nbytes / 1e6 / r['encode']:.1f} MB/s encode, ratio {g.nbytes / r['wire']:.1f}")  # fmt: skip
+    print(
+        f"\nint8 + mgzip at source 000's defaults (level 9, 100 MB blocks): "
+        f"{g.nbytes / 1e6 / r['encode']:.1f} MB/s encode, ratio {g.nbytes / r['wire']:.1f}"
+    )
     lossless = [c for c, _ in CODECS if c != "none"]
     fastest = min(lossless, key=lambda c: unet[("int8", c)]["encode"])
     r = unet[("int8", fastest)]
     speed, wall = g.nbytes / 1e6 / r["encode"], g.nbytes / 1e6 / r["encode_wall"]
     verdict = "MET" if speed >= 300 else "NOT MET"
-    print(f"GOAL int8 + {fastest} (fastest lossless) on the {g.nbytes / 1e6:.1f} MB U-Net gradient, "
-          f"one core: {speed:.0f} MB/s encode per CPU second ({wall:.0f} MB/s wall clock) "
-          f"(goal >= 300, aim 1000): {verdict}; ratio {g.nbytes / r['wire']:.1f}")  # fmt: skip
+    print(
+        f"GOAL int8 + {fastest} (fastest lossless) on the {g.nbytes / 1e6:.1f} MB U-Net gradient, "
+        f"one core: {speed:.0f} MB/s encode per CPU second ({wall:.0f} MB/s wall clock) "
+        f"(goal >= 300, aim 1000): {verdict}; ratio {g.nbytes / r['wire']:.1f}"
+    )
 
 
 if __name__ == "__main__":

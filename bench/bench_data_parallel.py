@@ -62,8 +62,9 @@ def synthetic_cifar(size: int):
     from torch.utils.data import TensorDataset
 
     g = torch.Generator().manual_seed(0)
-    return TensorDataset(torch.randn(size, 3, 32, 32, generator=g),
-                         torch.randint(0, 10, (size,), generator=g))  # fmt: skip
+    return TensorDataset(
+        torch.randn(size, 3, 32, 32, generator=g), torch.randint(0, 10, (size,), generator=g)
+    )
 
 
 def predicted_comm(method: str, nbytes: int, n: int, model: LinkModel, chosen=None) -> float:
@@ -107,10 +108,14 @@ def calibrate(cluster, n: int, methods) -> dict[str, dict[str, LinkModel]]:
             f"{_err(predict(algorithm, s, n, pp), t)})"
             for s, t in cal["checks"][algorithm].items()
         )
-        print(f"#   {algorithm} fit {own.bandwidth / 1e6:.0f} MB/s, alpha {own.alpha * 1e6:.0f} us;"
-              f" not fitted: {checks}")  # fmt: skip
-    return {m: {"ping-pong": pp, "own fit": LinkModel(*cal["fits"][ALGORITHM.get(m, "ring_allreduce")])}
-            for m in methods}  # fmt: skip
+        print(
+            f"#   {algorithm} fit {own.bandwidth / 1e6:.0f} MB/s, alpha {own.alpha * 1e6:.0f} us;"
+            f" not fitted: {checks}"
+        )
+    return {
+        m: {"ping-pong": pp, "own fit": LinkModel(*cal["fits"][ALGORITHM.get(m, "ring_allreduce")])}
+        for m in methods
+    }
 
 
 def _err(pred: float, measured: float) -> str:
@@ -122,10 +127,12 @@ def run_link(cluster, link_name: str, link, sizes, methods, steps: int, batch: i
     config = TrainConfig(num_epochs=1, batch_size=batch, lr=0.01)
     opts = {"bucketed": {"bucket_bytes": BUCKET_BYTES}, "ddp": {"bucket_bytes": BUCKET_BYTES}}
     data = synthetic_cifar(steps * batch)
-    head = (f"{'link':<9} {'N':>2} {'method':<17} {'step':>7} {'compute':>8} {'wait':>6} "
-            f"{'comm':>7} {'buckets':>8} {'optim':>6} {'epoch s':>7} {'samples/s':>9} "
-            f"{'eff.':>5} {'meas.comm':>9} " + ("  pred.comm (error)" if link else
-            "  pred. ping-pong fit / own fit (error)"))  # fmt: skip
+    head = (
+        f"{'link':<9} {'N':>2} {'method':<17} {'step':>7} {'compute':>8} {'wait':>6} "
+        f"{'comm':>7} {'buckets':>8} {'optim':>6} {'epoch s':>7} {'samples/s':>9} "
+        f"{'eff.':>5} {'meas.comm':>9} "
+        + ("  pred.comm (error)" if link else "  pred. ping-pong fit / own fit (error)")
+    )
     print(f"\n{head}\n{'-' * len(head)}")
     base, steps_ms = None, {}
     for n in sizes:
@@ -135,10 +142,17 @@ def run_link(cluster, link_name: str, link, sizes, methods, steps: int, batch: i
         for method in methods if n > 1 else ["ring"]:
             t0 = time.perf_counter()
             result = train_data_parallel(
-                cluster, model="small_cnn", dataset=data,
-                config=config, method=method, world_size=n, link=link,
-                comm_timeout=120, timeout=600, **opts.get(method, {}),
-            )  # fmt: skip
+                cluster,
+                model="small_cnn",
+                dataset=data,
+                config=config,
+                method=method,
+                world_size=n,
+                link=link,
+                comm_timeout=120,
+                timeout=600,
+                **opts.get(method, {}),
+            )
             if n > 1 and models is None:
                 models = calibrate(cluster, n, methods)
             row = _summary(result)
@@ -160,12 +174,15 @@ def run_link(cluster, link_name: str, link, sizes, methods, steps: int, batch: i
             if chosen_algorithms(result) and n > 1:
                 label = f"bucketed ({'/'.join(chosen_algorithms(result))})"
             steps_ms[n, method] = 1e3 * row["total_s"]
-            print(f"{link_name:<9} {n:>2} {label:<17} {1e3 * row['total_s']:>7.1f} "
-                  f"{1e3 * row['compute_s']:>8.1f} {1e3 * row['wait_s']:>6.1f} "
-                  f"{1e3 * row['comm_s']:>7.1f} {1e3 * row['bucket_s']:>8.1f} "
-                  f"{1e3 * row['step_s']:>6.1f} {row['epoch_s']:>7.2f} {rate:>9.0f} "
-                  f"{eff:>5.2f} {1e3 * measured:>9.1f}{preds}   "
-                  f"({time.perf_counter() - t0:.0f} s)", flush=True)  # fmt: skip
+            print(
+                f"{link_name:<9} {n:>2} {label:<17} {1e3 * row['total_s']:>7.1f} "
+                f"{1e3 * row['compute_s']:>8.1f} {1e3 * row['wait_s']:>6.1f} "
+                f"{1e3 * row['comm_s']:>7.1f} {1e3 * row['bucket_s']:>8.1f} "
+                f"{1e3 * row['step_s']:>6.1f} {row['epoch_s']:>7.2f} {rate:>9.0f} "
+                f"{eff:>5.2f} {1e3 * measured:>9.1f}{preds}   "
+                f"({time.perf_counter() - t0:.0f} s)",
+                flush=True,
+            )
 
 
 def speed_goals(
@@ -182,8 +199,10 @@ def speed_goals(
     steps than the ring (recursive doubling); the buckets forced onto the ring show overlap
     alone.
     """
-    print(f"\nspeed goals, {link.label if link else where or 'real link'}, {per_engine} samples per "
-          f"engine, {steps} steps, {repeats} runs per method in turn (ms, medians)")  # fmt: skip
+    print(
+        f"\nspeed goals, {link.label if link else where or 'real link'}, {per_engine} samples per "
+        f"engine, {steps} steps, {repeats} runs per method in turn (ms, medians)"
+    )
     opts = {"bucketed": {"bucket_bytes": BUCKET_BYTES}, "ddp": {"bucket_bytes": BUCKET_BYTES}}
     for n in [s for s in sizes if s > 1]:
         config = TrainConfig(num_epochs=1, batch_size=per_engine * n, lr=0.01)
@@ -196,33 +215,48 @@ def speed_goals(
                 method, _, algorithm = key.partition("/")
                 extra = {"algorithm": algorithm} if algorithm else {}
                 result = train_data_parallel(
-                    cluster, model="small_cnn", dataset=data, config=config, method=method,
-                    world_size=n, link=link, comm_timeout=120, timeout=600,
-                    **opts.get(method, {}), **extra,
-                )  # fmt: skip
+                    cluster,
+                    model="small_cnn",
+                    dataset=data,
+                    config=config,
+                    method=method,
+                    world_size=n,
+                    link=link,
+                    comm_timeout=120,
+                    timeout=600,
+                    **opts.get(method, {}),
+                    **extra,
+                )
                 runs[key].append((_summary(result), result))
         step = {m: statistics.median(r["total_s"] for r, _ in v) for m, v in runs.items()}
-        ring = {k: statistics.median(r[k] for r, _ in runs["ring"])
-                for k in ("compute_s", "step_s")}  # fmt: skip
+        ring = {
+            k: statistics.median(r[k] for r, _ in runs["ring"]) for k in ("compute_s", "step_s")
+        }
         rest = step["ring"] - ring["compute_s"] - ring["step_s"]
         ahead = statistics.median(
             (rec["compute_at"][1] - min(b["ready"] for b in rec["buckets"]))
             / (rec["compute_at"][1] - rec["compute_at"][0])
-            for _, result in runs["bucketed"] for rec in result.records
+            for _, result in runs["bucketed"]
+            for rec in result.records
             if rec["step"] >= 1 and rec["buckets"]
-        )  # fmt: skip
+        )
         best = ring["compute_s"] + max(rest - ahead * ring["compute_s"], 0.0) + ring["step_s"]
         chosen = "/".join(chosen_algorithms(runs["bucketed"][0][1]) or ["?"])
-        print(f"  {n} engines: ring after backward {1e3 * step['ring']:.1f}, bucketed "
-              f"({chosen}) {1e3 * step['bucketed']:.1f}, bucketed on the ring "
-              f"{1e3 * step['bucketed/ring']:.1f} ({step['ring'] / step['bucketed/ring']:.2f}x: "
-              f"overlap alone), DDP {1e3 * step['ddp']:.1f}; "
-              f"compute {1e3 * ring['compute_s']:.1f}, first bucket ready with "
-              f"{100 * ahead:.0f} % of it ahead")  # fmt: skip
-        print(f"# {n} engines: ring after backward / bucketed = "
-              f"{step['ring'] / step['bucketed']:.2f}x (goal >= 1.3x; perfect overlap of the "
-              f"ring's time: {step['ring'] / best:.2f}x, predicted); bucketed / DDP = "
-              f"{step['bucketed'] / step['ddp']:.2f}x (goal <= 1.2x)", flush=True)  # fmt: skip
+        print(
+            f"  {n} engines: ring after backward {1e3 * step['ring']:.1f}, bucketed "
+            f"({chosen}) {1e3 * step['bucketed']:.1f}, bucketed on the ring "
+            f"{1e3 * step['bucketed/ring']:.1f} ({step['ring'] / step['bucketed/ring']:.2f}x: "
+            f"overlap alone), DDP {1e3 * step['ddp']:.1f}; "
+            f"compute {1e3 * ring['compute_s']:.1f}, first bucket ready with "
+            f"{100 * ahead:.0f} % of it ahead"
+        )
+        print(
+            f"# {n} engines: ring after backward / bucketed = "
+            f"{step['ring'] / step['bucketed']:.2f}x (goal >= 1.3x; perfect overlap of the "
+            f"ring's time: {step['ring'] / best:.2f}x, predicted); bucketed / DDP = "
+            f"{step['bucketed'] / step['ddp']:.2f}x (goal <= 1.2x)",
+            flush=True,
+        )
 
 
 def time_to_accuracy(cluster, sizes, target: float = 0.93, max_epochs: int = 20) -> None:
@@ -243,29 +277,45 @@ def time_to_accuracy(cluster, sizes, target: float = 0.93, max_epochs: int = 20)
         f"\ntime to {100 * target:g} % test accuracy, digits MLP 64-128-10, builtin allreduce "
         f"(gloo), at most {max_epochs} epochs; seconds = sum of the epochs' times on rank 0"
     )
-    print(f"{'regime':<26} {'N':>2} {'batch':>5} {'lr':>5} {'epochs':>6} {'seconds':>8} "
-          f"{'s/epoch':>8} {'speed-up':>8}")  # fmt: skip
+    print(
+        f"{'regime':<26} {'N':>2} {'batch':>5} {'lr':>5} {'epochs':>6} {'seconds':>8} "
+        f"{'s/epoch':>8} {'speed-up':>8}"
+    )
     runs = {}  # one engine is the same run in both regimes: trained once
     for regime in ("same global batch 32", "32 per engine, lr x N"):
         first = None
         for n in sizes:
             batch, lr = (32, 0.1) if regime.startswith("same") else (32 * n, 0.1 * n)
-            config = TrainConfig(num_epochs=max_epochs, batch_size=batch, lr=lr, seed=0,
-                                 target=target, target_metric="test_accuracy")  # fmt: skip
+            config = TrainConfig(
+                num_epochs=max_epochs,
+                batch_size=batch,
+                lr=lr,
+                seed=0,
+                target=target,
+                target_metric="test_accuracy",
+            )
             if (n, batch) not in runs:
                 runs[n, batch] = train_data_parallel(
-                    cluster, model=partial(MLP, 64, (128,)), dataset=load_digits,
-                    config=config, method="builtin", world_size=n, test_set=test,
+                    cluster,
+                    model=partial(MLP, 64, (128,)),
+                    dataset=load_digits,
+                    config=config,
+                    method="builtin",
+                    world_size=n,
+                    test_set=test,
                     measure_wait=False,
-                )  # fmt: skip
+                )
             result = runs[n, batch]
             epochs = result.history.epochs_to_reach("test_accuracy", target)
             used = result.history.epochs[: epochs or len(result.history.epochs)]
             seconds = sum(e["epoch_time"] for e in used)
             first = seconds if first is None else first
             shown = f"{epochs:>6}" if epochs else f">{max_epochs:>5}"
-            print(f"{regime:<26} {n:>2} {batch:>5} {lr:>5.2g} {shown} {seconds:>8.2f} "
-                  f"{seconds / len(used):>8.3f} {first / seconds:>7.2f}x", flush=True)  # fmt: skip
+            print(
+                f"{regime:<26} {n:>2} {batch:>5} {lr:>5.2g} {shown} {seconds:>8.2f} "
+                f"{seconds / len(used):>8.3f} {first / seconds:>7.2f}x",
+                flush=True,
+            )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -274,9 +324,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--engines", type=int, nargs="*", default=None)
     parser.add_argument("--methods", nargs="*", default=METHODS, choices=METHODS)
     parser.add_argument("--steps", type=int, default=None, help="steps per run (default 8)")
-    parser.add_argument("--room", action="store_true",
-                        help="run in an emulated room instead: one engine per PC, links shaped "
-                        "to 1 Gbit/s (real TCP; root)")  # fmt: skip
+    parser.add_argument(
+        "--room",
+        action="store_true",
+        help="run in an emulated room instead: one engine per PC, links shaped "
+        "to 1 Gbit/s (real TCP; root)",
+    )
     parser.add_argument(
         "--accuracy",
         action="store_true",
@@ -293,8 +346,9 @@ def main(argv: list[str] | None = None) -> int:
         default=32,
         help="samples per engine in the speed goals (default 32)",
     )
-    parser.add_argument("--repeats", type=int, default=3,
-                        help="runs per method in the speed goals (default 3)")  # fmt: skip
+    parser.add_argument(
+        "--repeats", type=int, default=3, help="runs per method in the speed goals (default 3)"
+    )
     args = parser.parse_args(argv)
     if min(args.engines or [1]) < 1 or args.per_engine < 1 or args.repeats < 1:
         parser.error("--engines, --per-engine and --repeats need positive whole numbers")
@@ -303,11 +357,13 @@ def main(argv: list[str] | None = None) -> int:
     steps = args.steps or (4 if args.quick else 8)
     batch = 32
     load = " ".join(f"{x:.1f}" for x in os.getloadavg())
-    print(f"SmallCNN, global batch {batch}, {steps} steps (median of steps 2..), gloo; "
-          f"load average {load}{' (loaded)' if os.getloadavg()[0] > 2 else ''}; times in ms; "
-          "'pred.' is the cost model's prediction of the communication part ('meas.comm': "
-          "comm after backward, or the buckets' own time for bucketed / ddp); 'epoch s': the "
-          f"{steps}-step epoch, {steps} x the median step")  # fmt: skip
+    print(
+        f"SmallCNN, global batch {batch}, {steps} steps (median of steps 2..), gloo; "
+        f"load average {load}{' (loaded)' if os.getloadavg()[0] > 2 else ''}; times in ms; "
+        "'pred.' is the cost model's prediction of the communication part ('meas.comm': "
+        "comm after backward, or the buckets' own time for bucketed / ddp); 'epoch s': the "
+        f"{steps}-step epoch, {steps} x the median step"
+    )
     started = time.perf_counter()
     if args.room:
         from course_lib.cluster.room.cluster import room_cluster
@@ -316,8 +372,15 @@ def main(argv: list[str] | None = None) -> int:
             with room_cluster(max(sizes), rate="1gbit") as cluster:
                 if not args.goals_only:
                     run_link(cluster, "room", None, sizes, args.methods, steps, batch)
-                speed_goals(cluster, sizes, None, args.per_engine, goal_steps, args.repeats,
-                            "room: one engine per PC, real TCP, 1 Gbit/s tbf links")  # fmt: skip
+                speed_goals(
+                    cluster,
+                    sizes,
+                    None,
+                    args.per_engine,
+                    goal_steps,
+                    args.repeats,
+                    "room: one engine per PC, real TCP, 1 Gbit/s tbf links",
+                )
                 if args.accuracy:
                     time_to_accuracy(cluster, sizes)
         except RuntimeError as exc:
@@ -337,8 +400,10 @@ def main(argv: list[str] | None = None) -> int:
 def _summary(result) -> dict[str, float]:
     """Median over steps 2.. and over ranks of each phase; the slowest rank's total."""
     recs = [r for r in result.records if r["step"] >= 1] or result.records
-    row = {k: statistics.median(r[k] for r in recs)
-           for k in ("compute_s", "wait_s", "comm_s", "step_s")}  # fmt: skip
+    row = {
+        k: statistics.median(r[k] for r in recs)
+        for k in ("compute_s", "wait_s", "comm_s", "step_s")
+    }
     row["total_s"] = statistics.median(
         max(r["total_s"] for r in recs if r["step"] == s) for s in {r["step"] for r in recs}
     )

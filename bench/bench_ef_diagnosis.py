@@ -114,14 +114,19 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
     steps = args.epochs * (args.tiles // (2 * args.ranks))
-    print(f"# {args.ranks} simulated ranks, star, UNet(16, 4), Adam 3e-3, {steps} steps, "
-          "error feedback on every int8 variant (machine shared: loaded)")  # fmt: skip
+    print(
+        f"# {args.ranks} simulated ranks, star, UNet(16, 4), Adam 3e-3, {steps} steps, "
+        "error feedback on every int8 variant (machine shared: loaded)"
+    )
     print(f"{'variant':<42} {'acc %':>6} {'mIoU %':>7} {'zeros in the mean':>18} {'s':>5}")
     for name in args.variants:
         started = time.perf_counter()
         metrics, zeros = simulate(*VARIANTS[name], args)
-        print(f"{name:<42} {100 * metrics['accuracy']:>6.1f} {100 * metrics['miou']:>7.1f} "
-              f"{100 * zeros:>17.2f}% {time.perf_counter() - started:>5.0f}", flush=True)  # fmt: skip
+        print(
+            f"{name:<42} {100 * metrics['accuracy']:>6.1f} {100 * metrics['miou']:>7.1f} "
+            f"{100 * zeros:>17.2f}% {time.perf_counter() - started:>5.0f}",
+            flush=True,
+        )
     print("\n# Adam, one weight, 96 steps, gradient sum 96 sent in bursts of k (SGD moves 96)")
     for k in (1, 2, 4, 8, 16, 32):
         print(

@@ -65,13 +65,22 @@ def main() -> int:
         for _ in range(args.rounds):
             for mode, sandbox in (("unisolated", None), ("sandboxed", SandboxLimits())):
                 started = time.perf_counter()
-                rows = grade_folder(Path(tmp) / "class", SOURCES, limits, jobs=args.jobs,
-                                    progress=False, sandbox=sandbox)  # fmt: skip
+                rows = grade_folder(
+                    Path(tmp) / "class",
+                    SOURCES,
+                    limits,
+                    jobs=args.jobs,
+                    progress=False,
+                    sandbox=sandbox,
+                )
                 times[mode].append(time.perf_counter() - started)
                 full = sum(r.points == r.max_points for r in rows)
-                print(f"{mode:>10}: {times[mode][-1]:6.1f} s for {args.students} notebooks "
-                      f"({times[mode][-1] / args.students:.1f} s each), {full}/{len(rows)} "
-                      "exercises at full points", flush=True)  # fmt: skip
+                print(
+                    f"{mode:>10}: {times[mode][-1]:6.1f} s for {args.students} notebooks "
+                    f"({times[mode][-1] / args.students:.1f} s each), {full}/{len(rows)} "
+                    "exercises at full points",
+                    flush=True,
+                )
     base, boxed = (statistics.median(times[m]) for m in ("unisolated", "sandboxed"))
     print(
         f"median over {args.rounds} round(s), {args.jobs} at once: unisolated {base:.1f} s, "
@@ -81,8 +90,10 @@ def main() -> int:
     from course_lib.grading.selfcheck import preflight
 
     seconds = preflight(load_sources(SOURCES), SandboxLimits())
-    print(f"self-check before grading (every assignment's imports, A1 known answer and stub): "
-          f"{seconds:.1f} s")  # fmt: skip
+    print(
+        f"self-check before grading (every assignment's imports, A1 known answer and stub): "
+        f"{seconds:.1f} s"
+    )
     return 0
 
 

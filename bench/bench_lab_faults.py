@@ -103,8 +103,11 @@ def measure(n_pcs: int, repeats: int) -> dict[str, dict[str, list[float]]]:
                         steps["unregistered"].append(unregistered)
                         steps["named"].append(named)
                         steps["re-added"].append(seconds)
-                        print(f"  {kind} {pc.hostname}: unregistered {unregistered:.1f} s, named "
-                              f"{named:.1f} s, re-added in {seconds:.1f} s", flush=True)  # fmt: skip
+                        print(
+                            f"  {kind} {pc.hostname}: unregistered {unregistered:.1f} s, named "
+                            f"{named:.1f} s, re-added in {seconds:.1f} s",
+                            flush=True,
+                        )
         finally:
             stop_lab(hosts)
     return results
@@ -122,13 +125,18 @@ def main() -> int:
     results = measure(args.pcs, args.repeats)
     bound = (HEARTBEAT_MISSES + 1) * HEARTBEAT_MS / 1000
     load = os.getloadavg()[0]
-    print(f"{args.pcs} PCs, 1 engine each, {args.repeats} repeats per fault; machine load "
-          f"{load:.1f} on {os.cpu_count()} cores{' (loaded)' if load > (os.cpu_count() or 1) else ''}")  # fmt: skip
-    print(f"heartbeat: a ping every {HEARTBEAT_MS} ms, unregistered after {HEARTBEAT_MISSES} "
-          f"misses: bound {bound:g} s; status adds its own run")  # fmt: skip
+    print(
+        f"{args.pcs} PCs, 1 engine each, {args.repeats} repeats per fault; machine load "
+        f"{load:.1f} on {os.cpu_count()} cores{' (loaded)' if load > (os.cpu_count() or 1) else ''}"
+    )
+    print(
+        f"heartbeat: a ping every {HEARTBEAT_MS} ms, unregistered after {HEARTBEAT_MISSES} "
+        f"misses: bound {bound:g} s; status adds its own run"
+    )
     for kind, steps in results.items():
-        medians = ", ".join(f"{step} {statistics.median(v):.1f} s (max {max(v):.1f})"
-                            for step, v in steps.items())  # fmt: skip
+        medians = ", ".join(
+            f"{step} {statistics.median(v):.1f} s (max {max(v):.1f})" for step, v in steps.items()
+        )
         print(f"  {'engines killed' if kind == 'kill' else 'link cut':14s}: {medians}")
     return 0
 

@@ -45,8 +45,15 @@ def run(n_pcs: int, mib: float, repeats: int) -> dict:
             + "".join(f'[[pc]]\nhost = "{pc.hostname}"\n' for pc in room.pcs)
         )
         os.environ.setdefault("OMP_NUM_THREADS", "1")
-        argv = [sys.executable, "-m", "course_lib.collectives.mpi_across_pcs",
-                "--mib", str(mib), "--repeats", str(repeats)]  # fmt: skip
+        argv = [
+            sys.executable,
+            "-m",
+            "course_lib.collectives.mpi_across_pcs",
+            "--mib",
+            str(mib),
+            "--repeats",
+            str(repeats),
+        ]
         done = run_lab_mpi(read_hosts(hosts_file), Path(tmp), argv, timeout=900, capture=True)
     if done.returncode != 0:
         raise RuntimeError(f"kit lab mpi failed: {done.stderr[-3000:]}")
@@ -67,21 +74,29 @@ def main() -> int:
     report = run(args.pcs, args.mib, args.repeats)
     n, size = report["ranks"], report["bytes"]
     load = os.getloadavg()[0]
-    print(f"MPI across {n} PCs of the emulated room (1 Gbit/s links), {size / 2**20:g} MiB "
-          f"float32, {args.repeats} repeats; machine load {load:.1f} on {os.cpu_count()} cores"
-          f"{' (loaded)' if load > (os.cpu_count() or 1) else ''}")  # fmt: skip
-    print(f"  exact on every rank: {report['max_error'] == 0.0} (largest error "
-          f"{report['max_error']:g}); one rank per PC: {sorted(report['hosts'])}")  # fmt: skip
+    print(
+        f"MPI across {n} PCs of the emulated room (1 Gbit/s links), {size / 2**20:g} MiB "
+        f"float32, {args.repeats} repeats; machine load {load:.1f} on {os.cpu_count()} cores"
+        f"{' (loaded)' if load > (os.cpu_count() or 1) else ''}"
+    )
+    print(
+        f"  exact on every rank: {report['max_error'] == 0.0} (largest error "
+        f"{report['max_error']:g}); one rank per PC: {sorted(report['hosts'])}"
+    )
     bound = 2 * (n - 1) / n * size / LINK_BYTES
     payload_bound = 2 * (n - 1) / n * size / PAYLOAD_BYTES
-    print(f"  bound 2(N-1)/N*S/B: {bound:.3f} s at 125 MB/s, {payload_bound:.3f} s at the "
-          f"~{PAYLOAD_BYTES / 1e6:.0f} MB/s of TCP payload")  # fmt: skip
+    print(
+        f"  bound 2(N-1)/N*S/B: {bound:.3f} s at 125 MB/s, {payload_bound:.3f} s at the "
+        f"~{PAYLOAD_BYTES / 1e6:.0f} MB/s of TCP payload"
+    )
     for name in ("mpi", "ring"):
         times = report[f"{name}_seconds"]
         median = statistics.median(times)
-        print(f"  {'MPI Allreduce' if name == 'mpi' else 'ring (MPI comm)':16s} median "
-              f"{median:.3f} s = {median / bound:.2f} x bound ({median / payload_bound:.2f} x "
-              f"payload bound); runs {', '.join(f'{t:.3f}' for t in times)}")  # fmt: skip
+        print(
+            f"  {'MPI Allreduce' if name == 'mpi' else 'ring (MPI comm)':16s} median "
+            f"{median:.3f} s = {median / bound:.2f} x bound ({median / payload_bound:.2f} x "
+            f"payload bound); runs {', '.join(f'{t:.3f}' for t in times)}"
+        )
     print("  goal: within 10 % of the bound (1.10 x)")
     return 0
 

@@ -32,8 +32,14 @@ from course_lib.cluster.room.ssh import write_ssh_standins  # noqa: E402
 
 def lab(env: dict[str, str], action: str, hosts: Path) -> str:
     """Run ``./kit lab ACTION HOSTS`` (its Python half); return its output, raise on failure."""
-    done = subprocess.run([sys.executable, "-m", "course_lib.cluster", "lab", action, str(hosts)],
-                          env=env, capture_output=True, text=True, timeout=600, cwd=ROOT)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-m", "course_lib.cluster", "lab", action, str(hosts)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=ROOT,
+    )
     if done.returncode != 0:
         raise RuntimeError(f"kit lab {action} failed: {done.stderr[-2000:]}")
     return done.stdout
@@ -84,12 +90,17 @@ def main() -> int:
     n = args.pcs * args.engines
     lab_times = time_lab(args.pcs, args.engines, args.repeats)
     lab_s = statistics.median(lab_times)
-    print(f"lab start, {args.pcs} PCs x {args.engines} engines over the SSH launcher: median "
-          f"{lab_s:.1f} s until every engine answers (runs: {', '.join(f'{t:.1f}' for t in lab_times)})", flush=True)  # fmt: skip
+    print(
+        f"lab start, {args.pcs} PCs x {args.engines} engines over the SSH launcher: median "
+        f"{lab_s:.1f} s until every engine answers (runs: {', '.join(f'{t:.1f}' for t in lab_times)})",
+        flush=True,
+    )
     local_times = time_local(n, args.repeats)
     local_s = statistics.median(local_times)
-    print(f"local start_cluster({n}) on this machine: median {local_s:.1f} s "
-          f"(runs: {', '.join(f'{t:.1f}' for t in local_times)}); ratio lab/local {lab_s / local_s:.2f}")  # fmt: skip
+    print(
+        f"local start_cluster({n}) on this machine: median {local_s:.1f} s "
+        f"(runs: {', '.join(f'{t:.1f}' for t in local_times)}); ratio lab/local {lab_s / local_s:.2f}"
+    )
     print(f"target: every engine answering in 15 s; {os.cpu_count()} CPU cores here")
     return 0
 

@@ -130,10 +130,13 @@ def main() -> None:
             continue
         lr, steps = best
         rows.append({"batch": batch, "lr": lr, "steps": steps})
-        print(f"{batch:>6} {lr:>8g} {statistics.median(steps):>7g} {min(steps):>6} "
-              f"{max(steps):>6}   {steps}")  # fmt: skip
-    s_min, b_crit = fit_steps_model([r["batch"] for r in rows],
-                                    [statistics.median(r["steps"]) for r in rows])  # fmt: skip
+        print(
+            f"{batch:>6} {lr:>8g} {statistics.median(steps):>7g} {min(steps):>6} "
+            f"{max(steps):>6}   {steps}"
+        )
+    s_min, b_crit = fit_steps_model(
+        [r["batch"] for r in rows], [statistics.median(r["steps"]) for r in rows]
+    )
     b_start, b_target = noise_scale_at(None), noise_scale_at(args.target)
     print(f"fit S = S_min (1 + B_crit/B): S_min = {s_min:.1f} steps, B_crit = {b_crit:.0f}")
     print(
@@ -141,9 +144,19 @@ def main() -> None:
     )
     print(f"({time.perf_counter() - start:.0f} s)")
     if args.json:
-        args.json.write_text(json.dumps({"target": args.target, "rows": rows, "s_min": s_min,
-                                         "b_crit": b_crit, "b_noise_start": b_start,
-                                         "b_noise_target": b_target}, indent=1))  # fmt: skip
+        args.json.write_text(
+            json.dumps(
+                {
+                    "target": args.target,
+                    "rows": rows,
+                    "s_min": s_min,
+                    "b_crit": b_crit,
+                    "b_noise_start": b_start,
+                    "b_noise_target": b_target,
+                },
+                indent=1,
+            )
+        )
 
 
 if __name__ == "__main__":

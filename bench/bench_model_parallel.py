@@ -107,8 +107,12 @@ def _engine_step(kind: str, repeats: int, m: int = 1, schedule: str = "gpipe") -
         if step:
             times.append(float(took[0]))
     params = sum(q.numel() for q in model.parameters())
-    return {"seconds": statistics.median(times), "bytes": sent, "params": params,
-            "timeline": timeline}  # fmt: skip
+    return {
+        "seconds": statistics.median(times),
+        "bytes": sent,
+        "params": params,
+        "timeline": timeline,
+    }
 
 
 def _engine_cnn_step(kind: str, repeats: int) -> dict:
@@ -177,8 +181,11 @@ def _engine_cnn_step(kind: str, repeats: int) -> dict:
         if step:
             times.append(float(took[0]))
             comm_times.append(float(took[1]))
-    return {"seconds": statistics.median(times), "comm": statistics.median(comm_times),
-            "bytes": sent}  # fmt: skip
+    return {
+        "seconds": statistics.median(times),
+        "comm": statistics.median(comm_times),
+        "bytes": sent,
+    }
 
 
 def cnn_predictions(kind: str, p: int) -> tuple[float, list | None]:
@@ -239,22 +246,30 @@ def _time_collectives(calls: list, repeats: int) -> float:
 def cnn_table(cluster, p: int, repeats: int) -> None:
     """Print the SmallCNN rows: data, tensor head, hybrid, pipeline on ``p`` engines."""
     link = cluster.run(_calibrate, timeout=300)[0]
-    print(f"\n{p} engines, SmallCNN, batch {CNN_BATCH}; link fitted by the timed ring allreduce: alpha "
-          f"{link.alpha * 1e6:.0f} us, {link.bandwidth / 1e9:.2f} GB/s, "
-          f"gamma {link.gamma * 1e9:.2f} ns/B")  # fmt: skip
-    print(f"  {'strategy':9s} {'step ms':>8s} {'bytes/rank':>11s} {'predicted':>10s} {'err':>5s} "
-          f"{'comm+wait ms':>12s} {'comm alone':>10s} {'predicted':>9s} {'err':>6s}")  # fmt: skip
+    print(
+        f"\n{p} engines, SmallCNN, batch {CNN_BATCH}; link fitted by the timed ring allreduce: alpha "
+        f"{link.alpha * 1e6:.0f} us, {link.bandwidth / 1e9:.2f} GB/s, "
+        f"gamma {link.gamma * 1e9:.2f} ns/B"
+    )
+    print(
+        f"  {'strategy':9s} {'step ms':>8s} {'bytes/rank':>11s} {'predicted':>10s} {'err':>5s} "
+        f"{'comm+wait ms':>12s} {'comm alone':>10s} {'predicted':>9s} {'err':>6s}"
+    )
     for kind in ("data", "tensor", "hybrid", "pipeline"):
         res = cluster.run(_engine_cnn_step, kind, repeats, timeout=600)
         sent = sum(r["bytes"] for r in res) / p
         pred_bytes, calls = cnn_predictions(kind, p)
-        row = (f"  {kind:9s} {res[0]['seconds'] * 1e3:8.1f} {sent:11.0f} {pred_bytes:10.0f} "
-               f"{(sent - pred_bytes) / pred_bytes:5.1%}")  # fmt: skip
+        row = (
+            f"  {kind:9s} {res[0]['seconds'] * 1e3:8.1f} {sent:11.0f} {pred_bytes:10.0f} "
+            f"{(sent - pred_bytes) / pred_bytes:5.1%}"
+        )
         if calls is not None:
             alone = cluster.run(_time_collectives, calls, repeats, timeout=600)[0]
             pred_s = sum(predict(alg, n, p, link) for alg, n in calls)
-            row += (f" {res[0]['comm'] * 1e3:12.2f} {alone * 1e3:10.2f} {pred_s * 1e3:9.2f} "
-                    f"{(alone - pred_s) / pred_s:6.0%}")  # fmt: skip
+            row += (
+                f" {res[0]['comm'] * 1e3:12.2f} {alone * 1e3:10.2f} {pred_s * 1e3:9.2f} "
+                f"{(alone - pred_s) / pred_s:6.0%}"
+            )
         else:
             row += f" {'(sends overlap compute)':>40s}"
         print(row)
@@ -306,8 +321,10 @@ def main() -> None:
     repeats = 3 if args.quick else args.repeats
     print("Simulated bubble, balanced stages (backward = 2 x forward), vs (p-1)/(m+p-1):")
     for p in (2, 4):
-        row = [f"m={m}: {simulate('1f1b', [1] * p, m).bubble_fraction:.3f}"
-               f"/{bubble_formula(p, m):.3f}" for m in (1, 2, 4, 8, 16)]  # fmt: skip
+        row = [
+            f"m={m}: {simulate('1f1b', [1] * p, m).bubble_fraction:.3f}/{bubble_formula(p, m):.3f}"
+            for m in (1, 2, 4, 8, 16)
+        ]
         print(f"  p={p}  " + "  ".join(row))
     for p in (2,) if args.quick else (2, 4):
         with start_cluster("local", p, torch_threads=1) as cluster:
@@ -324,8 +341,10 @@ def main() -> None:
 def mlp_table(cluster, p: int, repeats: int) -> None:
     """Print the MLP rows: data, tensor, GPipe and 1F1B (m = 1, 2, 4, 8) on ``p`` engines."""
     print(f"\n{p} engines (gloo, loopback), MLP 64-{HIDDEN}x{LAYERS}-10, batch {BATCH}:")
-    print(f"  {'strategy':22s} {'step ms':>8s} {'bytes/rank (max)':>17s} "
-          f"{'predicted':>10s} {'bubble':>7s} {'formula':>8s} {'simulated':>9s}")  # fmt: skip
+    print(
+        f"  {'strategy':22s} {'step ms':>8s} {'bytes/rank (max)':>17s} "
+        f"{'predicted':>10s} {'bubble':>7s} {'formula':>8s} {'simulated':>9s}"
+    )
     runs = [("data", 1, ""), ("tensor", 1, "")]
     runs += [("pipeline", m, s) for s in ("gpipe", "1f1b") for m in (1, 2, 4, 8)]
     for kind, m, sched in runs:
@@ -336,10 +355,14 @@ def mlp_table(cluster, p: int, repeats: int) -> None:
         extra = ""
         if kind == "pipeline":
             t = Timeline.merge([r["timeline"] for r in res])
-            f = [sum(iv.end - iv.start for iv in t.intervals
-                     if iv.stage == s and iv.kind == "F") / m for s in range(p)]  # fmt: skip
-            b = [sum(iv.end - iv.start for iv in t.intervals
-                     if iv.stage == s and iv.kind == "B") / m for s in range(p)]  # fmt: skip
+            f = [
+                sum(iv.end - iv.start for iv in t.intervals if iv.stage == s and iv.kind == "F") / m
+                for s in range(p)
+            ]
+            b = [
+                sum(iv.end - iv.start for iv in t.intervals if iv.stage == s and iv.kind == "B") / m
+                for s in range(p)
+            ]
             sim = simulate(sched, f, m, backward_costs=b).bubble_fraction
             extra = f" {t.bubble_fraction:7.1%} {bubble_formula(p, m):8.1%} {sim:9.1%}"
         print(f"  {label:22s} {res[0]['seconds'] * 1e3:8.2f} {sent:17d} {pred:10d}{extra}")

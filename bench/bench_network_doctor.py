@@ -35,8 +35,12 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--mib", type=int, default=8, help="message size in MiB")
-    parser.add_argument("--slow", choices=["100mbit", "none"], default="100mbit",
-                        help="reshape the last PC to this rate")  # fmt: skip
+    parser.add_argument(
+        "--slow",
+        choices=["100mbit", "none"],
+        default="100mbit",
+        help="reshape the last PC to this rate",
+    )
     args = parser.parse_args()
     if (reason := room_unavailable_reason()) is not None:
         print(f"no emulated room here: {reason}")
@@ -58,15 +62,19 @@ def main() -> int:
         finally:
             lab.close()
     print(reports[-1])
-    print(f"\n{args.rounds} rounds, {args.mib} MiB messages, median {statistics.median(seconds):.1f}"
-          " s per round")  # fmt: skip
+    print(
+        f"\n{args.rounds} rounds, {args.mib} MiB messages, median {statistics.median(seconds):.1f}"
+        " s per round"
+    )
     print(f"{'link':<36} {'median MB/s':>11} {'shaped MB/s':>11} {'ratio':>6}")
     for i, link in enumerate(reports[0].links):
         rates = [r.links[i].bandwidth or 0.0 for r in reports]
         shaped = min(rate_of[link.src], rate_of[link.dst])
         median = statistics.median(rates)
-        print(f"{link.src + ' -> ' + link.dst:<36} {median / 1e6:>11.1f} {shaped / 1e6:>11.1f} "
-              f"{median / shaped:>6.3f}")  # fmt: skip
+        print(
+            f"{link.src + ' -> ' + link.dst:<36} {median / 1e6:>11.1f} {shaped / 1e6:>11.1f} "
+            f"{median / shaped:>6.3f}"
+        )
     flagged = [sum("slow link" in p for p in r.problems) for r in reports]
     print(f"slow links flagged per round: {flagged}")
     return 0

@@ -82,8 +82,15 @@ def traced_steps(comm, x: np.ndarray, segment_bytes: int) -> list[float]:
     return [first, checked, *last, timeline[-1][2] - t0]
 
 
-def worker(rank: int, world_size: int, addr: str, sizes_mb: list[int], reps: int,
-           segments_mib: list[float], out: str) -> None:  # fmt: skip
+def worker(
+    rank: int,
+    world_size: int,
+    addr: str,
+    sizes_mb: list[int],
+    reps: int,
+    segments_mib: list[float],
+    out: str,
+) -> None:
     """Run on one PC: calibrate the link, time the allreduces, rank 0 writes the results."""
     comm = make_communicator("gloo", rank, world_size, addr, PORT, timeout=120, ifname="eth0")
     cal = ping_pong(comm, sizes=PING_SIZES, repeats=7, pair=(0, 1))
@@ -109,13 +116,25 @@ def worker(rank: int, world_size: int, addr: str, sizes_mb: list[int], reps: int
         traces = comm.allgather(trace)
         slowest = traces[int(np.argmax(traces[:, -1]))]
         (a, b) = chunk_bounds(x.size, world_size)[0]
-        rows.append({"mb": mb, "nbytes": x.nbytes, "chunk_bytes": (b - a) * x.itemsize,
-                     "median": {n: float(np.median(s)) for n, s in samples.items()},
-                     "samples": samples, "trace": slowest.tolist()})  # fmt: skip
+        rows.append(
+            {
+                "mb": mb,
+                "nbytes": x.nbytes,
+                "chunk_bytes": (b - a) * x.itemsize,
+                "median": {n: float(np.median(s)) for n, s in samples.items()},
+                "samples": samples,
+                "trace": slowest.tolist(),
+            }
+        )
     if rank == 0:
-        result = {"b_ping": b_ping, "b_stream": b_stream, "fit_bandwidth": cal.model.bandwidth,
-                  "alpha": cal.model.alpha, "ping": dict(zip(PING_SIZES, cal.times, strict=True)),
-                  "rows": rows}  # fmt: skip
+        result = {
+            "b_ping": b_ping,
+            "b_stream": b_stream,
+            "fit_bandwidth": cal.model.bandwidth,
+            "alpha": cal.model.alpha,
+            "ping": dict(zip(PING_SIZES, cal.times, strict=True)),
+            "rows": rows,
+        }
         tmp = Path(out).with_suffix(".tmp")
         tmp.write_text(json.dumps(result))
         tmp.replace(out)
@@ -135,9 +154,24 @@ def run_room(n_pcs: int, rate: str, sizes_mb: list[int], reps: int, segments: st
         procs = []
         for rank, pc in enumerate(room.pcs):
             log = open(workdir / f"rank{rank}.log", "w")  # noqa: SIM115 - closed below
-            argv = [sys.executable, __file__, "--worker", str(rank), "--world", str(n_pcs),
-                    "--addr", addr, "--sizes", ",".join(map(str, sizes_mb)),
-                    "--repeats", str(reps), "--segments", segments, "--out", str(out)]  # fmt: skip
+            argv = [
+                sys.executable,
+                __file__,
+                "--worker",
+                str(rank),
+                "--world",
+                str(n_pcs),
+                "--addr",
+                addr,
+                "--sizes",
+                ",".join(map(str, sizes_mb)),
+                "--repeats",
+                str(reps),
+                "--segments",
+                segments,
+                "--out",
+                str(out),
+            ]
             procs.append((room.popen(pc, argv, stdout=log, stderr=subprocess.STDOUT), log))
         failed = []
         for rank, (proc, log) in enumerate(procs):
@@ -168,10 +202,12 @@ def print_room(n: int, res: dict, rate: str) -> None:
     ping = ", ".join(f"{int(s) // 1024} KB {t * 1e3:.2f} ms" for s, t in res["ping"].items())
     wire = rate_bytes(rate) * WIRE_PAYLOAD
     print(f"# {n} PCs: ping-pong PC1<->PC2, one way: {ping}")
-    print(f"# {n} PCs: B stream = {res['b_stream'] / 1e6:.1f} MB/s (4 -> 8 MB slope); B ping = "
-          f"{res['b_ping'] / 1e6:.1f} MB/s (8 MB one way); wire {wire / 1e6:.1f} MB/s (predicted: "
-          f"{rate} less headers); alpha-beta fit {res['fit_bandwidth'] / 1e6:.1f} MB/s, alpha "
-          f"{res['alpha'] * 1e6:.0f} us")  # fmt: skip
+    print(
+        f"# {n} PCs: B stream = {res['b_stream'] / 1e6:.1f} MB/s (4 -> 8 MB slope); B ping = "
+        f"{res['b_ping'] / 1e6:.1f} MB/s (8 MB one way); wire {wire / 1e6:.1f} MB/s (predicted: "
+        f"{rate} less headers); alpha-beta fit {res['fit_bandwidth'] / 1e6:.1f} MB/s, alpha "
+        f"{res['alpha'] * 1e6:.0f} us"
+    )
     for row in res["rows"]:
         bound = allreduce_bound(row["nbytes"], n, res["b_stream"])
         bound_ping = allreduce_bound(row["nbytes"], n, res["b_ping"])
@@ -179,17 +215,21 @@ def print_room(n: int, res: dict, rate: str) -> None:
         for name, t in [*row["median"].items(), ("bound", bound)]:
             label = {"builtin": "gloo built-in", "ring": "ring_allreduce"}.get(name, name)
             label = label.replace("piped", "ring pipelined")
-            print(f"{n:>3} {row['mb']:>3} {label:20} {t * 1e3:>9.1f} {t / builtin:>8.2f}x "
-                  f"{t / bound:>6.2f}x {100 * bound / t:>6.1f} % {100 * bound_ping / t:>6.1f} %")  # fmt: skip
+            print(
+                f"{n:>3} {row['mb']:>3} {label:20} {t * 1e3:>9.1f} {t / builtin:>8.2f}x "
+                f"{t / bound:>6.2f}x {100 * bound / t:>6.1f} % {100 * bound_ping / t:>6.1f} %"
+            )
         first, checked, *steps, end = row["trace"]
         link_step = row["chunk_bytes"] / res["b_stream"]
         durations = np.diff([checked, *steps])  # step k: from step k-1's last arrival
         busy = len(steps) * link_step / end
-        print(f"# {n} PCs {row['mb']} MB, ring pipelined, slowest rank of one traced run: "
-              f"{end * 1e3:.1f} ms = size check {checked * 1e3:.1f} ms, then steps "
-              f"{' '.join(f'{d * 1e3:.1f}' for d in durations)} ms (link: {link_step * 1e3:.1f} "
-              f"ms per chunk), tail {(end - steps[-1]) * 1e3:.1f} ms; first segment landed at "
-              f"{first * 1e3:.1f} ms; link busy {100 * busy:.0f} %")  # fmt: skip
+        print(
+            f"# {n} PCs {row['mb']} MB, ring pipelined, slowest rank of one traced run: "
+            f"{end * 1e3:.1f} ms = size check {checked * 1e3:.1f} ms, then steps "
+            f"{' '.join(f'{d * 1e3:.1f}' for d in durations)} ms (link: {link_step * 1e3:.1f} "
+            f"ms per chunk), tail {(end - steps[-1]) * 1e3:.1f} ms; first segment landed at "
+            f"{first * 1e3:.1f} ms; link busy {100 * busy:.0f} %"
+        )
 
 
 def main() -> None:
@@ -217,16 +257,22 @@ def main() -> None:
         raise SystemExit(f"cannot build an emulated room here: {reason}")
     for n in (int(p) for p in args.pcs.split(",")):
         load = os.getloadavg()[0]
-        print(f"# emulated room, every link tbf {args.rate}; medians of {args.repeats} "
-              f"(interleaved), slowest rank; load average {load:.1f}"
-              f"{' (loaded: 2 cores)' if load > 2 else ''}")  # fmt: skip
-        print(f"{'PCs':>3} {'MB':>3} {'algorithm':20} {'median ms':>9} {'/builtin':>9} "
-              f"{'/bound':>7} {'of bound':>8} {'(B ping)':>8}")  # fmt: skip
+        print(
+            f"# emulated room, every link tbf {args.rate}; medians of {args.repeats} "
+            f"(interleaved), slowest rank; load average {load:.1f}"
+            f"{' (loaded: 2 cores)' if load > 2 else ''}"
+        )
+        print(
+            f"{'PCs':>3} {'MB':>3} {'algorithm':20} {'median ms':>9} {'/builtin':>9} "
+            f"{'/bound':>7} {'of bound':>8} {'(B ping)':>8}"
+        )
         started = time.perf_counter()
         res = run_room(n, args.rate, sizes_mb, args.repeats, args.segments)
         print_room(n, res, args.rate)
-        print(f"# {n} PCs: {time.perf_counter() - started:.0f} s including set-up; load average "
-              f"now {os.getloadavg()[0]:.1f}")  # fmt: skip
+        print(
+            f"# {n} PCs: {time.perf_counter() - started:.0f} s including set-up; load average "
+            f"now {os.getloadavg()[0]:.1f}"
+        )
 
 
 if __name__ == "__main__":

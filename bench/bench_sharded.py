@@ -51,8 +51,10 @@ def main() -> None:
     config = TrainConfig(num_epochs=1, batch_size=batch, lr=1e-3, optimizer="adam", seed=0)
     model = partial(MLP, 64, HIDDEN)
     psi = sum(p.numel() for p in model().parameters())
-    print(f"MLP 64-{'-'.join(map(str, HIDDEN))}-10, {psi:,} parameters, {n} engines, Adam, "
-          f"global batch {batch}, {args.steps} steps, emulated Gigabit")  # fmt: skip
+    print(
+        f"MLP 64-{'-'.join(map(str, HIDDEN))}-10, {psi:,} parameters, {n} engines, Adam, "
+        f"global batch {batch}, {args.steps} steps, emulated Gigabit"
+    )
     head = f"{'method':>7} {'step ms':>8} {'comm ms':>8} {'sync ms':>8} {'x zero0':>8} "
     print(head + f"{'sent MB':>8} {'formula':>8} {'state MB':>9} {'formula':>8}")
     base = None
@@ -60,9 +62,16 @@ def main() -> None:
         for method in METHODS:
             options = {"bucket_bytes": BUCKET_BYTES} if method.startswith("zero") else {}
             result = train_data_parallel(
-                cluster, model=model, dataset=partial(digits_subset, batch * args.steps),
-                config=config, method=method, link=GIGABIT, comm_timeout=120, timeout=900,
-                **options)  # fmt: skip
+                cluster,
+                model=model,
+                dataset=partial(digits_subset, batch * args.steps),
+                config=config,
+                method=method,
+                link=GIGABIT,
+                comm_timeout=120,
+                timeout=900,
+                **options,
+            )
             rows = result.summary()
             step = statistics.median(r["total_s"] for r in rows)
             comm = statistics.median(r["comm_s"] for r in rows)

@@ -108,9 +108,11 @@ def search_table(seconds: float) -> None:
     sim = Simulator(graph, 4, MeasuredCosts(), GIGABIT)
     for name, start in (("data parallel", data_parallel), ("expert hybrid", expert_hybrid)):
         found = mcmc(sim, start(graph, 4), seconds=seconds, seed=0)
-        print(f"  from {name:14s} {found.start_time * 1e3:8.2f} ms -> best {found.best_time * 1e3:8.2f}"
-              f" ms after {found.seconds_to_best:5.2f} s ({found.iterations} proposals, "
-              f"{found.accepted} accepted)")  # fmt: skip
+        print(
+            f"  from {name:14s} {found.start_time * 1e3:8.2f} ms -> best {found.best_time * 1e3:8.2f}"
+            f" ms after {found.seconds_to_best:5.2f} s ({found.iterations} proposals, "
+            f"{found.accepted} accepted)"
+        )
         print(
             "    " + " ".join(f"{op.name}:{c}" for op, c in zip(graph.ops, found.best, strict=True))
         )
@@ -121,8 +123,10 @@ def weird_trick_table(topology: str, sync: str) -> None:
     link, rate = Network(LinkModel(alpha=10e-6, beta=1 / 6e9), topology), 1.5e12
     base = {}
     print(f"  links: {topology}, gradient sync: {sync}")
-    print(f"  {'GPUs':>4s} {'hybrid (pred.)':>14s} {'DP (pred.)':>10s} {'paper':>6s} "
-          f"{'hybrid err':>10s}")  # fmt: skip
+    print(
+        f"  {'GPUs':>4s} {'hybrid (pred.)':>14s} {'DP (pred.)':>10s} {'paper':>6s} "
+        f"{'hybrid err':>10s}"
+    )
     for n in (1, 2, 4, 8):
         graph = build_graph("alexnet", (3, 224, 224), alexnet_layers(), 128 * n)
         sim = Simulator(graph, n, FlopsCosts(rate), link, sync)
@@ -131,8 +135,9 @@ def weird_trick_table(topology: str, sync: str) -> None:
         hyb, dp = (n * base[k] / t[k] for k in (0, 1))
         paper = PAPER.get(n)
         err = f"{(hyb - paper) / paper:+10.0%}" if paper else f"{'':>10s}"
-        print(f"  {n:4d} {hyb:14.2f} {dp:10.2f} {paper or 1.0:6.1f} {err}  "
-              f"(hybrid step {t[0]:.3f} s)")  # fmt: skip
+        print(
+            f"  {n:4d} {hyb:14.2f} {dp:10.2f} {paper or 1.0:6.1f} {err}  (hybrid step {t[0]:.3f} s)"
+        )
 
 
 def main() -> None:
@@ -148,16 +153,22 @@ def main() -> None:
         row = f"  {p} workers: {full:7.0f} strategies/s simulated, {delta:7.0f}/s delta"
         if not args.no_engines:
             run_s = statistics.median(run_on_engines(p, args.repeats) for _ in range(1))
-            row += (f"; one strategy on {p} engines: {run_s:.2f} s (1 + {args.repeats} steps) "
-                    f"-> simulator {full * run_s:,.0f}x faster (delta {delta * run_s:,.0f}x)")  # fmt: skip
+            row += (
+                f"; one strategy on {p} engines: {run_s:.2f} s (1 + {args.repeats} steps) "
+                f"-> simulator {full * run_s:,.0f}x faster (delta {delta * run_s:,.0f}x)"
+            )
         print(row)
     print(
         f"\nSearch (Metropolis-Hastings, {args.search_seconds:.0f} s budget), SmallCNN, 4 workers:"
     )
     search_table(args.search_seconds)
     print("\nAlexNet, one weird trick: PREDICTED speed-ups (weak scaling, 128 images per GPU):")
-    for topology, sync in (("pairs", "per_operator"), ("pairs", "after_backward"),
-                           ("bus", "per_operator"), ("bus", "after_backward")):  # fmt: skip
+    for topology, sync in (
+        ("pairs", "per_operator"),
+        ("pairs", "after_backward"),
+        ("bus", "per_operator"),
+        ("bus", "after_backward"),
+    ):
         weird_trick_table(topology, sync)
 
 

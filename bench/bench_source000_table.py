@@ -65,23 +65,37 @@ def run_table(cluster, link, args, configs) -> tuple[list[dict], dict]:
 
     Returns the table's rows and the results by configuration name.
     """
-    train = functools.partial(load_dataset, "segmentation", num_tiles=args.tiles,
-                              tile_size=args.tile_size)  # fmt: skip
+    train = functools.partial(
+        load_dataset, "segmentation", num_tiles=args.tiles, tile_size=args.tile_size
+    )
     test = load_dataset("segmentation", train=False, num_tiles=16, tile_size=args.tile_size)
-    config = TrainConfig(num_epochs=args.epochs, batch_size=2 * args.engines, lr=3e-3,
-                         optimizer="adam", seed=0)  # fmt: skip
+    config = TrainConfig(
+        num_epochs=args.epochs, batch_size=2 * args.engines, lr=3e-3, optimizer="adam", seed=0
+    )
     rows, results = [], {}
     for c in configs:
         started = time.perf_counter()
-        result = train_data_parallel(cluster, model=source000_unet, dataset=train, config=config,
-                                     test_set=test, method="compressed", link=link,
-                                     comm_timeout=300, timeout=1200, **c.options)  # fmt: skip
+        result = train_data_parallel(
+            cluster,
+            model=source000_unet,
+            dataset=train,
+            config=config,
+            test_set=test,
+            method="compressed",
+            link=link,
+            comm_timeout=300,
+            timeout=1200,
+            **c.options,
+        )
         rows.append(table_row(result, c))
         results[c.name] = result
         r = rows[-1]
-        print(f"  {c.name}: {time.perf_counter() - started:.0f} s; epoch {r['epoch_s']:.2f} s, "
-              f"sync {r['sync_s']:.2f} s, wire {r['wire_bytes'] / 1e3:.1f} kB, accuracy "
-              f"{100 * r['accuracy']:.1f} %, mIoU {100 * r['miou']:.1f} %", flush=True)  # fmt: skip
+        print(
+            f"  {c.name}: {time.perf_counter() - started:.0f} s; epoch {r['epoch_s']:.2f} s, "
+            f"sync {r['sync_s']:.2f} s, wire {r['wire_bytes'] / 1e3:.1f} kB, accuracy "
+            f"{100 * r['accuracy']:.1f} %, mIoU {100 * r['miou']:.1f} %",
+            flush=True,
+        )
     return rows, results
 
 
@@ -123,11 +137,13 @@ def main(argv: list[str] | None = None) -> int:
             "--regime-only needs --rate MBIT (the regime is derived from the 1 Gbit/s run)"
         )
     started = time.perf_counter()
-    command = "bench/bench_source000_table.py " + shlex.join(argv if argv is not None
-                                                             else sys.argv[1:])  # fmt: skip
+    command = "bench/bench_source000_table.py " + shlex.join(
+        argv if argv is not None else sys.argv[1:]
+    )
     configs = [c for c in CONFIGS if c.name in args.configs or c.name == "float32"]
-    test_labels = load_dataset("segmentation", train=False, num_tiles=16,
-                               tile_size=args.tile_size).tensors[1]  # fmt: skip
+    test_labels = load_dataset(
+        "segmentation", train=False, num_tiles=16, tile_size=args.tile_size
+    ).tensors[1]
     args.majority = float(test_labels.flatten().bincount().max() / test_labels.numel())
     print(
         f"# source 000's Table 2 re-measured: UNet(16, 4), {args.engines} engines, "
@@ -194,8 +210,12 @@ def _run_in_room(args, configs) -> None:
         regime, _ = run_table(cluster, None, args, configs)
     if gig:
         report(gig, "emulated room, links tbf 1 Gbit/s (loaded)", None, args.majority)
-    report(regime, f"source's regime: emulated room, links tbf {mbit} Mbit/s (loaded)", args.plot,
-           args.majority)  # fmt: skip
+    report(
+        regime,
+        f"source's regime: emulated room, links tbf {mbit} Mbit/s (loaded)",
+        args.plot,
+        args.majority,
+    )
 
 
 if __name__ == "__main__":

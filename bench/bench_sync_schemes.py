@@ -57,11 +57,14 @@ def ten_configurations(cluster, epochs: int, link=GIGABIT, where: str = "") -> N
     """Part 1: print the table of source 001's ten configurations (``link=None``: the real one)."""
     config = TrainConfig(num_epochs=epochs, batch_size=64, lr=0.1, seed=0)
     test = load_digits(train=False)  # a data set (shipped to the engines), not a function
-    rows = [run_configuration(cluster, k, config=config, test_set=test, link=link)
-            for k in CONFIGURATIONS]  # fmt: skip
+    rows = [
+        run_configuration(cluster, k, config=config, test_set=test, link=link)
+        for k in CONFIGURATIONS
+    ]
     where = where or (link.label if link is not None else "the real network")
-    print(f"\nsource 001's ten configurations: digits MLP, 4 engines, {epochs} epochs, "
-          f"{where} (gloo)")  # fmt: skip
+    print(
+        f"\nsource 001's ten configurations: digits MLP, 4 engines, {epochs} epochs, {where} (gloo)"
+    )
     print(
         "values sent per rank: gossip counts its messages; allreduce the ring's 2(N-1)/N per "
         "value handed to the backend; sparse gossip the values to each partner (indices: "
@@ -73,9 +76,11 @@ def ten_configurations(cluster, epochs: int, link=GIGABIT, where: str = "") -> N
 
 def stragglers(cluster, steps_config: TrainConfig) -> None:
     """Part 2: median step per scheme, with and without rank 1 at half speed."""
-    schemes = {"BSP (local_sgd p=1)": options(1, "allreduce"),
-               "Local-SGD(4)": options(4, "allreduce"),
-               "gossip (Alg. 2)": {"method": "gossip"}}  # fmt: skip
+    schemes = {
+        "BSP (local_sgd p=1)": options(1, "allreduce"),
+        "Local-SGD(4)": options(4, "allreduce"),
+        "gossip (Alg. 2)": {"method": "gossip"},
+    }
     print(
         "\nmedian step (ms) on 4 engines, loopback, MLP 64-512-512-10; straggler = rank 1 at "
         "0.5x speed, or + 20 ms per step (emulated); others' mean wait and comm per step"
@@ -87,9 +92,14 @@ def stragglers(cluster, steps_config: TrainConfig) -> None:
     cases = {"none": None, "0.5x speed": {1: 0.5}, "+20 ms": {1: Straggler(delay=0.02)}}
     for name, opts in schemes.items():
         for label, slow in cases.items():
-            result = train_data_parallel(cluster, model=partial(MLP, 64, (512, 512)),
-                                         dataset=load_digits, config=steps_config,
-                                         stragglers=slow, **opts)  # fmt: skip
+            result = train_data_parallel(
+                cluster,
+                model=partial(MLP, 64, (512, 512)),
+                dataset=load_digits,
+                config=steps_config,
+                stragglers=slow,
+                **opts,
+            )
             by_step: dict[int, float] = {}
             for r in result.records:
                 by_step[r["step"]] = max(by_step.get(r["step"], 0.0), r["total_s"])
@@ -97,8 +107,10 @@ def stragglers(cluster, steps_config: TrainConfig) -> None:
             wait = statistics.mean(r["wait_s"] for r in others)
             comm = statistics.mean(r["comm_s"] + r["sync_s"] for r in others)
             step = statistics.median(by_step.values())
-            print(f"{name:<22} {label:<10} {1e3 * step:>10.2f}ms {1e3 * wait:>10.2f}ms "
-                  f"{1e3 * comm:>10.2f}ms")  # fmt: skip
+            print(
+                f"{name:<22} {label:<10} {1e3 * step:>10.2f}ms {1e3 * wait:>10.2f}ms "
+                f"{1e3 * comm:>10.2f}ms"
+            )
 
 
 def main() -> None:
@@ -106,9 +118,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="1 epoch instead of 3")
     parser.add_argument("--stragglers-only", action="store_true", help="skip the ten configs")
-    parser.add_argument("--room", action="store_true",
-                        help="run the ten configurations in an emulated room of 4 PCs, one engine "
-                        "each, links shaped to 1 Gbit/s (real TCP; root)")  # fmt: skip
+    parser.add_argument(
+        "--room",
+        action="store_true",
+        help="run the ten configurations in an emulated room of 4 PCs, one engine "
+        "each, links shaped to 1 Gbit/s (real TCP; root)",
+    )
     args = parser.parse_args()
     started = time.perf_counter()
     if args.room:
@@ -116,8 +131,12 @@ def main() -> None:
 
         try:
             with room_cluster(4, rate="1gbit") as cluster:
-                ten_configurations(cluster, epochs=1 if args.quick else 3, link=None,
-                                   where="emulated room: 4 PCs, links tbf 1 Gbit/s")  # fmt: skip
+                ten_configurations(
+                    cluster,
+                    epochs=1 if args.quick else 3,
+                    link=None,
+                    where="emulated room: 4 PCs, links tbf 1 Gbit/s",
+                )
         except RuntimeError as exc:
             raise SystemExit(f"--room: {exc}") from None
         print(f"\nwhole benchmark: {time.perf_counter() - started:.0f} s")

@@ -88,8 +88,10 @@ def main() -> None:
         f"{torch.get_num_threads()} torch threads, torch {torch.__version__}, "
         f"{platform.processor() or platform.machine()}"
     )
-    header = (f"{'model':<24}{'params':>10}{'grad MB':>9}{'step ms':>10}{'IQR ms':>9}"
-              f"{'images/s':>10}{'1Gbit ms':>10}")  # fmt: skip
+    header = (
+        f"{'model':<24}{'params':>10}{'grad MB':>9}{'step ms':>10}{'IQR ms':>9}"
+        f"{'images/s':>10}{'1Gbit ms':>10}"
+    )
     print(header)
     print("-" * len(header))
     for r in rows:

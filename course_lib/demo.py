@@ -89,13 +89,16 @@ def method_row(result: DataParallelResult, single: dict[str, Any]) -> dict[str, 
     recs = [r for r in result.records if r["step"] >= 1] or result.records
     row: dict[str, Any] = {"method": result.method}
     # The step ends when the slowest rank is done: median over steps of the slowest rank's total.
-    row["step"] = 1e3 * statistics.median(max(r["total_s"] for r in recs if r["step"] == s)
-                                          for s in {r["step"] for r in recs})  # fmt: skip
+    row["step"] = 1e3 * statistics.median(
+        max(r["total_s"] for r in recs if r["step"] == s) for s in {r["step"] for r in recs}
+    )
     for phase in ("compute", "wait", "comm"):
         row[phase] = 1e3 * statistics.median(r[f"{phase}_s"] for r in recs)
     for key in ("bytes_sent", "collective_bytes"):  # each rank's median step, in kB
-        per_rank = [statistics.median(r[key] for r in recs if r["rank"] == k) / 1e3
-                    for k in range(result.world_size)]  # fmt: skip
+        per_rank = [
+            statistics.median(r[key] for r in recs if r["rank"] == k) / 1e3
+            for k in range(result.world_size)
+        ]
         row[key], row[f"max_{key}"] = statistics.mean(per_rank), max(per_rank)
     row["diff"] = max_weight_difference(result.weights, single)  # rank 0's; replicas below
     row["replicas"] = result.max_replica_difference
@@ -118,8 +121,10 @@ def format_row(row: dict[str, Any] | None, width: int) -> str:
         cells = [f"{head:>{w}}" for head, w, _ in COLUMNS.values()]
         return f"{'method':<{width}} {' '.join(cells)}  verdict"
     overlapped = EXCHANGES[row["method"]].overlaps_backward  # it does not stop to wait
-    cells = ["-".rjust(w) if key == "wait" and overlapped else f"{row[key]:>{w}{fmt}}"
-             for key, (_, w, fmt) in COLUMNS.items()]  # fmt: skip
+    cells = [
+        "-".rjust(w) if key == "wait" and overlapped else f"{row[key]:>{w}{fmt}}"
+        for key, (_, w, fmt) in COLUMNS.items()
+    ]
     verdict = "= one process" if row["equal"] else "DIFFERS from one process"
     if row["replicas"] > 0:
         verdict += f" (replicas differ by {row['replicas']:.1e})"
@@ -159,24 +164,35 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     """Parse and validate the command line; exit with one line naming the fix on bad input."""
     parser = _Parser(prog="./kit demo", description=__doc__.splitlines()[0])
     parser.add_argument("--engines", type=int, default=None, help="engine count (default: 2-4)")
-    parser.add_argument("--kind", default=None, choices=["local", "mpi", "connect"],
-                        help="local (default), mpi (engines are MPI ranks) or connect")  # fmt: skip
+    parser.add_argument(
+        "--kind",
+        default=None,
+        choices=["local", "mpi", "connect"],
+        help="local (default), mpi (engines are MPI ranks) or connect",
+    )
     parser.add_argument("--profile", default=None, help="connect to this running cluster")
     parser.add_argument("--steps", type=int, default=20, help=f"steps per method (1-{MAX_STEPS})")
-    parser.add_argument("--methods", default=",".join(DEFAULT_METHODS),
-                        help="comma-separated exchange methods (bulk-synchronous, uncompressed)")  # fmt: skip
+    parser.add_argument(
+        "--methods",
+        default=",".join(DEFAULT_METHODS),
+        help="comma-separated exchange methods (bulk-synchronous, uncompressed)",
+    )
     args = parser.parse_args(argv)
     if args.engines is not None and args.engines < 2:
         parser.error(f"--engines {args.engines}: give 2 or more engines, e.g. --engines 2")
     if not 1 <= args.steps <= MAX_STEPS:
-        parser.error(f"--steps {args.steps}: give 1 to {MAX_STEPS} (one pass over the "
-                     f"training digits at a global batch of {BATCH})")  # fmt: skip
+        parser.error(
+            f"--steps {args.steps}: give 1 to {MAX_STEPS} (one pass over the "
+            f"training digits at a global batch of {BATCH})"
+        )
     names = [m.strip() for m in args.methods.split(",") if m.strip()]
     known = demo_methods()
     unknown = ", ".join(repr(m) for m in names if m not in known)
     if unknown or not names:
-        parser.error(f"--methods: {'unknown method ' + unknown if unknown else 'no method'}; give "
-                     f"comma-separated names from {', '.join(known)}")  # fmt: skip
+        parser.error(
+            f"--methods: {'unknown method ' + unknown if unknown else 'no method'}; give "
+            f"comma-separated names from {', '.join(known)}"
+        )
     args.methods = list(dict.fromkeys(names))
     return args
 
@@ -184,8 +200,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def run_demo(args: argparse.Namespace) -> None:
     """Start (or connect to) the engines, print the doctor's report and the methods' table."""
     began = time.perf_counter()
-    print(f"Connecting to cluster {args.profile!r} ..." if args.profile else
-          f"Starting {args.engines or 'the'} {args.kind or 'local'} engines ...", flush=True)  # fmt: skip
+    print(
+        f"Connecting to cluster {args.profile!r} ..."
+        if args.profile
+        else f"Starting {args.engines or 'the'} {args.kind or 'local'} engines ...",
+        flush=True,
+    )
     from course_lib.cluster import start_cluster
     from course_lib.data.digits import DIGITS_NUM_TEST
 
@@ -199,9 +219,11 @@ def run_demo(args: argparse.Namespace) -> None:
     started = time.perf_counter()
     with start_cluster(args.kind, args.engines, profile=args.profile) as cluster:
         n = cluster.world_size
-        print(f"Cluster: {n} {cluster.kind} engines ready in {time.perf_counter() - started:.1f}"
-              f" s; a trivial call on all of them: {1e3 * round_trip_seconds(cluster):.1f} ms"
-              " (median of 30)\n")  # fmt: skip
+        print(
+            f"Cluster: {n} {cluster.kind} engines ready in {time.perf_counter() - started:.1f}"
+            f" s; a trivial call on all of them: {1e3 * round_trip_seconds(cluster):.1f} ms"
+            " (median of 30)\n"
+        )
         print(cluster.doctor(), "\n", flush=True)
         batch = max(n, BATCH // n * n)
         config = TrainConfig(num_epochs=1, batch_size=batch, **CONFIG)
@@ -209,19 +231,30 @@ def run_demo(args: argparse.Namespace) -> None:
         warming = cluster.view.apply_async(warm_up)  # the engines import torch meanwhile
         t0 = time.perf_counter()
         single = train_one_process(make_mlp, dataset, config)
-        print(f"MLP 64-128-10 on digits: {args.steps} SGD steps, global batch {batch} "
-              f"({batch // n} per engine), lr {config.lr}, momentum {config.momentum}")  # fmt: skip
-        print(f"one process (the reference): {time.perf_counter() - t0:.1f} s, test accuracy "
-              f"{100 * held_out_accuracy(single):.1f} % on {DIGITS_NUM_TEST} held-out digits\n")  # fmt: skip
+        print(
+            f"MLP 64-128-10 on digits: {args.steps} SGD steps, global batch {batch} "
+            f"({batch // n} per engine), lr {config.lr}, momentum {config.momentum}"
+        )
+        print(
+            f"one process (the reference): {time.perf_counter() - t0:.1f} s, test accuracy "
+            f"{100 * held_out_accuracy(single):.1f} % on {DIGITS_NUM_TEST} held-out digits\n"
+        )
         warming.get(timeout=300)
         width = max(len(m) for m in args.methods)
         head = format_row(None, width)
         print(f"{n} engines, median per step (ms):\n{head}\n{'-' * (len(head) + 6)}", flush=True)
         for method in args.methods:
             t0 = time.perf_counter()
-            result = train_data_parallel(cluster, model=make_mlp, dataset=dataset, config=config,
-                                         method=method, comm_timeout=60, timeout=300,
-                                         **OPTIONS.get(method, {}))  # fmt: skip
+            result = train_data_parallel(
+                cluster,
+                model=make_mlp,
+                dataset=dataset,
+                config=config,
+                method=method,
+                comm_timeout=60,
+                timeout=300,
+                **OPTIONS.get(method, {}),
+            )
             row = {**method_row(result, single), "seconds": time.perf_counter() - t0}
             print(format_row(row, width), flush=True)
         print(f"\n{LEGEND}\nwhole demo: {time.perf_counter() - began:.0f} s")

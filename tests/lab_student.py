@@ -24,8 +24,12 @@ from course_lib.cluster import start_cluster
 def main() -> None:
     out, n, mode = Path(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
     cluster = start_cluster(n=n, timeout=120)
-    ready = {"kind": cluster.kind, "ids": cluster.ids_by_rank, "where": cluster.where(),
-             "hosts": [cluster.engine_info[e]["host"] for e in cluster.ids_by_rank]}  # fmt: skip
+    ready = {
+        "kind": cluster.kind,
+        "ids": cluster.ids_by_rank,
+        "where": cluster.where(),
+        "hosts": [cluster.engine_info[e]["host"] for e in cluster.ids_by_rank],
+    }
     (out / f"ready-{os.getpid()}.json").write_text(json.dumps(ready))
     if mode == "hold":
         cluster.stop()
@@ -36,8 +40,14 @@ def main() -> None:
         time.sleep(0.2)
     from course_lib.parallel.data_parallel.train import train_data_parallel
 
-    result = train_data_parallel(cluster, model=check_net, dataset=check_digits,
-                                 config=CHECK_CONFIG, method="ring", timeout=400)  # fmt: skip
+    result = train_data_parallel(
+        cluster,
+        model=check_net,
+        dataset=check_digits,
+        config=CHECK_CONFIG,
+        method="ring",
+        timeout=400,
+    )
     np.savez(out / f"weights-{os.getpid()}.npz", **result.weights)
     if mode == "exit":
         os._exit(0)  # no cluster.stop(): the seat must go back when the connection drops

@@ -178,8 +178,9 @@ def cluster():
 
 def _train(cluster, **kw):
     kw.setdefault("model", MLP)
-    return train_asynchronous(cluster, dataset=load_digits, config=CONFIG, comm_timeout=30,
-                              timeout=300, **kw)  # fmt: skip
+    return train_asynchronous(
+        cluster, dataset=load_digits, config=CONFIG, comm_timeout=30, timeout=300, **kw
+    )
 
 
 def _check_logs_agree(result) -> None:
@@ -243,8 +244,11 @@ def test_a_worker_that_stops_answering_is_dropped_and_named(cluster):
 
 
 def test_losing_every_worker_is_an_error_naming_them(cluster):
-    with pytest.raises(AsyncTrainingError, match=r"every worker was lost after 4 of 30 updates: "
-                       r"rank 1: rank 1 \(engine .*; rank 2: rank 2 \(engine"):  # fmt: skip
+    with pytest.raises(
+        AsyncTrainingError,
+        match=r"every worker was lost after 4 of 30 updates: "
+        r"rank 1: rank 1 \(engine .*; rank 2: rank 2 \(engine",
+    ):
         _train(cluster, model=FailsOnEveryWorker, num_updates=30, worker_timeout=5)
 
 
@@ -254,8 +258,9 @@ def test_bad_settings_are_refused_before_any_engine_works(cluster):
     with pytest.raises(ValueError, match="rank 0 is the server"):
         _train(cluster, stragglers={0: 0.5})
     with pytest.raises(ValueError, match="multiple of 2"):
-        train_asynchronous(cluster, model=MLP, dataset=load_digits,
-                           config=TrainConfig(batch_size=33))  # fmt: skip
+        train_asynchronous(
+            cluster, model=MLP, dataset=load_digits, config=TrainConfig(batch_size=33)
+        )
     with pytest.raises(ValueError, match="at least one worker"):
         _train(cluster, world_size=1)
 

@@ -104,8 +104,9 @@ def test_resume_equals_the_uninterrupted_run(
     assert latest_checkpoint(tmp_path).name == "epoch0003-step000000.ckpt"
     # After epoch 1 (the boundary), and four steps into epoch 2 (mid-epoch).
     for name in ("epoch0001-step000000.ckpt", "epoch0001-step000004.ckpt"):
-        net, history = _run(train_set, config, sampler_args=sampler_args,
-                            resume_from=tmp_path / name)  # fmt: skip
+        net, history = _run(
+            train_set, config, sampler_args=sampler_args, resume_from=tmp_path / name
+        )
         assert _same_weights(net, ref_net), name
         assert _without_wall_times(history) == _without_wall_times(ref_history), name
 
@@ -200,8 +201,11 @@ def test_a_damaged_header_is_corrupt_and_a_cut_file_truncated(two_checkpoints, w
 
 
 def test_a_different_model_shape_is_a_clear_error_naming_the_parameter(two_checkpoints):
-    with pytest.raises(CheckpointError, match=r"'1\.weight' has shape \(128, 64\) there and "
-                       r"\(32, 64\) here") as err:  # fmt: skip
+    with pytest.raises(
+        CheckpointError,
+        match=r"'1\.weight' has shape \(128, 64\) there and "
+        r"\(32, 64\) here",
+    ) as err:
         load_checkpoint(two_checkpoints[-1], net=MLP(hidden=(32,)))
     assert str(two_checkpoints[-1]) in str(err.value)
     with pytest.raises(CheckpointError, match=r"only in this model \['5\.bias', '5\.weight'\]"):
@@ -216,11 +220,18 @@ def test_other_settings_or_world_size_are_clear_errors(train_set, tmp_path):
     with pytest.raises(CheckpointError, match=r"batch_size=15 there, 40 here"):
         _run(train_set, TrainConfig(num_epochs=2, batch_size=40, lr=0.05), resume_from=boundary)
     with pytest.raises(CheckpointError, match=r"world_size=3 there, 2 here.*ShardSampler"):
-        _run(train_set, TrainConfig(num_epochs=2, batch_size=15, lr=0.05), resume_from=boundary,
-             sampler_args=dict(rank=0, world_size=2, seed=7))  # fmt: skip
+        _run(
+            train_set,
+            TrainConfig(num_epochs=2, batch_size=15, lr=0.05),
+            resume_from=boundary,
+            sampler_args=dict(rank=0, world_size=2, seed=7),
+        )
     mid = tmp_path / "epoch0000-step000004.ckpt"
-    with pytest.raises(CheckpointError, match=r"saved by 1 rank\(s\) in the middle of epoch 1; "
-                       r"resuming on 2 is defined only at an epoch boundary"):  # fmt: skip
+    with pytest.raises(
+        CheckpointError,
+        match=r"saved by 1 rank\(s\) in the middle of epoch 1; "
+        r"resuming on 2 is defined only at an epoch boundary",
+    ):
         load_checkpoint(mid, world_size=2)
     ckpt = load_checkpoint(boundary, world_size=2)  # an epoch boundary: allowed
     assert rank_state_for(ckpt, 1, 2) is None  # no saved streams for a new world size
@@ -288,8 +299,13 @@ def test_a_save_killed_mid_write_leaves_the_previous_checkpoint(tmp_path, where)
     env = dict(
         os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])
     )
-    proc = subprocess.Popen([sys.executable, str(script), str(folder), where], env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+    proc = subprocess.Popen(
+        [sys.executable, str(script), str(folder), where],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         line = proc.stdout.readline()  # blocks until the writer reaches the kill point
         assert line.strip() == "STOPPED", proc.stderr.read()

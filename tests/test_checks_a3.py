@@ -124,34 +124,51 @@ def cluster(shared_engines):
 @pytest.mark.slow
 def test_a3_engine_checks_pass_the_source_and_fail_built_ins_and_published_mistakes(cluster):
     solution_ps, solution_ring = _define("A3.1"), _define("A3.3")
-    source000 = _define("A3.1", (  # source 000's grad_serv_mean, as the library keeps it
-        "            flat += comm.recv(incoming, worker)\n    flat /= n",
-        "            flat /= n - 1\n            flat += comm.recv(incoming, worker) / (n - 1)",
-    ))  # fmt: skip
-    assert re.match(r"PASS 4 ranks, servers 0 and 3: .* 10 training steps with server rank 1",
-                    _verdict(check_parameter_server, solution_ps, cluster))  # fmt: skip
-    assert re.match(r"PASS 4 ranks, 5 sizes: .* 10 training steps in 3 overlapped buckets",
-                    _verdict(check_bucket_average, solution_ring, cluster))  # fmt: skip
+    source000 = _define(
+        "A3.1",
+        (  # source 000's grad_serv_mean, as the library keeps it
+            "            flat += comm.recv(incoming, worker)\n    flat /= n",
+            "            flat /= n - 1\n            flat += comm.recv(incoming, worker) / (n - 1)",
+        ),
+    )
+    assert re.match(
+        r"PASS 4 ranks, servers 0 and 3: .* 10 training steps with server rank 1",
+        _verdict(check_parameter_server, solution_ps, cluster),
+    )
+    assert re.match(
+        r"PASS 4 ranks, 5 sizes: .* 10 training steps in 3 overlapped buckets",
+        _verdict(check_bucket_average, solution_ring, cluster),
+    )
     expected = {
         (check_parameter_server, source000): r"FAIL size 1, server rank 0: rank \d holds "
         r"source 000's published combination: it divides inside the loop over the clients "
         r"and leaves the server's own gradient out.*",
-        (check_parameter_server, _define("A3.1", ("flat /= n", "flat /= n - 1"))):
-        r"FAIL size 1, server rank 0: rank \d holds the sum divided by N - 1 = 3: the server "
+        (
+            check_parameter_server,
+            _define("A3.1", ("flat /= n", "flat /= n - 1")),
+        ): r"FAIL size 1, server rank 0: rank \d holds the sum divided by N - 1 = 3: the server "
         r"computes a gradient too, divide by N = 4",
-        (check_parameter_server, _define("A3.1", (  # the server hard-coded at rank 0
-            "def ps_average(comm, flat, server):", "def ps_average(comm, flat, _):\n    server = 0"
-        ))):
-        r"FAIL size 1, server rank 3: rank (0|3) \((the server|a worker)\) sent .*",
+        (
+            check_parameter_server,
+            _define(
+                "A3.1",
+                (  # the server hard-coded at rank 0
+                    "def ps_average(comm, flat, server):",
+                    "def ps_average(comm, flat, _):\n    server = 0",
+                ),
+            ),
+        ): r"FAIL size 1, server rank 3: rank (0|3) \((the server|a worker)\) sent .*",
         (check_parameter_server, builtin_average): r"FAIL size 1, server rank 0: rank \d uses the "
         r"built-in comm\.allreduce; write the exchange from send/recv",
         (check_bucket_average, builtin_average): r"FAIL size 1: rank \d uses the built-in "
         r"comm\.allreduce; write the exchange from send/recv",
-        (check_bucket_average, _define("A3.3", ("    flat /= n\n", ""))):
-        r"FAIL size 1: rank \d holds the sum: divide it by N = 4",
+        (
+            check_bucket_average,
+            _define("A3.3", ("    flat /= n\n", "")),
+        ): r"FAIL size 1: rank \d holds the sum: divide it by N = 4",
         (check_bucket_average, ring_of_whole_buffers): r"FAIL size 1: rank \d sent 12 bytes;"
         r" a ring allreduce sends 2\(N-1\)/N of the buffer, 0 to 8 bytes here: .*",
-    }  # fmt: skip
+    }
     for (check, fn), pattern in expected.items():
         got = _verdict(check, fn, cluster)
         assert re.fullmatch(pattern, got), (fn.__name__, got)

@@ -91,35 +91,53 @@ def test_training_stub_fails_before_any_engine_is_busy():
 
 
 def test_the_librarys_int8_does_not_answer_a5_1():
-    _fails(check_block_int8_encode(lambda g, block: int8_encode(g), verbose=False),
-           "1 scales for 7 values in blocks of 4: one scale per block, 2 here")  # fmt: skip
+    _fails(
+        check_block_int8_encode(lambda g, block: int8_encode(g), verbose=False),
+        "1 scales for 7 values in blocks of 4: one scale per block, 2 here",
+    )
 
 
 def test_rounding_instead_of_the_truncating_cast_fails_a5_1():
     rounds = _mutant(
         "A5.1", ("(part / m * np.float32(127))", "np.rint(part / m * np.float32(127))")
     )
-    _fails(check_block_int8_encode(rounds["block_int8_encode"], verbose=False),
-           "q at index 0 (block 0) is 32 for g / m * 127 = 31.7500, expected 31 = int8(g / m * 127)"
-           " (the cast truncates toward zero: do not round)")  # fmt: skip
+    _fails(
+        check_block_int8_encode(rounds["block_int8_encode"], verbose=False),
+        "q at index 0 (block 0) is 32 for g / m * 127 = 31.7500, expected 31 = int8(g / m * 127)"
+        " (the cast truncates toward zero: do not round)",
+    )
 
 
 def test_decoding_by_division_as_the_source_says_fails_a5_2():
     divides = _mutant("A5.2", ("/ np.float32(127) * m", "/ np.float32(127) / m"))
-    _fails(check_block_int8_decode(divides["block_int8_decode"], verbose=False),
-           "the result divides by the scale")  # fmt: skip
-    reordered = _mutant("A5.2", ("q.astype(np.float32) / np.float32(127) * m",
-                                 "q.astype(np.float32) * m / np.float32(127)"))  # fmt: skip
-    _fails(check_block_int8_decode(reordered["block_int8_decode"], verbose=False),
-           "not bit for bit: first q / 127, then times m")  # fmt: skip
+    _fails(
+        check_block_int8_decode(divides["block_int8_decode"], verbose=False),
+        "the result divides by the scale",
+    )
+    reordered = _mutant(
+        "A5.2",
+        (
+            "q.astype(np.float32) / np.float32(127) * m",
+            "q.astype(np.float32) * m / np.float32(127)",
+        ),
+    )
+    _fails(
+        check_block_int8_decode(reordered["block_int8_decode"], verbose=False),
+        "not bit for bit: first q / 127, then times m",
+    )
 
 
 def test_sparsifiers_that_keep_the_wrong_values_fail_a5_3():
     signed = _mutant("A5.3", ("np.argsort(-np.abs(g[start", "np.argsort(-(g[start"))
     _fails(check_block_topk(signed["block_topk"], verbose=False), "block 0 keeps the wrong values")
     # Highest magnitudes first, but equal ones in reverse index order.
-    ties = _mutant("A5.3", ('np.argsort(-np.abs(g[start : start + block]), kind="stable")',
-                            'np.argsort(np.abs(g[start : start + block]), kind="stable")[::-1]'))  # fmt: skip
+    ties = _mutant(
+        "A5.3",
+        (
+            'np.argsort(-np.abs(g[start : start + block]), kind="stable")',
+            'np.argsort(np.abs(g[start : start + block]), kind="stable")[::-1]',
+        ),
+    )
     _fails(check_block_topk(ties["block_topk"], verbose=False), "ties to the lower index")
 
     def library_topk(g, block, k):  # the library's top-k of the whole tensor, same count
@@ -133,15 +151,22 @@ def test_error_feedback_that_forgets_the_residual_fails_a5_4():
     forgets = _mutant(
         "A5.4", ("self.residuals[name] = corrected -", "self.residuals[name] = g -")
     )  # keeps only this step's error: the older residual is never sent
-    _fails(check_error_feedback(forgets["WithErrorFeedback"], verbose=False),
-           "keep residual = (g + residual) - sent, one per tensor name")  # fmt: skip
+    _fails(
+        check_error_feedback(forgets["WithErrorFeedback"], verbose=False),
+        "keep residual = (g + residual) - sent, one per tensor name",
+    )
     unused = _mutant(
         "A5.4", ("self.inner.compress(corrected, name)", "self.inner.compress(g, name)")
     )
-    _fails(check_error_feedback(unused["WithErrorFeedback"], verbose=False),
-           "the payload is not compress(g + residual)")  # fmt: skip
-    shared = _mutant("A5.4", ("self.residuals.get(name,", "self.residuals.get('all',"),
-                     ("self.residuals[name] =", "self.residuals['all'] ="))  # fmt: skip
+    _fails(
+        check_error_feedback(unused["WithErrorFeedback"], verbose=False),
+        "the payload is not compress(g + residual)",
+    )
+    shared = _mutant(
+        "A5.4",
+        ("self.residuals.get(name,", "self.residuals.get('all',"),
+        ("self.residuals[name] =", "self.residuals['all'] ="),
+    )
     verdict = check_error_feedback(shared["WithErrorFeedback"], verbose=False)
     assert not verdict.passed, verdict  # shapes clash or sums mix: either way not a PASS
     # The library's own error feedback keeps the same residuals: it passes, as it should (the
@@ -151,12 +176,17 @@ def test_error_feedback_that_forgets_the_residual_fails_a5_4():
 
 def test_compressors_with_the_wrong_layout_fail_a5_5():
     wide = _mutant("A5.5", ("idx.astype(np.uint32)", "idx.astype(np.int64)"))
-    _fails(check_compressors(wide["BlockInt8"], wide["BlockTopK"], verbose=False),
-           "a uint32 index and a float32 value per kept value")  # fmt: skip
-    dense = _mutant("A5.5", ('{"q": q, "scales": scales}',
-                             '{"q": q.astype(np.float32), "scales": scales}'))  # fmt: skip
-    _fails(check_compressors(dense["BlockInt8"], dense["BlockTopK"], verbose=False),
-           "BlockInt8 sends 1240 bytes for 300 values in blocks of 32, expected 340")  # fmt: skip
+    _fails(
+        check_compressors(wide["BlockInt8"], wide["BlockTopK"], verbose=False),
+        "a uint32 index and a float32 value per kept value",
+    )
+    dense = _mutant(
+        "A5.5", ('{"q": q, "scales": scales}', '{"q": q.astype(np.float32), "scales": scales}')
+    )
+    _fails(
+        check_compressors(dense["BlockInt8"], dense["BlockTopK"], verbose=False),
+        "BlockInt8 sends 1240 bytes for 300 values in blocks of 32, expected 340",
+    )
 
 
 # -- a compressor object in the exchange ---------------------------------------------------------

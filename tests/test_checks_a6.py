@@ -104,11 +104,14 @@ def test_a6_checks_pass_the_source_and_fail_stubs_and_the_usual_mistakes(cluster
     sol = SOLUTION
     checks = [
         (check_row_parallel_forward, (sol["row_parallel_forward"],), "A6.1"),
-        (check_row_parallel_backward, (sol["row_parallel_forward"], sol["row_parallel_backward"]),
-         "A6.2"),
+        (
+            check_row_parallel_backward,
+            (sol["row_parallel_forward"], sol["row_parallel_backward"]),
+            "A6.2",
+        ),
         (check_gpipe_step, (sol["gpipe_step"],), "A6.3"),
         (check_gpipe_training, (sol["train_pipeline"],), "A6.4"),
-    ]  # fmt: skip
+    ]
     for check, fns, exercise in checks:
         assert re.match(r"PASS 3 (ranks|stages)", _run(check, *fns, cluster=cluster)), exercise
         stubs = (*fns[:-1], stub)  # A6.2's stub is the backward: the forward is A6.1's
@@ -117,43 +120,81 @@ def test_a6_checks_pass_the_source_and_fail_stubs_and_the_usual_mistakes(cluster
         )
 
     no_sum = _mutant("A6.1", ("    comm.allreduce(Y)  # the full product, on every rank\n", ""))
-    bias_each = _mutant("A6.1", ("Y = X_shard @ W_shard.T", "Y = X_shard @ W_shard.T + b"),
-                        ("return Y + b", "return Y"))  # fmt: skip
+    bias_each = _mutant(
+        "A6.1",
+        ("Y = X_shard @ W_shard.T", "Y = X_shard @ W_shard.T + b"),
+        ("return Y + b", "return Y"),
+    )
     no_gather = _mutant("A6.2", (GATHER, LOCAL_DX))
-    reduces_dy = _mutant("A6.2", ("    comm, bounds = ctx.comm, ctx.bounds\n",
-                                  "    comm, bounds = ctx.comm, ctx.bounds\n"
-                                  "    dY = comm.allreduce(dY.clone())\n"))  # fmt: skip
+    reduces_dy = _mutant(
+        "A6.2",
+        (
+            "    comm, bounds = ctx.comm, ctx.bounds\n",
+            "    comm, bounds = ctx.comm, ctx.bounds\n    dY = comm.allreduce(dY.clone())\n",
+        ),
+    )
     allreduce_dx = _mutant("A6.2", (GATHER, LOCAL_DX + "    comm.allreduce(dX)\n"))
     naive = _define(dict(ANSWERS, **{"A6.3": NAIVE_SCHEDULE}))
     undivided = _mutant("A6.3", ("/ m  # the batch's loss", "# the batch's loss"))
-    overwrites = _mutant("A6.3", ("        if last:\n            outputs[i].backward()",
-                                  "        stage.zero_grad()\n"
-                                  "        if last:\n            outputs[i].backward()"))  # fmt: skip
+    overwrites = _mutant(
+        "A6.3",
+        (
+            "        if last:\n            outputs[i].backward()",
+            "        stage.zero_grad()\n        if last:\n            outputs[i].backward()",
+        ),
+    )
     keeps = _mutant("A6.4", ("        optimizer.zero_grad()", "        pass"))
     forward = sol["row_parallel_forward"]
     case = r"X \(4, 7\), W \(5, 7\), rank \d holds W\[:, \d:\d\]"
     expected = [
-        (check_row_parallel_forward, (no_sum["row_parallel_forward"],),
-         rf"FAIL {case}: Y is this rank's partial sum; sum the partial products over ranks"),
-        (check_row_parallel_forward, (bias_each["row_parallel_forward"],),
-         rf"FAIL {case}: Y holds b 3 times: add the bias once, after the sum"),
-        (check_row_parallel_backward, (forward, no_gather["row_parallel_backward"]),
-         rf"FAIL {case}: dL/dX on rank \d is right in columns \d:\d only: .*gather them"),
-        (check_row_parallel_backward, (forward, reduces_dy["row_parallel_backward"]),
-         rf"FAIL {case}: dL/dX is 3 times too large: .* do not reduce dY"),
-        (check_row_parallel_backward, (forward, allreduce_dx["row_parallel_backward"]),
-         rf"FAIL {case}: the backward on rank \d called \{{'allreduce': \(1, 112\)\}}, .*"
-         r"\(4 x 3, 48 bytes\): the slices are disjoint, an allreduce of a padded dX moves .*"),
-        (check_gpipe_step, (naive["gpipe_step"],),
-         r"FAIL batch 12, m = 4, stage \d: the stage ran F B F B F B F B; GPipe runs all m "
-         r"forwards, then the m backwards"),
-        (check_gpipe_step, (undivided["gpipe_step"],),
-         r"FAIL batch 12, m = 4, stage \d: the gradients are m = 4 times too large: .*"),
-        (check_gpipe_step, (overwrites["gpipe_step"],),
-         r"FAIL batch 12, m = 4, stage \d: only the last micro-batch's gradient is left: .*"),
-        (check_gpipe_training, (keeps["train_pipeline"],),
-         r"FAIL the gradients of earlier steps were kept: .*zero them before each step.*"),
-    ]  # fmt: skip
+        (
+            check_row_parallel_forward,
+            (no_sum["row_parallel_forward"],),
+            rf"FAIL {case}: Y is this rank's partial sum; sum the partial products over ranks",
+        ),
+        (
+            check_row_parallel_forward,
+            (bias_each["row_parallel_forward"],),
+            rf"FAIL {case}: Y holds b 3 times: add the bias once, after the sum",
+        ),
+        (
+            check_row_parallel_backward,
+            (forward, no_gather["row_parallel_backward"]),
+            rf"FAIL {case}: dL/dX on rank \d is right in columns \d:\d only: .*gather them",
+        ),
+        (
+            check_row_parallel_backward,
+            (forward, reduces_dy["row_parallel_backward"]),
+            rf"FAIL {case}: dL/dX is 3 times too large: .* do not reduce dY",
+        ),
+        (
+            check_row_parallel_backward,
+            (forward, allreduce_dx["row_parallel_backward"]),
+            rf"FAIL {case}: the backward on rank \d called \{{'allreduce': \(1, 112\)\}}, .*"
+            r"\(4 x 3, 48 bytes\): the slices are disjoint, an allreduce of a padded dX moves .*",
+        ),
+        (
+            check_gpipe_step,
+            (naive["gpipe_step"],),
+            r"FAIL batch 12, m = 4, stage \d: the stage ran F B F B F B F B; GPipe runs all m "
+            r"forwards, then the m backwards",
+        ),
+        (
+            check_gpipe_step,
+            (undivided["gpipe_step"],),
+            r"FAIL batch 12, m = 4, stage \d: the gradients are m = 4 times too large: .*",
+        ),
+        (
+            check_gpipe_step,
+            (overwrites["gpipe_step"],),
+            r"FAIL batch 12, m = 4, stage \d: only the last micro-batch's gradient is left: .*",
+        ),
+        (
+            check_gpipe_training,
+            (keeps["train_pipeline"],),
+            r"FAIL the gradients of earlier steps were kept: .*zero them before each step.*",
+        ),
+    ]
     for check, fns, pattern in expected:
         got = _run(check, *fns, cluster=cluster)
         assert re.fullmatch(pattern, got), (pattern, got)

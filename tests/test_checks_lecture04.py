@@ -81,11 +81,18 @@ def test_sync_time_check_passes_the_cost_model_and_fails_wrong_formulas():
 
 def test_predicted_step_splits_compute_and_exchange():
     link = LinkModel(alpha=50e-6, beta=1 / 125e6)
-    one = predict_step("ring", nbytes=8e6, world_size=1, global_batch=64,
-                       compute_per_sample=1e-3, link=link)  # fmt: skip
+    one = predict_step(
+        "ring", nbytes=8e6, world_size=1, global_batch=64, compute_per_sample=1e-3, link=link
+    )
     assert one.exchange_s == 0 and one.speedup == 1.0
-    four = predict_step("parameter_server", nbytes=8e6, world_size=4, global_batch=64,
-                        compute_per_sample=1e-3, link=link)  # fmt: skip
+    four = predict_step(
+        "parameter_server",
+        nbytes=8e6,
+        world_size=4,
+        global_batch=64,
+        compute_per_sample=1e-3,
+        link=link,
+    )
     assert np.isclose(four.compute_s, 16e-3)
     assert np.isclose(four.exchange_s, 2 * 3 * (50e-6 + 8e6 / 125e6))
     assert np.isclose(four.speedup, 64e-3 / (16e-3 + four.exchange_s))

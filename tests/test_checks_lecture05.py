@@ -18,8 +18,10 @@ def test_reference_answers_pass():
 
 
 def test_stubs_fail_as_not_implemented():
-    for verdict in (check_staleness(stub_staleness, verbose=False),
-                    check_ssp_gate(stub_may_proceed, verbose=False)):  # fmt: skip
+    for verdict in (
+        check_staleness(stub_staleness, verbose=False),
+        check_ssp_gate(stub_may_proceed, verbose=False),
+    ):
         assert not verdict and "not implemented yet" in str(verdict)
 
 

@@ -33,8 +33,14 @@ def _env(tmp_path: Path) -> dict[str, str]:
 
 
 def _python(env: dict[str, str], *argv: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "course_lib", *argv], env=env, cwd=ROOT,
-                          capture_output=True, text=True, timeout=300)  # fmt: skip
+    return subprocess.run(
+        [sys.executable, "-m", "course_lib", *argv],
+        env=env,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -54,15 +60,22 @@ def kit(tmp_path_factory: pytest.TempPathFactory) -> Path:
     bin_dir.mkdir(parents=True)
     (bin_dir / "python").write_text(f'#!/bin/sh\nexec "{sys.executable}" "$@"\n')
     (bin_dir / "python").chmod(0o755)
-    stamp = subprocess.run("cat pyproject.toml | cksum", shell=True, cwd=home,
-                           capture_output=True, text=True, check=True).stdout  # fmt: skip
+    stamp = subprocess.run(
+        "cat pyproject.toml | cksum",
+        shell=True,
+        cwd=home,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
     (home / ".venv" / ".kit-installed").write_text(stamp)
     return home / "kit"
 
 
 def _kit(kit: Path, env: dict[str, str], *argv: str) -> subprocess.CompletedProcess:
-    return subprocess.run(["bash", str(kit), *argv], env=env, capture_output=True, text=True,
-                          timeout=300)  # fmt: skip
+    return subprocess.run(
+        ["bash", str(kit), *argv], env=env, capture_output=True, text=True, timeout=300
+    )
 
 
 def _kit_jobs() -> set[str]:
@@ -158,14 +171,25 @@ def test_kit_help_needs_no_virtual_environment(tmp_path: Path) -> None:
     if shutil.which("bash") is None or shutil.which("python3") is None:
         pytest.skip("needs bash and python3")
     shutil.copy2(ROOT / "kit", tmp_path / "kit")
-    shutil.copytree(ROOT / "course_lib", tmp_path / "course_lib",
-                    ignore=shutil.ignore_patterns("__pycache__"))  # fmt: skip
+    shutil.copytree(
+        ROOT / "course_lib", tmp_path / "course_lib", ignore=shutil.ignore_patterns("__pycache__")
+    )
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    done = subprocess.run(["bash", str(tmp_path / "kit"), "help"], env=env, capture_output=True,
-                          text=True, timeout=120)  # fmt: skip
+    done = subprocess.run(
+        ["bash", str(tmp_path / "kit"), "help"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 0 and done.stdout.strip() == help_text(), done.stderr
-    bad = subprocess.run(["bash", str(tmp_path / "kit"), "tset"], env=env, capture_output=True,
-                         text=True, timeout=120)  # fmt: skip
+    bad = subprocess.run(
+        ["bash", str(tmp_path / "kit"), "tset"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert bad.returncode == 2 and bad.stderr.startswith("kit: no job named 'tset'"), bad.stderr
     assert not (tmp_path / ".venv").exists()
 
@@ -222,8 +246,10 @@ def test_bare_lab_status_finds_a_running_lab_controller(
     # engine launcher. The "controller" is a real process here; it is only looked up by pid.
     controller = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"])
     try:
-        state = (f'{{"cluster": {{}}, "controller": {{"state": {{"pid": {controller.pid}}}}}, '
-                 '"engines": {"class": "ssh", "sets": {}}}')  # fmt: skip
+        state = (
+            f'{{"cluster": {{}}, "controller": {{"state": {{"pid": {controller.pid}}}}}, '
+            '"engines": {"class": "ssh", "sets": {}}}'
+        )
         (security / "cluster-.json").write_text(state)
         found = _python(env, "lab", "status")
         assert found.returncode == 0, found.stderr

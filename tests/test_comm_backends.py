@@ -62,8 +62,10 @@ def test_mismatches_raise_errors_naming_ranks(backend, n):
     assert any(r["ring"].startswith("CommMismatchError") for r in results), results
     # the ranks that did not see the mismatch time out, naming a rank that stopped answering
     # (or, on gloo, saw the connection close because a peer had already left)
-    assert all(any(word in r["ring"] for word in ("never answered", "Mismatch", "connection to rank"))
-               for r in results), results  # fmt: skip
+    assert all(
+        any(word in r["ring"] for word in ("never answered", "Mismatch", "connection to rank"))
+        for r in results
+    ), results
 
 
 @pytest.mark.timeout(200)

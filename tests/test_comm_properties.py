@@ -33,8 +33,13 @@ dtypes = st.sampled_from([np.float16, np.float32, np.float64])
 
 
 @settings(max_examples=40, deadline=None)
-@given(p=st.integers(1, 7), size=st.integers(0, 40), dtype=dtypes, seed=st.integers(0, 2**16),
-       which=st.integers(0, len(ALLREDUCES) - 1))  # fmt: skip
+@given(
+    p=st.integers(1, 7),
+    size=st.integers(0, 40),
+    dtype=dtypes,
+    seed=st.integers(0, 2**16),
+    which=st.integers(0, len(ALLREDUCES) - 1),
+)
 def test_allreduces_sum_exactly(p, size, dtype, seed, which):
     x = np.random.default_rng(seed).integers(-8, 9, (p, size)).astype(dtype)
     fn = ALLREDUCES[which]
@@ -187,8 +192,11 @@ def test_master_address_on_one_pc_and_towards_a_peer(monkeypatch):
     monkeypatch.setattr(socket, "gethostbyname", {"lab1": "127.0.0.1"}.__getitem__)
     assert master_address("lab1") == "127.0.0.1"
     # GLOO_SOCKET_IFNAME wins over routing: the loopback interface's own address
-    loopback = next(name for name, addrs in psutil.net_if_addrs().items()
-                    if any(a.address == "127.0.0.1" for a in addrs))  # fmt: skip
+    loopback = next(
+        name
+        for name, addrs in psutil.net_if_addrs().items()
+        if any(a.address == "127.0.0.1" for a in addrs)
+    )
     assert master_address("lab1", ifname=loopback) == "127.0.0.1"
     with pytest.raises(ValueError, match="no IPv4 address"):
         master_address("lab1", ifname="no-such-interface")

@@ -66,9 +66,17 @@ def float32_run(cluster):
 
 
 def _train(cluster, config, method, dataset=load_digits, **options):
-    return train_data_parallel(cluster, model="mlp", dataset=dataset, config=config,
-                               method=method, test_set=load_digits(train=False), comm_timeout=30,
-                               timeout=300, **options)  # fmt: skip
+    return train_data_parallel(
+        cluster,
+        model="mlp",
+        dataset=dataset,
+        config=config,
+        method=method,
+        test_set=load_digits(train=False),
+        comm_timeout=30,
+        timeout=300,
+        **options,
+    )
 
 
 def _max_difference(a, b) -> float:
@@ -97,8 +105,9 @@ def test_no_compression_equals_the_ring_bit_for_bit(cluster, float32_run):
 def test_int8_with_error_feedback_trains_close_to_float32_in_a_quarter_of_the_bytes(
     cluster, float32_run
 ):
-    result = _train(cluster, FULL, "compressed", compressor="int8", error_feedback=True,
-                    codec="zstd")  # fmt: skip
+    result = _train(
+        cluster, FULL, "compressed", compressor="int8", error_feedback=True, codec="zstd"
+    )
     assert result.replicas_equal
     want, got = float32_run.history.last["test_accuracy"], result.history.last["test_accuracy"]
     assert got >= want - 0.02, (got, want)
@@ -114,11 +123,16 @@ def test_int8_with_error_feedback_trains_close_to_float32_in_a_quarter_of_the_by
 @pytest.mark.parametrize(
     "options",
     [
-        {"compressor": "topk", "settings": {"ratio": 0.05}, "error_feedback": True,
-         "carrier": "parameter_server", "codec": "zlib"},
+        {
+            "compressor": "topk",
+            "settings": {"ratio": 0.05},
+            "error_feedback": True,
+            "carrier": "parameter_server",
+            "codec": "zlib",
+        },
     ],
     ids=["topk-ps"],
-)  # fmt: skip
+)
 def test_sparse_payloads_through_the_parameter_server(cluster, float32_run, options):
     result = _train(cluster, FULL, "compressed", **options)
     assert result.replicas_equal and len(result.records) == len(float32_run.records)
@@ -128,8 +142,15 @@ def test_sparse_payloads_through_the_parameter_server(cluster, float32_run, opti
 
 
 def test_per_tensor_qsgd_keeps_replicas_equal(cluster):
-    result = _train(cluster, SHORT, "compressed", dataset=small_digits, compressor="qsgd",
-                    settings={"levels": 4}, granularity="tensor")  # fmt: skip
+    result = _train(
+        cluster,
+        SHORT,
+        "compressed",
+        dataset=small_digits,
+        compressor="qsgd",
+        settings={"levels": 4},
+        granularity="tensor",
+    )
     assert result.replicas_equal and len(result.records) == 2 * 10
     # 4 tensors: one int8 level per value and one norm each, plus a header per tensor.
     assert _notes(result, "bytes_compressed") == {MLP_BYTES // 4 + 4 * 4}
@@ -173,10 +194,18 @@ def test_ddp_hook_holds_each_bucket_for_what_it_sent_on_the_emulated_link(cluste
     # formulas for the bytes the hook sent; the bucket is held back at least that long; the
     # communicator counts those bytes, not the float32 bucket's.
     link, n = EmulatedLink(bandwidth=5e5, latency=1e-4), 2
-    int8 = _train(cluster, SHORT, "ddp_compressed", dataset=small_digits, link=link,
-                  compressor="int8", error_feedback=True)  # fmt: skip
-    half = _train(cluster, SHORT, "ddp_compressed", dataset=small_digits, link=link,
-                  compressor="float16")  # fmt: skip
+    int8 = _train(
+        cluster,
+        SHORT,
+        "ddp_compressed",
+        dataset=small_digits,
+        link=link,
+        compressor="int8",
+        error_feedback=True,
+    )
+    half = _train(
+        cluster, SHORT, "ddp_compressed", dataset=small_digits, link=link, compressor="float16"
+    )
     for result in (int8, half):
         buckets = [b for rec in result.records for b in rec["buckets"]]
         assert buckets and all(b["nbytes"] == MLP_BYTES for b in buckets)

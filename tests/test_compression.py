@@ -55,8 +55,12 @@ def roundtrip(comp, g, codec: str = "none"):
 
 
 @QUICK
-@given(data=st.data(), name=st.sampled_from(sorted(COMPRESSORS)),
-       dtype=st.sampled_from([np.float16, np.float32, np.float64]), as_torch=st.booleans())  # fmt: skip
+@given(
+    data=st.data(),
+    name=st.sampled_from(sorted(COMPRESSORS)),
+    dtype=st.sampled_from([np.float16, np.float32, np.float64]),
+    as_torch=st.booleans(),
+)
 def test_decompress_keeps_shape_and_dtype(data, name, dtype, as_torch):
     g = data.draw(gradients(dtype))
     x = torch.from_numpy(g.copy()) if as_torch else g
@@ -253,8 +257,11 @@ def test_int8_worked_example():
 
 
 @QUICK
-@given(data=st.binary(max_size=5000), codec=st.sampled_from(sorted(CODECS)),
-       level=st.sampled_from([None, 1, 6]))  # fmt: skip
+@given(
+    data=st.binary(max_size=5000),
+    codec=st.sampled_from(sorted(CODECS)),
+    level=st.sampled_from([None, 1, 6]),
+)
 def test_every_codec_round_trips_bytes_exactly(data, codec, level):
     c = make_codec(codec, level=level)
     assert c.decode(c.encode(data), len(data)) == data
@@ -359,9 +366,11 @@ def test_lecture07_checks_pass_the_reference_and_fail_stubs_and_wrong_answers():
     assert ch.check_int8_quantize(int8_encode)
     assert ch.check_error_feedback(reference_ef)
     assert ch.check_top_k(top_k)
-    for check, stub in ((ch.check_int8_quantize, ch.stub_int8_quantize),
-                        (ch.check_error_feedback, ch.stub_error_feedback_step),
-                        (ch.check_top_k, ch.stub_top_k)):  # fmt: skip
+    for check, stub in (
+        (ch.check_int8_quantize, ch.stub_int8_quantize),
+        (ch.check_error_feedback, ch.stub_error_feedback_step),
+        (ch.check_top_k, ch.stub_top_k),
+    ):
         assert not check(stub)
     rounding = lambda g: int8_encode(g, "nearest")  # noqa: E731 - not the source's cast
     no_memory = lambda g, r, quantize: (quantize(g), r)  # noqa: E731 - forgets the residual

@@ -33,9 +33,12 @@ def test_configurations_follow_the_source_numbering():
     assert {k: (c.period, c.averaging) for k, c in CONFIGURATIONS.items()} == SOURCE_001
     assert CONFIGURATIONS[9].label == "9: Local-SGD(16) + gossip + sparsification"
     assert CONFIGURATIONS[3].options()["threshold"] == GRADIENT_THRESHOLD  # gradients at p = 1
-    assert CONFIGURATIONS[9].options() == {"method": "local_sgd", "period": 16,
-                                           "averaging": "gossip_sparse",
-                                           "threshold": WEIGHT_THRESHOLD}  # fmt: skip
+    assert CONFIGURATIONS[9].options() == {
+        "method": "local_sgd",
+        "period": 16,
+        "averaging": "gossip_sparse",
+        "threshold": WEIGHT_THRESHOLD,
+    }
     assert "threshold" not in CONFIGURATIONS[8].options()
 
 
@@ -45,10 +48,20 @@ def _result(averaging_records, accuracies=(0.9, 0.8)):
     for rank in (0, 1):
         for step, extra in enumerate(averaging_records[rank]):
             start = 1.5 * step
-            records.append({"rank": rank, "step": step, "compute_at": (start, start + 1.0),
-                            "comm_at": (start + 1.0, start + 1.5), "comm_s": 0.25,
-                            "sync_s": 0.0, "wait_s": 0.5, "bytes_sent": 0,
-                            "collective_bytes": 0, **extra})  # fmt: skip
+            records.append(
+                {
+                    "rank": rank,
+                    "step": step,
+                    "compute_at": (start, start + 1.0),
+                    "comm_at": (start + 1.0, start + 1.5),
+                    "comm_s": 0.25,
+                    "sync_s": 0.0,
+                    "wait_s": 0.5,
+                    "bytes_sent": 0,
+                    "collective_bytes": 0,
+                    **extra,
+                }
+            )
     histories = [History(epochs=[{"test_accuracy": a}]) for a in accuracies]
     return SimpleNamespace(world_size=2, records=records, histories=histories, label="link")
 
@@ -74,8 +87,9 @@ def test_row_of_a_sparse_gossip_run_counts_every_partner_message():
 
 def test_table_and_comparison_are_computed_from_the_rows():
     base = row_from_result(_result([[{"collective_bytes": 2000}] * 2] * 2, (0.90, 0.90)), 1)
-    best = row_from_result(_result([[{"values_sent": 5, "bytes_sent": 48}] * 2] * 2,
-                                   (0.88, 0.88)), 9)  # fmt: skip
+    best = row_from_result(
+        _result([[{"values_sent": 5, "bytes_sent": 48}] * 2] * 2, (0.88, 0.88)), 9
+    )
     assert base["values"] == 1000 and best["values"] == 10
     table = configurations_table([base, best])
     assert "100.0x" in table.splitlines()[2]  # 1000 / 10 values

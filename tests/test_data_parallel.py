@@ -110,9 +110,17 @@ def reference():
 def _run(cluster, method: str, n: int):
     name, _, algorithm = method.partition("/")
     options = OPTIONS.get(name, {}) | ({"algorithm": algorithm} if algorithm else {})
-    return train_data_parallel(cluster, model=AwkwardNet, dataset=small_digits, config=CONFIG,
-                               method=name, world_size=n, comm_timeout=30, timeout=300,
-                               **options)  # fmt: skip
+    return train_data_parallel(
+        cluster,
+        model=AwkwardNet,
+        dataset=small_digits,
+        config=CONFIG,
+        method=name,
+        world_size=n,
+        comm_timeout=30,
+        timeout=300,
+        **options,
+    )
 
 
 def _doubling_bytes(n: int, rank: int, s: int) -> int:
@@ -137,8 +145,10 @@ def _expected_bytes(method: str, n: int, rank: int, nbytes: int, buckets: list[d
     if method == "ring":
         return ring(nbytes), ring(nbytes), 0
     if method.startswith("bucketed"):
-        both = sum(ring(b["nbytes"]) if b["algorithm"] == "ring"
-                   else _doubling_bytes(n, rank, b["nbytes"]) for b in buckets)  # fmt: skip
+        both = sum(
+            ring(b["nbytes"]) if b["algorithm"] == "ring" else _doubling_bytes(n, rank, b["nbytes"])
+            for b in buckets
+        )
         return both, both, 0
     return 0, 0, nbytes  # builtin, ddp: the whole gradient handed to the backend once
 
@@ -220,8 +230,9 @@ def test_batch_that_does_not_split_is_refused_with_sizes_that_work(cluster):
 
 def test_replicas_of_different_shapes_are_named(cluster):
     with pytest.raises(ValueError, match=r"rank 1 \(engine \d+ on host .*rank 2 \(engine"):
-        train_data_parallel(cluster, model=net_depending_on_rank, dataset=small_digits,
-                            config=CONFIG, method="ring")  # fmt: skip
+        train_data_parallel(
+            cluster, model=net_depending_on_rank, dataset=small_digits, config=CONFIG, method="ring"
+        )
 
 
 def test_unknown_method_and_bad_options_are_refused():
@@ -237,7 +248,14 @@ def test_engine_dying_mid_epoch_is_reported_and_the_client_survives():
         with pytest.raises(
             DataParallelError, match=r"rank 1 \(engine \d+ on host \S+, pid \d+\) died"
         ):
-            train_data_parallel(cl, model=DiesMidEpoch, dataset=small_digits, config=CONFIG,
-                                method="ring", comm_timeout=20, timeout=240)  # fmt: skip
+            train_data_parallel(
+                cl,
+                model=DiesMidEpoch,
+                dataset=small_digits,
+                config=CONFIG,
+                method="ring",
+                comm_timeout=20,
+                timeout=240,
+            )
         survivor = cl.ids_by_rank[0]
         assert cl.client[survivor].apply_sync(lambda: 6 * 7) == 42

@@ -39,9 +39,17 @@ def small_digits() -> TensorDataset:
 
 
 def _run(cluster, config=CONFIG, n=2, method="ring", **kwargs):
-    return train_data_parallel(cluster, model="mlp", dataset=small_digits, config=config,
-                               method=method, world_size=n, comm_timeout=30, timeout=300,
-                               **kwargs)  # fmt: skip
+    return train_data_parallel(
+        cluster,
+        model="mlp",
+        dataset=small_digits,
+        config=config,
+        method=method,
+        world_size=n,
+        comm_timeout=30,
+        timeout=300,
+        **kwargs,
+    )
 
 
 def _epochs(result, rank=0) -> list[dict]:
@@ -64,21 +72,31 @@ def runs(cluster, tmp_path_factory):
     """The uninterrupted 2-epoch run (saving every 2 steps, all kept) and one stopped after 1."""
     root = tmp_path_factory.mktemp("dp_ckpt")
     full = _run(cluster, checkpoint=CheckpointConfig(root / "full", every_steps=2, keep=10))
-    stopped = _run(cluster, TrainConfig(**{**CONFIG.__dict__, "num_epochs": 1}),
-                   checkpoint=CheckpointConfig(root / "stopped", every_steps=2))  # fmt: skip
+    stopped = _run(
+        cluster,
+        TrainConfig(**{**CONFIG.__dict__, "num_epochs": 1}),
+        checkpoint=CheckpointConfig(root / "stopped", every_steps=2),
+    )
     return {"root": root, "full": full, "stopped": stopped}
 
 
 def test_rank_0_writes_one_file_per_position_holding_every_rank(runs):
     root = runs["root"]
     names = [p.name for p in checkpoint_files(root / "full")]
-    assert names == ["epoch0000-step000002.ckpt", "epoch0000-step000004.ckpt",
-                     "epoch0001-step000000.ckpt", "epoch0001-step000002.ckpt",
-                     "epoch0001-step000004.ckpt", "epoch0002-step000000.ckpt"]  # fmt: skip
+    assert names == [
+        "epoch0000-step000002.ckpt",
+        "epoch0000-step000004.ckpt",
+        "epoch0001-step000000.ckpt",
+        "epoch0001-step000002.ckpt",
+        "epoch0001-step000004.ckpt",
+        "epoch0002-step000000.ckpt",
+    ]
     assert not [p for p in (root / "full").iterdir() if p.name.startswith(".")]  # no leftovers
     # keep=2 (the default): the stopped run's folder holds its last two positions only.
     assert [p.name for p in checkpoint_files(root / "stopped")] == [
-        "epoch0000-step000004.ckpt", "epoch0001-step000000.ckpt"]  # fmt: skip
+        "epoch0000-step000004.ckpt",
+        "epoch0001-step000000.ckpt",
+    ]
     ckpt = load_checkpoint(root / "full" / "epoch0001-step000002.ckpt", world_size=2)
     assert ckpt["world_size"] == 2 and ckpt["steps_done"] == 2
     assert [s["sampler"]["rank"] for s in ckpt["ranks"]] == [0, 1]
@@ -112,8 +130,9 @@ def test_another_world_size_resumes_at_an_epoch_boundary_only(cluster, runs):
     root = runs["root"]
     boundary = root / "full" / "epoch0001-step000000.ckpt"
     saved = {k: v.numpy() for k, v in load_checkpoint(boundary)["model"].items()}
-    start = _run(cluster, TrainConfig(**{**CONFIG.__dict__, "num_epochs": 1}), n=1,
-                 resume_from=boundary)  # fmt: skip
+    start = _run(
+        cluster, TrainConfig(**{**CONFIG.__dict__, "num_epochs": 1}), n=1, resume_from=boundary
+    )
     assert _equal(start.weights, saved)  # nothing left to train: rank 0's saved weights
     one = _run(cluster, n=1, resume_from=boundary)
     # The reference: one process resumed from the same file, on the whole global batch.
@@ -121,8 +140,10 @@ def test_another_world_size_resumes_at_an_epoch_boundary_only(cluster, runs):
     net, data = MLP(), small_digits()
     sampler = GlobalBatchSampler(len(data), 0, 1, CONFIG.batch_size, seed=CONFIG.seed)
     # With the engine's thread count: it fixes the summation order inside torch's matmuls.
-    threads, mine = cluster.client[cluster.ids_by_rank[0]].apply_sync(torch.get_num_threads), \
-        torch.get_num_threads()  # fmt: skip
+    threads, mine = (
+        cluster.client[cluster.ids_by_rank[0]].apply_sync(torch.get_num_threads),
+        torch.get_num_threads(),
+    )
     torch.set_num_threads(threads)
     try:
         fit(net, data, CONFIG, sampler=sampler, progress=False, device="cpu", resume_from=boundary)
@@ -135,8 +156,11 @@ def test_another_world_size_resumes_at_an_epoch_boundary_only(cluster, runs):
     for name, w in runs["full"].weights.items():
         np.testing.assert_allclose(one.weights[name], w, atol=2e-5, rtol=1e-4)
     mid = root / "full" / "epoch0001-step000002.ckpt"
-    with pytest.raises(CheckpointError, match=r"saved by 2 rank\(s\) in the middle of epoch 2; "
-                       r"resuming on 1 is defined only at an epoch boundary"):  # fmt: skip
+    with pytest.raises(
+        CheckpointError,
+        match=r"saved by 2 rank\(s\) in the middle of epoch 2; "
+        r"resuming on 1 is defined only at an epoch boundary",
+    ):
         _run(cluster, n=1, resume_from=mid)
 
 

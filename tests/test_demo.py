@@ -32,10 +32,19 @@ BROKEN = "parameter_server_source000"  # source 000's averaging: the row that mu
 
 def run_demo(args: list[str], ipython_dir: Path, timeout: float) -> subprocess.CompletedProcess:
     """Run ``python -m course_lib.demo ARGS`` in its own IPython directory; SIGTERM on timeout."""
-    env = dict(os.environ, IPYTHONDIR=str(ipython_dir),
-               PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))  # fmt: skip
-    proc = subprocess.Popen([sys.executable, "-m", "course_lib.demo", *args], cwd=ROOT, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+    env = dict(
+        os.environ,
+        IPYTHONDIR=str(ipython_dir),
+        PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "course_lib.demo", *args],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         out, err = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
@@ -59,8 +68,9 @@ def table_rows(out: str) -> dict[str, list[str]]:
 
 def test_the_demo_shows_every_method_equal_to_one_process(tmp_path):
     methods = [*DEFAULT_METHODS, BROKEN]
-    done = run_demo(["--engines", "2", "--steps", "6", "--methods", ",".join(methods)],
-                    tmp_path, timeout=400)  # fmt: skip
+    done = run_demo(
+        ["--engines", "2", "--steps", "6", "--methods", ",".join(methods)], tmp_path, timeout=400
+    )
     assert done.returncode == 0 and "Traceback" not in done.stderr, done.stdout + done.stderr
     out = done.stdout
     # The doctor's report: a row per engine (its verdict is not asserted: an engine slow to

@@ -97,12 +97,21 @@ def cluster(shared_engines):
 def test_a_notebook_method_trains_on_four_engines_as_an_object_with_no_registration(cluster):
     cls = notebook_class()
     assert cls.__module__ == "__main__" and cls.name not in EXCHANGES
-    result = train_data_parallel(cluster, model="mlp", dataset=small_digits, config=CONFIG,
-                                 method=cls(), comm_timeout=30, timeout=300)  # fmt: skip
+    result = train_data_parallel(
+        cluster,
+        model="mlp",
+        dataset=small_digits,
+        config=CONFIG,
+        method=cls(),
+        comm_timeout=30,
+        timeout=300,
+    )
     assert result.method == "sum_in_rank_order" and result.world_size == 4
     assert result.replicas_equal
     reference = train_one_process("mlp", small_digits, CONFIG)
-    assert weights_match(result.weights, reference), max_weight_difference(result.weights, reference)
+    assert weights_match(result.weights, reference), max_weight_difference(
+        result.weights, reference
+    )
     # Registered nowhere: not in this process's table, nor in any engine's.
     tables = cluster.client[cluster.ids_by_rank].apply_sync(_engine_exchange_names)
     assert all("sum_in_rank_order" not in names for names in tables)
@@ -126,20 +135,39 @@ def test_an_instance_with_options_is_refused_with_the_fix():
 @pytest.mark.parametrize("method", ["ring", "parameter_server", "bucketed", "ddp"])
 def test_a_parameter_no_rank_has_a_gradient_for_is_left_alone(cluster, method):
     options = {"bucketed": {"bucket_bytes": 256}, "ddp": {"find_unused_parameters": True}}
-    result = train_data_parallel(cluster, model=SkipsABranch, dataset=small_digits, config=CONFIG,
-                                 method=method, world_size=4, comm_timeout=30, timeout=300,
-                                 **options.get(method, {}))  # fmt: skip
+    result = train_data_parallel(
+        cluster,
+        model=SkipsABranch,
+        dataset=small_digits,
+        config=CONFIG,
+        method=method,
+        world_size=4,
+        comm_timeout=30,
+        timeout=300,
+        **options.get(method, {}),
+    )
     reference = train_one_process(SkipsABranch, small_digits, CONFIG)
-    worst = max(float(np.abs(result.weights[k] - reference[k]).max()) for k in reference
-                if k.startswith("branch"))  # fmt: skip
+    worst = max(
+        float(np.abs(result.weights[k] - reference[k]).max())
+        for k in reference
+        if k.startswith("branch")
+    )
     assert worst < 1e-5, f"{method}: the skipped branch moved {worst:.2e} away from one process"
     assert result.replicas_equal and weights_match(result.weights, reference)
 
 
 def test_ddp_without_find_unused_parameters_names_the_switch(cluster):
     with pytest.raises(DataParallelError, match="find_unused_parameters"):
-        train_data_parallel(cluster, model=SkipsABranch, dataset=small_digits, config=CONFIG,
-                            method="ddp", world_size=2, comm_timeout=30, timeout=300)  # fmt: skip
+        train_data_parallel(
+            cluster,
+            model=SkipsABranch,
+            dataset=small_digits,
+            config=CONFIG,
+            method="ddp",
+            world_size=2,
+            comm_timeout=30,
+            timeout=300,
+        )
 
 
 def test_what_the_kit_knows_about_a_method_is_on_its_class():
@@ -150,10 +178,28 @@ def test_what_the_kit_knows_about_a_method_is_on_its_class():
         else:
             assert cls.not_checkpointable_because != GradientExchange.not_checkpointable_because
     assert checkpointable_methods() == sorted(
-        ["parameter_server", "parameter_server_source000", "allreduce_naive", "ring", "builtin",
-         "bucketed"])  # fmt: skip
-    assert demo_methods() == ["parameter_server", "parameter_server_source000", "allreduce_naive",
-                              "ring", "builtin", "bucketed", "ddp", "zero0", "zero1", "zero2", "zero3"]  # fmt: skip
+        [
+            "parameter_server",
+            "parameter_server_source000",
+            "allreduce_naive",
+            "ring",
+            "builtin",
+            "bucketed",
+        ]
+    )
+    assert demo_methods() == [
+        "parameter_server",
+        "parameter_server_source000",
+        "allreduce_naive",
+        "ring",
+        "builtin",
+        "bucketed",
+        "ddp",
+        "zero0",
+        "zero1",
+        "zero2",
+        "zero3",
+    ]
 
 
 def test_checkpointing_refuses_with_the_reason_the_class_gives(tmp_path):
@@ -175,7 +221,10 @@ def test_the_prediction_reads_the_collective_from_the_class():
 
     link = LinkModel(alpha=1e-4, beta=1e-8)
     kwargs = dict(nbytes=4e6, world_size=4, global_batch=64, compute_per_sample=1e-3, link=link)
-    by_name, by_object = predict_step("ring", **kwargs), predict_step(make_exchange("ring"), **kwargs)
+    by_name, by_object = (
+        predict_step("ring", **kwargs),
+        predict_step(make_exchange("ring"), **kwargs),
+    )
     assert by_name == by_object and by_name.exchange_s > 0
     star = predict_step("parameter_server", **kwargs)
     assert star.exchange_s > by_name.exchange_s  # the server's link carries (N-1) S each way
@@ -186,8 +235,15 @@ def test_the_prediction_reads_the_collective_from_the_class():
 
 
 def test_progress_follows_rank_0s_steps(cluster, capsys):
-    result = train_data_parallel(cluster, model="mlp", dataset=small_digits, config=CONFIG,
-                                 method="ring", world_size=2, progress=True)  # fmt: skip
+    result = train_data_parallel(
+        cluster,
+        model="mlp",
+        dataset=small_digits,
+        config=CONFIG,
+        method="ring",
+        world_size=2,
+        progress=True,
+    )
     steps = len(result.records) // 2
     shown = capsys.readouterr().err  # tqdm writes text outside a notebook
     assert "ring on 2 engines" in shown and f"{steps}/{steps}" in shown, shown[-300:]

@@ -453,8 +453,9 @@ def test_processes_a_run_leaves_behind_are_stopped_after_the_total_time_limit(tm
     # On a loaded machine the kernel may not even reach the cell within 8 s: then the run proves
     # nothing about leftovers, so it is repeated with a longer limit (never a weaker assertion).
     for limit in (8, 24, 72):
-        rows = grade_notebook("stuck", "T", nb, nb, GradingLimits(limit, limit), workdir=tmp_path,
-                              sandbox=None)  # fmt: skip
+        rows = grade_notebook(
+            "stuck", "T", nb, nb, GradingLimits(limit, limit), workdir=tmp_path, sandbox=None
+        )
         if pids.exists():
             break
     assert f"total time limit of {limit} s" in rows[0].reason

@@ -52,18 +52,26 @@ def graded(tmp_path_factory):
 
     def grade() -> None:
         done["rows"] = grade_folder(
-            folder / "submissions", SOURCES, GradingLimits(cell_seconds=60, total_seconds=400),
-            jobs=2, progress=False, sandbox=SandboxLimits(processes=256, disk_mb=32),
+            folder / "submissions",
+            SOURCES,
+            GradingLimits(cell_seconds=60, total_seconds=400),
+            jobs=2,
+            progress=False,
+            sandbox=SandboxLimits(processes=256, disk_mb=32),
             hidden=(str(grades),),
-        )  # fmt: skip
+        )
 
     worker = threading.Thread(target=grade, daemon=True)
     worker.start()
     worker.join(CLASS_SECONDS)
     assert not worker.is_alive(), f"grading the class did not finish in {CLASS_SECONDS} s"
     rows = {(r.student, r.exercise): r for r in done["rows"]}
-    return {"rows": rows, "expected": expected, "marker": marker,
-            "gradebook_same": (grades / "gradebook.csv").read_bytes() == before}  # fmt: skip
+    return {
+        "rows": rows,
+        "expected": expected,
+        "marker": marker,
+        "gradebook_same": (grades / "gradebook.csv").read_bytes() == before,
+    }
 
 
 def test_honest_students_get_their_grades_beside_the_attackers(graded):
@@ -137,8 +145,15 @@ def test_a2_routes_to_the_verdict_get_nothing_and_the_checks_are_not_in_the_kern
             if k
         },
     )  # past the guard
-    rows = grade_notebook("a2_attacker", "A2", source, submission, GradingLimits(90, 600),
-                          workdir=tmp_path, sandbox=SandboxLimits(processes=256))  # fmt: skip
+    rows = grade_notebook(
+        "a2_attacker",
+        "A2",
+        source,
+        submission,
+        GradingLimits(90, 600),
+        workdir=tmp_path,
+        sandbox=SandboxLimits(processes=256),
+    )
     reasons = {r.exercise: r.reason for r in rows}
     assert {r.exercise: r.points for r in rows} == {"A2.1": 0.0, "A2.2": 0.0, "A2.3": 0.0}, reasons
     assert "uses the built-in comm.reduce_scatter" in reasons["A2.1"], reasons

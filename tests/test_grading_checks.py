@@ -143,9 +143,11 @@ def _verdicts_in_process(submission: nbformat.NotebookNode) -> list[str]:
 
     from course_lib.checks.assignments import a1
 
-    checks = [("A1.1", a1.check_smoothed_cross_entropy, "smoothed_cross_entropy"),
-              ("A1.2", a1.check_sgd_momentum, "sgd_momentum"),
-              ("A1.3", a1.check_conv2d_layer, "conv2d_layer")]  # fmt: skip
+    checks = [
+        ("A1.1", a1.check_smoothed_cross_entropy, "smoothed_cross_entropy"),
+        ("A1.2", a1.check_sgd_momentum, "sgd_momentum"),
+        ("A1.3", a1.check_conv2d_layer, "conv2d_layer"),
+    ]
     lines = []
     for exercise, check, name in checks:
         namespace = {"np": np}
@@ -216,7 +218,10 @@ def test_bad_input_prints_one_line_that_names_the_fix(
 def test_a_bad_job_exits_non_zero_without_a_traceback(tmp_path: Path) -> None:
     done = subprocess.run(
         [sys.executable, "-m", "course_lib.grading", "check", str(tmp_path / "missing.ipynb")],
-        capture_output=True, text=True, timeout=120, cwd=ROOT,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=ROOT,
+    )
     assert done.returncode == 2
     assert "Traceback" not in done.stderr and len(done.stderr.strip().splitlines()) == 1

@@ -80,10 +80,20 @@ def test_the_sandbox_hides_the_sources_refuses_writes_and_keeps_only_loopback(tm
     wrapper = spec["argv"][: spec["argv"].index("--") + 1]
     outside = outside_address() or "192.0.2.1"
     done = subprocess.run(
-        [*wrapper, sys.executable, "-c", PROBE, str(SOURCES), str(kit_package()), str(SITE),
-         outside],
-        capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
+        [
+            *wrapper,
+            sys.executable,
+            "-c",
+            PROBE,
+            str(SOURCES),
+            str(kit_package()),
+            str(SITE),
+            outside,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 0, done.stderr
     found = json.loads(done.stdout)
     assert found["kit_seen"] and not found["sources_seen"]
@@ -116,9 +126,14 @@ def test_attacks_cost_the_attacker_and_nothing_else(tmp_path):
     attack = write_attack_class(tmp_path, SOURCES, limits.memory_mb)
     try:
         rows = grade_folder(
-            attack.submissions, SOURCES, GradingLimits(60, 400), jobs=2, progress=False,
-            sandbox=limits, hidden=(str(attack.grades),),
-        )  # fmt: skip
+            attack.submissions,
+            SOURCES,
+            GradingLimits(60, 400),
+            jobs=2,
+            progress=False,
+            sandbox=limits,
+            hidden=(str(attack.grades),),
+        )
     finally:
         if attack.listener is not None:
             attack.listener.close()
@@ -146,8 +161,11 @@ POISON = next(code for s, e, _, code, _ in ATTACKS if (s, e) == ("attacker_a", "
 def test_unisolated_the_guard_blames_the_poisoner_restores_the_kit_and_regrades(tmp_path, capsys):
     source = nbformat.read(SOURCES / "A1_sgd_conv.ipynb", as_version=4)
     released = nbformat.read(ROOT / "notebooks" / "assignments" / "A1_sgd_conv.ipynb", 4)
-    pass_line = next(c.outputs[0]["text"].strip() for c in source.cells if c.metadata.get(
-        "course", {}).get("check") == "A1.1")  # fmt: skip
+    pass_line = next(
+        c.outputs[0]["text"].strip()
+        for c in source.cells
+        if c.metadata.get("course", {}).get("check") == "A1.1"
+    )
     poisoner = nbformat.from_dict(json.loads(nbformat.writes(released)))
     for cell in poisoner.cells:
         if cell.metadata.get("course", {}).get("answer") == "A1.1":
@@ -158,8 +176,9 @@ def test_unisolated_the_guard_blames_the_poisoner_restores_the_kit_and_regrades(
     checks = kit_package() / "checks" / "a1.py"
     before = checks.read_bytes()
     try:
-        rows = grade_folder(tmp_path / "subs", SOURCES, GradingLimits(60, 400), jobs=2,
-                            progress=False, sandbox=None)  # fmt: skip
+        rows = grade_folder(
+            tmp_path / "subs", SOURCES, GradingLimits(60, 400), jobs=2, progress=False, sandbox=None
+        )
     finally:
         if checks.read_bytes() != before:  # never leave the kit poisoned, even on failure
             checks.write_bytes(before)

@@ -49,16 +49,28 @@ def test_a_checkout_whose_venv_links_to_another_checkouts_environment_grades(tmp
     # editable install (if any) points elsewhere. `./kit grade` runs `.venv/bin/python -m ...`
     # from the checkout, without PYTHONPATH.
     checkout = tmp_path / "checkout"
-    shutil.copytree(kit_package(), checkout / "course_lib",
-                    ignore=shutil.ignore_patterns("__pycache__"))  # fmt: skip
+    shutil.copytree(
+        kit_package(), checkout / "course_lib", ignore=shutil.ignore_patterns("__pycache__")
+    )
     shutil.copytree(SOURCES, checkout / "assignments" / "source")
     (checkout / ".venv").symlink_to(Path(sys.prefix).resolve())
     (tmp_path / "submissions").mkdir()
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     done = subprocess.run(
-        [str(checkout / ".venv" / "bin" / "python"), "-m", "course_lib.grading", "grade",
-         str(tmp_path / "submissions"), "--out", str(tmp_path / "grades")],
-        cwd=checkout, env=env, capture_output=True, text=True, timeout=900,
-    )  # fmt: skip
+        [
+            str(checkout / ".venv" / "bin" / "python"),
+            "-m",
+            "course_lib.grading",
+            "grade",
+            str(tmp_path / "submissions"),
+            "--out",
+            str(tmp_path / "grades"),
+        ],
+        cwd=checkout,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert done.returncode == 0, done.stderr[-2000:]
     assert "the grading machine checked itself" in done.stdout

@@ -86,8 +86,9 @@ def _train_case(size: int, steps: int, batch: int) -> dict | None:
     ):
         convs = [m for m in (hybrid.convs if name == "hybrid" else net) if isinstance(m, nn.Conv2d)]
         ref_convs = [m for m in ref if isinstance(m, nn.Conv2d)]
-        errors[f"{name} conv"] = max((a.weight - b.weight).abs().max().item()
-                                     for a, b in zip(convs, ref_convs, strict=True))  # fmt: skip
+        errors[f"{name} conv"] = max(
+            (a.weight - b.weight).abs().max().item() for a, b in zip(convs, ref_convs, strict=True)
+        )
         shards = [m for m in dense if isinstance(m, (ColumnParallelLinear, RowParallelLinear))]
         worst = 0.0
         for layer, full in zip(shards, dense_ref, strict=True):
@@ -97,8 +98,11 @@ def _train_case(size: int, steps: int, batch: int) -> dict | None:
             else:  # row-parallel: columns of W, the whole b
                 a, b = layer.in_bounds[comm.rank]
                 w_ref, b_ref = full.weight[:, a:b], full.bias
-            worst = max(worst, (layer.weight - w_ref).abs().max().item(),
-                        (layer.bias - b_ref).abs().max().item())  # fmt: skip
+            worst = max(
+                worst,
+                (layer.weight - w_ref).abs().max().item(),
+                (layer.bias - b_ref).abs().max().item(),
+            )
         errors[f"{name} dense"] = worst
     moved = max((p - p0).abs().max().item() for p, p0 in zip(ref.parameters(), start, strict=True))
     return {"errors": errors, "weights moved": moved, "bytes": parts}
@@ -182,7 +186,7 @@ def _bad_inputs() -> dict:
                 torch.zeros(4 + (comm.rank == 0), 1, 8, 8),
                 torch.zeros(4 + (comm.rank == 0), dtype=torch.long),
             ),
-        ),  # fmt: skip
+        ),
     ):
         try:
             make()

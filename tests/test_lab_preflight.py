@@ -63,8 +63,10 @@ def test_status_and_stop_find_a_controller_a_failed_start_left(tmp_path: Path) -
     from course_lib.cluster.lab.preflight import leftover_controllers
 
     env = dict(os.environ, IPYTHONDIR=str(tmp_path / "instructor"))
-    start = ("import ipyparallel as ipp; c = ipp.Cluster(profile='lab', cluster_id='', n=0, "
-             "shutdown_atexit=False, log_level=40); c.start_controller_sync()")  # fmt: skip
+    start = (
+        "import ipyparallel as ipp; c = ipp.Cluster(profile='lab', cluster_id='', n=0, "
+        "shutdown_atexit=False, log_level=40); c.start_controller_sync()"
+    )
     subprocess.run([sys.executable, "-c", start], env=env, check=True, timeout=120)
     profile_dir = tmp_path / "instructor" / "profile_lab"
     (profile_dir / "security" / "cluster-.json").unlink()  # no file names it any more
@@ -73,9 +75,13 @@ def test_status_and_stop_find_a_controller_a_failed_start_left(tmp_path: Path) -
     hosts.write_text(f'[[pc]]\nhost = "lab-pc-01"\npython = "{sys.executable}"\n')
 
     def kit_lab(*argv: str) -> subprocess.CompletedProcess:
-        return subprocess.run([sys.executable, "-m", "course_lib.cluster", "lab", *argv,
-                               str(hosts)], env=env, capture_output=True, text=True,
-                              timeout=300)  # fmt: skip
+        return subprocess.run(
+            [sys.executable, "-m", "course_lib.cluster", "lab", *argv, str(hosts)],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
 
     try:
         status = kit_lab("status")

@@ -96,9 +96,11 @@ def test_a_notebook_without_a_seat_is_offered_local_engines(
 
 
 def test_a_seat_comes_back_when_its_client_dies_or_goes_silent(seated: Path) -> None:
-    code = ("from course_lib.cluster import connect_cluster; import time; "
-            f"c = connect_cluster(profile={PROFILE!r}, n=3); print('held', flush=True); "
-            "time.sleep(600)")  # fmt: skip
+    code = (
+        "from course_lib.cluster import connect_cluster; import time; "
+        f"c = connect_cluster(profile={PROFILE!r}, n=3); print('held', flush=True); "
+        "time.sleep(600)"
+    )
     holder = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
     try:
         while (line := holder.stdout.readline()) and line.strip() != "held":
@@ -117,8 +119,13 @@ def test_a_seat_comes_back_when_its_client_dies_or_goes_silent(seated: Path) -> 
     from course_lib.cluster.lab.seats import _digest
 
     with socket.create_connection((record["ip"], record["port"])) as silent:
-        take = {"op": "take", "n": 2, "ids": [0, 1, 2], "who": "silent",
-                "digest": _digest(seated / "ipcontroller-client.json")}  # fmt: skip
+        take = {
+            "op": "take",
+            "n": 2,
+            "ids": [0, 1, 2],
+            "who": "silent",
+            "digest": _digest(seated / "ipcontroller-client.json"),
+        }
         silent.sendall((json.dumps(take) + "\n").encode())
         assert json.loads(silent.makefile().readline())["ok"]
         assert _held_seats(seated) == 1

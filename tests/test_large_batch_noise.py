@@ -68,10 +68,14 @@ def test_noise_scale_from_the_allreduce_matches_the_direct_estimate_on_digits(sh
     the direct estimate (one process, whole-set gradient and 8-example batches) is taken."""
     cluster = shared_engines(4)
     result = train_data_parallel(
-        cluster, model=MLP, dataset=load_digits, config=CONFIG,
+        cluster,
+        model=MLP,
+        dataset=load_digits,
+        config=CONFIG,
         method=NoiseScaleExchange(RingAllreduce(), smoothing=0.95),
-        comm_timeout=30, timeout=300,
-    )  # fmt: skip
+        comm_timeout=30,
+        timeout=300,
+    )
     assert result.replicas_equal  # the two riding scalars leave the gradient alone
     steps, measured = noise_scale_curve(result.records)
     by_rank = {r["rank"]: r["noise_scale"] for r in result.records if r["step"] == steps[-1]}

@@ -51,8 +51,10 @@ def _random_problem(seed):
     rng = np.random.default_rng(seed)
     ws = [rng.normal(size=s).astype(np.float32) for s in SHAPES]
     ws[1][:] = 0  # a bias initialised at zero: its trust ratio is undefined, taken as 1
-    grads = [[(rng.normal(size=s) * rng.uniform(0.01, 10)).astype(np.float32) for s in SHAPES]
-             for _ in range(STEPS)]  # fmt: skip
+    grads = [
+        [(rng.normal(size=s) * rng.uniform(0.01, 10)).astype(np.float32) for s in SHAPES]
+        for _ in range(STEPS)
+    ]
     return ws, grads
 
 
@@ -75,12 +77,21 @@ def _assert_close(got, want):
 @pytest.mark.parametrize("momentum, weight_decay", [(0.9, 5e-4), (0.0, 0.0), (0.5, 0.1)])
 def test_lars_equals_the_numpy_reference(seed, momentum, weight_decay):
     ws, grads = _random_problem(seed)
-    settings = {"lr": 2.0, "momentum": momentum, "weight_decay": weight_decay,
-                "trust_coefficient": 0.01}  # fmt: skip
+    settings = {
+        "lr": 2.0,
+        "momentum": momentum,
+        "weight_decay": weight_decay,
+        "trust_coefficient": 0.01,
+    }
     got = _run_torch(lambda p: LARS(p, **settings), ws, grads)
-    want = lars_reference([w.astype(np.float64) for w in ws],
-                          [[g.astype(np.float64) for g in s] for s in grads], lr=2.0, m=momentum,
-                          beta=weight_decay, eta=0.01)  # fmt: skip
+    want = lars_reference(
+        [w.astype(np.float64) for w in ws],
+        [[g.astype(np.float64) for g in s] for s in grads],
+        lr=2.0,
+        m=momentum,
+        beta=weight_decay,
+        eta=0.01,
+    )
     _assert_close(got, want)
     assert not np.allclose(got[0], ws[0], atol=1e-3)  # the weights did move
 
@@ -89,11 +100,18 @@ def test_lars_equals_the_numpy_reference(seed, momentum, weight_decay):
 @pytest.mark.parametrize("betas, weight_decay", [((0.9, 0.999), 0.01), ((0.5, 0.9), 0.0)])
 def test_lamb_equals_the_numpy_reference(seed, betas, weight_decay):
     ws, grads = _random_problem(seed)
-    got = _run_torch(lambda p: LAMB(p, lr=0.05, betas=betas, eps=1e-6, weight_decay=weight_decay),
-                     ws, grads)  # fmt: skip
-    want = lamb_reference([w.astype(np.float64) for w in ws],
-                          [[g.astype(np.float64) for g in s] for s in grads], lr=0.05, b1=betas[0],
-                          b2=betas[1], eps=1e-6, lam=weight_decay)  # fmt: skip
+    got = _run_torch(
+        lambda p: LAMB(p, lr=0.05, betas=betas, eps=1e-6, weight_decay=weight_decay), ws, grads
+    )
+    want = lamb_reference(
+        [w.astype(np.float64) for w in ws],
+        [[g.astype(np.float64) for g in s] for s in grads],
+        lr=0.05,
+        b1=betas[0],
+        b2=betas[1],
+        eps=1e-6,
+        lam=weight_decay,
+    )
     _assert_close(got, want)
     assert not np.allclose(got[0], ws[0], atol=1e-3)
 
@@ -118,15 +136,17 @@ def test_a_parameter_without_gradient_is_left_alone():
 
 @pytest.mark.parametrize(
     "make, match",
-    [(lambda p: LARS(p, lr=0.0), "lr must be"),
-     (lambda p: LARS(p, lr=1.0, momentum=1.0), "momentum must be in"),
-     (lambda p: LARS(p, lr=1.0, weight_decay=-1e-4), "weight_decay must be"),
-     (lambda p: LARS(p, lr=1.0, trust_coefficient=0.0), "trust_coefficient.*0.001"),
-     (lambda p: LAMB(p, lr=-1.0), "lr must be"),
-     (lambda p: LAMB(p, betas=(0.9, 1.0)), r"betas\[1\]"),
-     (lambda p: LAMB(p, betas=(0.9,)), "two numbers"),
-     (lambda p: LAMB(p, eps=0.0), "eps must be")],
-)  # fmt: skip
+    [
+        (lambda p: LARS(p, lr=0.0), "lr must be"),
+        (lambda p: LARS(p, lr=1.0, momentum=1.0), "momentum must be in"),
+        (lambda p: LARS(p, lr=1.0, weight_decay=-1e-4), "weight_decay must be"),
+        (lambda p: LARS(p, lr=1.0, trust_coefficient=0.0), "trust_coefficient.*0.001"),
+        (lambda p: LAMB(p, lr=-1.0), "lr must be"),
+        (lambda p: LAMB(p, betas=(0.9, 1.0)), r"betas\[1\]"),
+        (lambda p: LAMB(p, betas=(0.9,)), "two numbers"),
+        (lambda p: LAMB(p, eps=0.0), "eps must be"),
+    ],
+)
 def test_bad_settings_are_refused_with_advice(make, match):
     with pytest.raises(ValueError, match=match):
         make([torch.nn.Parameter(torch.ones(2))])

@@ -38,8 +38,9 @@ def test_factor_grows_at_each_milestone():
 
 
 def test_fit_trains_each_epoch_with_the_scheduled_batch():
-    config = TrainConfig(num_epochs=3, lr=0.05, batch_size=64,
-                         batch_schedule=BatchRampUp(milestones=(2, 3)))  # fmt: skip
+    config = TrainConfig(
+        num_epochs=3, lr=0.05, batch_size=64, batch_schedule=BatchRampUp(milestones=(2, 3))
+    )
     net, batches = MLP(), []
     net.register_forward_pre_hook(
         lambda m, args: batches.append(len(args[0])) if m.training else None
@@ -51,30 +52,53 @@ def test_fit_trains_each_epoch_with_the_scheduled_batch():
 
 @pytest.mark.parametrize(
     "make, match",
-    [(lambda: BatchRampUp(milestones=(3,), factor=1), "factor must be an integer >= 2"),
-     (lambda: BatchRampUp(milestones=(3,), factor=1.5), "factor must be an integer"),
-     (lambda: BatchRampUp(milestones=(4, 2)), "increasing epoch numbers"),
-     (lambda: BatchRampUp(milestones=()), "increasing epoch numbers"),
-     (lambda: BatchRampUp(milestones=(1, 3)), r"start with batch_size \* 2"),
-     (lambda: TrainConfig(num_epochs=3, batch_schedule=BatchRampUp(milestones=(2, 5))),
-      r"milestones \[5\].*num_epochs=3.*train for 5 epochs"),
-     (lambda: TrainConfig(num_epochs=3, batch_schedule=BatchRampUp(milestones=(2,)),
-                          lr_schedule=LinearScalingWarmup()), "not both")],
-)  # fmt: skip
+    [
+        (lambda: BatchRampUp(milestones=(3,), factor=1), "factor must be an integer >= 2"),
+        (lambda: BatchRampUp(milestones=(3,), factor=1.5), "factor must be an integer"),
+        (lambda: BatchRampUp(milestones=(4, 2)), "increasing epoch numbers"),
+        (lambda: BatchRampUp(milestones=()), "increasing epoch numbers"),
+        (lambda: BatchRampUp(milestones=(1, 3)), r"start with batch_size \* 2"),
+        (
+            lambda: TrainConfig(num_epochs=3, batch_schedule=BatchRampUp(milestones=(2, 5))),
+            r"milestones \[5\].*num_epochs=3.*train for 5 epochs",
+        ),
+        (
+            lambda: TrainConfig(
+                num_epochs=3,
+                batch_schedule=BatchRampUp(milestones=(2,)),
+                lr_schedule=LinearScalingWarmup(),
+            ),
+            "not both",
+        ),
+    ],
+)
 def test_bad_ramps_are_refused_with_the_fix(make, match):
     with pytest.raises(ValueError, match=match):
         make()
 
 
-CONFIG = TrainConfig(num_epochs=3, lr=0.1, batch_size=32, momentum=0.5, seed=5,
-                     batch_schedule=BatchRampUp(milestones=(2, 3)))  # fmt: skip
+CONFIG = TrainConfig(
+    num_epochs=3,
+    lr=0.1,
+    batch_size=32,
+    momentum=0.5,
+    seed=5,
+    batch_schedule=BatchRampUp(milestones=(2, 3)),
+)
 
 
 def test_ramp_on_engines_equals_one_process_and_exchanges_less(shared_engines):
     """2 ranks, global batch 32 -> 64 -> 128: 8 + 4 + 2 exchanges instead of 3 x 8."""
     cluster = shared_engines(2)
-    result = train_data_parallel(cluster, model=MLP, dataset=small_digits, config=CONFIG,
-                                 method="ring", comm_timeout=30, timeout=300)  # fmt: skip
+    result = train_data_parallel(
+        cluster,
+        model=MLP,
+        dataset=small_digits,
+        config=CONFIG,
+        method="ring",
+        comm_timeout=30,
+        timeout=300,
+    )
     want = train_one_process(MLP, small_digits, CONFIG)
     assert result.replicas_equal
     assert weights_match(result.weights, want), max_weight_difference(result.weights, want)

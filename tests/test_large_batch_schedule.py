@@ -59,8 +59,9 @@ def test_warmup_longer_than_training_is_refused_with_the_fix():
     with pytest.raises(ValueError, match="longer than the training.*shorten the warm-up"):
         TrainConfig(num_epochs=2, lr_schedule=LinearScalingWarmup(warmup_epochs=3))
     # in steps, only the loader knows the epoch's length: fit refuses before the first step
-    config = TrainConfig(num_epochs=2, batch_size=64,
-                         lr_schedule=LinearScalingWarmup(warmup_steps=9))  # fmt: skip
+    config = TrainConfig(
+        num_epochs=2, batch_size=64, lr_schedule=LinearScalingWarmup(warmup_steps=9)
+    )
     net = MLP()
     before = [p.detach().clone() for p in net.parameters()]
     with pytest.raises(
@@ -77,23 +78,40 @@ def test_warmup_longer_than_training_is_refused_with_the_fix():
 
 @pytest.mark.parametrize(
     "bad, match",
-    [({"reference_batch": 0}, "reference_batch"), ({"warmup_epochs": -1}, "warmup_epochs"),
-     ({"warmup_steps": 2.5}, "warmup_steps"), ({"warmup_steps": 3, "warmup_epochs": 1}, "not both")],
-)  # fmt: skip
+    [
+        ({"reference_batch": 0}, "reference_batch"),
+        ({"warmup_epochs": -1}, "warmup_epochs"),
+        ({"warmup_steps": 2.5}, "warmup_steps"),
+        ({"warmup_steps": 3, "warmup_epochs": 1}, "not both"),
+    ],
+)
 def test_bad_schedule_settings_are_refused(bad, match):
     with pytest.raises(ValueError, match=match):
         LinearScalingWarmup(**bad)
 
 
-CONFIG = TrainConfig(num_epochs=2, lr=0.05, batch_size=64, momentum=0.5, seed=4,
-                     lr_schedule=LinearScalingWarmup(reference_batch=8, warmup_epochs=1))  # fmt: skip
+CONFIG = TrainConfig(
+    num_epochs=2,
+    lr=0.05,
+    batch_size=64,
+    momentum=0.5,
+    seed=4,
+    lr_schedule=LinearScalingWarmup(reference_batch=8, warmup_epochs=1),
+)
 
 
 def test_warmup_on_engines_equals_one_process_with_the_same_schedule(shared_engines):
     """2 ranks of 32 (global 64): the lr climbs 0.05 -> 0.4 over the first epoch on both."""
     cluster = shared_engines(2)
-    result = train_data_parallel(cluster, model=MLP, dataset=small_digits, config=CONFIG,
-                                 method="ring", comm_timeout=30, timeout=300)  # fmt: skip
+    result = train_data_parallel(
+        cluster,
+        model=MLP,
+        dataset=small_digits,
+        config=CONFIG,
+        method="ring",
+        comm_timeout=30,
+        timeout=300,
+    )
     want = train_one_process(MLP, small_digits, CONFIG)
     assert result.replicas_equal
     assert weights_match(result.weights, want), max_weight_difference(result.weights, want)

@@ -68,8 +68,10 @@ def imports_of(source: str, package: str) -> list[tuple[str, str | None, int]]:
         elif isinstance(node, ast.ImportFrom):
             base = node.module or ""
             if node.level:
-                base = ".".join(package.split(".")[: len(package.split(".")) - node.level + 1]
-                                + ([base] if base else []))  # fmt: skip
+                base = ".".join(
+                    package.split(".")[: len(package.split(".")) - node.level + 1]
+                    + ([base] if base else [])
+                )
             out += [(base, a.name, node.lineno) for a in node.names]
     return [(m, n, line) for m, n, line in out if m.split(".")[0] == "course_lib"]
 
@@ -123,9 +125,12 @@ def test_every_top_level_package_has_a_layer():
 
 
 def test_no_module_imports_a_higher_layer():
-    upward = [f"{mod} (layer {layer(mod)}) imports {dep} (layer {layer(dep)})"
-              for mod, deps in library_graph().items() for dep in deps
-              if dep in MODULES and layer(dep) > layer(mod)]  # fmt: skip
+    upward = [
+        f"{mod} (layer {layer(mod)}) imports {dep} (layer {layer(dep)})"
+        for mod, deps in library_graph().items()
+        for dep in deps
+        if dep in MODULES and layer(dep) > layer(mod)
+    ]
     assert not upward, "imports that run upward:\n" + "\n".join(sorted(upward))
 
 
@@ -178,16 +183,20 @@ def test_the_cycle_detector_finds_a_planted_cycle():
 
 def _sources() -> list[tuple[str, str]]:
     """Return ``(where, python source)`` for the tests, benchmarks and every notebook's code."""
-    out = [(str(p.relative_to(ROOT)), p.read_text()) for p in
-           [*(ROOT / "tests").rglob("*.py"), *(ROOT / "bench").rglob("*.py")]]  # fmt: skip
+    out = [
+        (str(p.relative_to(ROOT)), p.read_text())
+        for p in [*(ROOT / "tests").rglob("*.py"), *(ROOT / "bench").rglob("*.py")]
+    ]
     for nb in [*(ROOT / "notebooks").rglob("*.ipynb"), *(ROOT / "assignments").rglob("*.ipynb")]:
         if ".ipynb_checkpoints" in nb.parts:  # JupyterLab's copies, not the course's
             continue
         for k, cell in enumerate(json.loads(nb.read_text())["cells"]):
             if cell["cell_type"] == "code":
                 code = "".join(cell["source"])
-                code = "\n".join("pass" if line.lstrip().startswith(("%", "!")) else line
-                                 for line in code.splitlines())  # fmt: skip
+                code = "\n".join(
+                    "pass" if line.lstrip().startswith(("%", "!")) else line
+                    for line in code.splitlines()
+                )
                 out.append((f"{nb.relative_to(ROOT)} cell {k}", code))
     return out
 
@@ -206,8 +215,10 @@ def dead_imports(module: str, name: str | None) -> str | None:
 def test_every_import_names_a_module_and_a_name_that_exist():
     dead = []
     for mod, path in MODULES.items():
-        dead += [(str(path.relative_to(ROOT)), line, m, n) for m, n, line in
-                 imports_of(path.read_text(), mod.rpartition(".")[0])]  # fmt: skip
+        dead += [
+            (str(path.relative_to(ROOT)), line, m, n)
+            for m, n, line in imports_of(path.read_text(), mod.rpartition(".")[0])
+        ]
     for where, source in _sources():
         dead += [(where, line, m, n) for m, n, line in imports_of(source, "")]
     wrong = [f"{where}:{line}: {why}" for where, line, m, n in dead if (why := dead_imports(m, n))]
@@ -216,9 +227,9 @@ def test_every_import_names_a_module_and_a_name_that_exist():
 
 def test_the_import_scan_flags_a_moved_module():
     source = "from course_lib.parallel.exchange import GradientExchange\n"
-    (m, n, _), = imports_of(source, "")
+    ((m, n, _),) = imports_of(source, "")
     assert dead_imports(m, n) == "no module course_lib.parallel.exchange"
-    (m, n, _), = imports_of("from course_lib.parallel.exchanges.base import Nope\n", "")
+    ((m, n, _),) = imports_of("from course_lib.parallel.exchanges.base import Nope\n", "")
     assert dead_imports(m, n) == "course_lib.parallel.exchanges.base defines no Nope"
 
 
@@ -232,8 +243,9 @@ def dead_path(text: str) -> str | None:
         path = ROOT / text
         return None if path.exists() or path.with_suffix(".py").exists() else f"no file {text}"
     parts = text.split(".")
-    longest = max((k for k in range(1, len(parts) + 1) if ".".join(parts[:k]) in MODULES),
-                  default=0)  # fmt: skip
+    longest = max(
+        (k for k in range(1, len(parts) + 1) if ".".join(parts[:k]) in MODULES), default=0
+    )
     if longest < 2 and len(parts) > 1 and parts[1] != "__file__":
         return f"no module {'.'.join(parts[:2])}"
     if longest < len(parts):
@@ -244,13 +256,21 @@ def dead_path(text: str) -> str | None:
     return None
 
 
-@pytest.mark.parametrize("folder", ["course_lib", "tests", "bench", "notebooks", "assignments",
-                                    "docs", "README.md"])  # fmt: skip
+@pytest.mark.parametrize(
+    "folder", ["course_lib", "tests", "bench", "notebooks", "assignments", "docs", "README.md"]
+)
 def test_every_course_lib_path_in_text_exists(folder):
-    files = [ROOT / folder] if folder.endswith(".md") else [
-        p for p in (ROOT / folder).rglob("*") if p.suffix in (".py", ".ipynb", ".md")
-        and p.name != Path(__file__).name  # this file names old paths on purpose
-        and ".ipynb_checkpoints" not in p.parts]
+    files = (
+        [ROOT / folder]
+        if folder.endswith(".md")
+        else [
+            p
+            for p in (ROOT / folder).rglob("*")
+            if p.suffix in (".py", ".ipynb", ".md")
+            and p.name != Path(__file__).name  # this file names old paths on purpose
+            and ".ipynb_checkpoints" not in p.parts
+        ]
+    )
     wrong = set()
     for f in files:
         text = re.sub(r'getLogger\("[^"]*"\)', "", f.read_text())  # logger names are not paths
@@ -263,13 +283,19 @@ def test_every_course_lib_path_in_text_exists(folder):
 def test_the_path_scan_flags_an_old_path():
     assert dead_path("course_lib.parallel.replica") == "no module course_lib.parallel.replica"
     assert dead_path("course_lib/parallel/replica.py") == "no file course_lib/parallel/replica.py"
-    assert dead_path("course_lib.training.loop.no_such") == "course_lib.training.loop defines no no_such"
+    assert (
+        dead_path("course_lib.training.loop.no_such")
+        == "course_lib.training.loop defines no no_such"
+    )
     assert dead_path("course_lib.parallel.data_parallel.replica.engine_train") is None
 
 
 def test_no_folder_holds_more_than_a_dozen_modules():
-    crowded = {str(d.relative_to(ROOT)): n for d in LIB.rglob("*") if d.is_dir()
-               and (n := len([p for p in d.glob("*.py") if p.name != "__init__.py"])) > 14}  # fmt: skip
+    crowded = {
+        str(d.relative_to(ROOT)): n
+        for d in LIB.rglob("*")
+        if d.is_dir() and (n := len([p for p in d.glob("*.py") if p.name != "__init__.py"])) > 14
+    }
     assert not crowded, f"folders that want splitting by seam: {crowded}"
 
 

@@ -35,7 +35,10 @@ def test_documented_shapes_and_parameter_counts(make, in_shape, out_shape, count
     net = make()
     assert net(torch.zeros(in_shape)).shape == out_shape
     assert param_count(net) == count
-    assert f"{count:,}".replace(",", " ") in importlib.import_module("course_lib.training.models").__doc__
+    assert (
+        f"{count:,}".replace(",", " ")
+        in importlib.import_module("course_lib.training.models").__doc__
+    )
 
 
 def test_mlp_by_hand():

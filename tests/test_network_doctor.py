@@ -146,10 +146,24 @@ def test_room_matrix_matches_the_shaped_rates_and_flags_the_100_mbit_pc(tmp_path
         seconds = time.monotonic() - t0
         # The instructor's command: the engine table, the matrix, and the heat map as a file.
         png = tmp_path / "net.png"
-        argv = [sys.executable, "-m", "course_lib.cluster", "doctor", "--profile", "lab",
-                "--engines", "4", "--network", "--mib", "1", "--heatmap", str(png)]  # fmt: skip
-        done = subprocess.run(argv, env=lab.instructor_env(), capture_output=True, text=True,
-                              timeout=180, cwd=ROOT)  # fmt: skip
+        argv = [
+            sys.executable,
+            "-m",
+            "course_lib.cluster",
+            "doctor",
+            "--profile",
+            "lab",
+            "--engines",
+            "4",
+            "--network",
+            "--mib",
+            "1",
+            "--heatmap",
+            str(png),
+        ]
+        done = subprocess.run(
+            argv, env=lab.instructor_env(), capture_output=True, text=True, timeout=180, cwd=ROOT
+        )
     finally:
         lab.close()
     print(f"\n{report}\n(measured in {seconds:.1f} s)")

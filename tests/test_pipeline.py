@@ -40,9 +40,14 @@ ATOL = 1e-5
 def make_model() -> nn.Sequential:
     """Seven layers, so 2, 3 and 4 stages all work (3 unevenly)."""
     return nn.Sequential(
-        nn.Linear(12, 16), nn.Tanh(), nn.Linear(16, 16), nn.Tanh(),
-        nn.Linear(16, 16), nn.Tanh(), nn.Linear(16, 5),
-    )  # fmt: skip
+        nn.Linear(12, 16),
+        nn.Tanh(),
+        nn.Linear(16, 16),
+        nn.Tanh(),
+        nn.Linear(16, 16),
+        nn.Tanh(),
+        nn.Linear(16, 5),
+    )
 
 
 # ---- on paper --------------------------------------------------------------------------------
@@ -249,8 +254,10 @@ def test_every_schedule_trains_like_one_process_and_gpipe_equals_1f1b(cluster):
 @pytest.mark.timeout(200)
 def test_1f1b_stores_at_most_p_microbatches_gpipe_stores_m(cluster):
     m, p = 8, 4
-    peaks = {name: [r["peak"] for r in cluster.run(_train, p, name, m, 1, timeout=120)]
-             for name in SCHEDULES}  # fmt: skip
+    peaks = {
+        name: [r["peak"] for r in cluster.run(_train, p, name, m, 1, timeout=120)]
+        for name in SCHEDULES
+    }
     assert peaks["gpipe"] == [m] * p
     assert peaks["1f1b"] == [4, 3, 2, 1]  # stage s keeps p - s
     assert peaks["naive"] == [1] * p
@@ -260,8 +267,10 @@ def test_1f1b_stores_at_most_p_microbatches_gpipe_stores_m(cluster):
 def test_a_failing_stage_is_named_and_the_others_do_not_hang(cluster):
     for name in ("gpipe", "1f1b"):
         messages = cluster.run(_failing_stage, name, timeout=60)
-        assert "PipelineStageError: stage 1 (rank 1 of 3) failed in the forward pass of " \
-               "micro-batch 2" in messages[1], messages  # fmt: skip
+        assert (
+            "PipelineStageError: stage 1 (rank 1 of 3) failed in the forward pass of "
+            "micro-batch 2" in messages[1]
+        ), messages
         assert "a bug in this stage" in messages[1]
         for rank in (0, 2):  # the neighbours time out (or see the closed connection)
             assert messages[rank].startswith(f"PipelineStageError: stage {rank} "), messages

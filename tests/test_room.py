@@ -79,12 +79,18 @@ class Lab:
         engine_file = self.security / "ipcontroller-engine.json"
         for i, label in enumerate(PCS):
             # Each PC has its own home: its engine must not share the instructor's profile.
-            env = dict(os.environ, IPYTHONDIR=str(self.workdir / f"{label}-{i}"),
-                       OMP_NUM_THREADS="1")  # fmt: skip
+            env = dict(
+                os.environ, IPYTHONDIR=str(self.workdir / f"{label}-{i}"), OMP_NUM_THREADS="1"
+            )
             log = open(self.workdir / f"engine{i}.log", "w")  # noqa: SIM115 - kept for the run
             self.stack.callback(log.close)
-            proc = self.room.popen(pcs[label], [str(BIN / "ipengine"), f"--file={engine_file}"],
-                                   env=env, stdout=log, stderr=subprocess.STDOUT)  # fmt: skip
+            proc = self.room.popen(
+                pcs[label],
+                [str(BIN / "ipengine"), f"--file={engine_file}"],
+                env=env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
             self.engine_procs.append(proc)
         self.cluster = connect_cluster(
             connection_file=str(self.security / "ipcontroller-client.json"),
@@ -94,10 +100,18 @@ class Lab:
         self.stack.callback(self.cluster.stop)
 
     def _start_controller(self) -> None:
-        argv = [str(BIN / "ipcluster"), "start", "--profile=lab", "-n", "0", "--daemonize",
-                "--ip=*"]  # fmt: skip
-        done = subprocess.run(argv, env=self.instructor_env(), capture_output=True, text=True,
-                              timeout=60)  # fmt: skip
+        argv = [
+            str(BIN / "ipcluster"),
+            "start",
+            "--profile=lab",
+            "-n",
+            "0",
+            "--daemonize",
+            "--ip=*",
+        ]
+        done = subprocess.run(
+            argv, env=self.instructor_env(), capture_output=True, text=True, timeout=60
+        )
         self.stack.callback(self._stop_controller)
         assert done.returncode == 0, done.stderr[-2000:]
         state = json.loads((self.security / "cluster-.json").read_text())
@@ -105,8 +119,12 @@ class Lab:
         assert (self.security / "ipcontroller-engine.json").is_file(), done.stderr[-2000:]
 
     def _stop_controller(self) -> None:
-        subprocess.run([str(BIN / "ipcluster"), "stop", "--profile=lab"],
-                       env=self.instructor_env(), capture_output=True, timeout=60)  # fmt: skip
+        subprocess.run(
+            [str(BIN / "ipcluster"), "stop", "--profile=lab"],
+            env=self.instructor_env(),
+            capture_output=True,
+            timeout=60,
+        )
         if self.controller_pid is not None and not _gone(self.controller_pid, within=10):
             os.kill(self.controller_pid, 9)  # ours: started by ipcluster start above
 
@@ -317,8 +335,10 @@ def _shaped_bytes(pc: Any) -> int:
     """Return the bytes the tbf shaper on the switch's side of ``pc``'s link has sent so far."""
     out = subprocess.run(
         ["tc", "-s", "-j", "qdisc", "show", "dev", pc.host_veth],
-        check=True, capture_output=True, text=True,
-    ).stdout  # fmt: skip
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout
     return sum(q.get("bytes", 0) for q in json.loads(out) if q.get("kind") == "tbf")
 
 

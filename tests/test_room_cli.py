@@ -38,8 +38,13 @@ with socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=30) as co
 def _kit_room(*args: str, env: dict | None = None, timeout: float = 120, **kwargs):
     return subprocess.run(
         [sys.executable, "-m", "course_lib.cluster", "room", *args],
-        capture_output=True, text=True, cwd=ROOT, timeout=timeout, env=env, **kwargs,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=timeout,
+        env=env,
+        **kwargs,
+    )
 
 
 @pytest.fixture
@@ -63,25 +68,57 @@ def test_room_up_ping_status_down_and_down_again(state: Path) -> None:
     assert leftovers(names) == names  # namespaces, veths and bridge exist after `up` exited
     for pc in room.pcs:  # the printed table: name, IP, and the prefix to run inside the PC
         assert f"{pc.ip}" in up.stdout and f"ip netns exec {pc.netns} CMD" in up.stdout
-    qdisc = subprocess.run(["tc", "qdisc", "show", "dev", room.pcs[0].host_veth],
-                           capture_output=True, text=True).stdout  # fmt: skip
+    qdisc = subprocess.run(
+        ["tc", "qdisc", "show", "dev", room.pcs[0].host_veth], capture_output=True, text=True
+    ).stdout
     assert "tbf" in qdisc and "100Mbit" in qdisc, qdisc
     pc1, pc2 = room.pcs
     if shutil.which("ping"):
-        ping = subprocess.run(["ip", "netns", "exec", pc1.netns, "ping", "-c1", "-W10", pc2.ip],
-                              capture_output=True, text=True, timeout=60)  # fmt: skip
+        ping = subprocess.run(
+            ["ip", "netns", "exec", pc1.netns, "ping", "-c1", "-W10", pc2.ip],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         assert ping.returncode == 0, ping.stdout + ping.stderr
     # A TCP round trip from pc1 to pc2 by host name, both started with `room run`.
     server = subprocess.Popen(
-        [sys.executable, "-m", "course_lib.cluster", "room", "--state", str(state), "run",
-         "pc2", "--", sys.executable, "-c", ECHO_SERVER, pc2.ip],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "course_lib.cluster",
+            "room",
+            "--state",
+            str(state),
+            "run",
+            "pc2",
+            "--",
+            sys.executable,
+            "-c",
+            ECHO_SERVER,
+            pc2.ip,
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=ROOT,
+    )
     try:
         port = server.stdout.readline().strip()
         assert port.isdigit(), server.stderr.read()
-        client = _kit_room("--state", str(state), "run", "pc1", "--", sys.executable, "-c",
-                           ECHO_CLIENT, pc2.hostname, port, timeout=60)  # fmt: skip
+        client = _kit_room(
+            "--state",
+            str(state),
+            "run",
+            "pc1",
+            "--",
+            sys.executable,
+            "-c",
+            ECHO_CLIENT,
+            pc2.hostname,
+            port,
+            timeout=60,
+        )
         assert client.returncode == 0, client.stderr
         assert client.stdout.strip() == f"echo:hello from {pc2.hostname}"
         assert server.wait(timeout=60) == 0
@@ -127,10 +164,23 @@ def test_room_without_root_or_tools_is_a_one_line_error(tmp_path: Path) -> None:
             checks.append((dict(os.environ, HOME=str(home)), as_nobody, "run it with sudo"))
     for env, prefix, fix in checks:
         done = subprocess.run(
-            [*prefix, sys.executable, "-m", "course_lib.cluster", "room", "--state", state,
-             "up", "2"],
-            capture_output=True, text=True, cwd=ROOT, timeout=120, env=env,
-        )  # fmt: skip
+            [
+                *prefix,
+                sys.executable,
+                "-m",
+                "course_lib.cluster",
+                "room",
+                "--state",
+                state,
+                "up",
+                "2",
+            ],
+            capture_output=True,
+            text=True,
+            cwd=ROOT,
+            timeout=120,
+            env=env,
+        )
         assert done.returncode != 0
         assert fix in done.stderr and "Traceback" not in done.stderr, done.stderr
         assert len(done.stderr.strip().splitlines()) == 1, done.stderr

@@ -57,8 +57,11 @@ def _where() -> dict[str, Any]:
         for a in entries
         if a.family == socket.AF_INET and name != "lo"
     }
-    return {"host": socket.gethostname(), "nics": nics,
-            "gloo_ifname": os.environ.get("GLOO_SOCKET_IFNAME")}  # fmt: skip
+    return {
+        "host": socket.gethostname(),
+        "nics": nics,
+        "gloo_ifname": os.environ.get("GLOO_SOCKET_IFNAME"),
+    }
 
 
 def _pc_of_rank(lab: Lab) -> list[PC]:
@@ -112,8 +115,17 @@ def test_a_pc_that_cannot_reach_rank_0_is_named_within_seconds(cloned_lab: Lab) 
     cut = next(pc for pc in pcs if pc != pcs[0])  # a PC without rank 0
     # No route from that PC to rank 0's PC (as from a PC on another subnet); the controller's
     # address stays reachable, so its engine still answers the notebook.
-    unreachable = ["ip", "netns", "exec", cut.netns, "ip", "route", "{}", "unreachable",
-                   f"{pcs[0].ip}/32"]  # fmt: skip
+    unreachable = [
+        "ip",
+        "netns",
+        "exec",
+        cut.netns,
+        "ip",
+        "route",
+        "{}",
+        "unreachable",
+        f"{pcs[0].ip}/32",
+    ]
     subprocess.run([w.format("add") for w in unreachable], check=True, timeout=30)
     timeout = 120.0  # gloo's own wait; the probe must answer long before it
     try:

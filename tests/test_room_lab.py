@@ -35,8 +35,14 @@ WAIT = 300.0  # seconds to wait for a condition (the heartbeat needs ~12 s; the 
 def _lab(env: dict[str, str], *argv: str, timeout: float = 900) -> subprocess.CompletedProcess:
     """Run ``python -m course_lib.cluster lab ARGV`` (what ``./kit lab ...`` runs)."""
     start = time.monotonic()
-    done = subprocess.run([sys.executable, "-m", "course_lib.cluster", "lab", *argv], env=env,
-                          capture_output=True, text=True, timeout=timeout, cwd=ROOT)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-m", "course_lib.cluster", "lab", *argv],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=ROOT,
+    )
     print(f"\nkit lab {argv[0]}: {time.monotonic() - start:.1f} s")
     return done
 
@@ -87,8 +93,11 @@ def _faults_during_class(env: dict, hosts_file: Path, room, student) -> None:  #
         def both_named() -> subprocess.CompletedProcess | None:
             done = _lab(env, "status", str(hosts_file))
             lines = done.stdout.splitlines()
-            named = [pc.hostname for pc in (killed, cut)
-                     if any(pc.hostname in ln and "DROPPED OUT" in ln for ln in lines)]  # fmt: skip
+            named = [
+                pc.hostname
+                for pc in (killed, cut)
+                if any(pc.hostname in ln and "DROPPED OUT" in ln for ln in lines)
+            ]
             return done if len(named) == 2 and done.returncode == 1 else None
 
         status = _wait_for(both_named, "status to name pc2 and pc3 as dropped out")

@@ -47,11 +47,26 @@ def test_allreduce_across_four_pcs_is_exact_and_crosses_the_links(tmp_path: Path
         )
         before = [_bytes_from(pc.host_veth) for pc in room.pcs]
         done = subprocess.run(
-            [sys.executable, "-m", "course_lib.cluster", "lab", "mpi", str(hosts_file), "--",
-             sys.executable, "-m", "course_lib.collectives.mpi_across_pcs", "--mib", str(MIB)],
-            capture_output=True, text=True, timeout=240, cwd=ROOT,
+            [
+                sys.executable,
+                "-m",
+                "course_lib.cluster",
+                "lab",
+                "mpi",
+                str(hosts_file),
+                "--",
+                sys.executable,
+                "-m",
+                "course_lib.collectives.mpi_across_pcs",
+                "--mib",
+                str(MIB),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=240,
+            cwd=ROOT,
             env=dict(os.environ, OMP_NUM_THREADS="1"),
-        )  # fmt: skip
+        )
         sent = [_bytes_from(pc.host_veth) - b for pc, b in zip(room.pcs, before, strict=True)]
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
     line = next(ln for ln in done.stdout.splitlines() if ln.startswith("ALLREDUCE "))

@@ -35,8 +35,14 @@ STUDENT = Path(__file__).resolve().parent / "lab_student.py"
 
 def _kit(env: dict[str, str], *argv: str, timeout: float = 600) -> subprocess.CompletedProcess:
     """Run ``python -m course_lib.cluster ARGV`` (what ``./kit ARGV`` runs)."""
-    return subprocess.run([sys.executable, "-m", "course_lib.cluster", *argv], env=env,
-                          capture_output=True, text=True, timeout=timeout, cwd=ROOT)  # fmt: skip
+    return subprocess.run(
+        [sys.executable, "-m", "course_lib.cluster", *argv],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=ROOT,
+    )
 
 
 def _pids_in(netns: str) -> list[int]:
@@ -68,8 +74,13 @@ def room_env(tmp_path: Path):
 def _student(room, k: int, out: Path, env: dict, n: int, mode: str) -> subprocess.Popen:  # noqa: ANN001
     """Start a student's notebook process inside PC ``k`` (0-based) of ``room``."""
     argv = [sys.executable, str(STUDENT), str(out), str(n), mode]
-    return subprocess.Popen(room.command(room.pcs[k], argv), env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)  # fmt: skip
+    return subprocess.Popen(
+        room.command(room.pcs[k], argv),
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
 
 
 def test_three_students_hold_seats_of_their_own_and_a_fourth_is_told(
@@ -100,9 +111,13 @@ def test_three_students_hold_seats_of_their_own_and_a_fourth_is_told(
     for k, mode in enumerate(("train", "train", "exit")):  # the third's kernel dies at the end
         student_env = dict(env, IPYTHONDIR=str(tmp_path / f"student{k}"))
         students.append(_student(room, k, out, student_env, 2, mode))
-    ready = _wait_for(lambda: len(list(out.glob("ready-*.json"))) == 3 and
-                      [json.loads(p.read_text()) for p in out.glob("ready-*.json")],
-                      "three students to take their seats")  # fmt: skip
+    ready = _wait_for(
+        lambda: (
+            len(list(out.glob("ready-*.json"))) == 3
+            and [json.loads(p.read_text()) for p in out.glob("ready-*.json")]
+        ),
+        "three students to take their seats",
+    )
     seats = [set(r["ids"]) for r in ready]
     assert all(r["kind"] == "connect" and len(r["ids"]) == 2 for r in ready), ready
     assert len(set.union(*seats)) == 6, f"seats overlap: {seats}"
@@ -130,8 +145,11 @@ def test_three_students_hold_seats_of_their_own_and_a_fourth_is_told(
         got = dict(np.load(path))
         assert weights_match(got, reference), (path, max_weight_difference(got, reference))
     # The seats are free again (two closed, one dropped with its process): the whole room.
-    _wait_for(lambda: "seats: 0 held" in _kit(room_env, "lab", "status", str(hosts_file)).stdout,
-              "the seats to be given back", within=60)  # fmt: skip
+    _wait_for(
+        lambda: "seats: 0 held" in _kit(room_env, "lab", "status", str(hosts_file)).stdout,
+        "the seats to be given back",
+        within=60,
+    )
     with connect_cluster(connection_file=env["COURSE_CLUSTER_FILE"], timeout=60) as demo:
         assert demo.world_size == 6 and demo.seat is not None
     stopped = _kit(room_env, "lab", "stop", str(hosts_file))

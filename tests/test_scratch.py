@@ -18,10 +18,17 @@ from course_lib.training.loop import segmentation_scores
 
 @settings(max_examples=40, deadline=None)
 @given(
-    n=st.integers(1, 2), c=st.integers(1, 3), o=st.integers(1, 3),
-    h=st.integers(3, 9), w=st.integers(3, 9), kh=st.integers(1, 3), kw=st.integers(1, 3),
-    stride=st.integers(1, 3), padding=st.integers(0, 2), seed=st.integers(0, 999),
-)  # fmt: skip
+    n=st.integers(1, 2),
+    c=st.integers(1, 3),
+    o=st.integers(1, 3),
+    h=st.integers(3, 9),
+    w=st.integers(3, 9),
+    kh=st.integers(1, 3),
+    kw=st.integers(1, 3),
+    stride=st.integers(1, 3),
+    padding=st.integers(0, 2),
+    seed=st.integers(0, 999),
+)
 def test_conv2d_equals_torch(n, c, o, h, w, kh, kw, stride, padding, seed):
     rng = np.random.default_rng(seed)
     X, W, b = rng.normal(size=(n, c, h, w)), rng.normal(size=(o, c, kh, kw)), rng.normal(size=o)
@@ -33,8 +40,10 @@ def test_conv2d_equals_torch(n, c, o, h, w, kh, kw, stride, padding, seed):
 @settings(max_examples=40, deadline=None)
 @given(
     shape=st.tuples(st.integers(1, 2), st.integers(1, 3), st.integers(2, 9), st.integers(2, 9)),
-    size=st.integers(1, 3), stride=st.none() | st.integers(1, 3), seed=st.integers(0, 999),
-)  # fmt: skip
+    size=st.integers(1, 3),
+    stride=st.none() | st.integers(1, 3),
+    seed=st.integers(0, 999),
+)
 def test_max_pool2d_equals_torch(shape, size, stride, seed):
     X = np.random.default_rng(seed).normal(size=shape)
     if size > min(shape[2:]):

@@ -40,8 +40,9 @@ def small_digits() -> TensorDataset:
 
 def uneven_mlp() -> nn.Module:
     """64-15-15-10: 1 375 trainable values in three modules of 975, 240 and 160."""
-    return nn.Sequential(nn.Flatten(), nn.Linear(64, 15), nn.ReLU(), nn.Linear(15, 15), nn.ReLU(),
-                         nn.Linear(15, 10))  # fmt: skip
+    return nn.Sequential(
+        nn.Flatten(), nn.Linear(64, 15), nn.ReLU(), nn.Linear(15, 15), nn.ReLU(), nn.Linear(15, 10)
+    )
 
 
 class TiedFrozen(nn.Module):
@@ -49,8 +50,12 @@ class TiedFrozen(nn.Module):
 
     def __init__(self) -> None:
         super().__init__()
-        self.inp, self.h1, self.h2, self.out = (nn.Linear(64, 16), nn.Linear(16, 16),
-                                                nn.Linear(16, 16), nn.Linear(16, 10))  # fmt: skip
+        self.inp, self.h1, self.h2, self.out = (
+            nn.Linear(64, 16),
+            nn.Linear(16, 16),
+            nn.Linear(16, 16),
+            nn.Linear(16, 10),
+        )
         self.h2.weight = self.h1.weight
         self.inp.bias.requires_grad_(False)
 
@@ -84,9 +89,16 @@ def runs(pool):
     def run(method: str, n: int):
         if (method, n) not in done:
             done[method, n] = train_data_parallel(
-                pool, model=uneven_mlp, dataset=small_digits, config=ADAM, method=method,
-                world_size=n, comm_timeout=30, timeout=300,
-                **({"bucket_bytes": 1024} if method.startswith("zero") else {}))  # fmt: skip
+                pool,
+                model=uneven_mlp,
+                dataset=small_digits,
+                config=ADAM,
+                method=method,
+                world_size=n,
+                comm_timeout=30,
+                timeout=300,
+                **({"bucket_bytes": 1024} if method.startswith("zero") else {}),
+            )
         return done[method, n]
 
     return run
@@ -163,8 +175,16 @@ def test_stage_3_holds_only_shards_between_layers(runs):
 
 @pytest.mark.parametrize("stage", [1, 2, 3])
 def test_tied_and_frozen_parameters(pool, stage):
-    result = train_data_parallel(pool, model=TiedFrozen, dataset=small_digits, config=ADAM,
-                                 method=f"zero{stage}", world_size=3, comm_timeout=30, timeout=300)  # fmt: skip
+    result = train_data_parallel(
+        pool,
+        model=TiedFrozen,
+        dataset=small_digits,
+        config=ADAM,
+        method=f"zero{stage}",
+        world_size=3,
+        comm_timeout=30,
+        timeout=300,
+    )
     want = train_one_process(TiedFrozen, small_digits, ADAM)
     assert "h2.weight" not in result.weights  # tied: one tensor, named once
     assert relative_error(result.weights, want) <= DP_RTOL
@@ -172,8 +192,16 @@ def test_tied_and_frozen_parameters(pool, stage):
 
 
 def test_sgd_with_momentum_on_stage_3(pool):
-    result = train_data_parallel(pool, model=uneven_mlp, dataset=small_digits, config=SGD,
-                                 method="zero3", world_size=3, comm_timeout=30, timeout=300)  # fmt: skip
+    result = train_data_parallel(
+        pool,
+        model=uneven_mlp,
+        dataset=small_digits,
+        config=SGD,
+        method="zero3",
+        world_size=3,
+        comm_timeout=30,
+        timeout=300,
+    )
     assert (
         relative_error(result.weights, train_one_process(uneven_mlp, small_digits, SGD)) <= DP_RTOL
     )
@@ -206,8 +234,16 @@ def test_a_parameter_without_gradient_is_refused_with_the_fix(pool, stage):
     with pytest.raises(
         DataParallelError, match="'branch.weight' got no gradient.*requires_grad=False"
     ):
-        train_data_parallel(pool, model=SkipsABranch, dataset=small_digits, config=ADAM,
-                            method=f"zero{stage}", world_size=2, comm_timeout=30, timeout=300)  # fmt: skip
+        train_data_parallel(
+            pool,
+            model=SkipsABranch,
+            dataset=small_digits,
+            config=ADAM,
+            method=f"zero{stage}",
+            world_size=2,
+            comm_timeout=30,
+            timeout=300,
+        )
 
 
 def test_a_sharded_run_is_refused_checkpointing_with_the_reason(tmp_path):

@@ -44,8 +44,16 @@ def _zero_redundancy(rank: int) -> dict:
     net, data = uneven_mlp(), small_digits()
     opt = ZeroRedundancyOptimizer(net.parameters(), optimizer_class=torch.optim.Adam, lr=ADAM.lr)
     sampler = GlobalBatchSampler(len(data), rank, N, ADAM.batch_size, seed=ADAM.seed)
-    fit(net, data, replace(ADAM, batch_size=ADAM.batch_size // N), sampler=sampler,
-        grad_hook=_average, optimizer=opt, progress=False, device="cpu")  # fmt: skip
+    fit(
+        net,
+        data,
+        replace(ADAM, batch_size=ADAM.batch_size // N),
+        sampler=sampler,
+        grad_hook=_average,
+        optimizer=opt,
+        progress=False,
+        device="cpu",
+    )
     local = sum(1 for state in opt.optim.state.values() if state)  # tensors this rank updates
     weights = {k: p.detach().numpy().copy() for k, p in net.named_parameters()}
     return {"weights": weights, "local_state_tensors": local}
@@ -93,8 +101,15 @@ def spawn(what: str, folder) -> list[dict]:
 
 def test_zero_redundancy_optimizer_trains_like_the_kits_stage_1(shared_engines, tmp_path):
     torch_side = spawn("zero", tmp_path)
-    kit = train_data_parallel(shared_engines(N), model=uneven_mlp, dataset=small_digits,
-                              config=ADAM, method="zero1", comm_timeout=30, timeout=300)  # fmt: skip
+    kit = train_data_parallel(
+        shared_engines(N),
+        model=uneven_mlp,
+        dataset=small_digits,
+        config=ADAM,
+        method="zero1",
+        comm_timeout=30,
+        timeout=300,
+    )
     assert relative_error(torch_side[0]["weights"], torch_side[1]["weights"]) == 0.0
     assert relative_error(torch_side[0]["weights"], kit.weights) <= 1e-6
     # Sharded: each rank's Adam holds state for only its part of the 6 tensors.

@@ -130,10 +130,20 @@ def test_the_hybrid_splits_the_dense_weights_and_data_parallelism_copies_them():
 
 def test_two_transfers_on_one_link_serialise_and_on_two_links_overlap():
     one = LINK.alpha + 1e6 * LINK.beta
-    same = {t.id: t for t in [Task("a", ("link", 0, 1), one, nbytes=1e6),
-                              Task("b", ("link", 0, 1), one, nbytes=1e6)]}  # fmt: skip
-    apart = {t.id: t for t in [Task("a", ("link", 0, 1), one, nbytes=1e6),
-                               Task("b", ("link", 1, 0), one, nbytes=1e6)]}  # fmt: skip
+    same = {
+        t.id: t
+        for t in [
+            Task("a", ("link", 0, 1), one, nbytes=1e6),
+            Task("b", ("link", 0, 1), one, nbytes=1e6),
+        ]
+    }
+    apart = {
+        t.id: t
+        for t in [
+            Task("a", ("link", 0, 1), one, nbytes=1e6),
+            Task("b", ("link", 1, 0), one, nbytes=1e6),
+        ]
+    }
     assert simulate(same).step_time == pytest.approx(2 * one)
     assert simulate(apart).step_time == pytest.approx(one)
     worker = {t.id: t for t in [Task("f", ("worker", 0), 0.5), Task("g", ("worker", 0), 0.25)]}
@@ -169,8 +179,14 @@ def test_the_topology_says_which_messages_share_a_wire(topology):
 
 
 def test_halo_exchange_of_an_attribute_split_sends_one_row_each_way():
-    layers = [("conv2d", 4, 3, 1, 1), ("relu",), ("conv2d", 4, 3, 1, 1), ("flatten",),
-              ("linear", 10), ("loss",)]  # fmt: skip
+    layers = [
+        ("conv2d", 4, 3, 1, 1),
+        ("relu",),
+        ("conv2d", 4, 3, 1, 1),
+        ("flatten",),
+        ("linear", 10),
+        ("loss",),
+    ]
     graph, batch = build_graph("halo", (1, 8, 8), layers, 8), 8
     a, s = ParallelConfig("attribute", (0, 1)), ParallelConfig("sample", (0, 1))
     sim = sim_of(graph, 2).run((a, a, a, s, s, s))

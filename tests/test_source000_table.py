@@ -31,8 +31,12 @@ pytestmark = pytest.mark.timeout(600)
 
 
 def test_paper_table_is_the_sources() -> None:
-    assert PAPER_TABLE2["float32"] == {"epoch_s": 96.996, "sync_s": 68.7, "wire_mb": 8.33,
-                                       "ratio": 1.0}  # fmt: skip
+    assert PAPER_TABLE2["float32"] == {
+        "epoch_s": 96.996,
+        "sync_s": 68.7,
+        "wire_mb": 8.33,
+        "ratio": 1.0,
+    }
     assert PAPER_TABLE2["int8+mgzip"]["epoch_s"] == 43.62
     assert PAPER_SYNC_SHARE == pytest.approx(0.7083, abs=1e-4)
 
@@ -53,37 +57,72 @@ def test_regime_rate_gives_back_the_sources_share(compute_s, nbytes, n) -> None:
 
 @pytest.mark.parametrize(
     ("args", "advice"),
-    [((0, 1e6, 4), "compute seconds"), ((0.1, -1, 4), "gradient"), ((0.1, 1e6, 1), "2 ranks"),
-     ((0.1, 1e6, 4, 1.0), "fraction")],
-)  # fmt: skip
+    [
+        ((0, 1e6, 4), "compute seconds"),
+        ((0.1, -1, 4), "gradient"),
+        ((0.1, 1e6, 1), "2 ranks"),
+        ((0.1, 1e6, 4, 1.0), "fraction"),
+    ],
+)
 def test_regime_rate_rejects_bad_input_with_advice(args, advice) -> None:
     with pytest.raises(ValueError, match=advice):
         source_regime_rate(*args)
 
 
 def _record(rank: int, step: int, **values) -> dict:
-    base = {"rank": rank, "step": step, "epoch": step // 2 + 1, "compute_s": 0.0, "step_s": 0.0,
-            "wait_s": 0.0, "comm_s": 0.0, "total_s": 0.0, "bytes_sent": 0,
-            "collective_bytes": 0, "bytes_gradient": 4000}  # fmt: skip
+    base = {
+        "rank": rank,
+        "step": step,
+        "epoch": step // 2 + 1,
+        "compute_s": 0.0,
+        "step_s": 0.0,
+        "wait_s": 0.0,
+        "comm_s": 0.0,
+        "total_s": 0.0,
+        "bytes_sent": 0,
+        "collective_bytes": 0,
+        "bytes_gradient": 4000,
+    }
     return {**base, **values}
 
 
 def _synthetic_result() -> DataParallelResult:
     """2 ranks, 4 steps (2 per epoch); step 0 is slow (set-up) and must be left out."""
     records = []
-    for step, (total, comm, coded) in enumerate([(9.0, 5.0, 100), (1.0, 0.3, 200),
-                                                 (2.0, 0.5, 300), (1.5, 0.4, 400)]):  # fmt: skip
+    for step, (total, comm, coded) in enumerate(
+        [(9.0, 5.0, 100), (1.0, 0.3, 200), (2.0, 0.5, 300), (1.5, 0.4, 400)]
+    ):
         for rank in (0, 1):
-            records.append(_record(rank, step, total_s=total + rank * 0.1, comm_s=comm + rank,
-                                   wait_s=0.1, compute_s=0.4, step_s=0.1, code_s=0.01,
-                                   compress_s=0.02, bytes_coded=coded + rank))  # fmt: skip
-    epochs = [{"epoch": 1, "test_accuracy": 0.5, "test_miou": 0.2},
-              {"epoch": 2, "test_accuracy": 0.75, "test_miou": 0.4}]  # fmt: skip
+            records.append(
+                _record(
+                    rank,
+                    step,
+                    total_s=total + rank * 0.1,
+                    comm_s=comm + rank,
+                    wait_s=0.1,
+                    compute_s=0.4,
+                    step_s=0.1,
+                    code_s=0.01,
+                    compress_s=0.02,
+                    bytes_coded=coded + rank,
+                )
+            )
+    epochs = [
+        {"epoch": 1, "test_accuracy": 0.5, "test_miou": 0.2},
+        {"epoch": 2, "test_accuracy": 0.75, "test_miou": 0.4},
+    ]
     return DataParallelResult(
-        method="compressed", world_size=2, label="emulated link 8 Mbit/s", emulated=True,
-        histories=[History(epochs=epochs), History(epochs=epochs)], records=records,
-        weights={}, replicas_equal=True, max_replica_difference=0.0, gradient_bytes=4000,
-    )  # fmt: skip
+        method="compressed",
+        world_size=2,
+        label="emulated link 8 Mbit/s",
+        emulated=True,
+        histories=[History(epochs=epochs), History(epochs=epochs)],
+        records=records,
+        weights={},
+        replicas_equal=True,
+        max_replica_difference=0.0,
+        gradient_bytes=4000,
+    )
 
 
 def test_row_from_synthetic_records() -> None:
@@ -102,8 +141,18 @@ def test_row_from_synthetic_records() -> None:
 
 
 def _row(name: str, epoch_s: float, accuracy: float) -> dict:
-    return {"name": name, "epoch_s": epoch_s, "accuracy": accuracy, "miou": 0.3, "sync_s": 1.0,
-            "coding_s": 0.0, "wire_bytes": 1e3, "ratio": 1.0, "paper": None, "link": "x"}  # fmt: skip
+    return {
+        "name": name,
+        "epoch_s": epoch_s,
+        "accuracy": accuracy,
+        "miou": 0.3,
+        "sync_s": 1.0,
+        "coding_s": 0.0,
+        "wire_bytes": 1e3,
+        "ratio": 1.0,
+        "paper": None,
+        "link": "x",
+    }
 
 
 def test_goal_verdicts() -> None:
@@ -150,12 +199,16 @@ def cluster(shared_engines):
 def test_row_from_a_real_run(cluster) -> None:
     config = CONFIGS_BY_NAME["int8+EF+zstd"]
     result = train_data_parallel(
-        cluster, model=functools.partial(UNet, base_width=4, depth=2),
+        cluster,
+        model=functools.partial(UNet, base_width=4, depth=2),
         dataset=functools.partial(load_dataset, "segmentation", num_tiles=8, tile_size=16),
         test_set=load_dataset("segmentation", train=False, num_tiles=4, tile_size=16),
         config=TrainConfig(num_epochs=1, batch_size=4, lr=3e-3, optimizer="adam"),
-        method="compressed", comm_timeout=60, timeout=300, **config.options,
-    )  # fmt: skip
+        method="compressed",
+        comm_timeout=60,
+        timeout=300,
+        **config.options,
+    )
     row = table_row(result, config)
     coded = [r["bytes_coded"] for r in result.records]
     assert row["steps_per_epoch"] == 2 and len(coded) == 4

@@ -56,8 +56,16 @@ def cluster(shared_engines):
 
 
 def run(cluster, n: int, config: TrainConfig = CONFIG, **kw):
-    return train_data_parallel(cluster, model=mlp, dataset=small_digits, config=config,
-                               world_size=n, comm_timeout=30, timeout=300, **kw)  # fmt: skip
+    return train_data_parallel(
+        cluster,
+        model=mlp,
+        dataset=small_digits,
+        config=config,
+        world_size=n,
+        comm_timeout=30,
+        timeout=300,
+        **kw,
+    )
 
 
 def close(got: dict, want: dict) -> float:
@@ -119,8 +127,9 @@ def test_local_sgd_1_equals_bulk_synchronous_training(cluster):
 @pytest.mark.parametrize("order", ["step_then_average", "average_then_step"])
 def test_local_sgd_p_equals_the_simulation_and_waits_only_when_it_averages(cluster, order):
     config, n, p = replace(CONFIG, num_epochs=2), 4, 3
-    result = run(cluster, n, config, method="local_sgd", period=p, order=order,
-                 measure_drift_every=1)  # fmt: skip
+    result = run(
+        cluster, n, config, method="local_sgd", period=p, order=order, measure_drift_every=1
+    )
     want = simulate_local_sgd(mlp, small_digits, config, n, period=p, order=order)
     for got, expected in zip(engine_weights(cluster, n), want, strict=True):
         close(got, expected)
@@ -153,20 +162,25 @@ def test_gossip_partners_rotate_through_half_the_ring_for_every_world_size():
 
 @pytest.mark.parametrize("n", [3, 4])
 def test_one_gossip_step_equals_the_mixing_matrix_and_sparse_sends_only_above_t(cluster, n):
-    sub = SimpleNamespace(client=cluster.client, ids_by_rank=list(cluster.ids_by_rank)[:n],
-                          engine_info=cluster.engine_info)  # fmt: skip
+    sub = SimpleNamespace(
+        client=cluster.client,
+        ids_by_rank=list(cluster.ids_by_rank)[:n],
+        engine_info=cluster.engine_info,
+    )
     setup_communicators(sub, backend="gloo", name=COMM, timeout=30)
     view = cluster.client[sub.ids_by_rank]
     t = 1.0
     for s in range(1, n // 2 + 1):
         dense = view.apply_sync(_gossip_here, s, None)
         X = np.stack([d["x"] for d in dense])
-        np.testing.assert_allclose(np.stack([d["y"] for d in dense]), gossip_matrix(n, s) @ X,
-                                   atol=1e-12)  # fmt: skip
+        np.testing.assert_allclose(
+            np.stack([d["y"] for d in dense]), gossip_matrix(n, s) @ X, atol=1e-12
+        )
         sparse = view.apply_sync(_gossip_here, s, t)
         hat = np.where(np.abs(X) > t, X, 0.0)
-        np.testing.assert_allclose(np.stack([d["y"] for d in sparse]), gossip_matrix(n, s) @ hat,
-                                   atol=1e-12)  # fmt: skip
+        np.testing.assert_allclose(
+            np.stack([d["y"] for d in sparse]), gossip_matrix(n, s) @ hat, atol=1e-12
+        )
         for i, d in enumerate(sparse):
             count = int((np.abs(X[i]) > t).sum())
             assert 0 < count < X.shape[1]
@@ -180,12 +194,16 @@ def test_gossip_training_equals_the_simulation_and_talks_to_the_rotating_partner
     n = 4
     nbytes = 4 * 2410
     result = run(cluster, n, PLAIN, method="gossip")  # Algorithm 2: gradients mixed every step
-    for got, expected in zip(engine_weights(cluster, n), simulate_local_sgd(
-            mlp, small_digits, PLAIN, n, averaging="gossip"), strict=True):  # fmt: skip
+    for got, expected in zip(
+        engine_weights(cluster, n),
+        simulate_local_sgd(mlp, small_digits, PLAIN, n, averaging="gossip"),
+        strict=True,
+    ):
         close(got, expected)
     distances = gossip_distances(n, STEPS)  # 1, 2, 1, 2, 1
-    for i, sent in enumerate(cluster.client[list(cluster.ids_by_rank)[:n]].apply_sync(
-            _peer_bytes_here)):  # fmt: skip
+    for i, sent in enumerate(
+        cluster.client[list(cluster.ids_by_rank)[:n]].apply_sync(_peer_bytes_here)
+    ):
         want: dict[int, int] = {}
         for s in distances:
             for peer in set(gossip_partners(i, n, s)):  # s = 2: one partner, one message
@@ -193,8 +211,11 @@ def test_gossip_training_equals_the_simulation_and_talks_to_the_rotating_partner
         assert sent == want, (i, sent, want)
     assert all(r["wait_s"] == 0 for r in result.records)  # never a global barrier
     result = run(cluster, n, PLAIN, method="local_sgd", period=2, averaging="gossip")
-    for got, expected in zip(engine_weights(cluster, n), simulate_local_sgd(
-            mlp, small_digits, PLAIN, n, period=2, averaging="gossip"), strict=True):  # fmt: skip
+    for got, expected in zip(
+        engine_weights(cluster, n),
+        simulate_local_sgd(mlp, small_digits, PLAIN, n, period=2, averaging="gossip"),
+        strict=True,
+    ):
         close(got, expected)
 
 

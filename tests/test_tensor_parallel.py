@@ -221,8 +221,10 @@ def test_lecture09_checks_pass_answers_and_fail_stubs_and_wrong_ones(cluster):
 
     assert check_column_parallel(column_by_allgather, cluster, verbose=False).passed
     assert check_row_parallel(row_by_allreduce, cluster, verbose=False).passed
-    for check, stub in ((check_column_parallel, stub_column_parallel),
-                        (check_row_parallel, stub_row_parallel)):  # fmt: skip
+    for check, stub in (
+        (check_column_parallel, stub_column_parallel),
+        (check_row_parallel, stub_row_parallel),
+    ):
         verdict = check(stub, cluster, verbose=False)
         assert not verdict.passed and "not implemented" in verdict.detail, verdict
     verdict = check_row_parallel(row_without_reduction, cluster, verbose=False)

@@ -111,8 +111,13 @@ def test_fit_with_a_shard_sampler_sees_only_its_shard():
             return self.lin(X)
 
     sampler = ShardSampler(12, 1, 3, seed=4)
-    fit(Spy(), TensorDataset(X, y), TrainConfig(num_epochs=2, batch_size=2), sampler=sampler,
-        progress=False)  # fmt: skip
+    fit(
+        Spy(),
+        TensorDataset(X, y),
+        TrainConfig(num_epochs=2, batch_size=2),
+        sampler=sampler,
+        progress=False,
+    )
     from course_lib.data import shard_indices
 
     expected = shard_indices(12, 1, 3, seed=4, epoch=0) + shard_indices(12, 1, 3, seed=4, epoch=1)
@@ -142,17 +147,27 @@ def test_evaluate_segmentation_ignores_label_255():
 
 @pytest.mark.parametrize(
     "kwargs",
-    [{"num_epochs": 0}, {"lr": 0.0}, {"lr": -1}, {"batch_size": 0}, {"momentum": 1.0},
-     {"optimizer": "rmsprop"}],
-)  # fmt: skip
+    [
+        {"num_epochs": 0},
+        {"lr": 0.0},
+        {"lr": -1},
+        {"batch_size": 0},
+        {"momentum": 1.0},
+        {"optimizer": "rmsprop"},
+    ],
+)
 def test_bad_settings_are_rejected(kwargs):
     with pytest.raises(ValueError):
         TrainConfig(**kwargs)
 
 
 def test_history_plot_has_learning_curves():
-    history = History(epochs=[{"epoch": 1, "train_loss": 2.0, "test_accuracy": 0.3},
-                              {"epoch": 2, "train_loss": 1.0, "test_accuracy": 0.6}])  # fmt: skip
+    history = History(
+        epochs=[
+            {"epoch": 1, "train_loss": 2.0, "test_accuracy": 0.3},
+            {"epoch": 2, "train_loss": 1.0, "test_accuracy": 0.6},
+        ]
+    )
     fig = history.plot("demo")
     ax_loss, ax_acc = fig.axes
     assert list(ax_loss.lines[0].get_ydata()) == [2.0, 1.0]

@@ -195,8 +195,9 @@ def save_run(
         ranks = gather_rank_states(comm, state)
         if ranks is None:
             return None
-    checkpoint = make_checkpoint(net, optimizer, config, history, epochs_done=epochs_done,
-                                 steps_done=steps_done, ranks=ranks)  # fmt: skip
+    checkpoint = make_checkpoint(
+        net, optimizer, config, history, epochs_done=epochs_done, steps_done=steps_done, ranks=ranks
+    )
     return save_checkpoint(where, checkpoint)
 
 

@@ -80,8 +80,11 @@ def check_corr2d(corr2d: Callable, *, verbose: bool = True) -> Verdict:
         ]:
             X, K = rng.normal(size=(h, w)), rng.normal(size=(kh, kw))
             ref = F.conv2d(torch.tensor(X)[None, None], torch.tensor(K)[None, None], stride=stride)
-            assert_close(f"corr2d with a {kh}x{kw} kernel, stride {stride}", corr2d(X, K, stride),
-                   ref[0, 0].numpy())  # fmt: skip
+            assert_close(
+                f"corr2d with a {kh}x{kw} kernel, stride {stride}",
+                corr2d(X, K, stride),
+                ref[0, 0].numpy(),
+            )
         return "equal to torch's conv2d for 3 shapes and strides"
 
     return run_check("2.1", "2-D cross-correlation", body, verbose=verbose)

@@ -97,9 +97,15 @@ def _parameter_server_body(fn: Callable, cluster: Any, world_size: int | None) -
 
     try:
         result = train_data_parallel(
-            cluster, model=check_net, dataset=check_digits, config=CHECK_CONFIG,
-            method=_exercise_exchange(fn), world_size=world_size, comm_timeout=20, timeout=240,
-        )  # fmt: skip
+            cluster,
+            model=check_net,
+            dataset=check_digits,
+            config=CHECK_CONFIG,
+            method=_exercise_exchange(fn),
+            world_size=world_size,
+            comm_timeout=20,
+            timeout=240,
+        )
     except DataParallelError as exc:
         if "NotImplementedError" in str(exc):
             raise NotImplementedError(
@@ -170,8 +176,13 @@ def reference_sync_time(
 
 
 def _sync_time_body(fn: Callable) -> str:
-    cases = [(m, n, p, a, b) for m in ("parameter_server", "ring") for n in (4e3, 8.33e6)
-             for p in (2, 3, 6) for a, b in ((50e-6, 1 / 125e6), (1e-3, 1 / 12.5e6))]  # fmt: skip
+    cases = [
+        (m, n, p, a, b)
+        for m in ("parameter_server", "ring")
+        for n in (4e3, 8.33e6)
+        for p in (2, 3, 6)
+        for a, b in ((50e-6, 1 / 125e6), (1e-3, 1 / 12.5e6))
+    ]
     for method, nbytes, p, alpha, beta in cases:
         got = float(fn(method, nbytes, p, alpha, beta))
         want = reference_sync_time(method, nbytes, p, alpha, beta)

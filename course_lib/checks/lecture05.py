@@ -71,8 +71,9 @@ def _staleness_body(fn: Callable) -> str:
 
 def check_staleness(fn: Callable, *, verbose: bool = True) -> Verdict:
     """Exercise 5.1: ``fn(order, workers) -> [staleness, ...]`` against the server's ledger."""
-    return run_check("5.1", "staleness of each gradient", lambda: _staleness_body(fn),
-                     verbose=verbose)  # fmt: skip
+    return run_check(
+        "5.1", "staleness of each gradient", lambda: _staleness_body(fn), verbose=verbose
+    )
 
 
 # ---- Exercise 5.2: the SSP gate -----------------------------------------------------------------

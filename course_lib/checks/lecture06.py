@@ -61,8 +61,14 @@ def _gossip_matrix_body(fn: Callable) -> str:
             raise AssertionError(f"P={p}, s={s}: got a {got.shape} matrix, want ({p}, {p})")
         if not np.allclose(got, want, atol=1e-12):
             i, j = np.unravel_index(np.argmax(np.abs(got - want)), want.shape)
-            hint = (" (when the left and right partner are the same rank, its message counts "
-                    "twice: add, do not assign)") if (p == 2 or 2 * s == p) else ""  # fmt: skip
+            hint = (
+                (
+                    " (when the left and right partner are the same rank, its message counts "
+                    "twice: add, do not assign)"
+                )
+                if (p == 2 or 2 * s == p)
+                else ""
+            )
             raise AssertionError(
                 f"P={p}, s={s}: entry [{i}, {j}] is {got[i, j]:.4f}, want {want[i, j]:.4f}{hint}"
             )
@@ -71,8 +77,9 @@ def _gossip_matrix_body(fn: Callable) -> str:
 
 def check_gossip_matrix(fn: Callable, *, verbose: bool = True) -> Verdict:
     """Exercise 6.1: ``fn(world_size, s)`` against the library's gossip matrix."""
-    return run_check("6.1", "gossip mixing matrix", lambda: _gossip_matrix_body(fn),
-                     verbose=verbose)  # fmt: skip
+    return run_check(
+        "6.1", "gossip mixing matrix", lambda: _gossip_matrix_body(fn), verbose=verbose
+    )
 
 
 # ---- Exercise 6.2: the spectral gap -------------------------------------------------------------
@@ -96,9 +103,14 @@ def _cases() -> list[tuple[str, np.ndarray]]:
     rng = np.random.default_rng(6)
     perms = [np.eye(5)[rng.permutation(5)] for _ in range(3)]
     skewed = 0.5 * perms[0] + 0.3 * perms[1] + 0.2 * perms[2]  # doubly stochastic, not symmetric
-    return [("allreduce, P=4", allreduce_matrix(4)), ("ring, P=6", gossip_matrix(6, 1)),
-            ("rotation, P=8", rotation_product(8)), ("two ranks", gossip_matrix(2, 1)),
-            ("identity, P=3", np.eye(3)), ("non-symmetric, P=5", skewed)]  # fmt: skip
+    return [
+        ("allreduce, P=4", allreduce_matrix(4)),
+        ("ring, P=6", gossip_matrix(6, 1)),
+        ("rotation, P=8", rotation_product(8)),
+        ("two ranks", gossip_matrix(2, 1)),
+        ("identity, P=3", np.eye(3)),
+        ("non-symmetric, P=5", skewed),
+    ]
 
 
 def _spectral_gap_body(fn: Callable) -> str:

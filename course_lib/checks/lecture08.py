@@ -48,11 +48,13 @@ def two_messages_values_sent(
 
 
 def _cases() -> list[tuple[str, int, int, int, int]]:
-    return [(averaging, size, n, steps, period)
-            for averaging in ("allreduce", "gossip")
-            for n in (2, 3, 4, 5, 8)
-            for steps, period in ((92, 1), (92, 4), (92, 16), (100, 32), (7, 1))
-            for size in (9610,)]  # fmt: skip
+    return [
+        (averaging, size, n, steps, period)
+        for averaging in ("allreduce", "gossip")
+        for n in (2, 3, 4, 5, 8)
+        for steps, period in ((92, 1), (92, 4), (92, 16), (100, 32), (7, 1))
+        for size in (9610,)
+    ]
 
 
 def _values_sent_body(fn: Callable) -> str:
@@ -63,11 +65,15 @@ def _values_sent_body(fn: Callable) -> str:
         if not np.isclose(got, want, rtol=1e-9):
             hint = ""
             if averaging == "allreduce":
-                hint = (" (a ring allreduce moves 2(N-1)/N of the vector per rank, once per "
-                        "period: steps // period times)")  # fmt: skip
+                hint = (
+                    " (a ring allreduce moves 2(N-1)/N of the vector per rank, once per "
+                    "period: steps // period times)"
+                )
             elif n % 2 == 0:
-                hint = (" (at s = P/2 both partners are the same rank: one message, not two; "
-                        "the distance moves on only at the steps that gossip)")  # fmt: skip
+                hint = (
+                    " (at s = P/2 both partners are the same rank: one message, not two; "
+                    "the distance moves on only at the steps that gossip)"
+                )
             raise AssertionError(
                 f"{averaging}, P={n}, {steps} steps, period {period}: got {got:.0f} values, "
                 f"want {want:.0f}{hint}"

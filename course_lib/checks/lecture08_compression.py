@@ -19,14 +19,16 @@ CASES = [(0.4, 7.8e6, 4, 68.7 / 96.996), (2.0, 8.33e6, 6, 68.7 / 96.996), (0.1, 
          (0.05, 3e5, 8, 0.9)]  # fmt: skip
 
 
-def stub_regime_rate(compute_s: float, gradient_bytes: float, world_size: int,
-                     sync_share: float) -> float:  # fmt: skip
+def stub_regime_rate(
+    compute_s: float, gradient_bytes: float, world_size: int, sync_share: float
+) -> float:
     """The released stub."""
     raise NotImplementedError("return B = ... from t_s = t_c f / (1 - f) and the star's t_s")
 
 
-def one_hop_regime_rate(compute_s: float, gradient_bytes: float, world_size: int,
-                        sync_share: float) -> float:  # fmt: skip
+def one_hop_regime_rate(
+    compute_s: float, gradient_bytes: float, world_size: int, sync_share: float
+) -> float:
     """A wrong answer: only the N-1 uploads are counted, not the server's N-1 replies."""
     return (world_size - 1) * gradient_bytes * (1 - sync_share) / (sync_share * compute_s)
 
@@ -38,8 +40,10 @@ def _body(fn: Callable) -> str:
         if abs(got - want) > 1e-6 * want:
             hint = ""
             if abs(got - want / 2) < 1e-6 * want:
-                hint = (": half the right rate, as if only the uploads counted; the server "
-                        "must also send the N-1 means back, after it has averaged")  # fmt: skip
+                hint = (
+                    ": half the right rate, as if only the uploads counted; the server "
+                    "must also send the N-1 means back, after it has averaged"
+                )
             raise AssertionError(
                 f"t_c={compute_s} s, S={nbytes:g} B, N={n}, f={share:.3f}: got {got / 1e6:.3f} "
                 f"MB/s, want {want / 1e6:.3f} MB/s{hint}"

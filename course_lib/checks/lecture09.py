@@ -139,8 +139,15 @@ def _engine_check(name: str, fn: Callable, exercise: str) -> str:
     return check_on_rank(comm, fn, exercise)
 
 
-def _check(exercise: str, title: str, fn: Callable, cluster: Any, comm_name: str, verbose: bool,
-           timeout: float) -> Verdict:  # fmt: skip
+def _check(
+    exercise: str,
+    title: str,
+    fn: Callable,
+    cluster: Any,
+    comm_name: str,
+    verbose: bool,
+    timeout: float,
+) -> Verdict:
     def body() -> str:
         try:
             return cluster.run(_engine_check, comm_name, fn, exercise, timeout=timeout)[0]
@@ -155,19 +162,37 @@ def _check(exercise: str, title: str, fn: Callable, cluster: Any, comm_name: str
     return run_check(exercise, title, body, verbose=verbose)
 
 
-def check_column_parallel(fn: Callable, cluster: Any, *, comm_name: str = "comm",
-                          verbose: bool = True, timeout: float = 90.0) -> Verdict:  # fmt: skip
+def check_column_parallel(
+    fn: Callable,
+    cluster: Any,
+    *,
+    comm_name: str = "comm",
+    verbose: bool = True,
+    timeout: float = 90.0,
+) -> Verdict:
     """Exercise 9.1: ``fn(comm, X, W_shard)`` returns the full ``X @ W.T`` on every rank."""
     return _check("9.1", "column-parallel matmul", fn, cluster, comm_name, verbose, timeout)
 
 
-def check_row_parallel(fn: Callable, cluster: Any, *, comm_name: str = "comm",
-                       verbose: bool = True, timeout: float = 90.0) -> Verdict:  # fmt: skip
+def check_row_parallel(
+    fn: Callable,
+    cluster: Any,
+    *,
+    comm_name: str = "comm",
+    verbose: bool = True,
+    timeout: float = 90.0,
+) -> Verdict:
     """Exercise 9.2: ``fn(comm, X_shard, W_shard)`` returns the full ``X @ W.T`` on every rank."""
     return _check("9.2", "row-parallel matmul", fn, cluster, comm_name, verbose, timeout)
 
 
-def check_features_grad(fn: Callable, cluster: Any, *, comm_name: str = "comm",
-                        verbose: bool = True, timeout: float = 90.0) -> Verdict:  # fmt: skip
+def check_features_grad(
+    fn: Callable,
+    cluster: Any,
+    *,
+    comm_name: str = "comm",
+    verbose: bool = True,
+    timeout: float = 90.0,
+) -> Verdict:
     """Exercise 9.3: ``fn(comm, grad_whole)`` returns the summed gradient of this rank's samples."""
     return _check("9.3", "the features' gradient", fn, cluster, comm_name, verbose, timeout)

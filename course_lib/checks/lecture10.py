@@ -63,8 +63,13 @@ def check_one_f_one_b(fn: Callable, *, verbose: bool = True) -> Verdict:
 
 
 def _balance_body(fn: Callable) -> str:
-    cases = [([1, 1, 1, 1, 4], 2), ([4, 1, 1, 1, 1, 4], 3), ([2, 3, 1, 5, 2, 2, 1, 4], 4),
-             ([1] * 6, 6), ([5, 1, 1, 1], 1)]  # fmt: skip
+    cases = [
+        ([1, 1, 1, 1, 4], 2),
+        ([4, 1, 1, 1, 1, 4], 3),
+        ([2, 3, 1, 5, 2, 2, 1, 4], 4),
+        ([1] * 6, 6),
+        ([5, 1, 1, 1], 1),
+    ]
     for costs, p in cases:
         got = [tuple(b) for b in fn(costs, p)]
         stop = 0

@@ -44,9 +44,12 @@ def find_benchmarks(folder: Path = ROOT / "bench") -> list[Benchmark]:
 def listing(benchmarks: list[Benchmark]) -> str:
     """Return the usage and one line per benchmark (``./kit bench --help``)."""
     width = max(len(b.name) for b in benchmarks) + len(" (root)")
-    lines = ["usage: ./kit bench NAME [ARGS...]   one benchmark (./kit bench NAME --help: its "
-             "options)", "       ./kit bench --all            every one in turn; those marked "
-             "(root) only when run as root", "benchmarks in bench/:"]  # fmt: skip
+    lines = [
+        "usage: ./kit bench NAME [ARGS...]   one benchmark (./kit bench NAME --help: its options)",
+        "       ./kit bench --all            every one in turn; those marked "
+        "(root) only when run as root",
+        "benchmarks in bench/:",
+    ]
     for b in benchmarks:
         label = f"{b.name} (root)" if b.needs_root else b.name
         lines.append(f"  {label:<{width}}  {b.summary}")
@@ -85,13 +88,19 @@ def bench_job(argv: list[str]) -> int:
         return 2
     if argv[0] == "--all":
         if len(argv) > 1:
-            print(f"kit bench: --all takes no arguments ({' '.join(argv[1:])}); give them to "
-                  "one benchmark: ./kit bench NAME ARGS", file=sys.stderr)  # fmt: skip
+            print(
+                f"kit bench: --all takes no arguments ({' '.join(argv[1:])}); give them to "
+                "one benchmark: ./kit bench NAME ARGS",
+                file=sys.stderr,
+            )
             return 2
         return run_all(benchmarks, as_root=is_root())
     chosen = next((b for b in benchmarks if b.name == argv[0]), None)
     if chosen is None:
-        print(f"kit: no benchmark named {argv[0]!r}; choose one of: {names} (or --all; "
-              "./kit bench --help says what each measures)", file=sys.stderr)  # fmt: skip
+        print(
+            f"kit: no benchmark named {argv[0]!r}; choose one of: {names} (or --all; "
+            "./kit bench --help says what each measures)",
+            file=sys.stderr,
+        )
         return 2
     return hand_over([sys.executable, str(chosen.path), *argv[1:]], ROOT)

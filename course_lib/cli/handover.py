@@ -61,8 +61,10 @@ def checkout_problem(*needed: str) -> str | None:
     missing = [name for name in needed if not (ROOT / name).exists()]
     if not missing:
         return None
-    return (f"{', '.join(missing)} not found next to course_lib in {ROOT}: run the kit from a "
-            "checkout of the course (git clone), installed with pip install -e")  # fmt: skip
+    return (
+        f"{', '.join(missing)} not found next to course_lib in {ROOT}: run the kit from a "
+        "checkout of the course (git clone), installed with pip install -e"
+    )
 
 
 def hand_over(argv: list[str], cwd: Path = ROOT) -> int | NoReturn:

@@ -69,9 +69,11 @@ def help_text() -> str:
     rows = [("help", "this list")]
     rows[:0] = [row for job in JOBS.values() for row in job.usage]
     width = max(len(usage) for usage, _ in rows)
-    lines = ["usage: ./kit JOB [ARGS...]",
-             "       python -m course_lib JOB [ARGS...]   (the same without bash, e.g. on Windows;"
-             " or course-kit JOB)"]  # fmt: skip
+    lines = [
+        "usage: ./kit JOB [ARGS...]",
+        "       python -m course_lib JOB [ARGS...]   (the same without bash, e.g. on Windows;"
+        " or course-kit JOB)",
+    ]
     lines += [f"  {usage:<{width}}  {what}" for usage, what in rows]
     lines.append("./kit JOB --help shows a job's options.")
     return "\n".join(lines)
@@ -90,8 +92,11 @@ def main(argv: list[str] | None = None) -> int:
         return _quietly(_help, [])
     job = JOBS.get(name)
     if job is None:
-        print(f"kit: no job named {name!r}; choose one of: {', '.join(JOBS)} (./kit help lists "
-              "them with their options)", file=sys.stderr)  # fmt: skip
+        print(
+            f"kit: no job named {name!r}; choose one of: {', '.join(JOBS)} (./kit help lists "
+            "them with their options)",
+            file=sys.stderr,
+        )
         return 2
     return _quietly(job.run, argv)
 

@@ -43,12 +43,18 @@ def _check() -> int:
     try:
         missing = missing_requirements()
     except metadata.PackageNotFoundError:
-        print(f"kit setup: the kit ({DISTRIBUTION}) is not installed in {sys.executable}: "
-              "run python -m course_lib setup from the checkout", file=sys.stderr)  # fmt: skip
+        print(
+            f"kit setup: the kit ({DISTRIBUTION}) is not installed in {sys.executable}: "
+            "run python -m course_lib setup from the checkout",
+            file=sys.stderr,
+        )
         return 1
     if missing:
-        print(f"kit setup: not installed in {sys.executable}: {', '.join(missing)}; run "
-              "python -m course_lib setup (./kit setup) to install them", file=sys.stderr)  # fmt: skip
+        print(
+            f"kit setup: not installed in {sys.executable}: {', '.join(missing)}; run "
+            "python -m course_lib setup (./kit setup) to install them",
+            file=sys.stderr,
+        )
         return 1
     versions = []
     for name in SHOWN:
@@ -63,19 +69,25 @@ def _check() -> int:
 def setup_job(argv: list[str]) -> int:
     """Install the checkout with its extras into this Python (unless ``--check``); check it."""
     parser = KitParser(prog="./kit setup", description=__doc__.splitlines()[0])
-    parser.add_argument("--check", action="store_true",
-                        help="only check that every dependency is installed")  # fmt: skip
+    parser.add_argument(
+        "--check", action="store_true", help="only check that every dependency is installed"
+    )
     args = parser.parse_args(argv)
     if not args.check:
         if (problem := checkout_problem("pyproject.toml")) is not None:
             print(f"kit setup: {problem}", file=sys.stderr)
             return 2
-        print(f"kit: installing the kit and its dependencies into {sys.prefix} "
-              "(torch is large: a few minutes)", flush=True)  # fmt: skip
+        print(
+            f"kit: installing the kit and its dependencies into {sys.prefix} "
+            "(torch is large: a few minutes)",
+            flush=True,
+        )
         pip = [sys.executable, "-m", "pip", "install", "--quiet"]
         done = subprocess.run([*pip, "-e", f"{ROOT}[{EXTRAS}]"], check=False)
         if done.returncode != 0:
-            print(f"kit setup: pip failed (exit {done.returncode}): see its message above",
-                  file=sys.stderr)  # fmt: skip
+            print(
+                f"kit setup: pip failed (exit {done.returncode}): see its message above",
+                file=sys.stderr,
+            )
             return 1
     return _check()

@@ -15,8 +15,10 @@ LINTED = ("course_lib", "tests", "bench")
 # stays on one worker (--dist loadfile): a module's fixtures start once and a notebook's cells
 # run in order in one kernel; each worker has its own engine pool.
 PYTEST_ARGS = ("tests", "notebooks", "-n", "2", "--dist", "loadfile")
-USAGE = (f"usage: ./kit test [PYTEST ARGS...]: ruff check {' '.join(LINTED)}, then "
-         f"pytest {' '.join(PYTEST_ARGS)} PYTEST ARGS (pytest --help lists pytest's options)")  # fmt: skip
+USAGE = (
+    f"usage: ./kit test [PYTEST ARGS...]: ruff check and ruff format --check {' '.join(LINTED)}, then "
+    f"pytest {' '.join(PYTEST_ARGS)} PYTEST ARGS (pytest --help lists pytest's options)"
+)
 
 
 def test_job(argv: list[str]) -> int:
@@ -27,12 +29,15 @@ def test_job(argv: list[str]) -> int:
     problem = checkout_problem("tests", "notebooks")
     missing = [name for name in ("ruff", "pytest", "xdist") if find_spec(name) is None]
     if missing:
-        problem = (f"{', '.join(missing)} not installed in {sys.executable}: install the "
-                   "kit's dev extra (python -m course_lib setup)")  # fmt: skip
+        problem = (
+            f"{', '.join(missing)} not installed in {sys.executable}: install the "
+            "kit's dev extra (python -m course_lib setup)"
+        )
     if problem is not None:
         print(f"kit test: {problem}", file=sys.stderr)
         return 2
-    lint = subprocess.run([sys.executable, "-m", "ruff", "check", *LINTED], cwd=ROOT, check=False)
-    if lint.returncode != 0:
-        return lint.returncode
+    for ruff in (["check"], ["format", "--check"]):  # lint, then the formatter's layout (STYLE 19)
+        lint = subprocess.run([sys.executable, "-m", "ruff", *ruff, *LINTED], cwd=ROOT, check=False)
+        if lint.returncode != 0:
+            return lint.returncode
     return hand_over([sys.executable, "-m", "pytest", *PYTEST_ARGS, *argv], ROOT)

@@ -35,9 +35,11 @@ def _no_cluster_advice(args: argparse.Namespace, exc: Exception) -> str:
     if not text.startswith("no running cluster"):
         return text
     where = f"profile {args.profile!r}" if args.profile else f"connection file {args.file}"
-    return (f"no cluster is running for {where}: start the lab's with ./kit lab start "
-            "HOSTS.toml (its [controller] profile, 'lab' by default), or give the running "
-            "cluster's --profile or --file ipcontroller-client.json")  # fmt: skip
+    return (
+        f"no cluster is running for {where}: start the lab's with ./kit lab start "
+        "HOSTS.toml (its [controller] profile, 'lab' by default), or give the running "
+        "cluster's --profile or --file ipcontroller-client.json"
+    )
 
 
 def _doctor(args: argparse.Namespace) -> int:
@@ -119,8 +121,10 @@ def lab_main(args: argparse.Namespace) -> int:
         if args.action == "mpi":
             return _lab_mpi(hosts, args)
         if args.action != "add" and args.pcs:
-            raise ValueError(f"`lab {args.action}` takes no PC names ({' '.join(args.pcs)}); "
-                             "re-add PCs with: ./kit lab add HOSTS PC...")  # fmt: skip
+            raise ValueError(
+                f"`lab {args.action}` takes no PC names ({' '.join(args.pcs)}); "
+                "re-add PCs with: ./kit lab add HOSTS PC..."
+            )
         if args.action == "add":
             added, seconds = add_pcs(hosts, args.pcs, timeout=args.timeout)
             if not added:
@@ -129,13 +133,16 @@ def lab_main(args: argparse.Namespace) -> int:
                 print(f"re-added {', '.join(added)}: their engines answered after {seconds:.1f} s")
             return 0
         if args.action == "start":
-            cluster, seconds = start_lab(hosts, timeout=args.timeout,
-                                         progress=lambda line: print(line, flush=True))  # fmt: skip
+            cluster, seconds = start_lab(
+                hosts, timeout=args.timeout, progress=lambda line: print(line, flush=True)
+            )
             files = Path(cluster.profile_dir) / "security"
-            print(f"lab cluster up: {hosts.engines} engines on {len(hosts.pcs)} PCs answered "
-                  f"after {seconds:.1f} s; students: COURSE_CLUSTER_PROFILE={hosts.profile} "
-                  f"(or COURSE_CLUSTER_FILE={files / 'ipcontroller-client.json'}, "
-                  "with lab-seats.json beside it); each notebook gets a seat of its own")  # fmt: skip
+            print(
+                f"lab cluster up: {hosts.engines} engines on {len(hosts.pcs)} PCs answered "
+                f"after {seconds:.1f} s; students: COURSE_CLUSTER_PROFILE={hosts.profile} "
+                f"(or COURSE_CLUSTER_FILE={files / 'ipcontroller-client.json'}, "
+                "with lab-seats.json beside it); each notebook gets a seat of its own"
+            )
             return 0
         if args.action == "status":
             ok, text = lab_status(hosts)
@@ -164,8 +171,10 @@ def _bare_status() -> int:
     ok = True
     for lab in labs:
         if lab.hosts_file is None:
-            print(f"lab cluster running in profile {lab.profile!r} (controller pid {lab.pid}); "
-                  "for its engines per PC give its hosts file: ./kit lab status HOSTS.toml")  # fmt: skip
+            print(
+                f"lab cluster running in profile {lab.profile!r} (controller pid {lab.pid}); "
+                "for its engines per PC give its hosts file: ./kit lab status HOSTS.toml"
+            )
             continue
         fine, text = lab_status(read_hosts(lab.hosts_file))
         print(f"{text}\n  (hosts file: {lab.hosts_file})")
@@ -209,8 +218,12 @@ def main(argv: list[str] | None = None, prog: str = "python -m course_lib.cluste
     up = actions.add_parser("up", help="build a room of N PCs that stays up")
     up.add_argument("pcs", type=int, metavar="N", help="number of PCs")
     up.add_argument("--rate", default="1gbit", help="every link's rate (tc syntax: 1gbit, 100mbit)")
-    up.add_argument("--engines", type=int, default=1,
-                    help="engines per PC in the hosts file it writes for ./kit lab start")  # fmt: skip
+    up.add_argument(
+        "--engines",
+        type=int,
+        default=1,
+        help="engines per PC in the hosts file it writes for ./kit lab start",
+    )
     actions.add_parser("down", help="remove the room that `up` built")
     actions.add_parser("status", help="show the room that is up")
     run = actions.add_parser("run", help="run a command inside one PC: run pc1 -- CMD")
@@ -218,10 +231,18 @@ def main(argv: list[str] | None = None, prog: str = "python -m course_lib.cluste
     run.add_argument("argv", nargs=argparse.REMAINDER, help="the command")
     lab = jobs.add_parser("lab", help="one cluster across the lab's PCs, from a hosts file")
     lab.add_argument("action", choices=["start", "status", "add", "stop", "mpi"])
-    lab.add_argument("hosts", nargs="?", help="the hosts file (TOML), e.g. hosts.toml "
-                     "(status without it: the lab cluster running here)")  # fmt: skip
-    lab.add_argument("pcs", nargs="*", metavar="PC",
-                     help="add: the PCs to re-add; mpi: -- the command every rank runs")  # fmt: skip
+    lab.add_argument(
+        "hosts",
+        nargs="?",
+        help="the hosts file (TOML), e.g. hosts.toml "
+        "(status without it: the lab cluster running here)",
+    )
+    lab.add_argument(
+        "pcs",
+        nargs="*",
+        metavar="PC",
+        help="add: the PCs to re-add; mpi: -- the command every rank runs",
+    )
     lab.add_argument("--ranks", type=int, default=None, help="mpi: ranks (default: all engines)")
     lab.add_argument("--timeout", type=float, default=120.0, help="seconds to wait for engines")
     args = parser.parse_args(argv)

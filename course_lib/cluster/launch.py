@@ -177,8 +177,11 @@ class CourseCluster:
             host = host or self.engine_info.get(eid, {}).get("host", "?")
             hosts[host] = hosts.get(host, 0) + 1
         on = ", ".join(f"{host} ({k})" for host, k in hosts.items())
-        source = (f"profile {self.settings.profile!r}" if self.settings.profile
-                  else f"file {self.settings.connection_file}")  # fmt: skip
+        source = (
+            f"profile {self.settings.profile!r}"
+            if self.settings.profile
+            else f"file {self.settings.connection_file}"
+        )
         held = "a seat of" if self.seat else "all"
         lost = (
             " (SEAT LOST: the lab stopped, or no heartbeat reached it; start_cluster again)"
@@ -349,8 +352,10 @@ def start_cluster(
                 raise ClusterError(f"no seat in the room: {exc}") from None
             # A notebook asked for n engines; the room has none free: one line, then this PC.
             local = ClusterSettings(**{**settings.__dict__, "kind": "local"})
-            print(f"course_lib: {exc}; running on {settings.n} local engines on this PC instead "
-                  "(start_cluster again later for a seat in the room)")  # fmt: skip
+            print(
+                f"course_lib: {exc}; running on {settings.n} local engines on this PC instead "
+                "(start_cluster again later for a seat in the room)"
+            )
             cluster = _start(local)
     else:
         cluster = _start(settings)

@@ -123,10 +123,20 @@ class NetworkReport:
             if link.error is not None:
                 rows.append([link.src, link.dst, "-", "-", f"BLOCKED: {link.error}"])
             else:
-                flag = "slow" if any(f"{link.src} -> {link.dst}: slow" in p
-                                     for p in self.problems) else ""  # fmt: skip
-                rows.append([link.src, link.dst, f"{link.bandwidth / 1e6:.1f}",
-                             f"{link.latency * 1e6:.0f}", flag])  # fmt: skip
+                flag = (
+                    "slow"
+                    if any(f"{link.src} -> {link.dst}: slow" in p for p in self.problems)
+                    else ""
+                )
+                rows.append(
+                    [
+                        link.src,
+                        link.dst,
+                        f"{link.bandwidth / 1e6:.1f}",
+                        f"{link.latency * 1e6:.0f}",
+                        flag,
+                    ]
+                )
         return rows
 
     def _pc_rows(self) -> list[list[str]]:
@@ -142,14 +152,19 @@ class NetworkReport:
     def __str__(self) -> str:
         lines = []
         for head, rows in ((self.PC_HEAD, self._pc_rows()), (self.LINK_HEAD, self._link_rows())):
-            widths = [max(len(h), *(len(r[j]) for r in rows)) if rows else len(h)
-                      for j, h in enumerate(head)]  # fmt: skip
+            widths = [
+                max(len(h), *(len(r[j]) for r in rows)) if rows else len(h)
+                for j, h in enumerate(head)
+            ]
             lines.append("  ".join(h.ljust(w) for h, w in zip(head, widths, strict=True)))
             lines += ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)) for r in rows]
             lines.append("")
         lines.append(f"(links measured with {self.nbytes / 2**20:g} MiB messages, one at a time)")
-        lines.append("OK: every link is fast, open and in one subnet; clocks agree" if self.ok
-                     else "PROBLEMS:")  # fmt: skip
+        lines.append(
+            "OK: every link is fast, open and in one subnet; clocks agree"
+            if self.ok
+            else "PROBLEMS:"
+        )
         lines += [f"  - {p}" for p in self.problems]
         return "\n".join(lines)
 
@@ -255,9 +270,18 @@ def measure_network(
     ports = {b: engine[b].apply_sync(network_probe.open_sink) for b in {b for _, b in pairs}}
     try:
         for a, b in pairs:
-            res = engine[a].apply_async(network_probe.measure_to, places[first_rank[b]]
-                                        ["interfaces"], ports[b], nbytes, repeats,
-                                        timeout).get(timeout=wait)  # fmt: skip
+            res = (
+                engine[a]
+                .apply_async(
+                    network_probe.measure_to,
+                    places[first_rank[b]]["interfaces"],
+                    ports[b],
+                    nbytes,
+                    repeats,
+                    timeout,
+                )
+                .get(timeout=wait)
+            )
             links.append(_link(labels[a], labels[b], res))
     finally:
         for b, port in ports.items():
@@ -270,8 +294,13 @@ def measure_network(
     sink = network_probe.Sink()
     try:
         for k in (k for k in range(n) if k != mine):
-            res = engine[k].apply_async(network_probe.measure_to, here, sink.port, nbytes, repeats,
-                                        timeout, True).get(timeout=wait)  # fmt: skip
+            res = (
+                engine[k]
+                .apply_async(
+                    network_probe.measure_to, here, sink.port, nbytes, repeats, timeout, True
+                )
+                .get(timeout=wait)
+            )
             links.append(_link(labels[k], CONTROLLER, res))
             if "offset" in res:  # the controller's clock minus the PC's: negate for the PC's
                 skews[k] = (-res["offset"], res["offset_error"])
@@ -287,7 +316,7 @@ def measure_network(
             ranks=tuple(r for r, g in enumerate(groups) if g == k),
             skew=skews.get(k, (None, None))[0],
             skew_error=skews.get(k, (None, None))[1],
-        )  # fmt: skip
+        )
         for k in range(n)
     ]
     problems = network_problems(pcs, links, slow_fraction, max_skew)

@@ -77,9 +77,16 @@ def main(argv: list[str] | None = None) -> int:
     hosts = world.gather(socket.gethostname(), root=0)
     errors = world.gather(max(mpi_error, ring_error), root=0)
     if rank == 0:
-        report = {"ranks": size, "hosts": hosts, "bytes": n * 4,
-                  "mpi_error": mpi_error, "ring_error": ring_error, "max_error": max(errors),
-                  "mpi_seconds": mpi_times, "ring_seconds": ring_times}  # fmt: skip
+        report = {
+            "ranks": size,
+            "hosts": hosts,
+            "bytes": n * 4,
+            "mpi_error": mpi_error,
+            "ring_error": ring_error,
+            "max_error": max(errors),
+            "mpi_seconds": mpi_times,
+            "ring_seconds": ring_times,
+        }
         print("ALLREDUCE " + json.dumps(report), flush=True)
     return 0
 

@@ -79,8 +79,9 @@ class Handle:
             self.reqs = [comm._post_recv(self.header, peer, 2 * tag)]
             # eager: post the payload's receive now, so the sender may start at once (gloo sends
             # only into a posted receive); only for callers that agreed on sizes beforehand.
-            self.payload = (comm._post_recv(self.arr, peer, 2 * tag + 1)
-                            if eager and self.arr.size else None)  # fmt: skip
+            self.payload = (
+                comm._post_recv(self.arr, peer, 2 * tag + 1) if eager and self.arr.size else None
+            )
 
     def wait(self, timeout: float | None = None) -> Buffer | None:
         """Block until the message is complete; return the filled buffer for a receive."""

@@ -293,8 +293,13 @@ def plan_gloo_rendezvous(
             + "\n"
             + rendezvous_hint(addr, port)
         )
-    return {"addr": addr, "port": port, "ifnames": [m["ifname"] for m in met], "met": met,
-            "pc_of": pc_of}  # fmt: skip
+    return {
+        "addr": addr,
+        "port": port,
+        "ifnames": [m["ifname"] for m in met],
+        "met": met,
+        "pc_of": pc_of,
+    }
 
 
 def group_error(failures: list[tuple[int, Exception]], ids: list[int], plan: dict) -> Exception:
@@ -305,8 +310,10 @@ def group_error(failures: list[tuple[int, Exception]], ids: list[int], plan: dic
         if isinstance(exc, TimeoutError):  # the engine is still inside gloo's set-up
             text = "did not join in time (its engine stays busy until gloo's timeout passes)"
         where = describe_for_humans(plan["met"][rank], plan["ifnames"][rank])
-        lines.append(f"  rank {rank} (engine {ids[rank]}, PC {plan['pc_of'][rank] + 1}; {where}): "
-                     f"{text.strip().splitlines()[0][:300]}")  # fmt: skip
+        lines.append(
+            f"  rank {rank} (engine {ids[rank]}, PC {plan['pc_of'][rank] + 1}; {where}): "
+            f"{text.strip().splitlines()[0][:300]}"
+        )
     return RendezvousError(
         "gloo's process group did not form:\n"
         + "\n".join(lines)

@@ -133,15 +133,17 @@ class MgzipCodec(Codec):
         import mgzip
 
         s = self.settings
-        return mgzip.compress(bytes(data), compresslevel=self.level, thread=s.threads,
-                              blocksize=s.block_size)  # fmt: skip
+        return mgzip.compress(
+            bytes(data), compresslevel=self.level, thread=s.threads, blocksize=s.block_size
+        )
 
     def decode(self, data: bytes | memoryview, raw_size: int) -> bytes:
         """Return the gunzipped bytes."""
         import mgzip
 
-        return mgzip.decompress(bytes(data), thread=self.settings.threads,
-                                blocksize=self.settings.block_size)  # fmt: skip
+        return mgzip.decompress(
+            bytes(data), thread=self.settings.threads, blocksize=self.settings.block_size
+        )
 
 
 CODECS: dict[str, type[Codec]] = {c.name: c for c in (Codec, ZlibCodec, ZstdCodec, MgzipCodec)}

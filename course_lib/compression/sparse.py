@@ -90,8 +90,9 @@ class Threshold(_Sparse):
         flat, shape, dtype = as_float32(tensor)
         check_finite(flat, name, "threshold sparsification")
         idx = np.flatnonzero(np.abs(flat) > np.float32(self.settings.threshold))
-        return payload_of(self.name, shape, dtype, indices=_indices(idx, flat.size),
-                          values=flat[idx]), None  # fmt: skip
+        return payload_of(
+            self.name, shape, dtype, indices=_indices(idx, flat.size), values=flat[idx]
+        ), None
 
 
 @dataclass(frozen=True)
@@ -128,8 +129,9 @@ class TopK(_Sparse):
         k = self.settings.count(flat.size)
         idx = np.sort(np.argpartition(np.abs(flat), flat.size - k)[flat.size - k :]) if k else []
         idx = np.asarray(idx, dtype=np.int64)
-        return payload_of(self.name, shape, dtype, indices=_indices(idx, flat.size),
-                          values=flat[idx]), None  # fmt: skip
+        return payload_of(
+            self.name, shape, dtype, indices=_indices(idx, flat.size), values=flat[idx]
+        ), None
 
 
 class RandomK(_Sparse):

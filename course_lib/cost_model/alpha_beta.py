@@ -272,8 +272,10 @@ def fit_collective(algorithm: str, sizes, times, world_size: int) -> LinkModel:
     if n.size < 2 or np.unique(n).size < 2:
         raise ValueError("need times for at least two different buffer sizes")
     formula = ALGORITHMS[algorithm]
-    design = np.array([[formula(x, world_size, 1.0, 0.0), formula(x, world_size, 0.0, 1.0)]
-                       for x in n]) / t[:, None]  # fmt: skip
+    design = (
+        np.array([[formula(x, world_size, 1.0, 0.0), formula(x, world_size, 0.0, 1.0)] for x in n])
+        / t[:, None]
+    )
     (alpha, beta), *_ = np.linalg.lstsq(design, np.ones_like(t), rcond=None)
     return LinkModel(alpha=max(float(alpha), 0.0), beta=max(float(beta), 1e-15))
 
@@ -302,8 +304,10 @@ def collective_calibration(
 
         fn = getattr(collectives, algorithm, None)
         if fn is None or algorithm not in REDUCED_BYTES:
-            raise ValueError(f"no allreduce named {algorithm!r}; pass fn= or choose one of "
-                             f"{sorted(REDUCED_BYTES)}")  # fmt: skip
+            raise ValueError(
+                f"no allreduce named {algorithm!r}; pass fn= or choose one of "
+                f"{sorted(REDUCED_BYTES)}"
+            )
     sizes = sizes or [2**18, 2**20, 2**22, 2**24]  # 256 KB .. 16 MB
     if comm.world_size < 2:
         raise ValueError("collective_calibration needs a communicator of size >= 2")
@@ -316,5 +320,6 @@ def collective_calibration(
     times = np.array([float(np.median(samples[s])) for s in sizes])
     comm.broadcast(times, src=0)  # medians of the same maxima; rank 0's copy makes them identical
     model = fit_collective(algorithm, sizes, times, comm.world_size)
-    return Calibration(list(sizes), times.tolist(), model, f"{comm.label} ({algorithm} fit)",
-                       samples)  # fmt: skip
+    return Calibration(
+        list(sizes), times.tolist(), model, f"{comm.label} ({algorithm} fit)", samples
+    )

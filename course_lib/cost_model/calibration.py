@@ -48,7 +48,7 @@ def engine_calibrations(
             [
                 np.median(allreduce_times(comm, fn, np.ones(s // 4, np.float32), reps, 1))
                 for s in check_sizes
-            ]  # fmt: skip
+            ]
         )
         if times.size:
             comm.broadcast(times, src=0)

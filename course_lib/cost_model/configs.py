@@ -84,8 +84,10 @@ def check_config(op: Operator, cfg: ParallelConfig, batch: int, world_size: int)
         )
     n, split = cfg.degree, cfg.split
     if split == "row" and op.kind != "linear":
-        raise ValueError(f"{op.name}: a row split cuts a linear layer's inputs, not a {op.kind}; "
-                         "use column, sample or replicate")  # fmt: skip
+        raise ValueError(
+            f"{op.name}: a row split cuts a linear layer's inputs, not a {op.kind}; "
+            "use column, sample or replicate"
+        )
     if split == "column" and (
         op.kind == "loss" or (op.kind == "flatten" and len(op.in_shape) != 3)
     ):
@@ -93,24 +95,32 @@ def check_config(op: Operator, cfg: ParallelConfig, batch: int, world_size: int)
     if split == "attribute" and (
         op.kind not in ("conv2d", "maxpool", "relu") or len(op.out_shape) != 3
     ):
-        raise ValueError(f"{op.name}: an attribute (height) split needs an image operator "
-                         f"(conv2d, maxpool, relu on images), not {op.kind}; use sample")  # fmt: skip
+        raise ValueError(
+            f"{op.name}: an attribute (height) split needs an image operator "
+            f"(conv2d, maxpool, relu on images), not {op.kind}; use sample"
+        )
     if split == "sample" and batch % n:
-        raise ValueError(f"{op.name}: a batch of {batch} does not split over {n} workers; "
-                         f"use a degree that divides {batch} or a batch that is a multiple of {n}")  # fmt: skip
+        raise ValueError(
+            f"{op.name}: a batch of {batch} does not split over {n} workers; "
+            f"use a degree that divides {batch} or a batch that is a multiple of {n}"
+        )
     if split in ("column", "row", "attribute"):
         size, what = (op.in_shape[0], "input channels") if op.kind == "flatten" else _dim(op, split)
         if size % n:
             divisors = [d for d in range(1, min(size, world_size) + 1) if size % d == 0]
-            raise ValueError(f"{op.name}: {size} {what} do not split over {n} workers; "
-                             f"choose a degree in {divisors}")  # fmt: skip
+            raise ValueError(
+                f"{op.name}: {size} {what} do not split over {n} workers; "
+                f"choose a degree in {divisors}"
+            )
 
 
 def check_strategy(graph: OperatorGraph, strategy: tuple[ParallelConfig, ...], world_size: int):
     """Raise ValueError naming the fix unless ``strategy`` gives every operator a valid config."""
     if len(strategy) != len(graph.ops):
-        raise ValueError(f"{graph.name} has {len(graph.ops)} operators, the strategy gives "
-                         f"{len(strategy)} configurations: give one per operator")  # fmt: skip
+        raise ValueError(
+            f"{graph.name} has {len(graph.ops)} operators, the strategy gives "
+            f"{len(strategy)} configurations: give one per operator"
+        )
     for op, cfg in zip(graph.ops, strategy, strict=True):
         check_config(op, cfg, graph.batch, world_size)
 

@@ -84,12 +84,15 @@ def ring_allreduce_tasks(tag: str, devices, nbytes: float, start: dict, link: Li
     if n == 1:
         return [], {devices[0]: list(start[devices[0]])}
     tasks, chunk = [], nbytes / n
-    ids = [[f"{tag}s{s}:{devices[i]}>{devices[(i + 1) % n]}" for i in range(n)]
-           for s in range(2 * (n - 1))]  # fmt: skip
+    ids = [
+        [f"{tag}s{s}:{devices[i]}>{devices[(i + 1) % n]}" for i in range(n)]
+        for s in range(2 * (n - 1))
+    ]
     for s in range(2 * (n - 1)):
         for i, d in enumerate(devices):
             preds = list(start[d]) + ([ids[s - 1][(i - 1) % n]] if s else [])
-            tasks.append(message(ids[s][i], d, devices[(i + 1) % n], chunk, preds, link,
-                                  reduce=s < n - 1))  # fmt: skip
+            tasks.append(
+                message(ids[s][i], d, devices[(i + 1) % n], chunk, preds, link, reduce=s < n - 1)
+            )
     last = ids[-1]
     return tasks, {d: [last[(i - 1) % n]] for i, d in enumerate(devices)}

@@ -34,8 +34,9 @@ class FlopsCosts:
 
     def __init__(self, flops_per_s: float, backward_ratio: float = 2.0) -> None:
         if flops_per_s <= 0 or backward_ratio < 0:
-            raise ValueError(f"need flops_per_s > 0 and backward_ratio >= 0, got "
-                             f"{flops_per_s}, {backward_ratio}")  # fmt: skip
+            raise ValueError(
+                f"need flops_per_s > 0 and backward_ratio >= 0, got {flops_per_s}, {backward_ratio}"
+            )
         self.flops_per_s, self.backward_ratio = flops_per_s, backward_ratio
 
     def __call__(self, op: Operator, cfg: ParallelConfig, batch: int) -> tuple[float, float]:
@@ -48,8 +49,10 @@ def machine_description(threads: int) -> str:
     """Return what makes a time measured here valid: CPU, cores, torch version and threads."""
     import torch
 
-    return (f"{platform.machine()} {platform.processor() or platform.system()} "
-            f"cpus={os.cpu_count()} torch={torch.__version__} threads={threads}")  # fmt: skip
+    return (
+        f"{platform.machine()} {platform.processor() or platform.system()} "
+        f"cpus={os.cpu_count()} torch={torch.__version__} threads={threads}"
+    )
 
 
 def shard_signature(op: Operator, cfg: ParallelConfig, batch: int) -> tuple:

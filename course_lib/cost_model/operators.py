@@ -149,12 +149,24 @@ def alexnet_layers(num_classes: int = 1000) -> list[tuple]:
     convolutions (2.3 M parameters, about 90 % of the arithmetic) and three dense layers (58.6 M).
     """
     return [
-        ("conv2d", 64, 11, 2, 4), ("relu",), ("maxpool", 3, 2),
-        ("conv2d", 192, 5, 2, 1), ("relu",), ("maxpool", 3, 2),
-        ("conv2d", 384, 3, 1, 1), ("relu",),
-        ("conv2d", 256, 3, 1, 1), ("relu",),
-        ("conv2d", 256, 3, 1, 1), ("relu",), ("maxpool", 3, 2),
+        ("conv2d", 64, 11, 2, 4),
+        ("relu",),
+        ("maxpool", 3, 2),
+        ("conv2d", 192, 5, 2, 1),
+        ("relu",),
+        ("maxpool", 3, 2),
+        ("conv2d", 384, 3, 1, 1),
+        ("relu",),
+        ("conv2d", 256, 3, 1, 1),
+        ("relu",),
+        ("conv2d", 256, 3, 1, 1),
+        ("relu",),
+        ("maxpool", 3, 2),
         ("flatten",),
-        ("linear", 4096), ("relu",), ("linear", 4096), ("relu",), ("linear", num_classes),
+        ("linear", 4096),
+        ("relu",),
+        ("linear", 4096),
+        ("relu",),
+        ("linear", num_classes),
         ("loss",),
-    ]  # fmt: skip
+    ]

@@ -96,8 +96,10 @@ def exhaustive(
     space = space or search_space(sim)
     size = math.prod(len(c) for c in space)
     if size > limit:
-        raise ValueError(f"the space has {size} strategies, more than limit={limit}: restrict the "
-                         "degrees (search_space(sim, degrees=[...])) or use mcmc")  # fmt: skip
+        raise ValueError(
+            f"the space has {size} strategies, more than limit={limit}: restrict the "
+            "degrees (search_space(sim, degrees=[...])) or use mcmc"
+        )
     best, best_time, prev = None, math.inf, None
     for strategy in itertools.product(*space):
         prev = sim.run(strategy) if prev is None else sim.delta(prev, strategy)

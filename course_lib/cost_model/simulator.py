@@ -101,8 +101,11 @@ def _run(tasks, prefix_order=(), old=None) -> Simulation:
         free[tasks[tid].device] = end[tid]
         for s in succ[tid]:
             waiting[s] -= 1
-    heap = [(max((end[p] for p in t.preds), default=0.0), tid)
-            for tid, t in tasks.items() if not waiting[tid] and tid not in end]  # fmt: skip
+    heap = [
+        (max((end[p] for p in t.preds), default=0.0), tid)
+        for tid, t in tasks.items()
+        if not waiting[tid] and tid not in end
+    ]
     heapq.heapify(heap)
     while heap:
         ready, tid = heapq.heappop(heap)
@@ -134,8 +137,11 @@ def simulate_delta(old: Simulation, tasks: dict[str, Task]) -> Simulation:
     pos = {tid: k for k, tid in enumerate(old.order)}
     get = old.tasks.get  # cached segments hand back the same Task objects: test identity first
     changed = {tid for tid, t in tasks.items() if (o := get(tid)) is not t and o != t}
-    cut = min([pos[tid] for tid in changed if tid in pos]
-              + [pos[tid] for tid in old.tasks if tid not in tasks] + [len(old.order)])  # fmt: skip
+    cut = min(
+        [pos[tid] for tid in changed if tid in pos]
+        + [pos[tid] for tid in old.tasks if tid not in tasks]
+        + [len(old.order)]
+    )
     for tid in changed:
         preds = tasks[tid].preds
         if any(p in changed for p in preds):

@@ -130,21 +130,29 @@ class TaskGraphBuilder:
             fwd_ready[dst].append(tid)
         if i > 0:
             tasks += self._backward(i, cfg, holders, needs, bwd_ready)
-        result = (tasks, {d: sorted(set(v)) for d, v in fwd_ready.items()},
-                  {d: sorted(set(v)) for d, v in bwd_ready.items()})  # fmt: skip
+        result = (
+            tasks,
+            {d: sorted(set(v)) for d, v in fwd_ready.items()},
+            {d: sorted(set(v)) for d, v in bwd_ready.items()},
+        )
         self._edges[key] = result
         return result
 
     def _backward(self, i, cfg, holders, needs, bwd_ready) -> list[Task]:
         """Return the transfers that bring op i's input gradients back to op i-1's workers."""
         devs, link = cfg.devices, self.link
-        if (len(holders) == 1 and cfg.split != "replicate" and cfg.degree > 1
-                and set(next(iter(holders.values()))) == set(devs)
-                and all(need == next(iter(holders)) for _, need in needs)):  # fmt: skip
+        if (
+            len(holders) == 1
+            and cfg.split != "replicate"
+            and cfg.degree > 1
+            and set(next(iter(holders.values()))) == set(devs)
+            and all(need == next(iter(holders)) for _, need in needs)
+        ):
             # replicated producer, every consumer used all of it: sum the partial gradients
             nbytes = BYTES * _volume(*(2 * [next(iter(holders))]))
-            tasks, done = ring_allreduce_tasks(f"{i:03d}E", devs, nbytes,
-                                               {d: [_bid(i, d)] for d in devs}, link)  # fmt: skip
+            tasks, done = ring_allreduce_tasks(
+                f"{i:03d}E", devs, nbytes, {d: [_bid(i, d)] for d in devs}, link
+            )
             for d in devs:
                 bwd_ready[d] += done[d]
             return tasks
@@ -204,8 +212,11 @@ class TaskGraphBuilder:
             n_all = self.world_size
             for d, need in in_boxes(op, cfg, g.batch):
                 for k in range(n_all):
-                    rows = max(0, min(need[0][1], (k + 1) * g.batch // n_all)
-                               - max(need[0][0], k * g.batch // n_all))  # fmt: skip
+                    rows = max(
+                        0,
+                        min(need[0][1], (k + 1) * g.batch // n_all)
+                        - max(need[0][0], k * g.batch // n_all),
+                    )
                     if rows and k != d:
                         tid = f"{i:03d}l:{k}>{d}"
                         tasks.append(message(tid, k, d, LABEL_BYTES * rows, [], link))
@@ -215,15 +226,25 @@ class TaskGraphBuilder:
             preds = fwd_ready.get(d, []) + label_ready[d]
             tasks.append(Task(_fid(i, d), ("worker", d), fwd, tuple(preds), memory=held[d]))
         if cfg.split == "row" and cfg.degree > 1:
-            more, _ = ring_allreduce_tasks(f"{i:03d}Y", cfg.devices, op.out_bytes(g.batch),
-                                           {d: [_fid(i, d)] for d in cfg.devices}, link)  # fmt: skip
+            more, _ = ring_allreduce_tasks(
+                f"{i:03d}Y",
+                cfg.devices,
+                op.out_bytes(g.batch),
+                {d: [_fid(i, d)] for d in cfg.devices},
+                link,
+            )
             tasks += more
         for d in cfg.devices:
             preds = [_fid(i, d)] + list(bwd_ready.get(d, []))
             tasks.append(Task(_bid(i, d), ("worker", d), bwd, tuple(preds), memory=-held[d]))
         if _synced(op, cfg) and self.sync == "per_operator":
-            more, _ = ring_allreduce_tasks(f"{i:03d}G", cfg.devices, BYTES * op.params,
-                                           {d: [_bid(i, d)] for d in cfg.devices}, link)  # fmt: skip
+            more, _ = ring_allreduce_tasks(
+                f"{i:03d}G",
+                cfg.devices,
+                BYTES * op.params,
+                {d: [_bid(i, d)] for d in cfg.devices},
+                link,
+            )
             tasks += more
         self._nodes[key] = tasks
         return tasks

@@ -90,8 +90,11 @@ class ShardSampler(Sampler[int]):
     def load_state_dict(self, state: dict[str, int | bool | str]) -> None:
         """Continue from ``state``; raise ValueError if it belongs to another shard or set."""
         mine = self.state_dict()
-        differ = [f"{k}={state.get(k)!r} there, {v!r} here" for k, v in mine.items()
-                  if k != "epoch" and state.get(k) != v]  # fmt: skip
+        differ = [
+            f"{k}={state.get(k)!r} there, {v!r} here"
+            for k, v in mine.items()
+            if k != "epoch" and state.get(k) != v
+        ]
         if differ:
             raise ValueError(
                 f"the saved sampler state is for another shard ({'; '.join(differ)}): resume "
@@ -104,10 +107,15 @@ class ShardSampler(Sampler[int]):
     def __iter__(self) -> Iterator[int]:
         return iter(
             shard_indices(
-                self.num_samples, self.rank, self.world_size,
-                seed=self.seed, epoch=self.epoch, shuffle=self.shuffle, even=self.even,
+                self.num_samples,
+                self.rank,
+                self.world_size,
+                seed=self.seed,
+                epoch=self.epoch,
+                shuffle=self.shuffle,
+                even=self.even,
             )
-        )  # fmt: skip
+        )
 
     def __len__(self) -> int:
         n = self.num_samples - (self.num_samples % self.world_size if self.even else 0)

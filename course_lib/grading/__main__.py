@@ -87,8 +87,12 @@ def _main(argv: list[str] | None = None) -> int:
     rel = sub.add_parser("release", help="turn every source into the student notebook")
     rel.add_argument("--source", type=Path, default=SOURCES)
     rel.add_argument("--dest", type=Path, default=RELEASED)
-    rel.add_argument("--checks-dest", type=Path, default=CHECKS,
-                     help="where the solution-free checking copies go")  # fmt: skip
+    rel.add_argument(
+        "--checks-dest",
+        type=Path,
+        default=CHECKS,
+        help="where the solution-free checking copies go",
+    )
     gra = sub.add_parser("grade", help="grade a folder of submitted notebooks")
     gra.add_argument("submissions", type=Path, help="<folder>/<student>/*.ipynb or <student>.ipynb")
     gra.add_argument("--out", type=Path, default=Path("grades"), help="gradebook.csv + feedback/")
@@ -96,30 +100,43 @@ def _main(argv: list[str] | None = None) -> int:
     chk.add_argument("notebook", type=Path)
     gra.add_argument("--source", type=Path, default=SOURCES)
     chk.add_argument(
-        "--source", type=Path, default=None,
+        "--source",
+        type=Path,
+        default=None,
         help="sources or checking copies (default: assignments/source, else assignments/checks)",
-    )  # fmt: skip
+    )
     for p in (gra, chk):
         p.add_argument(
-            "--cell-timeout", type=float, default=60.0,
+            "--cell-timeout",
+            type=float,
+            default=60.0,
             help="seconds per cell (a set-up cell that runs out gets one retry with twice this)",
-        )  # fmt: skip
+        )
         p.add_argument("--total-timeout", type=float, default=600.0, help="seconds per notebook")
     gra.add_argument("--jobs", type=int, default=2, help="notebooks graded at once")
     gra.add_argument("--no-sandbox", action="store_true", help="run the notebooks unisolated")
     gra.add_argument(
-        "--require-sandbox", action="store_true",
+        "--require-sandbox",
+        action="store_true",
         help="refuse to grade where no sandbox can be made (instead of grading unisolated)",
-    )  # fmt: skip
+    )
     defaults = SandboxLimits()
-    for name, unit in (("memory", "MB of address space per process"),
-                       ("processes", "processes and threads per notebook"),
-                       ("cpu-time", "CPU seconds per process"), ("disk", "MB of /tmp")):  # fmt: skip
+    for name, unit in (
+        ("memory", "MB of address space per process"),
+        ("processes", "processes and threads per notebook"),
+        ("cpu-time", "CPU seconds per process"),
+        ("disk", "MB of /tmp"),
+    ):
         field = {"memory": "memory_mb", "cpu-time": "cpu_seconds", "disk": "disk_mb"}.get(
             name, name
         )
-        gra.add_argument(f"--{name}", type=int, default=getattr(defaults, field), dest=field,
-                         help=f"sandbox limit: {unit} (default %(default)s)")  # fmt: skip
+        gra.add_argument(
+            f"--{name}",
+            type=int,
+            default=getattr(defaults, field),
+            dest=field,
+            help=f"sandbox limit: {unit} (default %(default)s)",
+        )
     sel = sub.add_parser("selftest", help="grade a class with attackers; print what held")
     sel.add_argument("--keep", type=Path, default=None, help="keep the class and grades here")
     args = parser.parse_args(argv)
@@ -149,14 +166,20 @@ def _main(argv: list[str] | None = None) -> int:
             return 3
         print(f"the grading machine checked itself in {seconds:.0f} s")
         rows = grade_folder(
-            args.submissions, args.source, limits, jobs=args.jobs, sandbox=sandbox,
+            args.submissions,
+            args.source,
+            limits,
+            jobs=args.jobs,
+            sandbox=sandbox,
             hidden=(str(args.out),),
-        )  # fmt: skip
+        )
         write_gradebook(rows, args.out / "gradebook.csv", warning)
         feedback = write_feedback(rows, args.out / "feedback")
         students = len(feedback)
-        print(f"graded {students} students in {time.perf_counter() - started:.0f} s: "
-              f"{args.out / 'gradebook.csv'}, {args.out / 'feedback'}/")  # fmt: skip
+        print(
+            f"graded {students} students in {time.perf_counter() - started:.0f} s: "
+            f"{args.out / 'gradebook.csv'}, {args.out / 'feedback'}/"
+        )
         if warning:
             print(f"WARNING: {warning}", file=sys.stderr)
         return 0
@@ -169,8 +192,10 @@ def _main(argv: list[str] | None = None) -> int:
     # every run; ``grade`` draws a fresh seed, so no answer can hold results for them.
     rows = grade_notebook("you", assignment, sources[assignment], nb, limits, seed=0)
     for row in rows:
-        print(f"{row.assignment} exercise {row.exercise}: {row.points:g}/{row.max_points:g} "
-              f"— {row.reason}")  # fmt: skip
+        print(
+            f"{row.assignment} exercise {row.exercise}: {row.points:g}/{row.max_points:g} "
+            f"— {row.reason}"
+        )
     print(f"total {sum(r.points for r in rows):g}/{sum(r.max_points for r in rows):g}")
     return 0
 
@@ -190,8 +215,11 @@ def _choose_sandbox(args: argparse.Namespace) -> tuple[SandboxLimits | None | bo
         "the solutions; the kit, sources and venv were checked after each notebook"
     )
     if args.require_sandbox:
-        print(f"grade: no sandbox can be made here ({problem}); --require-sandbox refuses "
-              "to grade without one: grade on Linux with namespaces enabled", file=sys.stderr)  # fmt: skip
+        print(
+            f"grade: no sandbox can be made here ({problem}); --require-sandbox refuses "
+            "to grade without one: grade on Linux with namespaces enabled",
+            file=sys.stderr,
+        )
         return False, warning
     print(f"WARNING: {warning}", file=sys.stderr)
     return None, warning

@@ -233,9 +233,15 @@ def grade_notebook(
                 results = None
             else:
                 results = run_nbval(
-                    path, min(cell_limit, remaining), remaining, sandbox=sandbox,
-                    hidden=(*hidden, *kit_hidden), blocked=blocked, kit=kit, probes=probes,
-                )  # fmt: skip
+                    path,
+                    min(cell_limit, remaining),
+                    remaining,
+                    sandbox=sandbox,
+                    hidden=(*hidden, *kit_hidden),
+                    blocked=blocked,
+                    kit=kit,
+                    probes=probes,
+                )
                 captured = _captured(probes)
             if results is None:
                 return [
@@ -246,7 +252,7 @@ def grade_notebook(
                         0.0,
                         points[ex],
                         f"the notebook passed the total time limit of {limits.total_seconds:g} s",
-                    )  # fmt: skip
+                    )
                     for ex in points
                 ]
             number, why = _stuck_cell(results)

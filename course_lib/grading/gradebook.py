@@ -165,9 +165,11 @@ def _grade_guarded(batch, pool, grade, guard: EnvironmentGuard) -> list[Exercise
     if not changed:
         return [row for rows in results for row in rows]
     guard.restore()
-    print(f"grading: a notebook of {', '.join(s for s, _ in batch)} changed the grading "
-          f"environment ({'; '.join(changed[:3])}): restored, grading them again one by one",
-          file=sys.stderr)  # fmt: skip
+    print(
+        f"grading: a notebook of {', '.join(s for s, _ in batch)} changed the grading "
+        f"environment ({'; '.join(changed[:3])}): restored, grading them again one by one",
+        file=sys.stderr,
+    )
     rows: list[ExerciseResult] = []
     for pair, first in zip(batch, results, strict=True):
         again = grade(pair) if len(batch) > 1 else first

@@ -35,11 +35,22 @@ __all__ = [
 # Builtins that reach into namespaces or run code built from strings.
 FORBIDDEN_NAMES = frozenset(
     {
-        "setattr", "delattr", "globals", "locals", "vars", "exec", "eval", "compile",
-        "__import__", "__builtins__", "get_ipython", "breakpoint",
-        "redirect_stdout", "redirect_stderr",  # would hide the checker's FAIL line
+        "setattr",
+        "delattr",
+        "globals",
+        "locals",
+        "vars",
+        "exec",
+        "eval",
+        "compile",
+        "__import__",
+        "__builtins__",
+        "get_ipython",
+        "breakpoint",
+        "redirect_stdout",
+        "redirect_stderr",  # would hide the checker's FAIL line
     }
-)  # fmt: skip
+)
 # Modules an answer never needs: the checks themselves, and ways to rebind or import by name.
 FORBIDDEN_MODULES = (
     "course_lib.checks", "course_lib.grading", "course_lib.checks.verdict",
@@ -50,14 +61,39 @@ LIBRARY_ALLOWED = ("course_lib.comm",)
 # Attributes that lead from an object to a namespace (a module's, a frame's, a function's).
 _FORBIDDEN_ATTRIBUTES = frozenset(
     {
-        "__dict__", "__globals__", "__builtins__", "__code__", "__closure__", "__class__",
-        "__bases__", "__mro__", "__subclasses__", "__setattr__", "__delattr__",
-        "__getattribute__", "__import__", "__loader__", "__spec__", "__self__", "__func__",
-        "__wrapped__", "__defaults__", "__kwdefaults__",
-        "f_globals", "f_locals", "f_builtins", "f_back", "tb_frame", "gi_frame", "cr_frame",
-        "_getframe", "get_ipython", "redirect_stdout", "redirect_stderr",
+        "__dict__",
+        "__globals__",
+        "__builtins__",
+        "__code__",
+        "__closure__",
+        "__class__",
+        "__bases__",
+        "__mro__",
+        "__subclasses__",
+        "__setattr__",
+        "__delattr__",
+        "__getattribute__",
+        "__import__",
+        "__loader__",
+        "__spec__",
+        "__self__",
+        "__func__",
+        "__wrapped__",
+        "__defaults__",
+        "__kwdefaults__",
+        "f_globals",
+        "f_locals",
+        "f_builtins",
+        "f_back",
+        "tb_frame",
+        "gi_frame",
+        "cr_frame",
+        "_getframe",
+        "get_ipython",
+        "redirect_stdout",
+        "redirect_stderr",
     }
-)  # fmt: skip
+)
 # Names every check cell relies on, whatever the assignment.
 _ALWAYS_PROTECTED = frozenset({"print", "verdict", "Verdict"})
 

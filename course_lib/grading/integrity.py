@@ -84,8 +84,11 @@ class EnvironmentGuard:
     def __init__(self, kit: Path, sources: Path, site_packages: Path | None = None) -> None:
         site = Path(site_packages or sysconfig.get_paths()["purelib"])
         # (name, folder, hash every file, a pristine copy kept)
-        self.roots = [("kit", Path(kit), True), ("sources", Path(sources), True),
-                      ("venv", site, False)]  # fmt: skip
+        self.roots = [
+            ("kit", Path(kit), True),
+            ("sources", Path(sources), True),
+            ("venv", site, False),
+        ]
         self.prints = {name: fingerprint(path, full) for name, path, full in self.roots}
         self._copy = Path(tempfile.mkdtemp(prefix="grading-pristine-"))
         for name, path, full in self.roots:

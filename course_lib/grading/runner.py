@@ -85,10 +85,21 @@ def run_nbval(
     """
     xml = path.with_suffix(".xml")
     cmd = [
-        sys.executable, "-m", "pytest", str(path), "--nbval-lax",
-        f"--nbval-cell-timeout={cell_seconds:g}", "-p", "no:cacheprovider",
-        "-q", f"--junitxml={xml}", "-o", "addopts=", "--rootdir", str(path.parent),
-    ]  # fmt: skip
+        sys.executable,
+        "-m",
+        "pytest",
+        str(path),
+        "--nbval-lax",
+        f"--nbval-cell-timeout={cell_seconds:g}",
+        "-p",
+        "no:cacheprovider",
+        "-q",
+        f"--junitxml={xml}",
+        "-o",
+        "addopts=",
+        "--rootdir",
+        str(path.parent),
+    ]
     # Clusters started by the notebook record themselves under IPYTHONDIR: a folder per run
     # tells the clean-up below which ones are this run's.
     ipython_dir = Path(tempfile.mkdtemp(prefix="ipython-", dir=path.parent))
@@ -123,9 +134,13 @@ def _run(cmd: list[str], path: Path, env: dict, total_seconds: float, ipython_di
         # A session of its own, so that on the total time limit pytest and the processes that
         # stay in its session go down together (the kernel and engines are found by the mark).
         proc = subprocess.Popen(
-            cmd, cwd=path.parent, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-            start_new_session=True, env=env,
-        )  # fmt: skip
+            cmd,
+            cwd=path.parent,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+            env=env,
+        )
         try:
             proc.wait(timeout=total_seconds)
         except subprocess.TimeoutExpired:

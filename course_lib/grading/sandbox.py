@@ -57,8 +57,12 @@ class SandboxLimits:
     hidden: tuple[str, ...] = field(default=())  # extra paths never to show the kernel
 
     def __post_init__(self) -> None:
-        for name, least in (("memory_mb", 4096), ("processes", 64), ("cpu_seconds", 10),
-                            ("disk_mb", 16)):  # fmt: skip
+        for name, least in (
+            ("memory_mb", 4096),
+            ("processes", 64),
+            ("cpu_seconds", 10),
+            ("disk_mb", 16),
+        ):
             value = getattr(self, name)
             if not isinstance(value, int) or value < least:
                 option = "--" + name.replace("_mb", "").replace("_", "-")
@@ -111,9 +115,18 @@ def host_tmpfs(folder: Path, size_mb: int) -> Iterator[bool]:
     """
     folder.mkdir(parents=True, exist_ok=True)
     libc = ctypes.CDLL(None, use_errno=True)
-    mounted = os.geteuid() == 0 and sys.platform.startswith("linux") and libc.mount(
-        b"tmpfs", str(folder).encode(), b"tmpfs", 2 | 4 | 8, f"size={size_mb}m,mode=755".encode()
-    ) == 0  # fmt: skip
+    mounted = (
+        os.geteuid() == 0
+        and sys.platform.startswith("linux")
+        and libc.mount(
+            b"tmpfs",
+            str(folder).encode(),
+            b"tmpfs",
+            2 | 4 | 8,
+            f"size={size_mb}m,mode=755".encode(),
+        )
+        == 0
+    )
     try:
         yield mounted
     finally:
@@ -162,10 +175,25 @@ def prepare_sandbox(
     settings.write_text(json.dumps(config))
     spec_dir = run_dir / "jupyter" / "kernels" / KERNEL_NAME
     spec_dir.mkdir(parents=True, exist_ok=True)
-    argv = [sys.executable, "-I", "-S", str(_INIT), str(settings), "--",
-            sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"]  # fmt: skip
-    spec = {"argv": argv, "display_name": "Python 3 (sandbox)", "language": "python",
-            "interrupt_mode": "message"}  # fmt: skip
+    argv = [
+        sys.executable,
+        "-I",
+        "-S",
+        str(_INIT),
+        str(settings),
+        "--",
+        sys.executable,
+        "-m",
+        "ipykernel_launcher",
+        "-f",
+        "{connection_file}",
+    ]
+    spec = {
+        "argv": argv,
+        "display_name": "Python 3 (sandbox)",
+        "language": "python",
+        "interrupt_mode": "message",
+    }
     (spec_dir / "kernel.json").write_text(json.dumps(spec))
     return {"JUPYTER_PATH": str(run_dir / "jupyter"), "JUPYTER_RUNTIME_DIR": str(runtime)}
 
@@ -184,9 +212,16 @@ def sandbox_problem() -> str | None:
         probe = "import socket; socket.create_connection(('127.0.0.1', 9), 1)"
         try:
             done = subprocess.run(
-                [*argv, sys.executable, "-c", f"try:\n {probe}\nexcept ConnectionRefusedError: pass"],
-                capture_output=True, text=True, timeout=60,
-            )  # fmt: skip
+                [
+                    *argv,
+                    sys.executable,
+                    "-c",
+                    f"try:\n {probe}\nexcept ConnectionRefusedError: pass",
+                ],
+                capture_output=True,
+                text=True,
+                timeout=60,
+            )
         except (OSError, subprocess.TimeoutExpired) as exc:
             return f"the sandbox could not start: {exc}"
     if done.returncode != 0:

@@ -53,11 +53,14 @@ def _check(result: int, what: str) -> None:
 def _mount(source: str | None, target: str, fstype: str | None, flags: int, data: str = "") -> None:
     _check(
         _libc.mount(
-            source.encode() if source else None, target.encode(),
-            fstype.encode() if fstype else None, flags, data.encode() if data else None,
+            source.encode() if source else None,
+            target.encode(),
+            fstype.encode() if fstype else None,
+            flags,
+            data.encode() if data else None,
         ),
         f"mount {source} on {target}",
-    )  # fmt: skip
+    )
 
 
 def _bind(source: str, root: str, writable: bool = False) -> None:
@@ -108,8 +111,12 @@ def _build_root(config: dict) -> None:
         _mount("/dev/" + name, root + "/dev/" + name, None, MS_BIND)
     os.makedirs(root + "/dev/shm")
     _mount("tmpfs", root + "/dev/shm", "tmpfs", flags, disk)
-    for name, target in (("fd", "/proc/self/fd"), ("stdin", "/proc/self/fd/0"),
-                         ("stdout", "/proc/self/fd/1"), ("stderr", "/proc/self/fd/2")):  # fmt: skip
+    for name, target in (
+        ("fd", "/proc/self/fd"),
+        ("stdin", "/proc/self/fd/0"),
+        ("stdout", "/proc/self/fd/1"),
+        ("stderr", "/proc/self/fd/2"),
+    ):
         os.symlink(target, root + "/dev/" + name)
     for path in config["readonly"]:
         if os.path.islink(path):  # /bin -> usr/bin, a venv reached through a link

@@ -150,14 +150,16 @@ def regime_derivation(
     rate = source_regime_rate(compute_s, gradient_bytes, world_size, sync_share)
     sync = compute_s * sync_share / (1 - sync_share)
     n1 = world_size - 1
-    return "\n".join([
-        f"source 000: float32 sync took f = 68.7 / 96.996 = {sync_share:.3f} of the epoch",
-        f"here: compute t_c = {compute_s * 1e3:.0f} ms per step (measured), gradient "
-        f"S = {gradient_bytes / 1e6:.2f} MB, N = {world_size} ranks on a star",
-        f"same share: t_s = t_c f / (1 - f) = {sync * 1e3:.0f} ms of float32 sync per step",
-        f"star: t_s = 2 (N-1) S / B  =>  B = 2 x {n1} x {gradient_bytes / 1e6:.2f} MB / "
-        f"{sync:.3f} s = {rate / 1e6:.1f} MB/s ({rate * 8 / 1e6:.0f} Mbit/s)",
-    ])  # fmt: skip
+    return "\n".join(
+        [
+            f"source 000: float32 sync took f = 68.7 / 96.996 = {sync_share:.3f} of the epoch",
+            f"here: compute t_c = {compute_s * 1e3:.0f} ms per step (measured), gradient "
+            f"S = {gradient_bytes / 1e6:.2f} MB, N = {world_size} ranks on a star",
+            f"same share: t_s = t_c f / (1 - f) = {sync * 1e3:.0f} ms of float32 sync per step",
+            f"star: t_s = 2 (N-1) S / B  =>  B = 2 x {n1} x {gradient_bytes / 1e6:.2f} MB / "
+            f"{sync:.3f} s = {rate / 1e6:.1f} MB/s ({rate * 8 / 1e6:.0f} Mbit/s)",
+        ]
+    )
 
 
 def _median(values: list[float]) -> float:
@@ -211,14 +213,20 @@ def table_row(result: DataParallelResult, config: Source000Config) -> dict[str, 
 def format_side_by_side(rows: list[dict[str, Any]]) -> str:
     """Return the measured rows beside the paper's Table 2 as fixed-width text."""
     base = next((r for r in rows if r["name"] == "float32"), rows[0])
-    head = (f"{'configuration':<13} {'epoch s':>8} {'x f32':>6} {'sync s':>7} {'coding s':>8} "
-            f"{'wire kB':>9} {'ratio':>7} {'acc %':>6} {'mIoU %':>6} | paper: {'epoch s':>7} "
-            f"{'sync s':>6} {'wire MB':>7} {'ratio':>5}")  # fmt: skip
+    head = (
+        f"{'configuration':<13} {'epoch s':>8} {'x f32':>6} {'sync s':>7} {'coding s':>8} "
+        f"{'wire kB':>9} {'ratio':>7} {'acc %':>6} {'mIoU %':>6} | paper: {'epoch s':>7} "
+        f"{'sync s':>6} {'wire MB':>7} {'ratio':>5}"
+    )
     lines = [head, "-" * len(head)]
     for r in rows:
         paper = PAPER_TABLE2.get(r["paper"] or "")
-        theirs = (f"{paper['epoch_s']:>7.1f} {paper['sync_s']:>6.1f} {paper['wire_mb']:>7.2f} "
-                  f"{paper['ratio']:>4.0f}x" if paper else f"{'-':>7} {'-':>6} {'-':>7} {'-':>5}")  # fmt: skip
+        theirs = (
+            f"{paper['epoch_s']:>7.1f} {paper['sync_s']:>6.1f} {paper['wire_mb']:>7.2f} "
+            f"{paper['ratio']:>4.0f}x"
+            if paper
+            else f"{'-':>7} {'-':>6} {'-':>7} {'-':>5}"
+        )
         speedup = base["epoch_s"] / r["epoch_s"] if r["epoch_s"] else float("nan")
         lines.append(
             f"{r['name']:<13} {r['epoch_s']:>8.2f} {speedup:>5.2f}x {r['sync_s']:>7.2f} "
@@ -247,16 +255,20 @@ def goal_verdicts(rows: list[dict[str, Any]], majority: float | None = None) -> 
         lost = 100 * (base["accuracy"] - r["accuracy"])
         if not learned:
             fast = "MET" if speedup >= 2 else "NOT MET"
-            lines.append(f"goal ({r['name']}: {speedup:.2f}x faster per epoch than float32; "
-                         f"need >= 2x): speed {fast}; accuracy NOT CHECKED: float32 "
-                         f"({100 * base['accuracy']:.1f} %) has not beaten the majority class "
-                         f"({100 * majority:.1f} %) within the budget: train longer")  # fmt: skip
+            lines.append(
+                f"goal ({r['name']}: {speedup:.2f}x faster per epoch than float32; "
+                f"need >= 2x): speed {fast}; accuracy NOT CHECKED: float32 "
+                f"({100 * base['accuracy']:.1f} %) has not beaten the majority class "
+                f"({100 * majority:.1f} %) within the budget: train longer"
+            )
             continue
         goal = "MET" if speedup >= 2 and lost <= 1 else "NOT MET"
         aim = "MET" if speedup >= 3 and lost <= 0.5 else "not met"
-        lines.append(f"goal ({r['name']}: {speedup:.2f}x faster per epoch than float32, "
-                     f"{lost:+.2f} points of accuracy lost; need >= 2x and <= 1): {goal}; "
-                     f"aim (>= 3x, <= 0.5): {aim}")  # fmt: skip
+        lines.append(
+            f"goal ({r['name']}: {speedup:.2f}x faster per epoch than float32, "
+            f"{lost:+.2f} points of accuracy lost; need >= 2x and <= 1): {goal}; "
+            f"aim (>= 3x, <= 0.5): {aim}"
+        )
     return lines
 
 
@@ -271,17 +283,33 @@ def plot_side_by_side(rows: list[dict[str, Any]], title: str = "") -> Figure:
     sync = [min(r["sync_s"], r["epoch_s"]) / base["epoch_s"] for r in rows]
     rest = [r["epoch_s"] / base["epoch_s"] - s for r, s in zip(rows, sync, strict=True)]
     ax_time.bar([i - 0.2 for i in x], rest, 0.4, color="tab:blue", label="measured: other")
-    ax_time.bar([i - 0.2 for i in x], sync, 0.4, bottom=rest, color="tab:orange",
-                label="measured: sync")  # fmt: skip
+    ax_time.bar(
+        [i - 0.2 for i in x], sync, 0.4, bottom=rest, color="tab:orange", label="measured: sync"
+    )
     for i, r in enumerate(rows):
         paper = PAPER_TABLE2.get(r["paper"] or "")
         if paper:
             p_sync = paper["sync_s"] / paper_base
             p_rest = paper["epoch_s"] / paper_base - p_sync
-            ax_time.bar(i + 0.2, p_rest, 0.4, color="tab:blue", alpha=0.35, hatch="//",
-                        label="paper: other" if i == 0 else None)  # fmt: skip
-            ax_time.bar(i + 0.2, p_sync, 0.4, bottom=p_rest, color="tab:orange", alpha=0.35,
-                        hatch="//", label="paper: sync" if i == 0 else None)  # fmt: skip
+            ax_time.bar(
+                i + 0.2,
+                p_rest,
+                0.4,
+                color="tab:blue",
+                alpha=0.35,
+                hatch="//",
+                label="paper: other" if i == 0 else None,
+            )
+            ax_time.bar(
+                i + 0.2,
+                p_sync,
+                0.4,
+                bottom=p_rest,
+                color="tab:orange",
+                alpha=0.35,
+                hatch="//",
+                label="paper: sync" if i == 0 else None,
+            )
     ax_time.set_xticks(list(x), [r["name"] for r in rows], rotation=30, ha="right")
     ax_time.set_ylabel("epoch time / float32's")
     ax_time.legend(fontsize=8)

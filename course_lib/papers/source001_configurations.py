@@ -56,14 +56,20 @@ class Configuration:
     @property
     def label(self) -> str:
         """Return e.g. ``"9: Local-SGD(16) + gossip + sparsification"``."""
-        how = {"allreduce": "allreduce", "gossip": "gossip",
-               "gossip_sparse": "gossip + sparsification"}[self.averaging]  # fmt: skip
+        how = {
+            "allreduce": "allreduce",
+            "gossip": "gossip",
+            "gossip_sparse": "gossip + sparsification",
+        }[self.averaging]
         return f"{self.number}: Local-SGD({self.period}) + {how}"
 
     def options(self) -> dict[str, Any]:
         """Return the ``train_data_parallel`` keywords that run this configuration."""
-        opts: dict[str, Any] = {"method": "local_sgd", "period": self.period,
-                                "averaging": self.averaging}  # fmt: skip
+        opts: dict[str, Any] = {
+            "method": "local_sgd",
+            "period": self.period,
+            "averaging": self.averaging,
+        }
         if self.averaging == "gossip_sparse":
             opts["threshold"] = GRADIENT_THRESHOLD if self.period == 1 else WEIGHT_THRESHOLD
         return opts
@@ -125,11 +131,19 @@ def row_from_result(result: Any, number: int) -> dict[str, Any]:
         values = per_rank("bytes_sent") / 4
     else:  # each partner message: an int64 count, then (int32 index, float32 value) pairs
         values = sum(_sparse_values_on_wire(r) for r in records) / n
-    return {"number": number, "period": conf.period, "averaging": conf.averaging,
-            "acc": statistics.mean(h.epochs[-1]["test_accuracy"] for h in result.histories),
-            "total": end - steps[0]["compute_at"][0], "comm": comm,
-            "sync": comm + per_rank("wait_s"), "bytes": sent, "values": values,
-            "steps": len(steps), "link": result.label}  # fmt: skip
+    return {
+        "number": number,
+        "period": conf.period,
+        "averaging": conf.averaging,
+        "acc": statistics.mean(h.epochs[-1]["test_accuracy"] for h in result.histories),
+        "total": end - steps[0]["compute_at"][0],
+        "comm": comm,
+        "sync": comm + per_rank("wait_s"),
+        "bytes": sent,
+        "values": values,
+        "steps": len(steps),
+        "link": result.label,
+    }
 
 
 def _sparse_values_on_wire(record: dict[str, Any]) -> float:
@@ -161,10 +175,15 @@ def run_configuration(
 
     conf = _check_number(number)
     result = train_data_parallel(
-        cluster, model=model or partial(MLP, 64, (128,)), dataset=dataset or load_digits,
-        config=config, test_set=test_set if test_set is not None else load_digits(train=False),
-        link=link, **conf.options(), **kwargs,
-    )  # fmt: skip
+        cluster,
+        model=model or partial(MLP, 64, (128,)),
+        dataset=dataset or load_digits,
+        config=config,
+        test_set=test_set if test_set is not None else load_digits(train=False),
+        link=link,
+        **conf.options(),
+        **kwargs,
+    )
     return row_from_result(result, number)
 
 
@@ -183,8 +202,10 @@ def predict_values_sent(
     from course_lib.collectives.mixing import gossip_distances
 
     if averaging not in ("allreduce", "gossip"):
-        raise ValueError(f"averaging={averaging!r}: predictable are 'allreduce' and 'gossip' "
-                         "(sparse gossip sends what its threshold lets through)")  # fmt: skip
+        raise ValueError(
+            f"averaging={averaging!r}: predictable are 'allreduce' and 'gossip' "
+            "(sparse gossip sends what its threshold lets through)"
+        )
     syncs, n = steps // period, world_size
     if n == 1:
         return 0.0
@@ -203,8 +224,10 @@ def configurations_table(rows: list[dict[str, Any]]) -> str:
     """Return the rows as text, with values and communication time against configuration 1."""
     if not any(r["number"] == 1 for r in rows):
         raise ValueError("the table compares with configuration 1: run configuration 1 too")
-    lines = [f"{'#':>2} {'p':>3} {'averaging':<14} {'test acc':>8} {'total s':>8} {'comm s':>7} "
-             f"{'sync s':>7} {'values sent':>12} {'fewer':>6} {'comm less':>9}"]  # fmt: skip
+    lines = [
+        f"{'#':>2} {'p':>3} {'averaging':<14} {'test acc':>8} {'total s':>8} {'comm s':>7} "
+        f"{'sync s':>7} {'values sent':>12} {'fewer':>6} {'comm less':>9}"
+    ]
     for r in rows:
         lines.append(
             f"{r['number']:>2} {r['period']:>3} {r['averaging']:<14} {r['acc']:>8.3f} "
@@ -247,25 +270,48 @@ def plot_configurations(rows: list[dict[str, Any]]) -> Figure:
     for r in rows:
         left.scatter(r["values"], 100 * r["acc"], color=colors[r["averaging"]], s=40)
         below = r["averaging"] == "gossip_sparse"  # 9 sits next to 10: label it underneath
-        left.annotate(str(r["number"]), (r["values"], 100 * r["acc"]), xytext=(4, -10 if below else 3),
-                      textcoords="offset points", fontsize=8)  # fmt: skip
+        left.annotate(
+            str(r["number"]),
+            (r["values"], 100 * r["acc"]),
+            xytext=(4, -10 if below else 3),
+            textcoords="offset points",
+            fontsize=8,
+        )
     paper = PAPER_CONCLUSIONS["best"]
     low, high = paper["accuracy_cost_points"]
-    left.errorbar(base["values"] / paper["comm_less_x"], 100 * base["acc"] - (low + high) / 2,
-                  yerr=(high - low) / 2, fmt="*", color="k", ms=10, capsize=3,
-                  label="paper's figure for 9: ~40x less, 1-3 points")  # fmt: skip
+    left.errorbar(
+        base["values"] / paper["comm_less_x"],
+        100 * base["acc"] - (low + high) / 2,
+        yerr=(high - low) / 2,
+        fmt="*",
+        color="k",
+        ms=10,
+        capsize=3,
+        label="paper's figure for 9: ~40x less, 1-3 points",
+    )
     for name, color in colors.items():
         left.scatter([], [], color=color, label=f"{name} (measured)")
-    left.set(xscale="log", xlabel="float32 values sent per rank (log)", ylabel="test accuracy %",
-             title="values sent vs accuracy\n(numbers: source 001's configurations)")  # fmt: skip
+    left.set(
+        xscale="log",
+        xlabel="float32 values sent per rank (log)",
+        ylabel="test accuracy %",
+        title="values sent vs accuracy\n(numbers: source 001's configurations)",
+    )
     left.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=2)
     x = range(len(rows))
     right.bar(x, [r["sync"] for r in rows], color="tab:gray", label="sync = comm + waiting")
-    right.bar(x, [r["comm"] for r in rows], color=[colors[r["averaging"]] for r in rows],
-              label="communication")  # fmt: skip
+    right.bar(
+        x,
+        [r["comm"] for r in rows],
+        color=[colors[r["averaging"]] for r in rows],
+        label="communication",
+    )
     right.set_xticks(list(x), [str(r["number"]) for r in rows])
-    right.set(xlabel="configuration", ylabel="seconds per rank (measured)",
-              title=f"communication and synchronisation\n{rows[0]['link']}")  # fmt: skip
+    right.set(
+        xlabel="configuration",
+        ylabel="seconds per rank (measured)",
+        title=f"communication and synchronisation\n{rows[0]['link']}",
+    )
     right.legend(fontsize=7)
     fig.tight_layout()
     return fig

@@ -57,8 +57,12 @@ class LARS(torch.optim.Optimizer):
         _check("momentum", momentum, 0.0, 1.0, "0.9 in the paper")
         _check("weight_decay", weight_decay, 0.0, None, "5e-4 in the paper; 0 for none")
         _check("trust_coefficient", trust_coefficient, 1e-300, None, "the paper's eta, 0.001")
-        defaults = {"lr": lr, "momentum": momentum, "weight_decay": weight_decay,
-                    "trust_coefficient": trust_coefficient}  # fmt: skip
+        defaults = {
+            "lr": lr,
+            "momentum": momentum,
+            "weight_decay": weight_decay,
+            "trust_coefficient": trust_coefficient,
+        }
         super().__init__(params, defaults)
 
     @torch.no_grad()

@@ -76,8 +76,10 @@ class TrainConfig:
         if self.batch_schedule is not None:
             self.batch_schedule.check(self.num_epochs)
             if self.lr_schedule is not None:  # its steps per epoch would change under it
-                raise ValueError("use lr_schedule or batch_schedule, not both (Smith et al. "
-                                 "2018 grow the batch in place of changing the lr)")  # fmt: skip
+                raise ValueError(
+                    "use lr_schedule or batch_schedule, not both (Smith et al. "
+                    "2018 grow the batch in place of changing the lr)"
+                )
 
 
 @dataclass
@@ -112,8 +114,9 @@ class History:
                 for name in names:
                     values = self.metric(f"{split}_{name}")
                     if values:
-                        ax.plot(range(1, len(values) + 1), values, marker=".",
-                                label=f"{split} {name}")  # fmt: skip
+                        ax.plot(
+                            range(1, len(values) + 1), values, marker=".", label=f"{split} {name}"
+                        )
             ax.set_xlabel("epoch")
             ax.grid(alpha=0.3)
             ax.legend()
@@ -264,8 +267,13 @@ def fit(
     generator = torch.Generator().manual_seed(config.seed)
 
     def loader(batch_size: int) -> DataLoader:
-        return DataLoader(train_set, batch_size=batch_size, sampler=sampler,
-                          shuffle=sampler is None, generator=generator)  # fmt: skip
+        return DataLoader(
+            train_set,
+            batch_size=batch_size,
+            sampler=sampler,
+            shuffle=sampler is None,
+            generator=generator,
+        )
 
     train_loader = loader(config.batch_size)
     test_loader = DataLoader(test_set, batch_size=256) if test_set is not None else None
@@ -273,8 +281,9 @@ def fit(
     saver = ckpt_lib.CheckpointConfig.of(checkpoint)
     resume = None
     if resume_from is not None:
-        resume = ckpt_lib.resume_run(resume_from, net, optimizer, config, generator, sampler,
-                                     history, comm=comm)  # fmt: skip
+        resume = ckpt_lib.resume_run(
+            resume_from, net, optimizer, config, generator, sampler, history, comm=comm
+        )
     first_epoch = resume["epochs_done"] + 1 if resume is not None else 1
     schedule, steps_per_epoch = config.lr_schedule, len(train_loader)
     if schedule is not None:
@@ -307,8 +316,12 @@ def fit(
             if grad_hook is not None:
                 grad_hook(net)
             if schedule is not None:
-                lr = schedule.lr_at((epoch - 1) * steps_per_epoch + step, base_lr=config.lr,
-                                    batch_size=global_batch, steps_per_epoch=steps_per_epoch)  # fmt: skip
+                lr = schedule.lr_at(
+                    (epoch - 1) * steps_per_epoch + step,
+                    base_lr=config.lr,
+                    batch_size=global_batch,
+                    steps_per_epoch=steps_per_epoch,
+                )
                 for group in optimizer.param_groups:
                     group["lr"] = lr
             optimizer.step()
@@ -319,9 +332,20 @@ def fit(
             seen += len(X)
             step += 1
             if saver is not None and saver.due(step, len(train_loader)):
-                ckpt_lib.save_run(saver, net, optimizer, config, history, epochs_done=epoch - 1,
-                                  steps_done=step, loader=epoch_start_loader, sampler=sampler,
-                                  seen=seen, total_loss=total_loss, comm=comm)  # fmt: skip
+                ckpt_lib.save_run(
+                    saver,
+                    net,
+                    optimizer,
+                    config,
+                    history,
+                    epochs_done=epoch - 1,
+                    steps_done=step,
+                    loader=epoch_start_loader,
+                    sampler=sampler,
+                    seen=seen,
+                    total_loss=total_loss,
+                    comm=comm,
+                )
         record = {"epoch": epoch, "epoch_time": time.perf_counter() - start}
         # Train metrics are measured after the epoch, on the weights the epoch ended with.
         eval_train = DataLoader(train_set, batch_size=256, sampler=sampler)
@@ -331,9 +355,18 @@ def fit(
             record.update({f"test_{k}": v for k, v in evaluate(net, test_loader, loss_fn).items()})
         history.epochs.append(record)
         if saver is not None:
-            ckpt_lib.save_run(saver, net, optimizer, config, history, epochs_done=epoch,
-                              steps_done=0, loader=generator, sampler=sampler,
-                              comm=comm)  # fmt: skip
+            ckpt_lib.save_run(
+                saver,
+                net,
+                optimizer,
+                config,
+                history,
+                epochs_done=epoch,
+                steps_done=0,
+                loader=generator,
+                sampler=sampler,
+                comm=comm,
+            )
         bar.set_postfix(
             {k: round(v, 4) for k, v in record.items() if k.endswith(("loss", "accuracy"))}
         )

@@ -66,13 +66,19 @@ class LeNet(nn.Sequential):
             raise ValueError(f"image_size must be a multiple of 4 (8 or 28), got {image_size}")
         side = image_size // 4
         super().__init__(
-            nn.Conv2d(in_channels, 6, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
-            nn.Conv2d(6, 16, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
+            nn.Conv2d(in_channels, 6, 3, padding=1),
+            nn.ReLU(),
+            nn.MaxPool2d(2),
+            nn.Conv2d(6, 16, 3, padding=1),
+            nn.ReLU(),
+            nn.MaxPool2d(2),
             nn.Flatten(),
-            nn.Linear(16 * side * side, 120), nn.ReLU(),
-            nn.Linear(120, 84), nn.ReLU(),
+            nn.Linear(16 * side * side, 120),
+            nn.ReLU(),
+            nn.Linear(120, 84),
+            nn.ReLU(),
             nn.Linear(84, num_classes),
-        )  # fmt: skip
+        )
 
 
 class SmallCNN(nn.Sequential):
@@ -86,20 +92,27 @@ class SmallCNN(nn.Sequential):
 
     def __init__(self, num_classes: int = 10) -> None:
         super().__init__(
-            nn.Conv2d(3, 32, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),  # 32 x 16 x 16
-            nn.Conv2d(32, 64, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),  # 64 x 8 x 8
+            nn.Conv2d(3, 32, 3, padding=1),
+            nn.ReLU(),
+            nn.MaxPool2d(2),  # 32 x 16 x 16
+            nn.Conv2d(32, 64, 3, padding=1),
+            nn.ReLU(),
+            nn.MaxPool2d(2),  # 64 x 8 x 8
             nn.Flatten(),
-            nn.Linear(64 * 8 * 8, 128), nn.ReLU(),
+            nn.Linear(64 * 8 * 8, 128),
+            nn.ReLU(),
             nn.Linear(128, num_classes),
-        )  # fmt: skip
+        )
 
 
 def _double_conv(c_in: int, c_out: int) -> nn.Sequential:
     """Return two 3x3 convolutions with ReLU, padding 1 (the U-Net block, same size out)."""
     return nn.Sequential(
-        nn.Conv2d(c_in, c_out, 3, padding=1), nn.ReLU(),
-        nn.Conv2d(c_out, c_out, 3, padding=1), nn.ReLU(),
-    )  # fmt: skip
+        nn.Conv2d(c_in, c_out, 3, padding=1),
+        nn.ReLU(),
+        nn.Conv2d(c_out, c_out, 3, padding=1),
+        nn.ReLU(),
+    )
 
 
 class UNet(nn.Module):

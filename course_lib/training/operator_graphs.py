@@ -29,13 +29,16 @@ def _pair(v) -> int:
 def layers_of(net: nn.Module) -> list[tuple]:
     """Return the layer tuples of a Sequential ``net``, ending with the loss."""
     if not isinstance(net, nn.Sequential):
-        raise ValueError(f"{type(net).__name__} is not a chain of layers (nn.Sequential); the "
-                         "simulator's graphs are chains: use MLP, LeNet or SmallCNN")  # fmt: skip
+        raise ValueError(
+            f"{type(net).__name__} is not a chain of layers (nn.Sequential); the "
+            "simulator's graphs are chains: use MLP, LeNet or SmallCNN"
+        )
     out = []
     for m in net:
         if isinstance(m, nn.Conv2d):
-            out.append(("conv2d", m.out_channels, _pair(m.kernel_size), _pair(m.padding),
-                        _pair(m.stride)))  # fmt: skip
+            out.append(
+                ("conv2d", m.out_channels, _pair(m.kernel_size), _pair(m.padding), _pair(m.stride))
+            )
         elif isinstance(m, nn.Linear):
             out.append(("linear", m.out_features))
         elif isinstance(m, nn.ReLU):
@@ -45,8 +48,10 @@ def layers_of(net: nn.Module) -> list[tuple]:
         elif isinstance(m, nn.Flatten):
             out.append(("flatten",))
         else:
-            raise ValueError(f"no operator for {type(m).__name__}; the simulator knows Conv2d, "
-                             "Linear, ReLU, MaxPool2d and Flatten")  # fmt: skip
+            raise ValueError(
+                f"no operator for {type(m).__name__}; the simulator knows Conv2d, "
+                "Linear, ReLU, MaxPool2d and Flatten"
+            )
     return out + [("loss",)]
 
 

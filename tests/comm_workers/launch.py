@@ -58,15 +58,22 @@ def _run_world(
     backend: str, n: int, suite: str, workdir: Path, outdir: Path, timeout: float
 ) -> tuple[bool, str]:
     """Start one world, wait for it; return (whether it failed, every process's output)."""
-    env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1",
-               COMM_RESULT_DIR=str(outdir))  # fmt: skip
+    env = dict(
+        os.environ,
+        PYTHONPATH=str(ROOT),
+        OMP_NUM_THREADS="1",
+        PYTHONUNBUFFERED="1",
+        COMM_RESULT_DIR=str(outdir),
+    )
     cmd = [sys.executable, str(WORKER), backend, suite]
     if backend == "mpi":
         worlds = [([mpiexec(), "-n", str(n), *cmd], env)]
     else:
         port = free_port("127.0.0.1")  # never a hard-coded port (CS336's flaw)
-        worlds = [(cmd, dict(env, RANK=str(r), WORLD_SIZE=str(n), MASTER_PORT=str(port)))
-                  for r in range(n)]  # fmt: skip
+        worlds = [
+            (cmd, dict(env, RANK=str(r), WORLD_SIZE=str(n), MASTER_PORT=str(port)))
+            for r in range(n)
+        ]
     # Output goes to files, not pipes: a pipe nobody reads while we poll could fill and block.
     logs = [workdir / f"out{i}.txt" for i in range(len(worlds))]
     procs = []

@@ -74,8 +74,9 @@ def suite_collectives(comm) -> dict:
             full = np.zeros(size, dtype)
             full[a:b] = x[r, a:b]
             gathered = C.ring_allgather(comm, full)
-            assert np.array_equal(gathered, np.concatenate([x[q, slice(*chunk_bounds(size, p)[q])]
-                                                            for q in range(p)]))  # fmt: skip
+            assert np.array_equal(
+                gathered, np.concatenate([x[q, slice(*chunk_bounds(size, p)[q])] for q in range(p)])
+            )
             same = comm.allgather(as_kind(x[r], use_torch))
             assert np.array_equal(np_of(same), x), "built-in allgather"
             for src in {0, p - 1}:
@@ -117,15 +118,22 @@ def suite_counters(comm) -> dict:
     n, out = 1001, {"numel": 1001}
     bounds = chunk_bounds(n, p)
     nbytes = [(b - a) * 4 for a, b in bounds]
-    for name, fn in [("ring", C.ring_allreduce), ("star", C.star_allreduce),
-                     ("naive", C.allreduce_naive), ("bcast", C.tree_broadcast)]:  # fmt: skip
+    for name, fn in [
+        ("ring", C.ring_allreduce),
+        ("star", C.star_allreduce),
+        ("naive", C.allreduce_naive),
+        ("bcast", C.tree_broadcast),
+    ]:
         comm.stats.reset()
         fn(comm, np.ones(n, np.float32))
         out[name] = [comm.stats.bytes_sent, comm.stats.messages_sent, comm.stats.bytes_received]
     # ring: every chunk but (r) in reduce-scatter, every chunk but (r + 1) in allgather
     expected_ring = 2 * sum(nbytes) - nbytes[r] - nbytes[(r + 1) % p]
-    assert out["ring"] == [expected_ring, 2 * (p - 1), 2 * sum(nbytes) - nbytes[(r - 1) % p]
-                           - nbytes[r]], (out["ring"], expected_ring)  # fmt: skip
+    assert out["ring"] == [
+        expected_ring,
+        2 * (p - 1),
+        2 * sum(nbytes) - nbytes[(r - 1) % p] - nbytes[r],
+    ], (out["ring"], expected_ring)
     assert out["star"][0] == (4 * n * (p - 1) if r == 0 else 4 * n), out["star"]
     assert out["naive"][0] == 4 * n * (p - 1), out["naive"]
     # binomial tree from rank 0: the whole buffer once to each child, once in (except the root)
@@ -248,8 +256,12 @@ def suite_ready(comm) -> dict:
 
 
 def suite_main(comm) -> dict:
-    return {"collectives": suite_collectives(comm), "counters": suite_counters(comm),
-            "subgroup": suite_subgroup(comm), "check": suite_check(comm)}  # fmt: skip
+    return {
+        "collectives": suite_collectives(comm),
+        "counters": suite_counters(comm),
+        "subgroup": suite_subgroup(comm),
+        "check": suite_check(comm),
+    }
 
 
 LOOSE = 3.0  # upper bound on measured / modelled time under load (test_comm_backends.py too)
@@ -309,9 +321,14 @@ def suite_ring_calibration(comm) -> dict:
     floor = LinkModel(alpha=0.0, beta=1.0 / link.bandwidth)  # the emulation's guarantee
     for size, samples in cal.samples.items():
         assert min(samples) >= 0.98 * predict("ring_allreduce", size, comm.world_size, floor)
-    return {"alpha": cal.model.alpha, "beta": cal.model.beta, "sizes": cal.sizes,
-            "times": cal.times, "samples": {str(k): v for k, v in cal.samples.items()},
-            "label": cal.label}  # fmt: skip
+    return {
+        "alpha": cal.model.alpha,
+        "beta": cal.model.beta,
+        "sizes": cal.sizes,
+        "times": cal.times,
+        "samples": {str(k): v for k, v in cal.samples.items()},
+        "label": cal.label,
+    }
 
 
 def suite_subgroup(comm) -> dict:
@@ -363,8 +380,11 @@ def main() -> None:
     backend, suite = sys.argv[1], sys.argv[2]
     kwargs = {}
     if backend == "gloo":
-        kwargs = dict(rank=int(os.environ["RANK"]), world_size=int(os.environ["WORLD_SIZE"]),
-                      master_port=int(os.environ["MASTER_PORT"]))  # fmt: skip
+        kwargs = dict(
+            rank=int(os.environ["RANK"]),
+            world_size=int(os.environ["WORLD_SIZE"]),
+            master_port=int(os.environ["MASTER_PORT"]),
+        )
     comm = make_communicator(backend, timeout=30, **kwargs)
     try:
         result = globals()[f"suite_{suite}"](comm)

@@ -152,10 +152,21 @@ def sgd_inputs(seed: int = 0) -> list[dict]:
     cases = []
     for what, n, batch_size, num_epochs, momentum, weight_decay, schedule in runs:
         W, b, X, y = _problem(np.random.default_rng(n + seed), n, 6, 3)
-        cases.append({"what": what, "W": W, "b": b, "X": X, "y": y, "schedule": schedule,
-                      "momentum": momentum, "weight_decay": weight_decay,
-                      "batch_size": batch_size, "num_epochs": num_epochs,
-                      "order_seed": 7 + seed})  # fmt: skip
+        cases.append(
+            {
+                "what": what,
+                "W": W,
+                "b": b,
+                "X": X,
+                "y": y,
+                "schedule": schedule,
+                "momentum": momentum,
+                "weight_decay": weight_decay,
+                "batch_size": batch_size,
+                "num_epochs": num_epochs,
+                "order_seed": 7 + seed,
+            }
+        )
     return cases
 
 
@@ -189,9 +200,17 @@ def check_sgd_momentum(sgd_momentum: Callable, *, verbose: bool = True, seed: in
             if not isinstance(got, tuple) or len(got) != 2:
                 raise AssertionError("sgd_momentum must return a tuple (W, b)")
             want_W, want_b = _torch_sgd_momentum(
-                W, b, X, y, lr_at, momentum, weight_decay, batch_size, num_epochs,
+                W,
+                b,
+                X,
+                y,
+                lr_at,
+                momentum,
+                weight_decay,
+                batch_size,
+                num_epochs,
                 case["order_seed"],
-            )  # fmt: skip
+            )
             assert_close(f"W ({what})", got[0], want_W)
             assert_close(f"b ({what})", got[1], want_b)
         return (

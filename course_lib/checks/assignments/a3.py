@@ -67,9 +67,13 @@ def prepare_engines(cluster: Any) -> None:
     """Give 4 engines the checks' communicator and the training code (slow once: a set-up cell)."""
     ids = _connect(cluster)
     # Load what a run needs once, here, so that the first check cell is not the slow one.
-    warm_up = "import course_lib.parallel.exchanges.registry, course_lib.parallel.data_parallel.replica"
-    cluster.client[ids].execute(f"{warm_up}; from course_lib.checks.assignments.a3 import check_digits; "
-                                "check_digits()", block=True)  # fmt: skip
+    warm_up = (
+        "import course_lib.parallel.exchanges.registry, course_lib.parallel.data_parallel.replica"
+    )
+    cluster.client[ids].execute(
+        f"{warm_up}; from course_lib.checks.assignments.a3 import check_digits; check_digits()",
+        block=True,
+    )
     reference_weights()
 
 
@@ -84,8 +88,9 @@ def _engine_check(kind: str, fn: Callable, cluster: Any, cases: list, options: d
     ids = _connect(cluster)  # nothing to do when the set-up cell did it
     for size, server in cases:
         try:  # a hang is recovered and a dead engine named, never a stuck check cell
-            reasons = run_on_engines(cluster, ids, probe, (kind, fn, size, server, COMM_NAME),
-                                     COMM_TIMEOUT + 40)  # fmt: skip
+            reasons = run_on_engines(
+                cluster, ids, probe, (kind, fn, size, server, COMM_NAME), COMM_TIMEOUT + 40
+            )
         except DataParallelError as exc:
             raise_run_failure(exc)
         for why in reasons:
@@ -112,8 +117,14 @@ def check_parameter_server(fn: Callable, cluster: Any, *, verbose: bool = True) 
 def _layout_cases() -> list[tuple[list[int], int]]:
     rng = np.random.default_rng(32)
     random = [(list(rng.integers(1, 60, k)), int(rng.integers(4, 200))) for k in (5, 9, 14)]
-    return [(a3net_sizes(), BUCKET_BYTES), ([4, 4, 4, 4], 32), ([100, 3, 2], 16),
-            ([7], 1 << 20), ([3, 5, 8], 1 << 20), ([], 64)] + random  # fmt: skip
+    return [
+        (a3net_sizes(), BUCKET_BYTES),
+        ([4, 4, 4, 4], 32),
+        ([100, 3, 2], 16),
+        ([7], 1 << 20),
+        ([3, 5, 8], 1 << 20),
+        ([], 64),
+    ] + random
 
 
 def _layout_body(fn: Callable) -> str:
@@ -136,17 +147,25 @@ def _layout_body(fn: Callable) -> str:
             raise AssertionError(f"{case}; every parameter belongs to exactly one bucket")
         forward = reference_layout(sizes[::-1], cap)  # the same rule, first to last
         if got == [[len(sizes) - 1 - i for i in b] for b in forward]:
-            raise AssertionError(f"{case}; start from the last parameter: backward produces "
-                                 "the last layer's gradients first")  # fmt: skip
-        raise AssertionError(f"{case}; a bucket closes as soon as it holds >= bucket_bytes "
-                             "bytes (4 per value)")  # fmt: skip
+            raise AssertionError(
+                f"{case}; start from the last parameter: backward produces "
+                "the last layer's gradients first"
+            )
+        raise AssertionError(
+            f"{case}; a bucket closes as soon as it holds >= bucket_bytes bytes (4 per value)"
+        )
     return f"{len(cases)} layouts equal to DDP's rule, reverse order, bad sizes refused"
 
 
 def check_bucket_layout(fn: Callable, *, verbose: bool = True) -> Verdict:
     """A3.2: ``fn(sizes, bucket_bytes)`` returns DDP's buckets of parameter indices."""
-    return run_check("A3.2", "bucket_layout", lambda: _layout_body(fn),
-                     max_points=A3_POINTS["A3.2"], verbose=verbose)  # fmt: skip
+    return run_check(
+        "A3.2",
+        "bucket_layout",
+        lambda: _layout_body(fn),
+        max_points=A3_POINTS["A3.2"],
+        verbose=verbose,
+    )
 
 
 # ---- A3.3 --------------------------------------------------------------------------------------

@@ -121,8 +121,10 @@ def _builtins(comm: Any) -> list[str]:
 
 def _peers(comm: Any) -> tuple[dict[int, int], dict[int, int]]:
     peers = sorted(comm.stats.peers.items())
-    return ({p: s.bytes_sent for p, s in peers if s.messages_sent},
-            {p: s.bytes_received for p, s in peers if s.messages_received})  # fmt: skip
+    return (
+        {p: s.bytes_sent for p, s in peers if s.messages_sent},
+        {p: s.bytes_received for p, s in peers if s.messages_received},
+    )
 
 
 # ---- the probes (run on every engine) ---------------------------------------------------------
@@ -132,8 +134,9 @@ def probe(kind: str, fn: Callable, size: int, server: int, comm_name: str) -> st
 
     comm = get_ipython().user_ns[comm_name]
     rank, n = comm.rank, comm.world_size
-    grads = [np.random.default_rng([size, r]).integers(-8, 9, size).astype(np.float32)
-             for r in range(n)]  # fmt: skip
+    grads = [
+        np.random.default_rng([size, r]).integers(-8, 9, size).astype(np.float32) for r in range(n)
+    ]
     total = np.sum(grads, axis=0, dtype=np.float64)
     flat = grads[rank].copy()
     comm.stats.reset()
@@ -154,8 +157,10 @@ def probe(kind: str, fn: Callable, size: int, server: int, comm_name: str) -> st
                 "source 000's published combination: it divides inside the loop over the "
                 "clients and leaves the server's own gradient out; add all N, divide once"
             ] = source000_combine(grads[server], others)
-            known[f"the sum divided by N - 1 = {n - 1}: the server computes a gradient too, "
-                  f"divide by N = {n}"] = total / (n - 1)  # fmt: skip
+            known[
+                f"the sum divided by N - 1 = {n - 1}: the server computes a gradient too, "
+                f"divide by N = {n}"
+            ] = total / (n - 1)
         for why, value in known.items():
             if got.shape == (size,) and np.allclose(got, value, rtol=1e-6):
                 return f"{case}: rank {rank} holds {why}"
@@ -166,21 +171,27 @@ def probe(kind: str, fn: Callable, size: int, server: int, comm_name: str) -> st
         want = {r: nbytes for r in range(n) if r != rank} if rank == server else {server: nbytes}
         role = "the server" if rank == server else "a worker"
         if sent != want or received != want:
-            return (f"{case}: rank {rank} ({role}) sent {sent} and received {received} bytes "
-                    f"per peer; {role} sends and receives {want}: workers talk only to the "
-                    "server, one gradient each way")  # fmt: skip
+            return (
+                f"{case}: rank {rank} ({role}) sent {sent} and received {received} bytes "
+                f"per peer; {role} sends and receives {want}: workers talk only to the "
+                "server, one gradient each way"
+            )
         return ""
     right, left = (rank + 1) % n, (rank - 1) % n
     if set(sent) - {right} or set(received) - {left}:
-        return (f"{case}: rank {rank} sent to ranks {sorted(sent)} and received from "
-                f"{sorted(received)}; on the ring it sends only to r + 1 = {right} and receives "
-                f"only from r - 1 = {left}")  # fmt: skip
+        return (
+            f"{case}: rank {rank} sent to ranks {sorted(sent)} and received from "
+            f"{sorted(received)}; on the ring it sends only to r + 1 = {right} and receives "
+            f"only from r - 1 = {left}"
+        )
     low, high = ring_bytes_bounds(size, n)
     total_sent = sum(sent.values())
     if not low <= total_sent <= high:
-        return (f"{case}: rank {rank} sent {total_sent} bytes; a ring allreduce sends "
-                f"2(N-1)/N of the buffer, {low} to {high} bytes here: one chunk of S/N per "
-                "step, N - 1 steps of reduce-scatter then N - 1 of allgather")  # fmt: skip
+        return (
+            f"{case}: rank {rank} sent {total_sent} bytes; a ring allreduce sends "
+            f"2(N-1)/N of the buffer, {low} to {high} bytes here: one chunk of S/N per "
+            "step, N - 1 steps of reduce-scatter then N - 1 of allgather"
+        )
     return ""
 
 
@@ -199,9 +210,16 @@ def train_and_compare(cluster: Any, kind: str, fn: Callable, **options: Any) -> 
 
     method = answer_exchange(kind, fn, **options)  # the seam: an exchange object
     try:
-        result = train_data_parallel(cluster, model=A3Net, dataset=check_digits, config=CONFIG,
-                                     method=method, world_size=4, comm_timeout=COMM_TIMEOUT,
-                                     timeout=240)  # fmt: skip
+        result = train_data_parallel(
+            cluster,
+            model=A3Net,
+            dataset=check_digits,
+            config=CONFIG,
+            method=method,
+            world_size=4,
+            comm_timeout=COMM_TIMEOUT,
+            timeout=240,
+        )
     except DataParallelError as exc:
         raise_run_failure(exc)
     assert result.replicas_equal, (
@@ -213,21 +231,27 @@ def train_and_compare(cluster: Any, kind: str, fn: Callable, **options: Any) -> 
         f"batch (beyond {ATOL:g} + {RTOL:g} |w|): average every gradient over all N ranks"
     )
     sizes = a3net_sizes()
-    bounds = [ring_bytes_bounds(sum(sizes[i] for i in b) + len(b), 4)  # + a presence flag each
-              for b in reference_layout(sizes, options.get("bucket_bytes", 1))]  # fmt: skip
+    bounds = [
+        ring_bytes_bounds(sum(sizes[i] for i in b) + len(b), 4)  # + a presence flag each
+        for b in reference_layout(sizes, options.get("bucket_bytes", 1))
+    ]
     for rec in result.records:
         rank, sent, step = rec["rank"], rec["bytes_sent"], rec["step"]
         assert not rec["collective_bytes"], (
             f"rank {rank} used a built-in collective in step {step}; write it from send/recv"
         )
         if kind == "ps":
-            want = (result.gradient_bytes + result.flag_bytes) * (3 if rank == options["server"] else 1)
+            want = (result.gradient_bytes + result.flag_bytes) * (
+                3 if rank == options["server"] else 1
+            )
             ok, what = sent == want, f"{want}"
         else:  # the ring's share of every bucket
             low, high = sum(b[0] for b in bounds), sum(b[1] for b in bounds)
             ok, what = low <= sent <= high, f"2(N-1)/N of each of {len(bounds)} buckets"
-        assert ok, (f"rank {rank} sent {sent} bytes in step {step} of training ({sum(sizes)} "
-                    f"trainable values); the method sends {what}")  # fmt: skip
+        assert ok, (
+            f"rank {rank} sent {sent} bytes in step {step} of training ({sum(sizes)} "
+            f"trainable values); the method sends {what}"
+        )
     return len(result.records) // result.world_size
 
 

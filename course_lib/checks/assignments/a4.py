@@ -208,8 +208,10 @@ def _run_local_sgd(fn: Callable, period: int, num_steps: int, comm_name: str) ->
             "(through your weighted_average)"
         )
     if used != want:
-        return f"{case}: rank {rank} sent {used['allreduce'][1]} bytes in its allreduce calls, " \
-            f"want {want['allreduce'][1]} (w.size + 1 float64 values each)"  # fmt: skip
+        return (
+            f"{case}: rank {rank} sent {used['allreduce'][1]} bytes in its allreduce calls, "
+            f"want {want['allreduce'][1]} (w.size + 1 float64 values each)"
+        )
     sent, _ = _p2p(comm)
     if sent:
         return f"{case}: rank {rank} sent point-to-point messages; average with the allreduce"
@@ -286,8 +288,17 @@ def _run_gossip(fn: Callable, world_size: int, num_steps: int, dtype: str, comm_
     return ""
 
 
-def _check(exercise: str, name: str, fn: Callable, cluster: Any, cases: list, runner: Callable,
-           detail: str, comm_name: str, verbose: bool) -> Verdict:  # fmt: skip
+def _check(
+    exercise: str,
+    name: str,
+    fn: Callable,
+    cluster: Any,
+    cases: list,
+    runner: Callable,
+    detail: str,
+    comm_name: str,
+    verbose: bool,
+) -> Verdict:
     def body() -> str:
         assert cluster.world_size == 4, f"the check needs 4 engines, not {cluster.world_size}"
         # The function runs on the engines; under its own name there, later answers can call it.
@@ -311,8 +322,9 @@ def check_weighted_average(
     """A4.1: ``fn(comm, w, n)`` returns $\\sum_j n_j w_j / \\sum_j n_j$ with one allreduce."""
     cases = [(size, dtype) for size in A4_SIZES for dtype in ("float32", "float64")]
     detail = f"4 ranks, one allreduce of w.size + 1 values, {len(A4_SIZES)} sizes, float32/64"
-    return _check("A4.1", "weighted_average", fn, cluster, cases, _run_average, detail,
-                  comm_name, verbose)  # fmt: skip
+    return _check(
+        "A4.1", "weighted_average", fn, cluster, cases, _run_average, detail, comm_name, verbose
+    )
 
 
 def check_local_sgd(
@@ -321,8 +333,17 @@ def check_local_sgd(
     """A4.2: ``fn(comm, w, X, y, lr, period, num_steps)`` runs Local-SGD(p) like the reference."""
     periods = ", ".join(f"p = {p} for {k} steps" for p, k in LOCAL_SGD_CASES)
     detail = f"4 ranks, shards of 6, 11, 16, 21 rows, equal to one process: {periods}"
-    return _check("A4.2", "local_sgd", fn, cluster, list(LOCAL_SGD_CASES), _run_local_sgd,
-                  detail, comm_name, verbose)  # fmt: skip
+    return _check(
+        "A4.2",
+        "local_sgd",
+        fn,
+        cluster,
+        list(LOCAL_SGD_CASES),
+        _run_local_sgd,
+        detail,
+        comm_name,
+        verbose,
+    )
 
 
 def check_directed_gossip(
@@ -331,5 +352,6 @@ def check_directed_gossip(
     """A4.3: ``fn(comm, x, num_steps)`` gossips over the directed ring with rotating ``s``."""
     cases = [(p, k, dtype) for p, k in GOSSIP_CASES for dtype in ("float64", "float32")]
     detail = "P = 4 and 3, partners (r + s) and (r - s) mod P, bytes per peer, float32/64"
-    return _check("A4.3", "directed_gossip", fn, cluster, cases, _run_gossip, detail,
-                  comm_name, verbose)  # fmt: skip
+    return _check(
+        "A4.3", "directed_gossip", fn, cluster, cases, _run_gossip, detail, comm_name, verbose
+    )

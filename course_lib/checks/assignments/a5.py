@@ -112,8 +112,11 @@ def _encode_body(fn: Callable) -> str:
         if not np.array_equal(q, want_q):
             i = int(np.flatnonzero(q != want_q)[0])
             exact = g[i] / want_m[i // block] * np.float32(127)
-            why = ("the cast truncates toward zero: do not round"
-                   if q[i] == np.rint(exact) else "float32 arithmetic, m of that block")  # fmt: skip
+            why = (
+                "the cast truncates toward zero: do not round"
+                if q[i] == np.rint(exact)
+                else "float32 arithmetic, m of that block"
+            )
             raise AssertionError(
                 f"q at {_where(i, block)} is {q[i]} for g / m * 127 = {exact:.4f}, expected "
                 f"{want_q[i]} = int8(g / m * 127) ({why})"
@@ -123,8 +126,13 @@ def _encode_body(fn: Callable) -> str:
 
 def check_block_int8_encode(fn: Callable, *, verbose: bool = True) -> Verdict:
     """A5.1: ``fn(g, block) -> (q, scales)``, block-wise int8 max-abs, bit for bit."""
-    return run_check("A5.1", "block_int8_encode", lambda: _encode_body(fn),
-                     max_points=A5_POINTS["A5.1"], verbose=verbose)  # fmt: skip
+    return run_check(
+        "A5.1",
+        "block_int8_encode",
+        lambda: _encode_body(fn),
+        max_points=A5_POINTS["A5.1"],
+        verbose=verbose,
+    )
 
 
 def _decode_body(fn: Callable) -> str:
@@ -153,15 +161,20 @@ def _decode_body(fn: Callable) -> str:
                 " (close, not bit for bit: first q / 127, then times m, in float32)"
                 if close
                 else ""
-            )  # fmt: skip
+            )
         )
     return f"{len(_gradients())} gradients, bit for bit"
 
 
 def check_block_int8_decode(fn: Callable, *, verbose: bool = True) -> Verdict:
     """A5.2: ``fn(q, scales, block) -> float32 array``, ``q / 127 * m`` per block, bit for bit."""
-    return run_check("A5.2", "block_int8_decode", lambda: _decode_body(fn),
-                     max_points=A5_POINTS["A5.2"], verbose=verbose)  # fmt: skip
+    return run_check(
+        "A5.2",
+        "block_int8_decode",
+        lambda: _decode_body(fn),
+        max_points=A5_POINTS["A5.2"],
+        verbose=verbose,
+    )
 
 
 # -- A5.3 ----------------------------------------------------------------------------------------
@@ -200,8 +213,11 @@ def _topk_body(fn: Callable) -> str:
                 )
             if not np.array_equal(mine, theirs):
                 lost = int(np.setdiff1d(theirs, mine)[0])
-                extra = int(np.setdiff1d(mine, theirs)[0]) if np.setdiff1d(mine, theirs).size \
-                    else int(mine[0])  # fmt: skip
+                extra = (
+                    int(np.setdiff1d(mine, theirs)[0])
+                    if np.setdiff1d(mine, theirs).size
+                    else int(mine[0])
+                )
                 raise AssertionError(
                     f"block {b} keeps the wrong values: index {extra} (g = {g[extra]!r}) but not "
                     f"{lost} (g = {g[lost]!r}); keep the k largest |g|, ties to the lower index"
@@ -212,8 +228,9 @@ def _topk_body(fn: Callable) -> str:
 
 def check_block_topk(fn: Callable, *, verbose: bool = True) -> Verdict:
     """A5.3: ``fn(g, block, k) -> (indices, values)``, the k largest |g| of every block."""
-    return run_check("A5.3", "block_topk", lambda: _topk_body(fn),
-                     max_points=A5_POINTS["A5.3"], verbose=verbose)  # fmt: skip
+    return run_check(
+        "A5.3", "block_topk", lambda: _topk_body(fn), max_points=A5_POINTS["A5.3"], verbose=verbose
+    )
 
 
 # -- A5.4 ----------------------------------------------------------------------------------------
@@ -221,8 +238,13 @@ def check_block_topk(fn: Callable, *, verbose: bool = True) -> Verdict:
 
 def check_error_feedback(wrapper: Callable, *, verbose: bool = True) -> Verdict:
     """A5.4: ``wrapper(inner)`` compresses g + residual and keeps the residual per tensor name."""
-    return run_check("A5.4", "error_feedback", lambda: error_feedback_body(wrapper),
-                     max_points=A5_POINTS["A5.4"], verbose=verbose)  # fmt: skip
+    return run_check(
+        "A5.4",
+        "error_feedback",
+        lambda: error_feedback_body(wrapper),
+        max_points=A5_POINTS["A5.4"],
+        verbose=verbose,
+    )
 
 
 # -- A5.5 ----------------------------------------------------------------------------------------
@@ -230,8 +252,13 @@ def check_error_feedback(wrapper: Callable, *, verbose: bool = True) -> Verdict:
 
 def check_compressors(int8_cls: Callable, topk_cls: Callable, *, verbose: bool = True) -> Verdict:
     """A5.5: ``int8_cls(block)``, ``topk_cls(block, k)`` are compressors of the exact formats."""
-    return run_check("A5.5", "compressors", lambda: compressors_body(int8_cls, topk_cls),
-                     max_points=A5_POINTS["A5.5"], verbose=verbose)  # fmt: skip
+    return run_check(
+        "A5.5",
+        "compressors",
+        lambda: compressors_body(int8_cls, topk_cls),
+        max_points=A5_POINTS["A5.5"],
+        verbose=verbose,
+    )
 
 
 # -- A5.6 ----------------------------------------------------------------------------------------
@@ -239,5 +266,10 @@ def check_compressors(int8_cls: Callable, topk_cls: Callable, *, verbose: bool =
 
 def check_training(make: Callable, cluster: Any, *, verbose: bool = True) -> Verdict:
     """A5.6: the compressor ``make()`` trains the digits MLP on 2 engines as well as float32."""
-    return run_check("A5.6", "training", lambda: training_body(make, cluster),
-                     max_points=A5_POINTS["A5.6"], verbose=verbose)  # fmt: skip
+    return run_check(
+        "A5.6",
+        "training",
+        lambda: training_body(make, cluster),
+        max_points=A5_POINTS["A5.6"],
+        verbose=verbose,
+    )

@@ -101,11 +101,19 @@ def compressors_body(int8_cls: Callable, topk_cls: Callable) -> str:
     g = (rng.standard_normal(300) ** 3).astype(np.float32)
     block, k = 32, 3
     cases = [
-        (int8_cls(block), reference_decode(*reference_encode(g, block), block),
-         block_int8_bytes(g.size, block), "int8 + one float32 scale per block"),
-        (topk_cls(block, k), ReferenceBlockTopK(block, k).decode_values(ReferenceBlockTopK(block, k).compress(g)[0]),
-         block_topk_bytes(g.size, block, k), "a uint32 index and a float32 value per kept value"),
-    ]  # fmt: skip
+        (
+            int8_cls(block),
+            reference_decode(*reference_encode(g, block), block),
+            block_int8_bytes(g.size, block),
+            "int8 + one float32 scale per block",
+        ),
+        (
+            topk_cls(block, k),
+            ReferenceBlockTopK(block, k).decode_values(ReferenceBlockTopK(block, k).compress(g)[0]),
+            block_topk_bytes(g.size, block, k),
+            "a uint32 index and a float32 value per kept value",
+        ),
+    ]
     names = set()
     for comp, want, nbytes, layout in cases:
         label = type(comp).__name__
@@ -131,9 +139,18 @@ def _train(cluster: Any, method: str, **options: Any) -> Any:
     from course_lib.data.digits import load_digits
     from course_lib.parallel.data_parallel.train import train_data_parallel
 
-    return train_data_parallel(cluster, model="mlp", dataset=load_digits, config=A5_CONFIG,
-                               method=method, world_size=2, test_set=load_digits(train=False),
-                               comm_timeout=30, timeout=300, **options)  # fmt: skip
+    return train_data_parallel(
+        cluster,
+        model="mlp",
+        dataset=load_digits,
+        config=A5_CONFIG,
+        method=method,
+        world_size=2,
+        test_set=load_digits(train=False),
+        comm_timeout=30,
+        timeout=300,
+        **options,
+    )
 
 
 def training_body(make: Callable, cluster: Any) -> str:
@@ -142,8 +159,9 @@ def training_body(make: Callable, cluster: Any) -> str:
     comp = make()  # a stub fails here, before any engine is busy
     assert isinstance(comp, Compressor), f"a5_compressor() returned {comp!r}, not a Compressor"
     reference = _train(cluster, "ring").history.last["test_accuracy"] * 100
-    result = _train(cluster, "compressed", compressor=comp, carrier="allgather",
-                    granularity="tensor")  # fmt: skip
+    result = _train(
+        cluster, "compressed", compressor=comp, carrier="allgather", granularity="tensor"
+    )
     assert result.replicas_equal, "the replicas differ after training: decode alike on every rank"
     nbytes = sum(block_int8_bytes(int(w.size), A5_BLOCK) for w in result.weights.values())
     sent = {int(r["bytes_compressed"]) for r in result.records}

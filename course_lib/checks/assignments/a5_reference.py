@@ -53,8 +53,10 @@ def reference_decode(q: np.ndarray, scales: np.ndarray, block: int) -> np.ndarra
 def reference_topk(g: np.ndarray, block: int, k: int) -> np.ndarray:
     """Return the ascending indices of the ``k`` largest ``|g|`` of every block (ties: lower index)."""
     g = np.asarray(g, np.float32).reshape(-1)
-    kept = [lo + np.sort(np.argsort(-np.abs(g[lo:hi]), kind="stable")[:k])
-            for lo, hi in blocks(g.size, block)]  # fmt: skip
+    kept = [
+        lo + np.sort(np.argsort(-np.abs(g[lo:hi]), kind="stable")[:k])
+        for lo, hi in blocks(g.size, block)
+    ]
     return np.concatenate(kept).astype(np.int64) if kept else np.zeros(0, np.int64)
 
 

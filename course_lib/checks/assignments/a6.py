@@ -53,13 +53,17 @@ def _run(blob: bytes, exercise: str, comm_name: str) -> str:
     comm, fns = get_ipython().user_ns[comm_name], cloudpickle.loads(blob)
     if exercise in ("A6.1", "A6.2"):
         backward = fns[1] if exercise == "A6.2" else None
-        cases = [lambda c=c: a6_row_parallel.row_parallel_case(comm, fns[0], backward, *c)
-                 for c in a6_row_parallel.ROW_PARALLEL_CASES]  # fmt: skip
+        cases = [
+            lambda c=c: a6_row_parallel.row_parallel_case(comm, fns[0], backward, *c)
+            for c in a6_row_parallel.ROW_PARALLEL_CASES
+        ]
         if backward is not None:
             cases.append(lambda: a6_row_parallel.row_parallel_training(comm, *fns))
     elif exercise == "A6.3":
-        cases = [lambda k=k, c=c: a6_gpipe.pipeline_case(comm, fns, *c, seed=k)
-                 for k, c in enumerate(a6_gpipe.PIPELINE_CASES)]  # fmt: skip
+        cases = [
+            lambda k=k, c=c: a6_gpipe.pipeline_case(comm, fns, *c, seed=k)
+            for k, c in enumerate(a6_gpipe.PIPELINE_CASES)
+        ]
     else:
         cases = [lambda: a6_gpipe.pipeline_training(comm, fns)]
     for case in cases:
@@ -72,8 +76,9 @@ def _run(blob: bytes, exercise: str, comm_name: str) -> str:
 # -- the check cells ------------------------------------------------------------------------------
 
 
-def _check(exercise: str, name: str, payload: Any, cluster: Any, detail: str, comm_name: str,
-           verbose: bool) -> Verdict:  # fmt: skip
+def _check(
+    exercise: str, name: str, payload: Any, cluster: Any, detail: str, comm_name: str, verbose: bool
+) -> Verdict:
     def body() -> str:
         import cloudpickle
 
@@ -92,32 +97,44 @@ def _check(exercise: str, name: str, payload: Any, cluster: Any, detail: str, co
     return run_check(exercise, name, body, max_points=A6_POINTS[exercise], verbose=verbose)
 
 
-def check_row_parallel_forward(forward: Callable, cluster: Any, *, comm_name: str = "comm",
-                               verbose: bool = True) -> Verdict:  # fmt: skip
+def check_row_parallel_forward(
+    forward: Callable, cluster: Any, *, comm_name: str = "comm", verbose: bool = True
+) -> Verdict:
     """A6.1: ``forward(ctx, X, W_shard, b, comm, bounds)`` is X @ W.T + b with one allreduce."""
     detail = "3 ranks, 3 shapes (7 inputs split 3, 2, 2), one allreduce of the output"
     return _check("A6.1", "row_parallel_forward", (forward,), cluster, detail, comm_name, verbose)
 
 
-def check_row_parallel_backward(forward: Callable, backward: Callable, cluster: Any, *,
-                                comm_name: str = "comm", verbose: bool = True) -> Verdict:  # fmt: skip
+def check_row_parallel_backward(
+    forward: Callable,
+    backward: Callable,
+    cluster: Any,
+    *,
+    comm_name: str = "comm",
+    verbose: bool = True,
+) -> Verdict:
     """A6.2: ``backward(ctx, dY)``: dX, dW_shard, db with one allgather; trains like one process."""
-    detail = (f"3 ranks, 3 shapes, dX / dW / db with one allgather, an MLP trained "
-              f"{TRAIN_STEPS} steps equal to one process")  # fmt: skip
-    return _check("A6.2", "row_parallel_backward", (forward, backward), cluster, detail,
-                  comm_name, verbose)  # fmt: skip
+    detail = (
+        f"3 ranks, 3 shapes, dX / dW / db with one allgather, an MLP trained "
+        f"{TRAIN_STEPS} steps equal to one process"
+    )
+    return _check(
+        "A6.2", "row_parallel_backward", (forward, backward), cluster, detail, comm_name, verbose
+    )
 
 
-def check_gpipe_step(step: Callable, cluster: Any, *, comm_name: str = "comm",
-                     verbose: bool = True) -> Verdict:  # fmt: skip
+def check_gpipe_step(
+    step: Callable, cluster: Any, *, comm_name: str = "comm", verbose: bool = True
+) -> Verdict:
     """A6.3: ``step(comm, stage, X, y, m, shapes)`` is one GPipe step with one-process gradients."""
     cases = ", ".join(f"batch {b} in m = {m}" for b, m in PIPELINE_CASES)
     detail = f"3 stages, {cases}: gradients and loss of one process, neighbours only, F..F B..B"
     return _check("A6.3", "gpipe_step", step, cluster, detail, comm_name, verbose)
 
 
-def check_gpipe_training(train: Callable, cluster: Any, *, comm_name: str = "comm",
-                         verbose: bool = True) -> Verdict:  # fmt: skip
+def check_gpipe_training(
+    train: Callable, cluster: Any, *, comm_name: str = "comm", verbose: bool = True
+) -> Verdict:
     """A6.4: ``train(comm, stage, batches, lr, m, shapes)`` ends with the weights of one process."""
     detail = f"3 stages, m = 4, {TRAIN_STEPS} SGD steps with momentum: the weights of one process"
     return _check("A6.4", "gpipe_training", train, cluster, detail, comm_name, verbose)

@@ -21,9 +21,11 @@ def builtins_used(comm: Any) -> dict[str, tuple[int, int]]:
 
 def p2p_traffic(comm: Any) -> dict[int, tuple[int, int, int, int]]:
     """Return {peer: (messages sent, bytes sent, messages received, bytes received)}."""
-    return {p: (s.messages_sent, s.bytes_sent, s.messages_received, s.bytes_received)
-            for p, s in sorted(comm.stats.peers.items())
-            if s.messages_sent or s.messages_received}  # fmt: skip
+    return {
+        p: (s.messages_sent, s.bytes_sent, s.messages_received, s.bytes_received)
+        for p, s in sorted(comm.stats.peers.items())
+        if s.messages_sent or s.messages_received
+    }
 
 
 def agree(comm: Any, why: str) -> str:

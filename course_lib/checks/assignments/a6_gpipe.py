@@ -42,8 +42,15 @@ def pipeline_model(seed: int = 6) -> Any:
 
     torch.manual_seed(seed)
     a, b, c, d = PIPELINE_WIDTHS
-    return nn.Sequential(nn.Linear(a, b), nn.Tanh(), nn.Linear(b, c), nn.ReLU(),
-                         nn.Linear(c, 9), nn.Tanh(), nn.Linear(9, d))  # fmt: skip
+    return nn.Sequential(
+        nn.Linear(a, b),
+        nn.Tanh(),
+        nn.Linear(b, c),
+        nn.ReLU(),
+        nn.Linear(c, 9),
+        nn.Tanh(),
+        nn.Linear(9, d),
+    )
 
 
 STAGES = ((0, 2), (2, 4), (4, 7))
@@ -93,14 +100,18 @@ def pipeline_case(comm: Any, step: Callable, batch: int, m: int, seed: int) -> s
         return f"{case}: a parameter of the stage has no gradient: run the backward passes"
     if not all(close(g, r) for g, r in zip(got, ref, strict=True)):
         if all(close(g, m * r) for g, r in zip(got, ref, strict=True)):
-            return (f"{case}: the gradients are m = {m} times too large: the batch loss is the "
-                    "mean of the micro-batch means, divide each micro-batch's loss by m")  # fmt: skip
+            return (
+                f"{case}: the gradients are m = {m} times too large: the batch loss is the "
+                "mean of the micro-batch means, divide each micro-batch's loss by m"
+            )
         model.zero_grad()
         F.cross_entropy(model(X[-(batch // m) :]), y[-(batch // m) :]).backward()
         last = [q.grad for q in model[lo:hi].parameters()]
         if all(close(g, r) or close(g, r / m) for g, r in zip(got, last, strict=True)):
-            return (f"{case}: only the last micro-batch's gradient is left: accumulate into "
-                    ".grad over the m micro-batches (never zero it inside the step)")  # fmt: skip
+            return (
+                f"{case}: only the last micro-batch's gradient is left: accumulate into "
+                ".grad over the m micro-batches (never zero it inside the step)"
+            )
         return f"{case}: the gradients differ from one full-batch backward in one process"
     if s == p - 1 and (loss is None or abs(float(loss) - ref_loss.item()) > 1e-5):
         return f"{case}: returned loss {loss}, the batch's mean loss is {ref_loss.item():.6f}"
@@ -112,14 +123,22 @@ def pipeline_case(comm: Any, step: Callable, batch: int, m: int, seed: int) -> s
         n = m * (batch // m) * PIPELINE_WIDTHS[s] * 4
         want[s - 1] = (m, n, m, n)
     if used or p2p != want:
-        show = lambda d: {q: f"{a} messages / {b} bytes out, {c} / {e} in"  # noqa: E731
-                          for q, (a, b, c, e) in d.items()}  # fmt: skip
-        return (f"{case}: rank {s} talked to {show(p2p) or 'nobody'}"
-                f"{f' and called {sorted(used)}' if used else ''}; a stage exchanges only with "
-                f"its neighbours, one micro-batch a message, no collective: {show(want)}")  # fmt: skip
+
+        def show(d: dict) -> dict:
+            return {
+                q: f"{a} messages / {b} bytes out, {c} / {e} in" for q, (a, b, c, e) in d.items()
+            }
+
+        return (
+            f"{case}: rank {s} talked to {show(p2p) or 'nobody'}"
+            f"{f' and called {sorted(used)}' if used else ''}; a stage exchanges only with "
+            f"its neighbours, one micro-batch a message, no collective: {show(want)}"
+        )
     if log != ["F"] * m + ["B"] * m:
-        return (f"{case}: the stage ran {' '.join(log)}; GPipe runs all m forwards, then the "
-                "m backwards")  # fmt: skip
+        return (
+            f"{case}: the stage ran {' '.join(log)}; GPipe runs all m forwards, then the "
+            "m backwards"
+        )
     return ""
 
 
@@ -145,9 +164,13 @@ def pipeline_training(comm: Any, train: Callable) -> str:
     s, p = comm.rank, comm.world_size
     stage = recorded_stage(pipeline_model(7), s, [])
     gen = torch.Generator().manual_seed(64)
-    batches = [(torch.randn(16, PIPELINE_WIDTHS[0], generator=gen),
-                torch.randint(0, PIPELINE_WIDTHS[-1], (16,), generator=gen))
-               for _ in range(TRAIN_STEPS)]  # fmt: skip
+    batches = [
+        (
+            torch.randn(16, PIPELINE_WIDTHS[0], generator=gen),
+            torch.randint(0, PIPELINE_WIDTHS[-1], (16,), generator=gen),
+        )
+        for _ in range(TRAIN_STEPS)
+    ]
     mine = [(X if s == 0 else None, y if s == p - 1 else None) for X, y in batches]
     comm.stats.reset()
     train(comm, stage, mine, TRAIN_LR, 4, [(4, w) for w in PIPELINE_WIDTHS[:p]])
@@ -162,5 +185,7 @@ def pipeline_training(comm: Any, train: Callable) -> str:
         if all(close(g, w.detach()) for g, w in zip(weights, want, strict=True)):
             kept = "the gradients of earlier steps were kept: gpipe_step accumulates into .grad"
             return "" if zero_grad else f"{kept}, so zero them before each step (zero_grad())"
-    return (f"after {TRAIN_STEPS} steps the weights of stage {s} differ from the same model "
-            "trained in one process (SGD, momentum 0.9, lr)")  # fmt: skip
+    return (
+        f"after {TRAIN_STEPS} steps the weights of stage {s} differ from the same model "
+        "trained in one process (SGD, momentum 0.9, lr)"
+    )

@@ -37,8 +37,9 @@ def _function(forward: Callable, backward: Callable | None) -> Any:
     return type("RowParallelLinearFn", (torch.autograd.Function,), methods)
 
 
-def row_parallel_case(comm: Any, forward: Callable, backward: Callable | None,
-                       batch: int, d_in: int, d_out: int) -> str:  # fmt: skip
+def row_parallel_case(
+    comm: Any, forward: Callable, backward: Callable | None, batch: int, d_in: int, d_out: int
+) -> str:
     """Run ``forward`` (and ``backward``) on one shape; return "" or what is wrong."""
     import torch
 
@@ -65,9 +66,11 @@ def row_parallel_case(comm: Any, forward: Callable, backward: Callable | None,
         return f"{case}: Y on rank {r} differs from X @ W.T + b"
     want = {"allreduce": (1, batch * d_out * 4)}
     if used != want or p2p:
-        return (f"{case}: the forward on rank {r} called {used or 'no collective'} and sent "
-                f"point-to-point {p2p or 'nothing'}; it needs one comm.allreduce of the "
-                f"{batch} x {d_out} partial product ({batch * d_out * 4} bytes), nothing else")  # fmt: skip
+        return (
+            f"{case}: the forward on rank {r} called {used or 'no collective'} and sent "
+            f"point-to-point {p2p or 'nothing'}; it needs one comm.allreduce of the "
+            f"{batch} x {d_out} partial product ({batch * d_out * 4} bytes), nothing else"
+        )
     if backward is None:
         return ""
     Xr, Wr, br = (t.clone().requires_grad_() for t in (X, W, b))
@@ -75,26 +78,35 @@ def row_parallel_case(comm: Any, forward: Callable, backward: Callable | None,
     comm.stats.reset()
     (out * G).sum().backward()
     used, p2p = builtins_used(comm), p2p_traffic(comm)
-    for name, got, ref in (("dL/dX", x.grad, Xr.grad), ("dL/dW_shard", w.grad, Wr.grad[:, lo:hi]),
-                           ("dL/db", bias.grad, br.grad)):  # fmt: skip
+    for name, got, ref in (
+        ("dL/dX", x.grad, Xr.grad),
+        ("dL/dW_shard", w.grad, Wr.grad[:, lo:hi]),
+        ("dL/db", bias.grad, br.grad),
+    ):
         if got is None:
             return f"{case}: backward returned no {name}; return one gradient per input of forward"
         if close(got, ref):
             continue
         if close(got, p * ref):
-            return (f"{case}: {name} is {p} times too large: the forward's sum has the identity "
-                    "as its backward (dY is already the same on every rank): do not reduce dY")  # fmt: skip
+            return (
+                f"{case}: {name} is {p} times too large: the forward's sum has the identity "
+                "as its backward (dY is already the same on every rank): do not reduce dY"
+            )
         if name == "dL/dX" and got.shape == ref.shape and close(got[:, lo:hi], ref[:, lo:hi]):
-            return (f"{case}: dL/dX on rank {r} is right in columns {lo}:{hi} only: every rank "
-                    "used all of X, so it needs every rank's slice: gather them")  # fmt: skip
+            return (
+                f"{case}: dL/dX on rank {r} is right in columns {lo}:{hi} only: every rank "
+                "used all of X, so it needs every rank's slice: gather them"
+            )
         return f"{case}: {name} on rank {r} differs from the one-process gradient"
     widest = max(stop - start for start, stop in bounds)
     want = {"allgather": (1, batch * widest * 4)}
     if used != want or p2p:
-        return (f"{case}: the backward on rank {r} called {used or 'no collective'}, point-to-"
-                f"point {p2p or 'nothing'}; it needs one comm.allgather of this rank's slice of "
-                f"dL/dX padded to the widest slice ({batch} x {widest}, {batch * widest * 4} "
-                "bytes): the slices are disjoint, an allreduce of a padded dX moves twice that")  # fmt: skip
+        return (
+            f"{case}: the backward on rank {r} called {used or 'no collective'}, point-to-"
+            f"point {p2p or 'nothing'}; it needs one comm.allgather of this rank's slice of "
+            f"dL/dX padded to the widest slice ({batch} x {widest}, {batch * widest * 4} "
+            "bytes): the slices are disjoint, an allreduce of a padded dX moves twice that"
+        )
     return ""
 
 
@@ -126,6 +138,8 @@ def row_parallel_training(comm: Any, forward: Callable, backward: Callable) -> s
     names = ("W1 (replicated)", "b1 (replicated)", "the shard of W2", "b2")
     for name, got, ref_t in zip(names, mine, want, strict=True):
         if not close(got.detach(), ref_t.detach()):
-            return (f"MLP 5-7-3, {TRAIN_STEPS} SGD steps: {name} on rank {comm.rank} differs "
-                    "from one-process training")  # fmt: skip
+            return (
+                f"MLP 5-7-3, {TRAIN_STEPS} SGD steps: {name} on rank {comm.rank} differs "
+                "from one-process training"
+            )
     return ""

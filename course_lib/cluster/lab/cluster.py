@@ -126,12 +126,16 @@ def start_lab(hosts: LabHosts, timeout: float = 120.0, progress: Any = print) ->
             "see it with ./kit lab status HOSTS, or stop it with ./kit lab stop HOSTS"
         )
     if _leftovers(hosts):
-        raise ValueError(f"a controller of profile {hosts.profile!r} is left from an earlier start "
-                         f"(pids {_leftovers(hosts)}): end it with ./kit lab stop HOSTS")  # fmt: skip
+        raise ValueError(
+            f"a controller of profile {hosts.profile!r} is left from an earlier start "
+            f"(pids {_leftovers(hosts)}): end it with ./kit lab stop HOSTS"
+        )
     started = time.monotonic()
     if bad := check_pcs(hosts):
-        raise LabStartError(f"{len(bad)} of {len(hosts.pcs)} PCs are not ready; nothing was "
-                            "started:\n" + "\n".join(f"  {line}" for line in bad))  # fmt: skip
+        raise LabStartError(
+            f"{len(bad)} of {len(hosts.pcs)} PCs are not ready; nothing was "
+            "started:\n" + "\n".join(f"  {line}" for line in bad)
+        )
     cluster = ipp.Cluster(
         profile=hosts.profile,
         cluster_id=LAB_CLUSTER_ID,
@@ -158,8 +162,9 @@ def start_lab(hosts: LabHosts, timeout: float = 120.0, progress: Any = print) ->
     except BaseException as exc:
         _teardown(cluster, hosts)
         if isinstance(exc, Exception):
-            raise LabStartError(f"starting failed, and what was started is stopped again: "
-                                f"{_one_line(exc)}") from None  # fmt: skip
+            raise LabStartError(
+                f"starting failed, and what was started is stopped again: {_one_line(exc)}"
+            ) from None
         raise
     finally:
         _stop_watchers(cluster)
@@ -176,8 +181,9 @@ def _wait_with_progress(client: Any, n: int, timeout: float, started: float, pro
     deadline, seen = time.monotonic() + timeout, -1
     while (count := len(client.ids)) < n:
         if count != seen:
-            progress(f"lab start: {count} of {n} engines registered "
-                     f"({time.monotonic() - started:.0f} s)")  # fmt: skip
+            progress(
+                f"lab start: {count} of {n} engines registered ({time.monotonic() - started:.0f} s)"
+            )
             seen = count
         if time.monotonic() > deadline:
             raise TimeoutError(f"{n - count} of {n} engines did not register within {timeout:g} s")
@@ -223,10 +229,14 @@ def _configure_launcher(cluster: Any, hosts: LabHosts, pcs: tuple[LabPC, ...]) -
     # Per PC: its Python, and the engine command made from it (the launcher builds that command
     # once, from its own remote_python, and would not see a per-PC one).
     launcher.engines = {
-        pc.host: {"n": pc.engines, "remote_python": pc.python,
-                  "engine_cmd": [pc.python, "-m", "ipyparallel.engine"]}
-        for pc in pcs if pc.engines
-    }  # fmt: skip
+        pc.host: {
+            "n": pc.engines,
+            "remote_python": pc.python,
+            "engine_cmd": [pc.python, "-m", "ipyparallel.engine"],
+        }
+        for pc in pcs
+        if pc.engines
+    }
     launcher.ssh_cmd = list(hosts.ssh)
     launcher.scp_cmd = list(hosts.scp)
     # The launcher watches each engine with `ssh PC python -c "wait for pid, N s"`; a short N
@@ -259,8 +269,10 @@ def add_pcs(hosts: LabHosts, names: list[str], timeout: float = 120.0) -> tuple[
     started = time.monotonic()
     pcs = _pcs_named(hosts, names)
     if not _is_running(hosts):
-        raise ValueError(f"no lab cluster is running in profile {hosts.profile!r}: "
-                         "start one with ./kit lab start HOSTS")  # fmt: skip
+        raise ValueError(
+            f"no lab cluster is running in profile {hosts.profile!r}: "
+            "start one with ./kit lab start HOSTS"
+        )
     security = _security(hosts)
     with _client(hosts) as client:
         _, _, dropped = roster_report(hosts, security, client)
@@ -342,9 +354,11 @@ def lab_status(hosts: LabHosts) -> tuple[bool, str]:
     """Return (every engine answers, a table of the engines per PC naming those that dropped out)."""
     if not _is_running(hosts):
         if left := _leftovers(hosts):
-            return False, (f"no lab cluster is running in profile {hosts.profile!r}, but a "
-                           f"controller an earlier start left is (pids {left}): end it with "
-                           "./kit lab stop HOSTS")  # fmt: skip
+            return False, (
+                f"no lab cluster is running in profile {hosts.profile!r}, but a "
+                f"controller an earlier start left is (pids {left}): end it with "
+                "./kit lab stop HOSTS"
+            )
         return False, f"no lab cluster is running in profile {hosts.profile!r}"
     with _client(hosts) as client:
         ok, lines, dropped = roster_report(hosts, _security(hosts), client)

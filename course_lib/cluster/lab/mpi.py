@@ -78,8 +78,17 @@ def mpiexec_command(
         raise ValueError(f"no {mpiexec}: install MPICH into this venv (pip install mpich mpi4py)")
     folder.mkdir(parents=True, exist_ok=True)
     hostfile = write_hostfile(hosts, folder / "lab-mpi-hosts")
-    command = [str(mpiexec), "-launcher", "ssh", "-launcher-exec", _launcher_exec(hosts, folder),
-               "-f", str(hostfile), "-n", str(n)]  # fmt: skip
+    command = [
+        str(mpiexec),
+        "-launcher",
+        "ssh",
+        "-launcher-exec",
+        _launcher_exec(hosts, folder),
+        "-f",
+        str(hostfile),
+        "-n",
+        str(n),
+    ]
     for name, value in MPI_ENV.items():
         command += ["-genv", name, value]
     return command + list(argv)
@@ -95,5 +104,10 @@ def run_lab_mpi(
 ) -> subprocess.CompletedProcess:
     """Run ``argv`` as MPI ranks on the lab's PCs and wait for it (see :func:`mpiexec_command`)."""
     env = dict(os.environ, **MPI_ENV)
-    return subprocess.run(mpiexec_command(hosts, folder, argv, n), env=env, timeout=timeout,
-                          capture_output=capture, text=True)  # fmt: skip
+    return subprocess.run(
+        mpiexec_command(hosts, folder, argv, n),
+        env=env,
+        timeout=timeout,
+        capture_output=capture,
+        text=True,
+    )

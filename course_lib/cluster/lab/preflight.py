@@ -37,10 +37,15 @@ SSH_OPTIONS = ("-o", "BatchMode=yes", "-o", "ConnectTimeout=10")
 
 def versions_here() -> dict[str, Any]:
     """Return the versions of this PC (the instructor's), as :func:`check_pcs` asks every PC."""
-    names = {(dist.metadata["Name"] or "").lower().replace("_", "-"): dist.version
-             for dist in metadata.distributions()}  # fmt: skip
-    return {"python": platform.python_version(), "kit": True,
-            **{name: names.get(name) for name in PACKAGES}}  # fmt: skip
+    names = {
+        (dist.metadata["Name"] or "").lower().replace("_", "-"): dist.version
+        for dist in metadata.distributions()
+    }
+    return {
+        "python": platform.python_version(),
+        "kit": True,
+        **{name: names.get(name) for name in PACKAGES},
+    }
 
 
 def _check_one(hosts: LabHosts, pc: LabPC, here: dict[str, Any], timeout: float) -> str | None:
@@ -50,8 +55,13 @@ def _check_one(hosts: LabHosts, pc: LabPC, here: dict[str, Any], timeout: float)
     python = f'"{pc.python}"' if windows else shlex.quote(pc.python)
     command = f'{python} -c "{_ASK}"'
     try:
-        done = subprocess.run([*hosts.ssh, *SSH_OPTIONS, pc.host, command], capture_output=True,
-                              text=True, timeout=timeout, stdin=subprocess.DEVNULL)  # fmt: skip
+        done = subprocess.run(
+            [*hosts.ssh, *SSH_OPTIONS, pc.host, command],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            stdin=subprocess.DEVNULL,
+        )
     except subprocess.TimeoutExpired:
         return f"{pc.host}: SSH did not answer within {timeout:.0f} s: is the PC on and reachable?"
     except OSError as exc:
@@ -59,18 +69,25 @@ def _check_one(hosts: LabHosts, pc: LabPC, here: dict[str, Any], timeout: float)
     err = (done.stderr.strip().splitlines() or [""])[-1]
     line = next((ln for ln in done.stdout.splitlines() if ln.startswith(MARK)), None)
     if done.returncode == 255 or (line is None and "ssh" in err.lower()):
-        return (f"{pc.host}: SSH cannot reach it ({err or 'exit 255'}): switch it on, check its "
-                f"network and SSH server, or leave it out of {where}")  # fmt: skip
+        return (
+            f"{pc.host}: SSH cannot reach it ({err or 'exit 255'}): switch it on, check its "
+            f"network and SSH server, or leave it out of {where}"
+        )
     if line is None:
-        return (f"{pc.host}: no working Python at {pc.python} ({err or f'exit {done.returncode}'}): "
-                f"install the kit there or fix python = in {where}")  # fmt: skip
+        return (
+            f"{pc.host}: no working Python at {pc.python} ({err or f'exit {done.returncode}'}): "
+            f"install the kit there or fix python = in {where}"
+        )
     there = json.loads(line[len(MARK) :])
     if not there.get("kit"):
         return (
             f"{pc.host}: the kit is not installed for {pc.python} (no course_lib): install it there"
         )
-    differ = [f"{name} {there.get(name)} (here {here[name]})"
-              for name in ("python", *PACKAGES) if there.get(name) != here[name]]  # fmt: skip
+    differ = [
+        f"{name} {there.get(name)} (here {here[name]})"
+        for name in ("python", *PACKAGES)
+        if there.get(name) != here[name]
+    ]
     if differ:
         return (
             f"{pc.host}: versions differ from this PC's: {', '.join(differ)}: install the same kit"

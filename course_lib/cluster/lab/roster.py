@@ -167,8 +167,10 @@ def roster_report(
         if len(here) < pc.engines:
             dropped.append(pc.host)
             why = f"engines {gone} unregistered (missed heartbeats)" if gone else "no engines"
-            text += (f"  DROPPED OUT: {why}. PC off, engines killed or link cut? "
-                     f"Re-add: ./kit lab add HOSTS {pc.host}")  # fmt: skip
+            text += (
+                f"  DROPPED OUT: {why}. PC off, engines killed or link cut? "
+                f"Re-add: ./kit lab add HOSTS {pc.host}"
+            )
         lines.append(text)
     strays = sorted(eid for eid in registered if pc_host(eid) is None)
     if strays:

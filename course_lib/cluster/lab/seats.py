@@ -88,8 +88,11 @@ class _Seats:
 
     def take(self, request: dict[str, Any]) -> dict[str, Any]:
         if request.get("digest") != self.digest:
-            return {"ok": False, "why": "this seat service belongs to another cluster: ask the "
-                    "instructor for the current ipcontroller-client.json and lab-seats.json"}  # fmt: skip
+            return {
+                "ok": False,
+                "why": "this seat service belongs to another cluster: ask the "
+                "instructor for the current ipcontroller-client.json and lab-seats.json",
+            }
         registered = [int(eid) for eid in request.get("ids", [])]
         pcs = _roster_pcs(self.security)
         with self.lock:
@@ -99,18 +102,27 @@ class _Seats:
             holders = len(self.held)
             if want is None:  # the whole room (the instructor's demo)
                 if busy:
-                    return {"ok": False, "why": f"the whole room was asked for, but {holders} "
-                            f"notebook(s) hold {len(busy)} of its {len(registered)} engines"}  # fmt: skip
+                    return {
+                        "ok": False,
+                        "why": f"the whole room was asked for, but {holders} "
+                        f"notebook(s) hold {len(busy)} of its {len(registered)} engines",
+                    }
                 want = len(free)
             if want > len(free):
-                return {"ok": False, "why": f"no free seat of {want} engines: {len(busy)} of the "
-                        f"room's {len(registered)} engines are held by {holders} notebook(s), "
-                        f"{len(free)} free"}  # fmt: skip
+                return {
+                    "ok": False,
+                    "why": f"no free seat of {want} engines: {len(busy)} of the "
+                    f"room's {len(registered)} engines are held by {holders} notebook(s), "
+                    f"{len(free)} free",
+                }
             ids = _spread(free, pcs)[:want]
             self.counter += 1
             number = self.counter
-            self.held[number] = {"ids": ids, "who": str(request.get("who", "?")),
-                                 "since": time.time()}  # fmt: skip
+            self.held[number] = {
+                "ids": ids,
+                "who": str(request.get("who", "?")),
+                "since": time.time(),
+            }
         return {
             "ok": True,
             "seat": number,
@@ -180,8 +192,12 @@ def serve(security: Path, host: str, address_for_clients: str) -> None:
     server = _Server((host, 0), _Handler)
     server.seats = _Seats(security, _digest(connection_file))  # type: ignore[attr-defined]
     port = server.server_address[1]
-    record = {"ip": address_for_clients, "port": port, "pid": os.getpid(),
-              "digest": server.seats.digest}  # type: ignore[attr-defined]  # fmt: skip
+    record = {
+        "ip": address_for_clients,
+        "port": port,
+        "pid": os.getpid(),
+        "digest": server.seats.digest,
+    }  # type: ignore[attr-defined]
     tmp = security / f".{SEATS_FILE}.tmp"
     tmp.write_text(json.dumps(record))
     os.replace(tmp, security / SEATS_FILE)
@@ -196,9 +212,13 @@ def start_seat_service(security: Path, listen_ip: str, timeout: float = 30.0) ->
     (security / SEATS_FILE).unlink(missing_ok=True)
     code = "import sys; from pathlib import Path; from course_lib.cluster.lab.seats import serve; "
     code += "serve(Path(sys.argv[1]), sys.argv[2], sys.argv[3])"
-    proc = subprocess.Popen([sys.executable, "-c", code, str(security), host, str(reach)],
-                            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL, start_new_session=True)  # fmt: skip
+    proc = subprocess.Popen(
+        [sys.executable, "-c", code, str(security), host, str(reach)],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
     deadline = time.monotonic() + timeout
     while not (security / SEATS_FILE).is_file():
         if proc.poll() is not None or time.monotonic() > deadline:
@@ -301,13 +321,20 @@ def take_seat(
         return None  # a cluster started without seats (by hand, or room_cluster): all engines
     record = json.loads(path.read_text())
     who = f"{socket.gethostname()}:{os.getpid()}"
-    request = {"op": "take", "n": n, "ids": list(ids), "who": who,
-               "digest": _digest(connection_file)}  # fmt: skip
+    request = {
+        "op": "take",
+        "n": n,
+        "ids": list(ids),
+        "who": who,
+        "digest": _digest(connection_file),
+    }
     try:
         sock, answer = _ask(record, request, timeout)
     except (OSError, ValueError) as exc:
-        raise NoSeatError(f"the room's seat service ({record['ip']}:{record['port']}) does not "
-                          f"answer ({exc}): ask the instructor to restart the lab") from None  # fmt: skip
+        raise NoSeatError(
+            f"the room's seat service ({record['ip']}:{record['port']}) does not "
+            f"answer ({exc}): ask the instructor to restart the lab"
+        ) from None
     if not answer.get("ok"):
         sock.close()
         raise NoSeatError(answer.get("why", "no seat"))

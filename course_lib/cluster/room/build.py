@@ -172,9 +172,13 @@ def build_room(
             run_or_raise("ip", "addr", "add", f"{room.instructor_ip}/24", "dev", room.bridge)
         run_or_raise("ip", "link", "set", room.bridge, "up")
         for k in range(1, n_pcs + 1):
-            pc = PC(netns=f"pc{k}_{tag}", hostname=hostname or f"pc{k}-{tag}",
-                    ip=f"{PREFIX}.{x}.{k + 1}", host_veth=f"rv{tag}p{k}",
-                    ifname=ifnames[k - 1] if ifnames else IFNAME)  # fmt: skip
+            pc = PC(
+                netns=f"pc{k}_{tag}",
+                hostname=hostname or f"pc{k}-{tag}",
+                ip=f"{PREFIX}.{x}.{k + 1}",
+                host_veth=f"rv{tag}p{k}",
+                ifname=ifnames[k - 1] if ifnames else IFNAME,
+            )
             room.pcs.append(pc)
             inner = f"rv{tag}q{k}"  # renamed to eth0 once inside the namespace
             run_or_raise("ip", "netns", "add", pc.netns)

@@ -46,18 +46,34 @@ def room_cluster(
     ipcluster = [str(BIN / "ipcluster")]
     with contextlib.ExitStack() as stack:
         room = stack.enter_context(emulated_room(n_pcs, rate=rate))
-        subprocess.run(ipcluster + ["start", "--profile=lab", "-n", "0", "--daemonize", "--ip=*"],
-                       env=env, check=True, capture_output=True, timeout=timeout)  # fmt: skip
-        stack.callback(subprocess.run, ipcluster + ["stop", "--profile=lab"], env=env,
-                       capture_output=True, timeout=60)  # fmt: skip
+        subprocess.run(
+            ipcluster + ["start", "--profile=lab", "-n", "0", "--daemonize", "--ip=*"],
+            env=env,
+            check=True,
+            capture_output=True,
+            timeout=timeout,
+        )
+        stack.callback(
+            subprocess.run,
+            ipcluster + ["stop", "--profile=lab"],
+            env=env,
+            capture_output=True,
+            timeout=60,
+        )
         engine_file = security / "ipcontroller-engine.json"
         for i, pc in enumerate(room.pcs):
             log = stack.enter_context(open(work / f"engine{i}.log", "w"))  # noqa: SIM115
             # Each PC has its own home: its engine must not share the instructor's profile.
             pc_env = dict(os.environ, IPYTHONDIR=str(work / f"pc{i}"), OMP_NUM_THREADS="1")
-            room.popen(pc, [str(BIN / "ipengine"), f"--file={engine_file}"], env=pc_env,
-                       stdout=log, stderr=subprocess.STDOUT)  # fmt: skip
-        cluster = connect_cluster(connection_file=str(security / "ipcontroller-client.json"),
-                                  n=n_pcs, timeout=timeout)  # fmt: skip
+            room.popen(
+                pc,
+                [str(BIN / "ipengine"), f"--file={engine_file}"],
+                env=pc_env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
+        cluster = connect_cluster(
+            connection_file=str(security / "ipcontroller-client.json"), n=n_pcs, timeout=timeout
+        )
         stack.callback(cluster.stop)
         yield cluster

@@ -49,8 +49,19 @@ class Room:
         # unshare --uts gives the process its own host name, so ipyparallel and course_lib see
         # PCs with different names, as in a real room; the network comes from ip netns exec.
         set_name = 'hostname "$0" && exec "$@"'
-        return ["ip", "netns", "exec", pc.netns, "unshare", "--uts", "sh", "-c", set_name,
-                pc.hostname, *argv]  # fmt: skip
+        return [
+            "ip",
+            "netns",
+            "exec",
+            pc.netns,
+            "unshare",
+            "--uts",
+            "sh",
+            "-c",
+            set_name,
+            pc.hostname,
+            *argv,
+        ]
 
     def run(self, pc: PC, argv: Sequence[str], **kwargs: Any) -> subprocess.CompletedProcess:
         """Run ``argv`` inside ``pc`` to completion (``subprocess.run`` keywords apply)."""

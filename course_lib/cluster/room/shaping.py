@@ -21,8 +21,22 @@ QUEUE_LATENCY = "50ms"  # tbf drops what would wait longer than this: enough for
 def shape_link(dev: str, rate: str, burst: str, netns: str | None = None) -> None:
     """Put a token-bucket qdisc on ``dev``'s egress (tbf shapes only what a device sends)."""
     prefix = ["ip", "netns", "exec", netns] if netns else []
-    run_or_raise(*prefix, "tc", "qdisc", "replace", "dev", dev, "root", "tbf", "rate", rate,
-        "burst", burst, "latency", QUEUE_LATENCY)  # fmt: skip
+    run_or_raise(
+        *prefix,
+        "tc",
+        "qdisc",
+        "replace",
+        "dev",
+        dev,
+        "root",
+        "tbf",
+        "rate",
+        rate,
+        "burst",
+        burst,
+        "latency",
+        QUEUE_LATENCY,
+    )
 
 
 def shape_pc(room: Room, pc: PC, rate: str, burst: str = BURST) -> None:

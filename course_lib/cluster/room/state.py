@@ -103,10 +103,14 @@ def read_state(path: Path | None = None) -> Room | None:
     try:
         state = json.loads(path.read_text())
         return Room(
-            tag=state["tag"], subnet=state["subnet"], bridge=state["bridge"],
-            instructor_ip=state["instructor_ip"], rate=state["rate"],
-            pcs=[PC(**pc) for pc in state["pcs"]], created=set(state["created"]),
-        )  # fmt: skip
+            tag=state["tag"],
+            subnet=state["subnet"],
+            bridge=state["bridge"],
+            instructor_ip=state["instructor_ip"],
+            rate=state["rate"],
+            pcs=[PC(**pc) for pc in state["pcs"]],
+            created=set(state["created"]),
+        )
     except FileNotFoundError:
         return None
     except (ValueError, KeyError, TypeError) as exc:
@@ -118,8 +122,10 @@ def read_state(path: Path | None = None) -> Room | None:
 
 def _planned(n_pcs: int, tag: str, rate: str) -> Room:
     """Return the room ``build_room(n_pcs, tag=tag)`` will create, every name marked created."""
-    pcs = [PC(netns=f"pc{k}_{tag}", hostname=f"pc{k}-{tag}", ip="", host_veth=f"rv{tag}p{k}")
-           for k in range(1, n_pcs + 1)]  # fmt: skip
+    pcs = [
+        PC(netns=f"pc{k}_{tag}", hostname=f"pc{k}-{tag}", ip="", host_veth=f"rv{tag}p{k}")
+        for k in range(1, n_pcs + 1)
+    ]
     room = Room(tag=tag, subnet="", bridge=f"rbr{tag}", instructor_ip="", rate=rate, pcs=pcs)
     room.created = set(room.names)
     return room
@@ -203,8 +209,10 @@ def describe_room(room: Room, state_file: Path, *, check: bool = False) -> str:
     )
     hosts = lab_folder(state_file) / "hosts.toml"
     if hosts.is_file():
-        lines.append(f"Rehearse the lab: ./kit lab start {hosts}  (hosts file and SSH stand-ins "
-                     f"in {hosts.parent}; then ./kit lab status / stop {hosts})")  # fmt: skip
+        lines.append(
+            f"Rehearse the lab: ./kit lab start {hosts}  (hosts file and SSH stand-ins "
+            f"in {hosts.parent}; then ./kit lab status / stop {hosts})"
+        )
     if check and (gone := [n for n in room.names if n not in leftovers(room.names)]):
         lines.append(f"INCOMPLETE: {', '.join(gone)} no longer exist: run `./kit room down`")
     return "\n".join(lines)

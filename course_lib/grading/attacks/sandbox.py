@@ -168,18 +168,25 @@ def write_attack_class(
     if wrong == correct["A1.1"]:
         raise ValueError("the A1.1 solution changed: make the honest wrong answer wrong again")
     victims = [write(HONEST[0], correct), write(HONEST[1], dict(correct, **{"A1.1": wrong}))]
-    expected = {HONEST[0]: {"A1.1": 2.0, "A1.2": 3.0, "A1.3": 3.0},
-                HONEST[1]: {"A1.1": 0.0, "A1.2": 3.0, "A1.3": 3.0}}  # fmt: skip
+    expected = {
+        HONEST[0]: {"A1.1": 2.0, "A1.2": 3.0, "A1.3": 3.0},
+        HONEST[1]: {"A1.1": 0.0, "A1.2": 3.0, "A1.3": 3.0},
+    }
     host = outside_address() if attackers else None
     listener, connections = _listen(host) if host else (None, [])
     fill = {
-        "kit": str(kit_package()), "site": sysconfig.get_paths()["purelib"],
+        "kit": str(kit_package()),
+        "site": sysconfig.get_paths()["purelib"],
         "source": str(Path(source_dir).resolve() / "A1_sgd_conv.ipynb"),
-        "gradebook": str(grades / "gradebook.csv"), "feedback": str(grades / "feedback" / "honest_1.md"),
-        "victim1": str(victims[0]), "victim2": str(victims[1]), "poison": poison_code(passes["A1.1"]),
-        "host": host or "192.0.2.1", "port": listener.getsockname()[1] if listener else 9,
+        "gradebook": str(grades / "gradebook.csv"),
+        "feedback": str(grades / "feedback" / "honest_1.md"),
+        "victim1": str(victims[0]),
+        "victim2": str(victims[1]),
+        "poison": poison_code(passes["A1.1"]),
+        "host": host or "192.0.2.1",
+        "port": listener.getsockname()[1] if listener else 9,
         "hog_bytes": 3 * memory_mb * 2**19,  # 1.5 x the limit (np.empty touches no page)
-    }  # fmt: skip
+    }
     if attackers:
         for student in sorted({a[0] for a in ATTACKS}):
             answers = {ex: code.format(**fill) for s, ex, _, code, _ in ATTACKS if s == student}
@@ -219,18 +226,27 @@ def self_test(keep: Path | None = None) -> int:
     attack = write_attack_class(folder, sources, limits.memory_mb)
     honest_only = write_attack_class(folder / "honest_only", sources, limits.memory_mb, False)
     time_limits = GradingLimits(cell_seconds=60, total_seconds=400)
-    rows = grade_folder(attack.submissions, sources, time_limits, progress=True, sandbox=limits,
-                        hidden=(str(attack.grades),))  # fmt: skip
-    alone = grade_folder(honest_only.submissions, sources, time_limits, progress=False,
-                         sandbox=limits)  # fmt: skip
+    rows = grade_folder(
+        attack.submissions,
+        sources,
+        time_limits,
+        progress=True,
+        sandbox=limits,
+        hidden=(str(attack.grades),),
+    )
+    alone = grade_folder(
+        honest_only.submissions, sources, time_limits, progress=False, sandbox=limits
+    )
     got = {(r.student, r.exercise): r for r in rows}
     held = True
     for student, exercise, what, _, why in ATTACKS:
         row = got[(student, exercise)]
         ok = row.points == 0 and re.search(why, row.reason) is not None
         held &= ok
-        print(f"{'HELD ' if ok else 'FAILED'} {what:55s} {exercise} {row.points:g} pts: "
-              f"{row.reason[:70]}")  # fmt: skip
+        print(
+            f"{'HELD ' if ok else 'FAILED'} {what:55s} {exercise} {row.points:g} pts: "
+            f"{row.reason[:70]}"
+        )
     honest = {(r.student, r.exercise): r.points for r in rows if r.student.startswith("honest")}
     same = honest == {(r.student, r.exercise): r.points for r in alone}
     checks = [

@@ -187,8 +187,12 @@ def write_route_class(
     source = nbformat.read(Path(source_dir) / "A1_sgd_conv.ipynb", as_version=4)
     correct = {answer_id(c): c.source for c in source.cells if answer_id(c)}
     pass_line = next(c.outputs[0]["text"].strip() for c in source.cells if check_id(c) == "A1.1")
-    fill = {"pass_line": pass_line, "marker": str(marker), "kit": str(kit),
-            "table": hardcoded_table()}  # fmt: skip
+    fill = {
+        "pass_line": pass_line,
+        "marker": str(marker),
+        "kit": str(kit),
+        "table": hardcoded_table(),
+    }
 
     def write(student: str, answers: dict[str, str]) -> None:
         nb = copy.deepcopy(source)
@@ -229,9 +233,13 @@ def grade_routes(folder: Path, source_dir: Path, seconds: float = 1500) -> list[
 
     def grade() -> None:
         done["rows"] = grade_folder(
-            folder / "submissions", source_dir, GradingLimits(60, 400), jobs=2, progress=False,
+            folder / "submissions",
+            source_dir,
+            GradingLimits(60, 400),
+            jobs=2,
+            progress=False,
             sandbox=SandboxLimits(processes=256, disk_mb=32),
-        )  # fmt: skip
+        )
 
     worker = threading.Thread(target=grade, daemon=True)
     worker.start()

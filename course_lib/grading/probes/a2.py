@@ -62,8 +62,11 @@ def a2_inputs(kind: str, seed: int) -> list[dict]:
     """A2's cases: every size of ``A2_SIZES`` in float32 and float64, on the grader's seed."""
     from course_lib.checks.assignments.a2 import A2_SIZES
 
-    return [{"kind": kind, "size": size, "dtype": dtype, "seed": seed}
-            for size in A2_SIZES for dtype in ("float32", "float64")]  # fmt: skip
+    return [
+        {"kind": kind, "size": size, "dtype": dtype, "seed": seed}
+        for size in A2_SIZES
+        for dtype in ("float32", "float64")
+    ]
 
 
 def _judge_case(case: dict, ranks: Any) -> int:
@@ -85,12 +88,22 @@ def _judge_case(case: dict, ranks: Any) -> int:
     ]
     reference = sum(inputs).astype(dtype)  # small integers: every summation order is exact
     for rank, p, got, builtin, stats in ranks:
-        peers = {int(q): (int(sent), int(received), int(nbytes))
-                 for q, sent, received, nbytes in stats}  # fmt: skip
+        peers = {
+            int(q): (int(sent), int(received), int(nbytes)) for q, sent, received, nbytes in stats
+        }
         if got is not None and np.asarray(got).dtype.kind not in "biuf":
             raise AssertionError(f"rank {int(rank)} returned {got}, not an array")
-        why = judge_rank(case["kind"], size, dtype, int(rank), int(p), reference, got,
-                         [str(b) for b in builtin], peers)  # fmt: skip
+        why = judge_rank(
+            case["kind"],
+            size,
+            dtype,
+            int(rank),
+            int(p),
+            reference,
+            got,
+            [str(b) for b in builtin],
+            peers,
+        )
         if why:
             raise AssertionError(why)
     return world_size

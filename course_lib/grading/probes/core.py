@@ -149,9 +149,12 @@ def convert_notebook(
         if exercise is not None:
             probe = spec.exercises[exercise]
             cell.source = _KERNEL_CODE.format(
-                exercise=exercise, setup=probe.setup, call=probe.call, mark=MARK,
+                exercise=exercise,
+                setup=probe.setup,
+                call=probe.call,
+                mark=MARK,
                 cases=encode_cases(probe.inputs(seed)),
-            )  # fmt: skip
+            )
             cell.metadata.setdefault("course", {})["probe"] = exercise
             cell.outputs = []
         elif "course_lib.checks" in cell.source and spec.kernel_setup:

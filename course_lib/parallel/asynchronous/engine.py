@@ -76,8 +76,9 @@ def work(
     workers = comm.world_size - 1
     params = trainable_parameters(net)
     weights = np.zeros(sum(p.numel() for p in params), dtype=np.float32)
-    sampler = GlobalBatchSampler(len(data), comm.rank - 1, workers, config.batch_size,
-                                 seed=config.seed)  # fmt: skip
+    sampler = GlobalBatchSampler(
+        len(data), comm.rank - 1, workers, config.batch_size, seed=config.seed
+    )
     loader = DataLoader(data, batch_size=config.batch_size // workers, sampler=sampler)
     loss_fn = nn.CrossEntropyLoss(ignore_index=255)
 
@@ -110,14 +111,26 @@ def work(
         slowed = slow_down(straggler, time.time() - t_compute)
         grad = flatten_grads(params).numpy()
         t_push = time.time()
-        wait_all([comm.isend(_header(PUSH, comm.rank, version, len(records)), SERVER, HEADER_TAG),
-                  comm.isend(grad, SERVER, PAYLOAD_TAG)], reply_timeout)  # fmt: skip
-        records.append({
-            "rank": comm.rank, "step": len(records), "version": version, "loss": loss.item(),
-            "wait_at": (t_wait, t_pull), "pull_at": (t_pull, t_compute),
-            "compute_at": (t_compute, t_push), "push_at": (t_push, time.time()),
-            "slowed_s": slowed,
-        })  # fmt: skip
+        wait_all(
+            [
+                comm.isend(_header(PUSH, comm.rank, version, len(records)), SERVER, HEADER_TAG),
+                comm.isend(grad, SERVER, PAYLOAD_TAG),
+            ],
+            reply_timeout,
+        )
+        records.append(
+            {
+                "rank": comm.rank,
+                "step": len(records),
+                "version": version,
+                "loss": loss.item(),
+                "wait_at": (t_wait, t_pull),
+                "pull_at": (t_pull, t_compute),
+                "compute_at": (t_compute, t_push),
+                "push_at": (t_push, time.time()),
+                "slowed_s": slowed,
+            }
+        )
     return records
 
 
@@ -128,8 +141,9 @@ class _Listener:
     counts only the worker's own time (pull, compute, push), never the time the gate held it.
     """
 
-    def __init__(self, comm: Communicator, worker: int, size: int, inbox: queue.Queue,
-                 timeout: float) -> None:  # fmt: skip
+    def __init__(
+        self, comm: Communicator, worker: int, size: int, inbox: queue.Queue, timeout: float
+    ) -> None:
         self.comm, self.worker, self.size, self.inbox = comm, worker, size, inbox
         self.timeout = timeout
         self.replied = threading.Event()
@@ -188,12 +202,21 @@ def serve(
     def log_accuracy() -> None:
         if test_loader is not None:
             metrics = evaluate(net, test_loader, loss_fn)
-            history.append({"updates": ledger.version, "seconds": time.time() - t0,
-                            "test_loss": metrics["loss"], "test_accuracy": metrics["accuracy"]})  # fmt: skip
+            history.append(
+                {
+                    "updates": ledger.version,
+                    "seconds": time.time() - t0,
+                    "test_loss": metrics["loss"],
+                    "test_accuracy": metrics["accuracy"],
+                }
+            )
 
     def send(worker: int, kind: int, flat: np.ndarray | None) -> None:
-        handles = [comm.isend(_header(kind, worker, ledger.version, ledger.clocks[worker]),
-                              worker, HEADER_TAG)]  # fmt: skip
+        handles = [
+            comm.isend(
+                _header(kind, worker, ledger.version, ledger.clocks[worker]), worker, HEADER_TAG
+            )
+        ]
         if flat is not None:
             handles.append(comm.isend(flat, worker, PAYLOAD_TAG))
         try:
@@ -291,11 +314,22 @@ def engine_async(
     if comm.rank == SERVER:
         out = serve(comm, net, config, bound, budget, test_set, eval_every, worker_timeout)
     else:
-        records = work(comm, net, state["dataset"], config, stragglers.get(comm.rank),
-                       reply_timeout=worker_timeout + comm.timeout)  # fmt: skip
+        records = work(
+            comm,
+            net,
+            state["dataset"],
+            config,
+            stragglers.get(comm.rank),
+            reply_timeout=worker_timeout + comm.timeout,
+        )
         state["records"] = records
         out = {"records": records}
     stats = comm.stats
-    out.update(rank=comm.rank, label=comm.label, emulated=comm.emulated,
-               bytes_sent=stats.bytes_sent, bytes_received=stats.bytes_received)  # fmt: skip
+    out.update(
+        rank=comm.rank,
+        label=comm.label,
+        emulated=comm.emulated,
+        bytes_sent=stats.bytes_sent,
+        bytes_received=stats.bytes_received,
+    )
     return out

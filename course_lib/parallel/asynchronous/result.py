@@ -70,8 +70,11 @@ class AsyncResult:
         for w in self.workers:
             mine = [r for r in self.records if r["rank"] == w]
             stale = self.staleness[w] or [0]
-            row: dict[str, Any] = {"rank": w, "steps": self.steps.get(w, 0),
-                                   "applied": self.applied_per_worker[w]}  # fmt: skip
+            row: dict[str, Any] = {
+                "rank": w,
+                "steps": self.steps.get(w, 0),
+                "applied": self.applied_per_worker[w],
+            }
             for phase in WORKER_PHASES:
                 spans = [r[f"{phase}_at"][1] - r[f"{phase}_at"][0] for r in mine] or [0.0]
                 row[f"{phase}_ms"] = 1e3 * statistics.median(spans)
@@ -84,8 +87,9 @@ class AsyncResult:
     def table(self) -> str:
         """Return the per-worker summary as text, headed by the scheme and the link."""
         kind = "emulated" if self.emulated else "measured"
-        head = (f"{self.scheme} on {self.label} ({kind}); server applied {len(self.applied)} "
-                "gradients")  # fmt: skip
+        head = (
+            f"{self.scheme} on {self.label} ({kind}); server applied {len(self.applied)} gradients"
+        )
         cols = f"{'rank':>4} {'steps':>6} {'applied':>7} {'compute':>9} {'wait':>8} {'pull':>7} "
         cols += f"{'push':>7} {'waited':>8} {'stale mean':>10} {'max':>4}"
         lines = [head, cols, "-" * len(cols)]
@@ -111,8 +115,14 @@ class AsyncResult:
         def bar(y: int, phase: str, span: tuple[float, float], label: str) -> None:
             a, b = span[0] - self.started, span[1] - self.started
             if b > lo and a < hi and b > a:
-                ax.barh(y, 1e3 * (b - a), left=1e3 * a, height=0.5, color=_COLORS[phase],
-                        label=None if phase in seen else label)  # fmt: skip
+                ax.barh(
+                    y,
+                    1e3 * (b - a),
+                    left=1e3 * a,
+                    height=0.5,
+                    color=_COLORS[phase],
+                    label=None if phase in seen else label,
+                )
                 seen.add(phase)
 
         for a in self.applied:
@@ -139,8 +149,12 @@ class AsyncResult:
         for w, values in self.staleness.items():
             ax.hist(values, bins=bins, alpha=0.6, label=f"rank {w}")
         if self.staleness_limit is not None:
-            ax.axvline(self.staleness_limit + 0.5, color="black", ls="--",
-                       label=f"SSP limit (W-1)(2s+1) = {self.staleness_limit}")  # fmt: skip
+            ax.axvline(
+                self.staleness_limit + 0.5,
+                color="black",
+                ls="--",
+                label=f"SSP limit (W-1)(2s+1) = {self.staleness_limit}",
+            )
         ax.set_xlabel("staleness (updates applied since the worker read the weights)")
         ax.set_ylabel("gradients")
         ax.legend(fontsize=8)
@@ -154,8 +168,13 @@ class AsyncResult:
             raise ValueError(f"x={x!r}: choose 'updates' or 'seconds'")
         fig = Figure(figsize=(5, 3), dpi=100)
         ax = fig.subplots()
-        ax.plot([h[x] for h in self.history], [h["test_accuracy"] for h in self.history], "o-",
-                ms=3, label=self.scheme)  # fmt: skip
+        ax.plot(
+            [h[x] for h in self.history],
+            [h["test_accuracy"] for h in self.history],
+            "o-",
+            ms=3,
+            label=self.scheme,
+        )
         ax.set_xlabel("gradients applied" if x == "updates" else "seconds since the run began")
         ax.set_ylabel("test accuracy")
         ax.legend(fontsize=8)
@@ -165,5 +184,7 @@ class AsyncResult:
     def __repr__(self) -> str:
         dead = f", dead workers {self.dead}" if self.dead else ""
         acc = f", test accuracy {self.history[-1]['test_accuracy']:.3f}" if self.history else ""
-        return (f"<AsyncResult {self.scheme}, {self.world_size - 1} workers, "
-                f"{len(self.applied)} gradients applied{acc}{dead}>")  # fmt: skip
+        return (
+            f"<AsyncResult {self.scheme}, {self.world_size - 1} workers, "
+            f"{len(self.applied)} gradients applied{acc}{dead}>"
+        )

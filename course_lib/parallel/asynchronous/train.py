@@ -76,8 +76,9 @@ def _validate_async(config: TrainConfig, n: int, options: dict[str, Any]) -> Non
         raise ValueError("stragglers: rank 0 is the server; slow down a worker (ranks 1..N-1)")
 
 
-def _run_tolerant(cluster: Any, ids: list[int], fn: Any, args: tuple, timeout: float
-                  ) -> tuple[list[Any], dict[int, str]]:  # fmt: skip
+def _run_tolerant(
+    cluster: Any, ids: list[int], fn: Any, args: tuple, timeout: float
+) -> tuple[list[Any], dict[int, str]]:
     """Run ``fn`` on the engines; return results (None for lost ranks) and ``{rank: why}``.
 
     Workers may die or fail: they are reported, not raised. The server (rank 0) failing, or any
@@ -114,11 +115,13 @@ def _run_tolerant(cluster: Any, ids: list[int], fn: Any, args: tuple, timeout: f
             cluster.client[survivors].apply_sync(replica.engine_comm_key, "")
     if hung:
         report = cluster.recover()
-        raise AsyncTrainingError(f"ranks {hung} did not finish within {timeout:g} s; "
-                                 f"recovered: {report}")  # fmt: skip
+        raise AsyncTrainingError(
+            f"ranks {hung} did not finish within {timeout:g} s; recovered: {report}"
+        )
     if 0 in lost:
-        raise AsyncTrainingError(f"the server failed: {lost[0]}; restart the engines "
-                                 "(cluster.recover()) and re-run")  # fmt: skip
+        raise AsyncTrainingError(
+            f"the server failed: {lost[0]}; restart the engines (cluster.recover()) and re-run"
+        )
     return results, lost
 
 
@@ -159,8 +162,13 @@ def train_asynchronous(
     ids = select_engines(cluster, world_size)
     n = len(ids)
     spec = parse_stragglers(stragglers, n)
-    options = {"staleness_bound": staleness_bound, "num_updates": num_updates,
-               "eval_every": eval_every, "worker_timeout": worker_timeout, "stragglers": spec}  # fmt: skip
+    options = {
+        "staleness_bound": staleness_bound,
+        "num_updates": num_updates,
+        "eval_every": eval_every,
+        "worker_timeout": worker_timeout,
+        "stragglers": spec,
+    }
     _validate_async(config, n, options)
     ensure_communicators(cluster, ids, backend, link, comm_timeout)
     prepare = (model, dataset, config.seed, COMM_NAME)
@@ -188,10 +196,19 @@ def train_asynchronous(
     for w in reports:  # a lost worker's own records died with it: count what the server saw
         steps[w] = max(steps[w], server["clocks"].get(w, 0))
     return AsyncResult(
-        scheme=scheme_name(staleness_bound), staleness_bound=staleness_bound, world_size=n,
-        label=server["label"], emulated=server["emulated"], history=server["history"],
-        applied=server["applies"], records=records, steps=steps, dead=sorted(reports),
-        dead_reports=reports, weights=server["weights"], stragglers=spec,
+        scheme=scheme_name(staleness_bound),
+        staleness_bound=staleness_bound,
+        world_size=n,
+        label=server["label"],
+        emulated=server["emulated"],
+        history=server["history"],
+        applied=server["applies"],
+        records=records,
+        steps=steps,
+        dead=sorted(reports),
+        dead_reports=reports,
+        weights=server["weights"],
+        stragglers=spec,
         engines=[{"rank": i["rank"], "engine": ids[i["rank"]], "host": i["host"]} for i in infos],
         started=server["started"],
-    )  # fmt: skip
+    )

@@ -160,15 +160,18 @@ def run_on_engines(
     raise DataParallelError("data-parallel run failed: " + "; ".join(parts))
 
 
-def check_replicas_alike(cluster: Any, ids: list[int], infos: list[dict[str, Any]],
-                         config: TrainConfig) -> None:  # fmt: skip
+def check_replicas_alike(
+    cluster: Any, ids: list[int], infos: list[dict[str, Any]], config: TrainConfig
+) -> None:
     """Raise ValueError naming the ranks whose model or data set differ from rank 0's."""
     ref = infos[0]
     for info in infos[1:]:
         mine, theirs = info["fingerprint"], ref["fingerprint"]
         if mine != theirs:
-            diff = next((f"{a} vs rank 0's {b}" for a, b in zip(mine, theirs, strict=False) if a != b),
-                        f"{len(mine)} tensors vs rank 0's {len(theirs)}")  # fmt: skip
+            diff = next(
+                (f"{a} vs rank 0's {b}" for a, b in zip(mine, theirs, strict=False) if a != b),
+                f"{len(mine)} tensors vs rank 0's {len(theirs)}",
+            )
             bad = [
                 describe_rank(cluster, ids, i["rank"]) for i in infos if i["fingerprint"] != theirs
             ]

@@ -79,9 +79,7 @@ def predict_step(
         )
     if compute_per_sample < 0 or nbytes < 0:
         raise ValueError("compute_per_sample and nbytes must be >= 0")
-    exchange = (
-        predict(cls.cost_collective, nbytes, world_size, link) if world_size > 1 else 0.0
-    )
+    exchange = predict(cls.cost_collective, nbytes, world_size, link) if world_size > 1 else 0.0
     return StepPrediction(
         compute_s=compute_per_sample * global_batch / world_size,
         exchange_s=exchange,

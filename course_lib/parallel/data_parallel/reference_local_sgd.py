@@ -73,8 +73,10 @@ def simulate_local_sgd(
     replicas = [copy.deepcopy(net) for _ in range(world_size)]
     local = replace(config, batch_size=config.batch_size // world_size)
     optimizers = [make_optimizer(r, local) for r in replicas]
-    samplers = [GlobalBatchSampler(len(data), r, world_size, config.batch_size, seed=config.seed)
-                for r in range(world_size)]  # fmt: skip
+    samplers = [
+        GlobalBatchSampler(len(data), r, world_size, config.batch_size, seed=config.seed)
+        for r in range(world_size)
+    ]
     params = [trainable_parameters(r) for r in replicas]
     loss_fn = nn.CrossEntropyLoss(ignore_index=255)
     gradient_gossip = averaging == "gossip" and period == 1

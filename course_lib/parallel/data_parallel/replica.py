@@ -52,8 +52,9 @@ class GlobalBatchSampler(ShardSampler):
     number of equal batches (so the mean of the ranks' mean gradients is the global mean).
     """
 
-    def __init__(self, num_samples: int, rank: int, world_size: int, global_batch: int,
-                 *, seed: int = 0) -> None:  # fmt: skip
+    def __init__(
+        self, num_samples: int, rank: int, world_size: int, global_batch: int, *, seed: int = 0
+    ) -> None:
         super().__init__(num_samples, rank, world_size, seed=seed)
         if global_batch % world_size or global_batch < world_size:
             raise ValueError(f"global batch {global_batch} does not split over {world_size} ranks")
@@ -61,8 +62,9 @@ class GlobalBatchSampler(ShardSampler):
         self.steps = num_samples // global_batch
 
     def __iter__(self) -> Iterator[int]:
-        order = shard_indices(self.num_samples, self.rank, self.world_size, seed=self.seed,
-                              epoch=self.epoch)  # fmt: skip
+        order = shard_indices(
+            self.num_samples, self.rank, self.world_size, seed=self.seed, epoch=self.epoch
+        )
         return iter(order[: self.steps * self.global_batch // self.world_size])
 
     def __len__(self) -> int:
@@ -114,8 +116,13 @@ def engine_prepare(model: Any, dataset: Any, seed: int, comm_name: str) -> dict[
     net = _build(model, nn.Module)
     data = _build(dataset, Dataset)
     ns[STATE] = {"net": net, "dataset": data, "records": []}
-    return {"rank": comm.rank, "fingerprint": model_fingerprint(net), "num_samples": len(data),
-            "host": socket.gethostname(), "pid": os.getpid()}  # fmt: skip
+    return {
+        "rank": comm.rank,
+        "fingerprint": model_fingerprint(net),
+        "num_samples": len(data),
+        "host": socket.gethostname(),
+        "pid": os.getpid(),
+    }
 
 
 def engine_comm_key(new: str | None = None) -> str | None:
@@ -205,15 +212,18 @@ def engine_train(spec: RunSpec) -> dict[str, Any]:
     module = exchange.attach(comm, net)
     optimizer = exchange.wrap_optimizer(comm, make_optimizer(module, config))
     straggler = spec.stragglers.get(comm.rank)
-    recorder = StepRecorder(comm, exchange, net, spec.measure_wait, straggler,
-                            spec.measure_drift_every)  # fmt: skip
+    recorder = StepRecorder(
+        comm, exchange, net, spec.measure_wait, straggler, spec.measure_drift_every
+    )
     state["records"] = recorder.records
     recorder.attach(module, optimizer)
     sampler = GlobalBatchSampler(len(data), comm.rank, n, config.batch_size, seed=config.seed)
     local = replace(config, batch_size=config.batch_size // n)
     comm.stats.reset()
     recorder.reset_counters()
-    done_before = spec.resumed_at[0] * sampler.steps + spec.resumed_at[1]  # steps of the run resumed
+    done_before = (
+        spec.resumed_at[0] * sampler.steps + spec.resumed_at[1]
+    )  # steps of the run resumed
     progress = StepsPublished(config.num_epochs * sampler.steps - done_before)
 
     def grad_hook(module: nn.Module) -> None:
@@ -221,10 +231,20 @@ def engine_train(spec: RunSpec) -> dict[str, Any]:
         progress.step()
 
     try:
-        history = fit(module, data, local, test_set=spec.test_set, sampler=sampler,
-                      grad_hook=grad_hook, optimizer=optimizer, progress=False,
-                      device="cpu", checkpoint=spec.checkpoint, resume_from=spec.resume_from,
-                      comm=comm)  # fmt: skip
+        history = fit(
+            module,
+            data,
+            local,
+            test_set=spec.test_set,
+            sampler=sampler,
+            grad_hook=grad_hook,
+            optimizer=optimizer,
+            progress=False,
+            device="cpu",
+            checkpoint=spec.checkpoint,
+            resume_from=spec.resume_from,
+            comm=comm,
+        )
     finally:
         recorder.detach()
         exchange.detach()

@@ -64,14 +64,27 @@ def plot_timeline(
             if end > start:
                 label = _LABELS[phase] if phase not in seen else None
                 seen.add(phase)
-                ax.barh(y, 1e3 * (end - start), left=1e3 * (start - t0), height=0.5,
-                        color=PHASE_COLORS[phase], label=label)  # fmt: skip
+                ax.barh(
+                    y,
+                    1e3 * (end - start),
+                    left=1e3 * (start - t0),
+                    height=0.5,
+                    color=PHASE_COLORS[phase],
+                    label=label,
+                )
         for b in r["buckets"]:
             label = "bucket communication" if "bucket" not in seen else None
             seen.add("bucket")
-            ax.barh(y + 0.38, 1e3 * (b["end"] - b["start"]), left=1e3 * (b["start"] - t0),
-                    height=0.18, color="tab:orange", edgecolor="black", linewidth=0.3,
-                    label=label)  # fmt: skip
+            ax.barh(
+                y + 0.38,
+                1e3 * (b["end"] - b["start"]),
+                left=1e3 * (b["start"] - t0),
+                height=0.18,
+                color="tab:orange",
+                edgecolor="black",
+                linewidth=0.3,
+                label=label,
+            )
     ax.set_yticks(range(len(ranks)), [f"rank {r}" for r in ranks])
     ax.invert_yaxis()
     ax.set_xlabel("ms since the first step shown began")

@@ -75,8 +75,10 @@ class DataParallelResult:
     @property
     def straggler_label(self) -> str:
         """Return e.g. ``"emulated stragglers: rank 2 at 0.5x speed"`` ('' without stragglers)."""
-        parts = [f"rank {r} at {s.speed:g}x speed" + (f" + {s.delay * 1e3:g} ms" if s.delay else "")
-                 for r, s in sorted(self.stragglers.items())]  # fmt: skip
+        parts = [
+            f"rank {r} at {s.speed:g}x speed" + (f" + {s.delay * 1e3:g} ms" if s.delay else "")
+            for r, s in sorted(self.stragglers.items())
+        ]
         return "emulated stragglers: " + ", ".join(parts) if parts else ""
 
     def table(self) -> str:
@@ -116,8 +118,10 @@ class DataParallelResult:
 
     def __repr__(self) -> str:
         same = "equal" if self.replicas_equal else f"DIFFER by {self.max_replica_difference:.2e}"
-        return (f"<DataParallelResult {self.method!r}, {self.world_size} ranks, "
-                f"{len(self.records) // max(self.world_size, 1)} steps, replicas {same}>")  # fmt: skip
+        return (
+            f"<DataParallelResult {self.method!r}, {self.world_size} ranks, "
+            f"{len(self.records) // max(self.world_size, 1)} steps, replicas {same}>"
+        )
 
 
 def valid_batch_sizes(world_size: int, near: int, count: int = 3) -> list[int]:
@@ -193,10 +197,15 @@ def train_data_parallel(
     exchange = make_exchange(method, **options)  # bad names or options fail before any engine
     validate_config(config, n)
     slow = parse_stragglers(stragglers, n)
-    if isinstance(measure_drift_every, bool) or not isinstance(measure_drift_every, int) \
-            or measure_drift_every < 0:  # fmt: skip
-        raise ValueError(f"measure_drift_every={measure_drift_every!r}: give a step count >= 1, "
-                         "or 0 for no drift measurement")  # fmt: skip
+    if (
+        isinstance(measure_drift_every, bool)
+        or not isinstance(measure_drift_every, int)
+        or measure_drift_every < 0
+    ):
+        raise ValueError(
+            f"measure_drift_every={measure_drift_every!r}: give a step count >= 1, "
+            "or 0 for no drift measurement"
+        )
     saver, resume_file, resumed_at = prepare_checkpointing(exchange, checkpoint, resume_from, n)
     if saver or resume_file:
         exchange = exchange.for_saved_run()  # a saved run must repeat itself bit for bit
@@ -204,19 +213,37 @@ def train_data_parallel(
     prepare = (model, dataset, config.seed, COMM_NAME)
     infos = run_on_engines(cluster, ids, replica.engine_prepare, prepare, timeout)
     check_replicas_alike(cluster, ids, infos, config)
-    spec = replica.RunSpec(config, exchange, COMM_NAME, measure_wait, test_set, slow,
-                           measure_drift_every, saver, resume_file, resumed_at)  # fmt: skip
+    spec = replica.RunSpec(
+        config,
+        exchange,
+        COMM_NAME,
+        measure_wait,
+        test_set,
+        slow,
+        measure_drift_every,
+        saver,
+        resume_file,
+        resumed_at,
+    )
     label = f"{exchange.name} on {n} engines" if progress else ""
     results = run_on_engines(cluster, ids, replica.engine_train, (spec,), timeout, label)
     weights = results[0]["weights"]
-    diffs = [max(float(np.abs(r["weights"][k] - w).max(initial=0.0)) for k, w in weights.items())
-             for r in results]  # fmt: skip
+    diffs = [
+        max(float(np.abs(r["weights"][k] - w).max(initial=0.0)) for k, w in weights.items())
+        for r in results
+    ]
     return DataParallelResult(
-        method=exchange.name, world_size=n, label=results[0]["label"], emulated=results[0]["emulated"],
+        method=exchange.name,
+        world_size=n,
+        label=results[0]["label"],
+        emulated=results[0]["emulated"],
         histories=[History(epochs=r["epochs"], step_times=r["step_times"]) for r in results],
-        records=[rec for r in results for rec in r["records"]], weights=weights,
-        replicas_equal=max(diffs) == 0.0, max_replica_difference=max(diffs),
+        records=[rec for r in results for rec in r["records"]],
+        weights=weights,
+        replicas_equal=max(diffs) == 0.0,
+        max_replica_difference=max(diffs),
         engines=[{"rank": i["rank"], "engine": ids[i["rank"]], "host": i["host"]} for i in infos],
-        gradient_bytes=results[0]["param_bytes"], flag_bytes=results[0]["flag_bytes"],
+        gradient_bytes=results[0]["param_bytes"],
+        flag_bytes=results[0]["flag_bytes"],
         stragglers=slow,
-    )  # fmt: skip
+    )

@@ -104,7 +104,9 @@ def flatten_grads(params: list[nn.Parameter], flags: bool = False) -> torch.Tens
     return torch.cat(parts) if parts else torch.zeros(0)
 
 
-def unflatten_into_grads(flat: torch.Tensor, params: list[nn.Parameter], flags: bool = False) -> None:
+def unflatten_into_grads(
+    flat: torch.Tensor, params: list[nn.Parameter], flags: bool = False
+) -> None:
     """Overwrite each ``p.grad`` with its slice of ``flat`` (the layout of :func:`flatten_grads`).
 
     With ``flags``, a parameter whose averaged flag is 0 (no rank had a gradient for it: a

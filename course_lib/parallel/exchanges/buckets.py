@@ -232,10 +232,16 @@ class BucketedAllreduce(GradientExchange):
             for slot, p in enumerate(bucket.params):
                 p.grad = bucket.take(slot)
             timeline.buckets.append(
-                {"index": bucket.index, "nbytes": bucket.flat.numel() * 4,
-                 "algorithm": bucket.algorithm, "ready": bucket.ready_at, "start": bucket.start, "end": bucket.end,
-                 "launched_in_backward": bucket.launched_in_backward}
-            )  # fmt: skip
+                {
+                    "index": bucket.index,
+                    "nbytes": bucket.flat.numel() * 4,
+                    "algorithm": bucket.algorithm,
+                    "ready": bucket.ready_at,
+                    "start": bucket.start,
+                    "end": bucket.end,
+                    "launched_in_backward": bucket.launched_in_backward,
+                }
+            )
             bucket.done.clear()
             bucket.pending = len(bucket.params)
         timeline.mark("comm", start)

@@ -82,7 +82,9 @@ class CompressedExchange(GradientExchange):
 
     name = "compressed"
     compresses = True
-    not_checkpointable_because = "each rank keeps an error-feedback residual (and compression streams) between steps"
+    not_checkpointable_because = (
+        "each rank keeps an error-feedback residual (and compression streams) between steps"
+    )
 
     def __init__(
         self,
@@ -146,8 +148,12 @@ class CompressedExchange(GradientExchange):
         if self.prototype is not None:  # a fresh copy: no residuals shared between runs
             fresh = copy.deepcopy(self.prototype)
             return ErrorFeedback(fresh, momentum=momentum) if self.error_feedback else fresh
-        return make_compressor(self.compressor_name, error_feedback=self.error_feedback,
-                               momentum_correction=momentum, **self.settings)  # fmt: skip
+        return make_compressor(
+            self.compressor_name,
+            error_feedback=self.error_feedback,
+            momentum_correction=momentum,
+            **self.settings,
+        )
 
     def _new_downlink(self) -> Compressor:
         """Return the compressor for the server's mean: the mean of sparse vectors is sparse
@@ -256,8 +262,9 @@ class CompressedExchange(GradientExchange):
             frames = [frame] + [recv_bytes(comm, r) for r in range(1, n)]
             mean = self._mean_of_frames(frames, count, timeline)
             again = time.perf_counter()
-            down_payloads = [self.downlink.compress(g, f"down/{name}")[0]
-                             for name, g in self._pieces(mean)]  # fmt: skip
+            down_payloads = [
+                self.downlink.compress(g, f"down/{name}")[0] for name, g in self._pieces(mean)
+            ]
             timeline.note("compress_s", time.perf_counter() - again)
             down = self._code(down_payloads, timeline, "bytes_coded_downlink")
             wait_all([h for r in range(1, n) for h in isend_bytes(comm, down, r)])
@@ -274,8 +281,10 @@ class CompressedExchange(GradientExchange):
             if self.momentum_correction
             else ""
         )
-        return (f"<CompressedExchange {self.compressor_name}{ef}, codec {self.codec_name}, "
-                f"{self.carrier}, {self.granularity}>")  # fmt: skip
+        return (
+            f"<CompressedExchange {self.compressor_name}{ef}, codec {self.codec_name}, "
+            f"{self.carrier}, {self.granularity}>"
+        )
 
 
 def allgather_bytes(comm: Communicator, frame: np.ndarray) -> list[np.ndarray]:
@@ -295,8 +304,10 @@ def allgather_bytes(comm: Communicator, frame: np.ndarray) -> list[np.ndarray]:
 
 def isend_bytes(comm: Communicator, frame: np.ndarray, dst: int) -> list[Any]:
     """Start sending ``frame``'s size, then ``frame``, to ``dst``; return both handles."""
-    return [comm.isend(np.array([frame.size], np.int64), dst, SIZE_TAG),
-            comm.isend(frame, dst, FRAME_TAG)]  # fmt: skip
+    return [
+        comm.isend(np.array([frame.size], np.int64), dst, SIZE_TAG),
+        comm.isend(frame, dst, FRAME_TAG),
+    ]
 
 
 def send_bytes(comm: Communicator, frame: np.ndarray, dst: int) -> None:

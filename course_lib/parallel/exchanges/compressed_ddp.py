@@ -43,7 +43,9 @@ class CompressedDDPExchange(DDPExchange):
 
     name = "ddp_compressed"
     compresses = True
-    not_checkpointable_because = "each rank keeps an error-feedback residual (and compression streams) between steps"
+    not_checkpointable_because = (
+        "each rank keeps an error-feedback residual (and compression streams) between steps"
+    )
     cost_collective = None
 
     def __init__(
@@ -61,14 +63,21 @@ class CompressedDDPExchange(DDPExchange):
         if hook not in HOOKS:
             raise ValueError(f"hook={hook!r}: choose one of {', '.join(HOOKS)}")
         self.hook = hook
-        self.spec = (compressor, dict(settings or {}), bool(error_feedback), codec, level,
-                     float(momentum_correction))  # fmt: skip
+        self.spec = (
+            compressor,
+            dict(settings or {}),
+            bool(error_feedback),
+            codec,
+            level,
+            float(momentum_correction),
+        )
         self._state = self._new_state()  # validates the settings here, before any engine works
 
     def _new_state(self) -> CompressionHookState:
         compressor, settings, error_feedback, codec, level, momentum = self.spec
-        comp = make_compressor(compressor, error_feedback=error_feedback,
-                               momentum_correction=momentum, **settings)  # fmt: skip
+        comp = make_compressor(
+            compressor, error_feedback=error_feedback, momentum_correction=momentum, **settings
+        )
         return CompressionHookState(comp, make_codec(codec, level=level))
 
     def attach(self, comm, net):  # noqa: ANN001, ANN201 - same signature as DDPExchange.attach

@@ -57,7 +57,9 @@ class DDPExchange(GradientExchange):
         self.comm = comm
         group = getattr(comm, "group", None)
         self.ddp = nn.parallel.DistributedDataParallel(
-            net, process_group=group, bucket_cap_mb=self.bucket_bytes / 2**20,
+            net,
+            process_group=group,
+            bucket_cap_mb=self.bucket_bytes / 2**20,
             find_unused_parameters=self.find_unused_parameters,
         )
         self.ddp.register_comm_hook(None, self._hook)

@@ -47,7 +47,9 @@ class GossipExchange(GradientExchange):
 
     name = "gossip"
     averages_every_step = False
-    not_checkpointable_because = "its replicas differ between averagings, so rank 0's weights are not the run's state"
+    not_checkpointable_because = (
+        "its replicas differ between averagings, so rank 0's weights are not the run's state"
+    )
 
     def __init__(self) -> None:
         self.distance = 1  # s, the same on every rank: all ranks step in lockstep

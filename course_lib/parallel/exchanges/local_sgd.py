@@ -72,7 +72,9 @@ class LocalSGD(GradientExchange):
 
     name = "local_sgd"
     averages_every_step = False
-    not_checkpointable_because = "its replicas differ between averagings, so rank 0's weights are not the run's state"
+    not_checkpointable_because = (
+        "its replicas differ between averagings, so rank 0's weights are not the run's state"
+    )
 
     def __init__(
         self,
@@ -144,8 +146,9 @@ class LocalSGD(GradientExchange):
             else:
                 if self._reference is None:  # every replica started from rank 0's weights
                     self._reference = self._initial.copy()
-                sent = average_weights_sparse(comm, arr, self._reference, self.distance,
-                                              self.threshold)  # fmt: skip
+                sent = average_weights_sparse(
+                    comm, arr, self._reference, self.distance, self.threshold
+                )
                 self._reference = arr.copy()
                 timeline.note("values_sent", sent)
                 timeline.note("values_total", arr.size)

@@ -138,9 +138,14 @@ class NoiseScaleExchange(GradientExchange):
         ]
         # Both EMAs carry the same start-up bias (1 - beta^t), so their ratio needs no correction.
         scale = self._ema[1] / self._ema[0] if self._ema[0] > 0 else math.inf
-        for key, value in (("noise_small_sq", mean_small_sq), ("noise_big_sq", big_sq),
-                           ("noise_grad_sq", grad_sq), ("noise_trace", trace),
-                           ("noise_scale", scale), ("noise_small_batch", small_batch)):  # fmt: skip
+        for key, value in (
+            ("noise_small_sq", mean_small_sq),
+            ("noise_big_sq", big_sq),
+            ("noise_grad_sq", grad_sq),
+            ("noise_trace", trace),
+            ("noise_scale", scale),
+            ("noise_small_batch", small_batch),
+        ):
             timeline.note(key, value)
 
     def detach(self) -> None:

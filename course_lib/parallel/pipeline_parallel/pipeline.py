@@ -244,8 +244,10 @@ def pipeline_step(
             raise PipelineStageError(
                 f"stage {s} (rank {s} of {p}) failed in the {what} pass of micro-batch {i} "
                 f"({settings.schedule}, m={m}): {type(exc).__name__}: {exc}",
-                s, kind, i,
-            ) from exc  # fmt: skip
+                s,
+                kind,
+                i,
+            ) from exc
     with timed("send", -1):  # the last sends must have left before their buffers are freed
         wait_all(sends)
     return (loss_sum if last else None), Timeline(intervals, p, [peak])

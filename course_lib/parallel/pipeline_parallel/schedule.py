@@ -183,21 +183,38 @@ def plot_schedule(timeline: Timeline, ax=None, title: str = ""):
         _, ax = plt.subplots(figsize=(9, 0.5 + 0.45 * timeline.num_stages))
     t0 = min(iv.start for iv in timeline.intervals)
     for iv in timeline.intervals:
-        ax.barh(iv.stage, iv.end - iv.start, left=iv.start - t0, color=COLOURS.get(iv.kind, "k"),
-                edgecolor="white" if iv.kind in "FB" else None, height=0.8)  # fmt: skip
+        ax.barh(
+            iv.stage,
+            iv.end - iv.start,
+            left=iv.start - t0,
+            color=COLOURS.get(iv.kind, "k"),
+            edgecolor="white" if iv.kind in "FB" else None,
+            height=0.8,
+        )
         if (
             iv.kind in "FB"
             and timeline.makespan > 0
             and (iv.end - iv.start) / timeline.makespan > 0.025
         ):
-            ax.text((iv.start + iv.end) / 2 - t0, iv.stage, str(iv.microbatch), ha="center",
-                    va="center", fontsize=7, color="white")  # fmt: skip
+            ax.text(
+                (iv.start + iv.end) / 2 - t0,
+                iv.stage,
+                str(iv.microbatch),
+                ha="center",
+                va="center",
+                fontsize=7,
+                color="white",
+            )
     ax.set_yticks(range(timeline.num_stages))
     ax.set_yticklabels([f"stage {s}" for s in range(timeline.num_stages)])
     ax.invert_yaxis()
     ax.set_xlabel("time")
     kinds = sorted({iv.kind for iv in timeline.intervals}, key=list(COLOURS).index)
-    ax.legend(handles=[Patch(color=COLOURS[k], label=k) for k in kinds], loc="upper right",
-              fontsize=7, ncol=len(kinds))  # fmt: skip
+    ax.legend(
+        handles=[Patch(color=COLOURS[k], label=k) for k in kinds],
+        loc="upper right",
+        fontsize=7,
+        ncol=len(kinds),
+    )
     ax.set_title(title or f"bubble {timeline.bubble_fraction:.1%}")
     return ax

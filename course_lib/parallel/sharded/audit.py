@@ -40,8 +40,9 @@ def exact_values_sent(stage: int, units: list[int], rank: int, world_size: int) 
     return total
 
 
-def audit_bytes(records: list[dict[str, Any]], stage: int, units: list[int],
-                world_size: int, itemsize: int = 4) -> list[dict[str, Any]]:  # fmt: skip
+def audit_bytes(
+    records: list[dict[str, Any]], stage: int, units: list[int], world_size: int, itemsize: int = 4
+) -> list[dict[str, Any]]:
     """Return one row per rank and step: bytes sent (the counters), exact and formula bytes.
 
     ``ok`` is True when the counters equal the exact count and that is within one value per
@@ -53,7 +54,14 @@ def audit_bytes(records: list[dict[str, Any]], stage: int, units: list[int],
     for rec in records:
         exact = itemsize * exact_values_sent(stage, units, rec["rank"], world_size)
         formula = itemsize * formula_values(stage, psi, world_size)
-        rows.append({"rank": rec["rank"], "step": rec["step"], "sent": rec["bytes_sent"],
-                     "exact": exact, "formula": formula,
-                     "ok": rec["bytes_sent"] == exact and abs(exact - formula) < slack})  # fmt: skip
+        rows.append(
+            {
+                "rank": rec["rank"],
+                "step": rec["step"],
+                "sent": rec["bytes_sent"],
+                "exact": exact,
+                "formula": formula,
+                "ok": rec["bytes_sent"] == exact and abs(exact - formula) < slack,
+            }
+        )
     return rows

@@ -51,15 +51,23 @@ def state_bytes_per_value(optimizer: Any) -> int:
 def formula_bytes(stage: int, psi: float, world_size: int, k: int = 8) -> float:
     """Return the float32 model-state bytes per rank of ``stage`` (0 = DDP) with ``k`` state bytes/value."""
     n = world_size
-    return {0: (8 + k) * psi, 1: 8 * psi + k * psi / n, 2: 4 * psi + (4 + k) * psi / n,
-            3: (8 + k) * psi / n}[stage]  # fmt: skip
+    return {
+        0: (8 + k) * psi,
+        1: 8 * psi + k * psi / n,
+        2: 4 * psi + (4 + k) * psi / n,
+        3: (8 + k) * psi / n,
+    }[stage]
 
 
 class Ledger:
     """Samples one rank's model-state bytes during a step; :meth:`close` returns the step's peaks."""
 
-    def __init__(self, params: list[torch.nn.Parameter], shards: list[torch.nn.Parameter],
-                 optimizer: Any = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        params: list[torch.nn.Parameter],
+        shards: list[torch.nn.Parameter],
+        optimizer: Any = None,
+    ) -> None:
         self.params, self.shards, self.optimizer = params, shards, optimizer
         self.settled: dict[str, int] = {}
         self.in_flight = 0
@@ -80,8 +88,12 @@ class Ledger:
     def _state_tensors(self) -> list[torch.Tensor]:
         if self.optimizer is None:
             return []
-        return [v for state in self.optimizer.state.values() for v in state.values()
-                if isinstance(v, torch.Tensor)]  # fmt: skip
+        return [
+            v
+            for state in self.optimizer.state.values()
+            for v in state.values()
+            if isinstance(v, torch.Tensor)
+        ]
 
     def close(self) -> dict[str, int]:
         """Return this step's settled peak by kind and the in-flight peak; start a new step."""

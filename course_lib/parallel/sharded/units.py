@@ -25,8 +25,9 @@ __all__ = ["FlatUnit", "plan_units", "unit_sizes"]
 class FlatUnit:
     """Parameters stored in one flat buffer; ``bounds[r]`` is rank ``r``'s chunk of it."""
 
-    def __init__(self, index: int, params: list[nn.Parameter], names: list[str], world_size: int,
-                 label: str) -> None:  # fmt: skip
+    def __init__(
+        self, index: int, params: list[nn.Parameter], names: list[str], world_size: int, label: str
+    ) -> None:
         self.index, self.params, self.names, self.label = index, params, names, label
         self.numel = sum(p.numel() for p in params)
         self.bounds = chunk_bounds(self.numel, world_size)
@@ -64,8 +65,12 @@ class FlatUnit:
 
     def flat_grads(self) -> torch.Tensor:
         """Return the unit's gradients in one new flat float32 buffer (zeros where None)."""
-        return torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1).float()
-                          for p in self.params])  # fmt: skip
+        return torch.cat(
+            [
+                (p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1).float()
+                for p in self.params
+            ]
+        )
 
 
 def _check(units: list[FlatUnit], world_size: int, stage: int) -> None:
@@ -78,8 +83,7 @@ def _check(units: list[FlatUnit], world_size: int, stage: int) -> None:
         )
     for u in units:
         if u.numel < world_size:
-            fix = ("give it more values or freeze it" if stage == 3
-                   else "use a larger bucket_bytes")  # fmt: skip
+            fix = "give it more values or freeze it" if stage == 3 else "use a larger bucket_bytes"
             raise ValueError(
                 f"unit {u.label} has {u.numel} values, fewer than world_size={world_size}: a rank "
                 f"would hold an empty shard of it; {fix}, or train on at most {u.numel} ranks"
@@ -121,8 +125,10 @@ def plan_units(
                 groups.append((f"module {mname or type(module).__name__!r}", mine))
     else:
         raise ValueError(f"stage={stage!r}: ZeRO has stages 0 (plain DDP), 1, 2 and 3")
-    units = [FlatUnit(k, ps, [named[id(p)] for p in ps], world_size, label)
-             for k, (label, ps) in enumerate(groups)]  # fmt: skip
+    units = [
+        FlatUnit(k, ps, [named[id(p)] for p in ps], world_size, label)
+        for k, (label, ps) in enumerate(groups)
+    ]
     _check(units, world_size, stage)
     return units
 

@@ -103,8 +103,13 @@ class ZeroExchange(GradientExchange):
     # -- the step -----------------------------------------------------------------------------
     def _check_gradients(self) -> None:
         """Raise naming the fix when a trainable parameter took no part in this step."""
-        missing = [n for u in self.units if not u.reduced
-                   for n, p in zip(u.names, u.params, strict=True) if p.grad is None]  # fmt: skip
+        missing = [
+            n
+            for u in self.units
+            if not u.reduced
+            for n, p in zip(u.names, u.params, strict=True)
+            if p.grad is None
+        ]
         if missing:
             raise ValueError(
                 f"parameter {missing[0]!r} got no gradient this step: ZeRO updates flat shards and "
@@ -122,8 +127,15 @@ class ZeroExchange(GradientExchange):
         self.shards[unit.index].grad = flat[unit.chunk(self.comm.rank)] / self.comm.world_size
         self.reduced += 1
         unit.reduced = True
-        self.bucket_records.append({"index": unit.index, "nbytes": 4 * unit.numel, "ready": start,
-                                    "start": start, "end": time.time()})  # fmt: skip
+        self.bucket_records.append(
+            {
+                "index": unit.index,
+                "nbytes": 4 * unit.numel,
+                "ready": start,
+                "start": start,
+                "end": time.time(),
+            }
+        )
 
     def exchange(self, comm: Communicator, net: nn.Module, timeline: StepTimeline) -> None:
         """Stage 0: allreduce; stage 1: reduce-scatter the whole gradient (2-3 did it in backward)."""
