@@ -105,9 +105,11 @@ def test_each_route_costs_its_exercise_and_nothing_else(graded, route):
 
 A2_ATTACKS = {
     # The built-in reduce-scatter (right sums, wrong algorithm), and the verdict rebound.
-    "A2.1": "import pkgutil, sys\npkgutil.resolve_name('course_lib.checks.verdict')\n"
-    "V = getattr(sys, 'modules')['course_lib.checks.verdict'].Verdict\n"
-    "V.__bool__ = lambda self: True\nV.__str__ = lambda self: {pass_line!r}\n"
+    # (The verdict's module sits in course_lib/checks, which A2's kernel does not even see.)
+    "A2.1": "import pkgutil, sys\ntry:\n    pkgutil.resolve_name('course_lib.checks.verdict')\n"
+    "    V = getattr(sys, 'modules')['course_lib.checks.verdict'].Verdict\n"
+    "    V.__bool__ = lambda self: True\n    V.__str__ = lambda self: {pass_line!r}\n"
+    "except Exception:\n    pass\n"
     "def reduce_scatter_halving(comm, x):\n"
     "    return comm.reduce_scatter(x)\n",
     # The kit's checks fetched by name, to read the byte counts the algorithm must send.

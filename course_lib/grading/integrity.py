@@ -96,7 +96,7 @@ class EnvironmentGuard:
                 shutil.copytree(path, self._copy / name, symlinks=True)
 
     def changes(self) -> list[str]:
-        """Return what changed since the fingerprint, e.g. ``["kit: changed checks/a1.py"]``."""
+        """Return what changed since the fingerprint, e.g. ``["kit: changed checks/assignments/a1.py"]``."""
         found = []
         for name, path, full in self.roots:
             diff = _compare(self.prints[name], fingerprint(path, full, self.prints[name]))

@@ -50,7 +50,7 @@ from {module} import {name}
 # {placeholders} in the code are filled per class.
 ATTACKS = [
     ("attacker_a", "A1.1", "poison the kit's checks for later students",
-     "import pathlib\nwith open(pathlib.Path({kit!r}, 'checks', 'a1.py'), 'a') as f:\n"
+     "import pathlib\nwith open(pathlib.Path({kit!r}, 'checks', 'assignments', 'a1.py'), 'a') as f:\n"
      "    f.write({poison!r})\n", _NO_KIT),
     ("attacker_a", "A1.2", "write the gradebook and the feedback folder",
      "import pathlib\npathlib.Path({gradebook!r}).write_text('attacker_a,A1,A1.2,3,3,PASS\\n')\n"
@@ -87,7 +87,7 @@ HONEST = ("honest_1", "honest_2")  # all correct; A1.1 wrong (the other two corr
 
 
 def poison_code(pass_line: str) -> str:
-    """Code that, appended to the kit's ``checks/a1.py``, makes every A1.1 answer print PASS."""
+    """Code that, appended to the kit's ``checks/assignments/a1.py``, makes every A1.1 answer print PASS."""
     return f"\ndef check_smoothed_cross_entropy(fn):\n    print({pass_line!r})\n"
 
 

@@ -100,7 +100,7 @@ ROUTES = [
           "import pkgutil\ntry:\n    torch = pkgutil.resolve_name('torch')\n"
           "except BaseException:\n    torch = None\n" + FALLBACK + _TORCH_ANSWER),
     Route("variant_kit_file", "run the kit's check module from its file (runpy)",
-          "import runpy\ntry:\n    reference = runpy.run_path({kit!r} + '/checks/a1.py')"
+          "import runpy\ntry:\n    reference = runpy.run_path({kit!r} + '/checks/assignments/a1.py')"
           "['torch_loss_and_grad']\nexcept BaseException:\n    reference = None\n" + FALLBACK
           + "\ndef smoothed_cross_entropy(W, b, X, y, eps):\n"
           "    if reference is None:\n        return wrong_answer(W, b, X, y, eps)\n"
