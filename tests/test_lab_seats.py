@@ -163,3 +163,16 @@ def test_a_seat_hung_in_plain_python_is_interrupted_not_left_hanging(seated: Pat
 
 def _answer() -> int:
     return 42
+
+
+def test_the_doctor_with_seats_held_says_so_in_one_line(seated: Path) -> None:
+    with connect_cluster(profile=PROFILE, n=1):  # a student holds a seat
+        doctor = subprocess.run(
+            [sys.executable, "-m", "course_lib", "doctor", "--profile", PROFILE],
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+    assert doctor.returncode == 1, doctor
+    assert "Traceback" not in doctor.stderr and len(doctor.stderr.strip().splitlines()) == 1
+    assert "whole room was asked for, but 1 notebook" in doctor.stderr, doctor.stderr
