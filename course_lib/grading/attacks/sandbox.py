@@ -9,7 +9,6 @@ with the installed kit and prints what held; the tests grade the same class.
 
 from __future__ import annotations
 
-import copy
 import hashlib
 import re
 import shutil
@@ -22,6 +21,7 @@ from pathlib import Path
 
 import nbformat
 
+from course_lib.grading.attacks.submissions import write_submission
 from course_lib.grading.cells import answer_id, check_id
 from course_lib.grading.sandbox import kit_package
 
@@ -153,16 +153,7 @@ def write_attack_class(
     (grades / "feedback" / "honest_1.md").write_text("# Feedback for honest_1\n")
 
     def write(student: str, answers: dict[str, str]) -> Path:
-        nb = copy.deepcopy(source)
-        for cell in nb.cells:
-            if answer_id(cell):
-                cell.source = answers.get(answer_id(cell), "# no answer")
-            if cell.cell_type == "code":
-                cell.outputs = []
-        path = subs / student / "A1_sgd_conv.ipynb"
-        path.parent.mkdir(parents=True)
-        nbformat.write(nb, path)
-        return path
+        return write_submission(source, subs, student, answers)
 
     wrong = correct["A1.1"].replace("- Q) / n", "- Q)")  # forgets the mean in the gradient
     if wrong == correct["A1.1"]:
