@@ -3,8 +3,13 @@ tests and notebooks start never touch (or collide with) the user's own profiles.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
+import hashlib
 import os
 import tempfile
+from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -22,6 +27,33 @@ def pytest_configure(config: pytest.Config) -> None:
     # Notebooks and tests pick their own cluster; a developer's lab settings must not leak in.
     for name in ("COURSE_CLUSTER_KIND", "COURSE_CLUSTER_PROFILE", "COURSE_CLUSTER_FILE"):
         os.environ.pop(name, None)
+
+
+# -- the kit's files: watched by every grading run, changed by one module ---------------------------
+@contextlib.contextmanager
+def kit_lock(exclusive: bool) -> Iterator[None]:
+    """Hold this checkout's kit shared (a grader's guard watches it) or exclusive (a test changes it).
+
+    A lock file per checkout in the temp folder, taken with ``flock``: both xdist workers (and
+    any second run of the same checkout) see it, and the kernel drops it if a worker dies.
+    """
+    key = hashlib.sha256(str(Path(__file__).resolve().parents[1]).encode()).hexdigest()[:12]
+    with open(Path(tempfile.gettempdir()) / f"course-kit-{key}.lock", "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _kit_held_by_grading_modules(request: pytest.FixtureRequest) -> Iterator[None]:
+    """Grading modules hold the kit shared; a module with ``CHANGES_THE_KIT`` holds it alone."""
+    if not request.module.__name__.rpartition(".")[2].startswith("test_grading"):
+        yield
+        return
+    with kit_lock(exclusive=getattr(request.module, "CHANGES_THE_KIT", False)):
+        yield
 
 
 # -- one pool of local engines for the modules that only use engines ------------------------------

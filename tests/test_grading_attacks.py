@@ -51,20 +51,24 @@ def graded(tmp_path_factory):
     done: dict = {}
 
     def grade() -> None:
-        done["rows"] = grade_folder(
-            folder / "submissions",
-            SOURCES,
-            GradingLimits(cell_seconds=60, total_seconds=400),
-            jobs=2,
-            progress=False,
-            sandbox=SandboxLimits(processes=256, disk_mb=32),
-            hidden=(str(grades),),
-        )
+        try:
+            done["rows"] = grade_folder(
+                folder / "submissions",
+                SOURCES,
+                GradingLimits(cell_seconds=60, total_seconds=400),
+                jobs=2,
+                progress=False,
+                sandbox=SandboxLimits(processes=256, disk_mb=32),
+                hidden=(str(grades),),
+            )
+        except BaseException as exc:  # noqa: BLE001 - reported by the test below, with its cause
+            done["error"] = f"{type(exc).__name__}: {exc}"
 
     worker = threading.Thread(target=grade, daemon=True)
     worker.start()
     worker.join(CLASS_SECONDS)
     assert not worker.is_alive(), f"grading the class did not finish in {CLASS_SECONDS} s"
+    assert "error" not in done, f"grading the class raised {done['error']}"
     rows = {(r.student, r.exercise): r for r in done["rows"]}
     return {
         "rows": rows,

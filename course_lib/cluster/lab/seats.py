@@ -54,6 +54,7 @@ BEAT_SECONDS = 2.0
 # Five missed beats: a busy student's kernel still beats (a thread of its own, and torch
 # releases the GIL), so only a gone client misses that many.
 EXPIRY_SECONDS = 10.0
+RELEASE_WAIT_SECONDS = 2.0  # how long a closing client waits for the service to free its seat
 
 
 class NoSeatError(RuntimeError):
@@ -172,7 +173,12 @@ class _Handler(socketserver.StreamRequestHandler):
                     answer = seats.status()
                 elif op == "beat":
                     continue
-                else:  # "release", or anything unexpected: end the seat
+                elif op == "release":  # free the engines first, then say so: the client waits
+                    seats.release(number)
+                    number = None
+                    self.wfile.write(b'{"ok": true, "released": true}\n')
+                    break
+                else:  # anything unexpected: end the seat
                     break
                 self.wfile.write((json.dumps(answer) + "\n").encode())
         except (OSError, ValueError):
@@ -305,6 +311,11 @@ class Seat:
         self._stop.set()
         with contextlib.suppress(OSError):
             self.sock.sendall(b'{"op": "release"}\n')
+            # Wait (briefly) for the service's answer, so that a notebook's next start_cluster,
+            # or another student's, finds the engines free already.
+            self.sock.settimeout(RELEASE_WAIT_SECONDS)
+            while b"\n" not in (chunk := self.sock.recv(4096)) and chunk:
+                pass
         with contextlib.suppress(OSError):
             self.sock.close()
 
