@@ -48,6 +48,8 @@ __all__ = [
 ]
 
 KINDS = ("local", "mpi", "connect")
+#: How long a listed engine may take to describe itself before it is left out as dead.
+SILENT_ENGINE_SECONDS = 90.0
 
 
 class ClusterError(RuntimeError):
@@ -231,16 +233,26 @@ class CourseCluster:
             except IndexError:  # unregistered between reading ids and addressing it
                 dead.append(eid)
         infos = {}
+        # A listed engine that never answers is left out too: the controller usually fails its
+        # request at once or after missed heartbeats, but not always soon (seen: not within
+        # 300 s on a loaded machine), and an idle engine answers a description in milliseconds.
+        deadline = time.monotonic() + min(self.settings.timeout, SILENT_ENGINE_SECONDS)
         for eid, result in pending.items():
             try:
-                infos[eid] = result.get(timeout=self.settings.timeout)
+                infos[eid] = result.get(timeout=max(0.1, deadline - time.monotonic()))
             except (ipp.error.EngineError, ipp.error.RemoteError) as exc:
                 if "died" not in str(exc) and not isinstance(exc, ipp.error.EngineError):
                     raise
                 dead.append(eid)
+            except TimeoutError:
+                dead.append(eid)
         self.left_out = dead
         if dead:
-            print(f"course_lib: engines {dead} died and are left out; {len(infos)} remain")
+            print(
+                f"course_lib: engines {dead} died (or did not answer within "
+                f"{min(self.settings.timeout, SILENT_ENGINE_SECONDS):g} s) and are left out; "
+                f"{len(infos)} remain"
+            )
         if not infos:
             raise ClusterError(
                 f"every engine ({dead}) has died: restart them (`ipcluster engines ...` in the "
