@@ -47,7 +47,7 @@ def _rebuild_by_value(cls_bytes: bytes, state: dict[str, Any]) -> Any:
 
     cls = cloudpickle.loads(cls_bytes)
     obj = cls.__new__(cls)
-    if hasattr(obj, "__setstate__") and "__setstate__" in dir(cls):
+    if hasattr(obj, "__setstate__"):  # a class that rebuilds what it did not pickle (a codec)
         obj.__setstate__(state)
     else:
         obj.__dict__.update(state)

@@ -1,13 +1,15 @@
-"""Gradient-exchange methods by name: the one table a data-parallel run picks its method from.
+"""Gradient-exchange methods by name: the table of the kit's own methods, a convenience.
 
 ::
 
     make_exchange("ring")                          # the kit's ring allreduce after backward
     make_exchange("bucketed", bucket_bytes=4096)   # overlapped with backward
-    register_exchange(MyLocalSGD)                  # a later lecture adds its own method
+    make_exchange(MyMethod())                      # your own GradientExchange: used as it is
 
 Every entry is a :class:`~course_lib.parallel.exchanges.base.GradientExchange` subclass; options are
-its constructor's keyword arguments, validated there.
+its constructor's keyword arguments, validated there. The table is the by-name convenience for
+the kit's own methods: a method of your own needs no entry, pass an instance to
+``train_data_parallel(method=...)``.
 """
 
 from __future__ import annotations
