@@ -38,7 +38,12 @@ from course_lib.grading import (
 )
 from course_lib.grading import grade as grade_module
 from course_lib.grading.cells import BEGIN, END
-from course_lib.grading.guard import answer_problem, protected_names, rejected_answers
+from course_lib.grading.guard import (
+    answer_problem,
+    parse_python,
+    protected_names,
+    rejected_answers,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 SOURCES = ROOT / "assignments" / "source"
@@ -233,6 +238,56 @@ def test_each_assignment_forbids_its_own_imports():
         "A2.3",
     }
     assert rejected_answers(a1, {"A1.1": ring_from_mpi}) == {}  # A1 does not forbid mpi4py
+
+
+def test_grader_parses_python_one_thread_at_a_time():
+    """The gradebook grades in a thread pool; CPython 3.11 < 3.11.8 raises SystemError when two
+    threads build ASTs at once (gh-106905), so every parse in the grader goes through one lock."""
+    import sys
+    import threading
+
+    import course_lib.grading as grading_package
+
+    direct = [
+        f"{path.name}:{number}"
+        for path in Path(grading_package.__file__).parent.rglob("*.py")
+        for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1)
+        if "ast.parse(" in line
+        and "def parse_python" not in line
+        and '"""' not in line
+        and path.name != "guard.py"
+    ]
+    assert not direct, f"parse with course_lib.grading.guard.parse_python, not ast.parse: {direct}"
+
+    class Finalised:  # a finalizer that runs Python code lets another thread in mid-parse
+        def __del__(self) -> None:
+            sum(range(50))
+
+    source = "\n".join(
+        f"def f{i}(x):\n    return [{{'k': [x, (x, [x])]}} for a in x]" for i in range(100)
+    )
+    errors: list[str] = []
+
+    def parse_many() -> None:
+        try:
+            for _ in range(30):
+                parse_python(source)
+                cycle = Finalised()
+                cycle.me = cycle
+        except Exception as exc:  # noqa: BLE001 - collected and asserted below
+            errors.append(repr(exc))
+
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    try:
+        threads = [threading.Thread(target=parse_many) for _ in range(4)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+    finally:
+        sys.setswitchinterval(interval)
+    assert not errors, errors
 
 
 def test_guard_lets_ordinary_answers_through():

@@ -15,6 +15,7 @@ solutions and changes nothing outside its own throwaway folder.
 from __future__ import annotations
 
 import ast
+import threading
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
@@ -28,6 +29,7 @@ __all__ = [
     "FORBIDDEN_NAMES",
     "LIBRARY_ALLOWED",
     "answer_problem",
+    "parse_python",
     "protected_names",
     "rejected_answers",
 ]
@@ -98,6 +100,18 @@ _FORBIDDEN_ATTRIBUTES = frozenset(
 _ALWAYS_PROTECTED = frozenset({"print", "verdict", "Verdict"})
 
 
+# CPython 3.11 before 3.11.8 keeps the AST constructor's recursion depth in one place per
+# interpreter: two threads parsing at once (the gradebook grades students in a thread pool)
+# raise ``SystemError: AST constructor recursion depth mismatch`` (CPython gh-106905).
+_AST_LOCK = threading.Lock()
+
+
+def parse_python(source: str) -> ast.Module:
+    """``ast.parse``, one thread at a time (safe in the gradebook's thread pool)."""
+    with _AST_LOCK:
+        return ast.parse(source)
+
+
 def _parse(source: str) -> ast.Module | None:
     """Parse a cell as the kernel would (magics become ``get_ipython()`` calls); None if invalid."""
     try:
@@ -107,7 +121,7 @@ def _parse(source: str) -> ast.Module | None:
     except Exception:  # noqa: BLE001 - without IPython, magics stay a SyntaxError below
         pass
     try:
-        return ast.parse(source)
+        return parse_python(source)
     except SyntaxError:
         return None  # the kernel will not run it either: the check fails on its own
 

@@ -23,6 +23,7 @@ import nbformat
 
 from course_lib.grading.cells import UNGRADED_HINT, answer_id, check_id, stub_solution
 from course_lib.grading.grade import GradingLimits, grade_notebook
+from course_lib.grading.guard import parse_python
 from course_lib.grading.probes.registry import probe_spec
 from course_lib.grading.runner import run_nbval
 from course_lib.grading.sandbox import SandboxLimits, kit_package
@@ -65,7 +66,7 @@ def _kernel_imports(sources: dict[str, nbformat.NotebookNode]) -> list[str]:
             if cell.cell_type != "code" or answer_id(cell):
                 continue
             try:
-                tree = ast.parse(cell.source)
+                tree = parse_python(cell.source)
             except SyntaxError:
                 continue
             for node in tree.body:
