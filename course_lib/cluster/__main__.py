@@ -72,7 +72,9 @@ def room_main(args: argparse.Namespace) -> int:
     state = Path(args.state) if args.state else room_state.default_state_file()
     try:
         if args.action == "up":
-            room = room_state.room_up(args.pcs, args.rate, state, engines=args.engines)
+            room = room_state.room_up(
+                args.pcs, args.rate, state, engines=args.engines, mpi_ranks=args.mpi_ranks
+            )
             print(room_state.describe_room(room, state))
         elif args.action == "down":
             room, errors = room_state.room_down(state)
@@ -137,8 +139,9 @@ def lab_main(args: argparse.Namespace) -> int:
                 hosts, timeout=args.timeout, progress=lambda line: print(line, flush=True)
             )
             files = Path(cluster.profile_dir) / "security"
+            mpi = f" (and {hosts.mpi_ranks} MPI ranks)" if hosts.mpi_ranks else ""
             print(
-                f"lab cluster up: {hosts.engines} engines on {len(hosts.pcs)} PCs answered "
+                f"lab cluster up: {hosts.engines} engines{mpi} on {len(hosts.pcs)} PCs answered "
                 f"after {seconds:.1f} s; students: COURSE_CLUSTER_PROFILE={hosts.profile} "
                 f"(or COURSE_CLUSTER_FILE={files / 'ipcontroller-client.json'}, "
                 "with lab-seats.json beside it); each notebook gets a seat of its own"
@@ -223,6 +226,12 @@ def main(argv: list[str] | None = None, prog: str = "python -m course_lib.cluste
         type=int,
         default=1,
         help="engines per PC in the hosts file it writes for ./kit lab start",
+    )
+    up.add_argument(
+        "--mpi-ranks",
+        type=int,
+        default=0,
+        help="also that many engines that are MPI ranks ([mpi] ranks in the hosts file)",
     )
     actions.add_parser("down", help="remove the room that `up` built")
     actions.add_parser("status", help="show the room that is up")

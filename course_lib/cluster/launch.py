@@ -85,6 +85,8 @@ class ClusterSettings:
     seed: int | None = None
     seed_per_rank: bool = False
     timeout: float = 60.0
+    #: connected engines that must be MPI ranks: the room's MPI world (asked as kind="mpi")
+    mpi: bool = False
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
@@ -112,6 +114,9 @@ class ClusterSettings:
         kind = given.get("kind", env.get("COURSE_CLUSTER_KIND") or None)
         if kind is None:
             kind = "connect" if (profile or connection_file) else "local"
+        elif kind == "mpi" and (profile or connection_file):
+            # A notebook that needs MPI ranks, in the lab: the room's MPI world (one seat).
+            kind, given["mpi"] = "connect", True
         if "n" not in given and env.get("COURSE_CLUSTER_ENGINES"):
             try:
                 given["n"] = int(env["COURSE_CLUSTER_ENGINES"])
@@ -170,8 +175,7 @@ class CourseCluster:
             what = "MPI engines (ranks)" if self.kind == "mpi" else "local engines"
             hint = ""
             if self.kind == "mpi" and (self.settings.profile or self.settings.connection_file):
-                # The room's engines are not MPI ranks of one world; MPI across its PCs is a job.
-                hint = " (the room's engines are not MPI ranks: ./kit lab mpi HOSTS -- CMD)"
+                hint = " (the room has no MPI ranks free for this notebook)"
             return f"{self.world_size} {what} on this PC{hint}"
         hosts: dict[str, int] = {}
         for eid in self.ids_by_rank:
@@ -185,12 +189,13 @@ class CourseCluster:
             else f"file {self.settings.connection_file}"
         )
         held = "a seat of" if self.seat else "all"
+        what = "MPI ranks" if self.settings.mpi else "engines"
         lost = (
             " (SEAT LOST: the lab stopped, or no heartbeat reached it; start_cluster again)"
             if self.seat and self.seat.lost
             else ""
         )
-        return f"{held} {self.world_size} engines of the room's cluster ({source}) on {on}{lost}"
+        return f"{held} {self.world_size} {what} of the room's cluster ({source}) on {on}{lost}"
 
     # -- life cycle ---------------------------------------------------------------------------
     def setup_engines(self) -> None:
@@ -201,6 +206,11 @@ class CourseCluster:
             mpi_ranks
         ):
             ordered = sorted(infos, key=lambda eid: mpi_ranks[eid])
+        elif self.settings.mpi:
+            raise ClusterError(
+                "MPI ranks were asked for, but the cluster's engines are not the ranks of one "
+                "MPI world: the instructor adds [mpi] ranks = N to the lab's hosts file"
+            )
         else:
             ordered = sorted(infos)
         self.ids_by_rank, self.world_size, self.engine_info = ordered, len(ordered), infos
@@ -354,18 +364,21 @@ def start_cluster(
         seed_per_rank=seed_per_rank or None,
         timeout=timeout,
     )
+    notebook = kind is None or settings.mpi  # a notebook's own request, not a named cluster
     if settings.kind == "connect":
-        if kind is None:
-            _give_back_earlier_seat()
+        if notebook:
+            _give_back_earlier_seat(settings.mpi)
         try:
             cluster = _connect(settings)
         except NoSeatError as exc:
             if kind == "connect" or settings.n is None:  # asked for the room itself: say so
                 raise ClusterError(f"no seat in the room: {exc}") from None
             # A notebook asked for n engines; the room has none free: one line, then this PC.
-            local = ClusterSettings(**{**settings.__dict__, "kind": "local"})
+            here = "mpi" if settings.mpi else "local"
+            local = ClusterSettings(**{**settings.__dict__, "kind": here, "mpi": False})
+            what = "MPI ranks" if settings.mpi else "local engines"
             print(
-                f"course_lib: {exc}; running on {settings.n} local engines on this PC instead "
+                f"course_lib: {exc}; running on {settings.n} {what} on this PC instead "
                 "(start_cluster again later for a seat in the room)"
             )
             cluster = _start(local)
@@ -379,22 +392,23 @@ def start_cluster(
     if activate:
         cluster.activate()
     print(f"course_lib: {cluster.where()}")
-    if kind is None and cluster.seat is not None:
-        _NOTEBOOK_SEAT[:] = [weakref.ref(cluster)]
+    if notebook and cluster.seat is not None:
+        _NOTEBOOK_SEAT[settings.mpi] = weakref.ref(cluster)
     return cluster
 
 
-# The seat this process's notebook holds (a weak reference, so a dropped cluster is not kept).
-# Process-wide on purpose: the seat belongs to the kernel, and a notebook that runs its
-# `cluster = start_cluster(n=4)` cell again must not hold two seats (the old one would only go
-# once the new one exists, and in a full room the new one would find none).
-_NOTEBOOK_SEAT: list[weakref.ref] = []
+# The seats this process's notebook holds (weak references, so a dropped cluster is not kept):
+# one of engines and one of MPI ranks (lecture 0 holds both at once). Process-wide on purpose: a
+# seat belongs to the kernel, and a notebook that runs its `cluster = start_cluster(n=4)` cell
+# again must not hold two seats (the old one would only go once the new one exists, and in a
+# full room the new one would find none).
+_NOTEBOOK_SEAT: dict[bool, weakref.ref] = {}
 
 
-def _give_back_earlier_seat() -> None:
-    """Stop the cluster of this notebook's earlier seat, if it is still open."""
-    old = _NOTEBOOK_SEAT[0]() if _NOTEBOOK_SEAT else None
-    _NOTEBOOK_SEAT.clear()
+def _give_back_earlier_seat(mpi: bool) -> None:
+    """Stop the cluster of this notebook's earlier seat of the same sort, if still open."""
+    ref = _NOTEBOOK_SEAT.pop(mpi, None)
+    old = ref() if ref is not None else None
     if old is not None and old.seat is not None and not old.seat.released:
         print(f"course_lib: giving back this notebook's earlier seat (engines {old.ids_by_rank})")
         old.stop()
@@ -485,7 +499,9 @@ def _connect(settings: ClusterSettings) -> CourseCluster:
     try:
         client.wait_for_engines(n, timeout=settings.timeout, interactive=False)
         # The lab's seat service (if the cluster has one) deals out engines of our own.
-        seat = take_seat(_client_file(client, settings), settings.n, list(client.ids))
+        seat = take_seat(
+            _client_file(client, settings), settings.n, list(client.ids), mpi=settings.mpi
+        )
     except NoSeatError:
         client.close()
         raise

@@ -166,7 +166,7 @@ def recover(cluster: RecoverableCluster, grace: float = 10.0) -> RecoveryReport:
         problem = _mpi_world_problem(cluster, timeout=max(grace, 10.0)) or ""
         if not problem:
             return RecoveryReport(note=_MPI_HEALTHY)
-    if cluster.owned is None and cluster.kind != "mpi":
+    if cluster.owned is None and not _is_mpi(cluster):
         # A connected cluster (a seat in the lab) holds only its own engines, so interrupting
         # them is safe: ipyparallel's control channel asks each engine to signal itself.
         try:
@@ -175,6 +175,13 @@ def recover(cluster: RecoverableCluster, grace: float = 10.0) -> RecoveryReport:
             pass
         if _all_answer(cluster, timeout=grace):
             return RecoveryReport(hung, "interrupted", time.monotonic() - start)
+    seat = getattr(cluster, "seat", None)
+    if cluster.owned is None and seat is not None and getattr(cluster.settings, "mpi", False):
+        # The room's MPI world, held by this notebook: the lab's seat service restarts it
+        # where mpiexec runs (the instructor's PC); ids change, ranks stay.
+        seat.restart_mpi(timeout=max(cluster.settings.timeout, 300.0))
+        cluster.setup_engines()
+        return RecoveryReport(hung, "restarted", time.monotonic() - start, True, problem)
     if cluster.owned is None:
         what = problem or f"ranks {hung} are hung"
         raise EngineTimeout(

@@ -31,6 +31,11 @@ from pathlib import Path
 from typing import Any
 
 from course_lib.cluster.lab.hosts import LabHosts, LabPC
+from course_lib.cluster.lab.mpi_engines import (
+    MPI_ENGINES_FILE,
+    start_mpi_engines,
+    stop_mpi_engines,
+)
 from course_lib.cluster.lab.preflight import check_pcs, leftover_controllers
 from course_lib.cluster.lab.roster import (
     HEARTBEAT_MISSES,
@@ -54,7 +59,7 @@ LAB_CLUSTER_ID = ""
 WATCH_SECONDS = 10  # how long one remote wait of the launcher's engine watcher lasts
 # What a start leaves in the profile's security folder; a failed start or a stop removes them.
 LAB_FILES = ("ipcontroller-client.json", "ipcontroller-engine.json", f"cluster-{LAB_CLUSTER_ID}.json",
-             ROSTER_FILE, SEATS_FILE)  # fmt: skip
+             ROSTER_FILE, SEATS_FILE, MPI_ENGINES_FILE)  # fmt: skip
 
 
 class LabStartError(ValueError):
@@ -157,6 +162,8 @@ def start_lab(hosts: LabHosts, timeout: float = 120.0, progress: Any = print) ->
             cluster.start_cluster_sync()
         with cluster.connect_client_sync() as client:
             _wait_with_progress(client, hosts.engines, timeout, started, progress)
+            if hosts.mpi_ranks:
+                start_mpi_engines(hosts, _security(hosts), client, timeout, progress)
             record_roster(_security(hosts), hosts, client, timeout=timeout)
         start_seat_service(_security(hosts), hosts.controller_ip)
     except BaseException as exc:
@@ -216,6 +223,7 @@ def _teardown(cluster: Any, hosts: LabHosts) -> None:
             cluster.stop_controller_sync()
     if (security := _security(hosts)) is not None:
         stop_seat_service(security)
+        stop_mpi_engines(security)
     for pid in _leftovers(hosts):  # a controller the launcher could not stop
         with contextlib.suppress(psutil.Error):
             psutil.Process(pid).kill()
@@ -364,7 +372,7 @@ def lab_status(hosts: LabHosts) -> tuple[bool, str]:
         ok, lines, dropped = roster_report(hosts, _security(hosts), client)
         registered = len(client.ids)
     lines += seat_lines(_security(hosts))
-    head = f"lab cluster {'OK' if ok else 'INCOMPLETE'}: {registered} of {hosts.engines} engines "
+    head = f"lab cluster {'OK' if ok else 'INCOMPLETE'}: {registered} of {hosts.engines + hosts.mpi_ranks} engines "
     head += f"registered at the controller (profile {hosts.profile!r})"
     if dropped:
         head += f"; dropped out: {', '.join(dropped)}"

@@ -18,6 +18,10 @@ A small TOML file the instructor writes once per room::
     host = "192.168.10.22"
     python = 'C:\\course\\.venv\\Scripts\\python.exe'   # a Windows PC with OpenSSH server
 
+``[mpi] ranks = N`` also starts N engines that are MPI ranks of one world, placed on the PCs as
+``./kit lab mpi`` places ranks (a notebook's ``start_cluster("mpi", N)`` gets them as one seat;
+every PC needs the same venv path and the instructor's profile folder at the same path).
+
 ``[ssh] command`` / ``scp`` replace the ``ssh`` / ``scp`` programs (another port, a key, or a
 stand-in that reaches the emulated room's PCs).
 """
@@ -57,6 +61,7 @@ class LabHosts:
     profile: str = "lab"
     ssh: tuple[str, ...] = ("ssh",)
     scp: tuple[str, ...] = ("scp",)
+    mpi_ranks: int = 0  # engines that are MPI ranks of one world, besides the PCs' engines
     path: Path | None = field(default=None, compare=False)
 
     def __post_init__(self) -> None:
@@ -66,6 +71,16 @@ class LabHosts:
         if len(set(hosts)) != len(hosts):
             twice = sorted({h for h in hosts if hosts.count(h) > 1})
             raise ValueError(f"PCs listed twice: {', '.join(twice)}; list each PC once")
+        if not 0 <= self.mpi_ranks <= self.engines:
+            raise ValueError(
+                f"[mpi] ranks = {self.mpi_ranks}; use 0..{self.engines} (the ranks go where the "
+                "engines are, at most one per engine slot)"
+            )
+        if self.mpi_ranks and len({pc.python for pc in self.pcs if pc.engines}) > 1:
+            raise ValueError(
+                "[mpi] ranks needs the same python path on every PC with engines "
+                "(mpiexec starts every rank with one command)"
+            )
 
     @property
     def engines(self) -> int:
@@ -74,7 +89,8 @@ class LabHosts:
 
 
 _KNOWN = {"controller": {"ip", "profile"}, "defaults": {"python", "engines"},
-          "ssh": {"command", "scp"}, "pc": {"host", "engines", "python"}}  # fmt: skip
+          "ssh": {"command", "scp"}, "pc": {"host", "engines", "python"},
+          "mpi": {"ranks"}}  # fmt: skip
 
 
 def _check_keys(table: dict, name: str, where: str) -> None:
@@ -112,12 +128,14 @@ def read_hosts(path: str | Path) -> LabHosts:
     unknown = sorted(set(data) - set(_KNOWN))
     if unknown:
         raise ValueError(f"{path}: unknown table(s) {', '.join(unknown)}; use {sorted(_KNOWN)}")
-    controller, defaults, ssh = (
+    controller, defaults, ssh, mpi = (
         data.get("controller", {}),
         data.get("defaults", {}),
         data.get("ssh", {}),
+        data.get("mpi", {}),
     )
-    for name, table in (("controller", controller), ("defaults", defaults), ("ssh", ssh)):
+    tables = (("controller", controller), ("defaults", defaults), ("ssh", ssh), ("mpi", mpi))
+    for name, table in tables:
         _check_keys(table, name, str(path))
     pcs = []
     for entry in data.get("pc", []):
@@ -135,5 +153,6 @@ def read_hosts(path: str | Path) -> LabHosts:
         profile=str(controller.get("profile", "lab")),
         ssh=tuple(ssh.get("command", ["ssh"])),
         scp=tuple(ssh.get("scp", ["scp"])),
+        mpi_ranks=int(mpi.get("ranks", 0)),
         path=path,
     )

@@ -26,7 +26,14 @@ from pathlib import Path
 
 from course_lib.cluster.lab.hosts import LabHosts
 
-__all__ = ["MPI_ENV", "mpiexec_command", "run_lab_mpi", "write_hostfile"]
+__all__ = [
+    "MPI_ENV",
+    "lab_mpiexec",
+    "mpiexec_command",
+    "mpiexec_options",
+    "run_lab_mpi",
+    "write_hostfile",
+]
 
 MPI_ENV = {
     "UCX_TLS": "tcp",  # no shared memory / cma between "hosts" UCX finds on one kernel
@@ -60,38 +67,42 @@ def _launcher_exec(hosts: LabHosts, folder: Path) -> str:
     return str(wrapper)
 
 
+def mpiexec_options(hosts: LabHosts, folder: Path) -> list[str]:
+    """Return mpiexec's options that place ranks on the PCs of ``hosts`` over its ``ssh``.
+
+    The hostfile (and, if ``[ssh] command`` has arguments, a wrapper) is written into ``folder``.
+    """
+    folder.mkdir(parents=True, exist_ok=True)
+    hostfile = write_hostfile(hosts, folder / "lab-mpi-hosts")
+    options = ["-launcher", "ssh", "-launcher-exec", _launcher_exec(hosts, folder)]
+    options += ["-f", str(hostfile)]
+    for name, value in MPI_ENV.items():
+        options += ["-genv", name, value]
+    return options
+
+
+def lab_mpiexec() -> Path:
+    """Return this venv's ``mpiexec`` (hydra starts its proxies from the same folder on every PC)."""
+    mpiexec = Path(sys.executable).parent / "mpiexec"
+    if not mpiexec.exists():
+        raise ValueError(f"no {mpiexec}: install MPICH into this venv (pip install mpich mpi4py)")
+    return mpiexec
+
+
 def mpiexec_command(
     hosts: LabHosts, folder: Path, argv: Sequence[str], n: int | None = None
 ) -> list[str]:
     """Return the ``mpiexec`` command that runs ``argv`` as ``n`` ranks on the PCs of ``hosts``.
 
-    ``n`` defaults to the engines of all PCs; the hostfile (and, if ``[ssh] command`` has
-    arguments, a wrapper) is written into ``folder``.
+    ``n`` defaults to the engines of all PCs; see :func:`mpiexec_options` for ``folder``.
     """
     n = hosts.engines if n is None else n
     if not 1 <= n <= hosts.engines:
         raise ValueError(f"n={n}: use 1..{hosts.engines} ranks (the engines of the hosts file)")
     if not argv:
         raise ValueError("no command: ./kit lab mpi HOSTS -- python my_script.py")
-    mpiexec = Path(sys.executable).parent / "mpiexec"
-    if not mpiexec.exists():
-        raise ValueError(f"no {mpiexec}: install MPICH into this venv (pip install mpich mpi4py)")
-    folder.mkdir(parents=True, exist_ok=True)
-    hostfile = write_hostfile(hosts, folder / "lab-mpi-hosts")
-    command = [
-        str(mpiexec),
-        "-launcher",
-        "ssh",
-        "-launcher-exec",
-        _launcher_exec(hosts, folder),
-        "-f",
-        str(hostfile),
-        "-n",
-        str(n),
-    ]
-    for name, value in MPI_ENV.items():
-        command += ["-genv", name, value]
-    return command + list(argv)
+    mpiexec = lab_mpiexec()
+    return [str(mpiexec), *mpiexec_options(hosts, folder), "-n", str(n), *argv]
 
 
 def run_lab_mpi(

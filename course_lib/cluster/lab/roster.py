@@ -154,13 +154,21 @@ def roster_report(
     answered, busy = _answers(client, within)
     registered = answered | busy
 
+    from course_lib.cluster.lab.mpi_engines import mpi_engine_ids
+
+    mpi_ids = mpi_engine_ids(security)
+
     def pc_host(eid: int) -> str | None:
         return roster.get(eid, {}).get("pc")
 
     lines, dropped = [], []
     for pc in hosts.pcs:
-        here = sorted(eid for eid in registered if pc_host(eid) == pc.host)
-        gone = sorted(eid for eid in roster if eid not in registered and pc_host(eid) == pc.host)
+        here = sorted(eid for eid in registered if pc_host(eid) == pc.host and eid not in mpi_ids)
+        gone = sorted(
+            eid
+            for eid in roster
+            if eid not in registered and pc_host(eid) == pc.host and eid not in mpi_ids
+        )
         text = f"  {pc.host}: {len(here)} of {pc.engines} engines answer"
         if busy_here := [eid for eid in here if eid in busy]:
             text += f" (engines {busy_here} busy: registered, but still computing)"
@@ -172,7 +180,14 @@ def roster_report(
                 f"Re-add: ./kit lab add HOSTS {pc.host}"
             )
         lines.append(text)
+    broken = False
+    if mpi_ids:
+        alive = [eid for eid in mpi_ids if eid in registered]
+        text = f"  MPI ranks: {len(alive)} of {len(mpi_ids)} answer (engines {mpi_ids})"
+        if broken := len(alive) < len(mpi_ids):
+            text += "  BROKEN: a world that lost a rank cannot be mended; restart the lab"
+        lines.append(text)
     strays = sorted(eid for eid in registered if pc_host(eid) is None)
     if strays:
         lines.append(f"  engines {strays}: on no PC of the hosts file")
-    return not dropped, lines, dropped
+    return not dropped and not broken, lines, dropped

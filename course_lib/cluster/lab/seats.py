@@ -36,6 +36,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from course_lib.cluster.lab.mpi_engines import mpi_engine_ids, restart_mpi_engines
+
 __all__ = [
     "BEAT_SECONDS",
     "EXPIRY_SECONDS",
@@ -85,6 +87,7 @@ class _Seats:
     digest: str
     held: dict[int, dict[str, Any]] = field(default_factory=dict)  # seat number -> seat
     lock: threading.Lock = field(default_factory=threading.Lock)
+    restarting: threading.Lock = field(default_factory=threading.Lock)
     counter: int = 0
 
     def take(self, request: dict[str, Any]) -> dict[str, Any]:
@@ -96,27 +99,37 @@ class _Seats:
             }
         registered = [int(eid) for eid in request.get("ids", [])]
         pcs = _roster_pcs(self.security)
+        mpi_ids = mpi_engine_ids(self.security)
         with self.lock:
             busy = {eid for seat in self.held.values() for eid in seat["ids"]}
-            free = [eid for eid in registered if eid not in busy]
-            want = request.get("n")
             holders = len(self.held)
-            if want is None:  # the whole room (the instructor's demo)
-                if busy:
+            if request.get("mpi"):
+                answer = _mpi_seat(mpi_ids, registered, busy, request.get("n"))
+                if answer is not None:
+                    return answer
+                ids = list(mpi_ids)  # in rank order: the seat is the whole MPI world
+            else:
+                # An MPI world is dealt out only whole, to a notebook that asks for MPI ranks.
+                ordinary = [eid for eid in registered if eid not in mpi_ids]
+                free = [eid for eid in ordinary if eid not in busy]
+                busy_here = len(ordinary) - len(free)
+                want = request.get("n")
+                if want is None:  # the whole room (the instructor's demo)
+                    if busy_here:
+                        return {
+                            "ok": False,
+                            "why": f"the whole room was asked for, but {holders} "
+                            f"notebook(s) hold {busy_here} of its {len(ordinary)} engines",
+                        }
+                    want = len(free)
+                if want > len(free):
                     return {
                         "ok": False,
-                        "why": f"the whole room was asked for, but {holders} "
-                        f"notebook(s) hold {len(busy)} of its {len(registered)} engines",
+                        "why": f"no free seat of {want} engines: {busy_here} of the "
+                        f"room's {len(ordinary)} engines are held by {holders} notebook(s), "
+                        f"{len(free)} free",
                     }
-                want = len(free)
-            if want > len(free):
-                return {
-                    "ok": False,
-                    "why": f"no free seat of {want} engines: {len(busy)} of the "
-                    f"room's {len(registered)} engines are held by {holders} notebook(s), "
-                    f"{len(free)} free",
-                }
-            ids = _spread(free, pcs)[:want]
+                ids = _spread(free, pcs)[:want]
             self.counter += 1
             number = self.counter
             self.held[number] = {
@@ -135,9 +148,52 @@ class _Seats:
         with self.lock:
             self.held.pop(number, None)
 
+    def restart_mpi(self, number: int | None) -> dict[str, Any]:
+        """Restart the room's MPI world for the seat ``number`` that holds it; its new engines."""
+        mpi_ids = mpi_engine_ids(self.security)
+        with self.lock:
+            seat = self.held.get(number)
+        if seat is None or not mpi_ids or seat["ids"] != mpi_ids:
+            return {"ok": False, "why": "only the notebook that holds the MPI ranks restarts them"}
+        with self.restarting:  # one restart at a time
+            try:
+                ids = restart_mpi_engines(self.security)
+            except Exception as exc:  # noqa: BLE001 - said to the notebook in one line
+                return {"ok": False, "why": f"restarting the MPI ranks failed: {exc}"}
+        with self.lock:
+            seat["ids"] = ids
+        pcs = _roster_pcs(self.security)
+        return {"ok": True, "ids": ids, "pcs": {str(e): pcs.get(e) for e in ids}}
+
     def status(self) -> dict[str, Any]:
         with self.lock:
             return {"ok": True, "seats": [dict(seat, seat=n) for n, seat in self.held.items()]}
+
+
+def _mpi_seat(
+    mpi_ids: list[int], registered: list[int], busy: set[int], want: int | None
+) -> dict[str, Any] | None:
+    """Return why the room's MPI world cannot be this seat (a refusal), or None: it can."""
+    if not mpi_ids:
+        return {
+            "ok": False,
+            "why": "the room's cluster has no MPI ranks (the instructor adds [mpi] ranks = N "
+            "to the hosts file)",
+        }
+    if want is not None and want != len(mpi_ids):
+        return {
+            "ok": False,
+            "why": f"the room's MPI world has {len(mpi_ids)} ranks, not {want}: ask for "
+            f'start_cluster("mpi", {len(mpi_ids)})',
+        }
+    if missing := [eid for eid in mpi_ids if eid not in registered]:
+        return {
+            "ok": False,
+            "why": f"the room's MPI world lost engines {missing}: the instructor restarts the lab",
+        }
+    if busy & set(mpi_ids):
+        return {"ok": False, "why": "the room's MPI ranks are held by another notebook"}
+    return None
 
 
 def _spread(free: list[int], pcs: dict[int, str]) -> list[int]:
@@ -171,6 +227,8 @@ class _Handler(socketserver.StreamRequestHandler):
                     number = answer.get("seat")
                 elif op == "status":
                     answer = seats.status()
+                elif op == "restart_mpi" and number is not None:
+                    answer = seats.restart_mpi(number)
                 elif op == "beat":
                     continue
                 elif op == "release":  # free the engines first, then say so: the client waits
@@ -294,14 +352,36 @@ class Seat:
     lost: bool = False
     released: bool = False
     _stop: threading.Event = field(default_factory=threading.Event)
+    _sending: threading.Lock = field(default_factory=threading.Lock)
 
     def _beat(self) -> None:
         while not self._stop.wait(BEAT_SECONDS):
             try:
-                self.sock.sendall(b'{"op": "beat"}\n')
+                with self._sending:
+                    self.sock.sendall(b'{"op": "beat"}\n')
             except OSError:
                 self.lost = True  # the service is gone (lab stopped) or freed the seat
                 return
+
+    def restart_mpi(self, timeout: float = 300.0) -> list[int]:
+        """Ask the service to restart the room's MPI world this seat holds; return its new ids."""
+        with self._sending:
+            self.sock.sendall(b'{"op": "restart_mpi"}\n')
+        self.sock.settimeout(timeout)
+        try:
+            line = b""
+            while not line.endswith(b"\n"):
+                if not (chunk := self.sock.recv(1)):
+                    raise OSError("the seat service closed the connection")
+                line += chunk
+        finally:
+            self.sock.settimeout(None)
+        answer = json.loads(line)
+        if not answer.get("ok"):
+            raise NoSeatError(answer.get("why", "the MPI ranks were not restarted"))
+        self.ids = [int(e) for e in answer["ids"]]
+        self.pcs = {int(e): pc for e, pc in answer["pcs"].items()}
+        return self.ids
 
     def release(self) -> None:
         """Give the engines back to the room (again: nothing happens)."""
@@ -309,7 +389,7 @@ class Seat:
             return
         self.released = True
         self._stop.set()
-        with contextlib.suppress(OSError):
+        with contextlib.suppress(OSError), self._sending:
             self.sock.sendall(b'{"op": "release"}\n')
             # Wait (briefly) for the service's answer, so that a notebook's next start_cluster,
             # or another student's, finds the engines free already.
@@ -321,10 +401,11 @@ class Seat:
 
 
 def take_seat(
-    connection_file: Path, n: int | None, ids: list[int], timeout: float = 10.0
+    connection_file: Path, n: int | None, ids: list[int], timeout: float = 10.0, mpi: bool = False
 ) -> Seat | None:
     """Take a seat of ``n`` engines (None: the whole room) among ``ids``; None if no service.
 
+    ``mpi``: the seat is the room's MPI world (its engines in rank order), or none.
     Raises :class:`NoSeatError` (one line) when no seat is free or the service does not answer.
     """
     path = connection_file.parent / SEATS_FILE
@@ -336,6 +417,7 @@ def take_seat(
         "op": "take",
         "n": n,
         "ids": list(ids),
+        "mpi": mpi,
         "who": who,
         "digest": _digest(connection_file),
     }

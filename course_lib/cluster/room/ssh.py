@@ -82,15 +82,19 @@ def write_ssh_standins(room: Room, folder: Path) -> tuple[Path, Path]:
     return paths[0], paths[1]
 
 
-def write_lab_files(room: Room, folder: Path, engines: int = 1, profile: str = "lab") -> Path:
-    """Write the stand-ins and ``hosts.toml`` (``engines`` per PC) for ``room``; return the file."""
+def write_lab_files(
+    room: Room, folder: Path, engines: int = 1, profile: str = "lab", mpi_ranks: int = 0
+) -> Path:
+    """Write the stand-ins and ``hosts.toml`` (``engines`` per PC, ``mpi_ranks`` MPI engines)
+    for ``room``; return the file."""
     ssh, scp = write_ssh_standins(room, folder / "bin")
     pcs = "".join(f'\n[[pc]]\nhost = "{pc.hostname}"\n' for pc in room.pcs)
+    mpi = f"[mpi]\nranks = {mpi_ranks}\n\n" if mpi_ranks else ""
     hosts = folder / "hosts.toml"
     hosts.write_text(
         f"# The emulated room {room.tag} as a lab: ./kit lab start {hosts}\n"
         f'[controller]\nip = "{room.instructor_ip}"\nprofile = "{profile}"\n\n'
         f'[defaults]\npython = "{sys.executable}"\nengines = {engines}\n\n'
-        f'[ssh]\ncommand = ["{ssh}"]\nscp = ["{scp}"]\n{pcs}'
+        f'{mpi}[ssh]\ncommand = ["{ssh}"]\nscp = ["{scp}"]\n{pcs}'
     )
     return hosts

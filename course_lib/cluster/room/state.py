@@ -132,17 +132,25 @@ def _planned(n_pcs: int, tag: str, rate: str) -> Room:
 
 
 def room_up(
-    n_pcs: int, rate: str = "1gbit", state_file: Path | None = None, engines: int = 1
+    n_pcs: int,
+    rate: str = "1gbit",
+    state_file: Path | None = None,
+    engines: int = 1,
+    mpi_ranks: int = 0,
 ) -> Room:
     """Build a room of ``n_pcs`` PCs that stays up, record it in the state file; return it.
 
-    Also writes the hosts file (``engines`` per PC) and SSH stand-ins for ``./kit lab start``
-    into :func:`lab_folder`.
+    Also writes the hosts file (``engines`` per PC, ``mpi_ranks`` engines that are MPI ranks)
+    and SSH stand-ins for ``./kit lab start`` into :func:`lab_folder`.
     """
     if not 1 <= n_pcs <= 200:
         raise ValueError(f"{n_pcs} PCs: give a number of PCs from 1 to 200")
     if not 1 <= engines <= 64:
         raise ValueError(f"--engines {engines}: give 1 to 64 engines per PC")
+    if not 0 <= mpi_ranks <= n_pcs * engines:
+        raise ValueError(
+            f"--mpi-ranks {mpi_ranks}: give 0 to {n_pcs * engines} (one per engine slot)"
+        )
     if not RATE.match(rate):
         raise ValueError(f"rate {rate!r}: give a tc rate such as 1gbit, 100mbit or 12.5mbps")
     if (missing := missing_prerequisite()) is not None:
@@ -163,7 +171,7 @@ def room_up(
         path.unlink(missing_ok=True)  # build_room removed what it had built
         raise RoomError(f"building the room failed: {exc}") from None
     _write_state(path, room, BURST)
-    write_lab_files(room, lab_folder(path), engines=engines)
+    write_lab_files(room, lab_folder(path), engines=engines, mpi_ranks=mpi_ranks)
     return room
 
 
