@@ -39,7 +39,12 @@ def test_the_environment_decides_where_engines_come_from(monkeypatch: pytest.Mon
     settings = ClusterSettings.from_environment(n=4)
     assert (settings.kind, settings.n) == ("connect", 4)  # the room's cluster
     assert ClusterSettings.from_environment(kind="local", n=4).kind == "local"  # asked for here
-    assert ClusterSettings.from_environment(kind="mpi", n=4).kind == "mpi"
+    # MPI ranks, in the lab: the room's MPI world (a seat of engines that are MPI ranks).
+    settings = ClusterSettings.from_environment(kind="mpi", n=4)
+    assert (settings.kind, settings.mpi) == ("connect", True)
+    monkeypatch.delenv("COURSE_CLUSTER_FILE")
+    settings = ClusterSettings.from_environment(kind="mpi", n=4)
+    assert (settings.kind, settings.mpi) == ("mpi", False)  # no lab: MPI ranks on this PC
 
 
 @pytest.fixture(scope="module")
@@ -176,3 +181,71 @@ def test_the_doctor_with_seats_held_says_so_in_one_line(seated: Path) -> None:
     assert doctor.returncode == 1, doctor
     assert "Traceback" not in doctor.stderr and len(doctor.stderr.strip().splitlines()) == 1
     assert "whole room was asked for, but 1 notebook" in doctor.stderr, doctor.stderr
+
+
+MPI_PROFILE = "kit-seats-mpi"
+
+
+@pytest.fixture(scope="module")
+def seated_mpi():
+    """Two engines that are MPI ranks and two that are not, one controller, its seat service."""
+    from course_lib.cluster import find_mpiexec
+    from course_lib.cluster.lab.mpi_engines import MPI_ENGINES_FILE
+
+    running = ipp.Cluster(profile=MPI_PROFILE, cluster_id="", n=2, engines="mpi", log_level=30)
+    running.config.MPILauncher.mpi_cmd = [find_mpiexec()]
+    running.start_cluster_sync()
+    try:
+        security = Path(running.profile_dir) / "security"
+        with running.connect_client_sync() as client:
+            client.wait_for_engines(2, timeout=120, interactive=False)
+            ranks = client[:].apply_sync(_mpi_rank)
+            mpi_ids = [eid for _, eid in sorted(zip(ranks, client.ids, strict=True))]
+            running.engine_launcher_class = "local"
+            running.start_engines_sync(n=2)
+            client.wait_for_engines(4, timeout=120, interactive=False)
+        # What `lab start` records for its MPI world (no mpiexec pid here: the test stops it).
+        (security / MPI_ENGINES_FILE).write_text(json.dumps({"ids_by_rank": mpi_ids}))
+        start_seat_service(security, "127.0.0.1")
+        yield security, mpi_ids
+    finally:
+        stop_seat_service(security)
+        running.stop_cluster_sync()
+
+
+def _mpi_rank() -> int:
+    from mpi4py import MPI
+
+    return MPI.COMM_WORLD.Get_rank()
+
+
+def test_mpi_ranks_are_one_seat_that_plain_seats_never_get(
+    seated_mpi: tuple[Path, list[int]],
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture,
+) -> None:
+    from course_lib.cluster.lab.seats import NoSeatError, take_seat
+
+    security, mpi_ids = seated_mpi
+    client_file = security / "ipcontroller-client.json"
+    monkeypatch.setenv("COURSE_CLUSTER_FILE", str(client_file))
+    with start_cluster("mpi", 2) as world:  # a lecture's MPI cell, in the lab
+        assert world.ids_by_rank == mpi_ids and world.run(_mpi_rank) == [0, 1]
+        assert world.where().startswith("a seat of 2 MPI ranks of the room's cluster")
+        with start_cluster(n=2) as plain:  # the same notebook's engines: the other two
+            assert not set(plain.ids_by_rank) & set(mpi_ids)
+            with pytest.raises(ClusterError, match="no free seat of 1 engines"):
+                connect_cluster(connection_file=str(client_file), n=1)
+        plain_ids = plain.ids_by_rank
+    # Another notebook holds the world: this one is told so in one line and gets MPI ranks here.
+    other = take_seat(client_file, 2, [*mpi_ids, *plain_ids], mpi=True)
+    assert other is not None and other.ids == mpi_ids  # the whole world, in rank order
+    try:
+        with start_cluster("mpi", 2) as here:
+            assert here.kind == "mpi" and here.owned is not None  # started on this PC
+    finally:
+        other.release()
+    said = [line for line in capsys.readouterr().out.splitlines() if "held by another" in line]
+    assert len(said) == 1 and "running on 2 MPI ranks on this PC instead" in said[0], said
+    with pytest.raises(NoSeatError, match=r"MPI world has 2 ranks, not 3: ask for start_cluster"):
+        take_seat(client_file, 3, [*mpi_ids, *plain_ids], mpi=True)
