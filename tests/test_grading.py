@@ -445,6 +445,31 @@ def test_a_slow_setup_cell_is_retried_with_twice_the_limit():
     assert [(r.points, r.reason) for r in rows] == [(1.0, "PASS")]
 
 
+# A grader working in the lab: every setting that would steer an assignment's start_cluster(n=N)
+# to the room (here a room that does not exist: connecting would fail the set-up cell).
+ROOM_SETTINGS = {
+    "COURSE_CLUSTER_PROFILE": "lab",
+    "COURSE_CLUSTER_FILE": "/nonexistent/ipcontroller-client.json",
+    "COURSE_CLUSTER_KIND": "connect",
+    "COURSE_CLUSTER_ENGINES": "not-a-number",
+}
+
+
+@pytest.mark.parametrize("sandbox", ["auto", None], ids=["sandbox", "unisolated"])
+def test_the_graders_cluster_settings_never_reach_the_kernel(sandbox, tmp_path, monkeypatch):
+    for name, value in ROOM_SETTINGS.items():
+        monkeypatch.setenv(name, value)
+    nb = _tiny_assignment(
+        'import os\nleaked = sorted(k for k in os.environ if k.startswith("COURSE_CLUSTER_"))'
+    )
+    # The answer is 42 only in a kernel the settings did not reach (a failed set-up cell alone
+    # would not cost the point: the check cell runs anyway).
+    nb.cells[1].source = nb.cells[1].source.replace("return 42", "return leaked or 42")
+    limits = GradingLimits(cell_seconds=45, total_seconds=120)
+    rows = grade_notebook("lab", "T", nb, nb, limits, workdir=tmp_path, sandbox=sandbox)
+    assert [(r.points, r.reason) for r in rows] == [(1.0, "PASS")], rows
+
+
 def test_a_setup_cell_too_slow_twice_is_blamed_on_the_machine(monkeypatch):
     # nbval's answer for a set-up cell that runs out of time on every run (no kernel needed).
     runs = []
@@ -552,7 +577,10 @@ RING_REASON = (
 
 
 @pytest.mark.slow
-def test_a2_source_passes_stub_fails_and_ring_transcription_fails_on_partners():
+def test_a2_source_passes_stub_fails_and_ring_transcription_fails_on_partners(monkeypatch):
+    # Graded by a grader working in the lab: A2's start_cluster(n=4) still gets local engines.
+    for name, value in ROOM_SETTINGS.items():
+        monkeypatch.setenv(name, value)
     source = _source("A2_rabenseifner_allreduce")
     rows = grade_notebook("teacher", "A2", source, source, LIMITS)
     assert _points(rows) == A2_FULL, rows

@@ -35,7 +35,11 @@ from course_lib.grading.sandbox import (
     prepare_sandbox,
 )
 
-__all__ = ["run_nbval", "stop_clusters"]
+__all__ = ["CLUSTER_VARIABLE_PREFIX", "run_nbval", "stop_clusters"]
+
+#: The variables that tell ``start_cluster`` where engines come from (``COURSE_CLUSTER_PROFILE``,
+#: ``_FILE``, ``_KIND``, ``_ENGINES``: :mod:`course_lib.cluster.launch`). None reaches a run.
+CLUSTER_VARIABLE_PREFIX = "COURSE_CLUSTER_"
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*m|#x1B\[[0-9;]*m")
 RUNTIME_MB = 4  # the kernel's connection file and sockets: a few kB
@@ -103,7 +107,12 @@ def run_nbval(
     # Clusters started by the notebook record themselves under IPYTHONDIR: a folder per run
     # tells the clean-up below which ones are this run's.
     ipython_dir = Path(tempfile.mkdtemp(prefix="ipython-", dir=path.parent))
-    env = {**os.environ, "IPYTHONDIR": str(ipython_dir)}
+    # The kernel inherits nbval's environment. A grader working in the lab may carry the room's
+    # settings (COURSE_CLUSTER_PROFILE=lab): an assignment's start_cluster(n=4) would then take
+    # a seat in the room, or fail in the sandbox that cannot reach it. A submission is graded on
+    # this machine's local engines, whatever the grader's shell says.
+    env = {k: v for k, v in os.environ.items() if not k.startswith(CLUSTER_VARIABLE_PREFIX)}
+    env["IPYTHONDIR"] = str(ipython_dir)
     # nbval loads this kit's plugin, not one a venv's editable install points to elsewhere.
     kit_root = str(kit_package().parent)
     env["PYTHONPATH"] = os.pathsep.join([kit_root, *filter(None, [env.get("PYTHONPATH")])])

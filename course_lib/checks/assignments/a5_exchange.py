@@ -155,7 +155,7 @@ def _train(cluster: Any, method: str, **options: Any) -> Any:
 
 def training_body(make: Callable, cluster: Any) -> str:
     """A5.6's body: ``make()`` trains the digits MLP on 2 engines as accurately as float32."""
-    assert cluster.world_size >= 2, "the check needs 2 engines: start_cluster('local', 2)"
+    assert cluster.world_size >= 2, "the check needs 2 engines: start_cluster(n=2)"
     comp = make()  # a stub fails here, before any engine is busy
     assert isinstance(comp, Compressor), f"a5_compressor() returned {comp!r}, not a Compressor"
     reference = _train(cluster, "ring").history.last["test_accuracy"] * 100
