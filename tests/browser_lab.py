@@ -85,8 +85,14 @@ def _descendants(pid: int) -> list[Any]:
 class JupyterLabServer:
     """``jupyter lab --notebook-dir=notebooks`` on a free loopback port with a token; a context."""
 
-    def __init__(self, notebook_dir: Path = REPO / "notebooks", start_timeout: float = 300.0):
+    def __init__(
+        self,
+        notebook_dir: Path = REPO / "notebooks",
+        start_timeout: float = 300.0,
+        env: dict[str, str] | None = None,
+    ):
         self.notebook_dir = Path(notebook_dir)
+        self.env = env  # the server's (and so its kernels') environment; None: this process's
         self.start_timeout = start_timeout
         self.token = secrets.token_hex(16)
         self.url = ""
@@ -116,7 +122,7 @@ class JupyterLabServer:
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(json.dumps(values))
         env = dict(
-            os.environ,
+            os.environ if self.env is None else self.env,
             JUPYTER_RUNTIME_DIR=str(self._tmp / "runtime"),
             JUPYTERLAB_SETTINGS_DIR=str(settings_dir),
             JUPYTERLAB_WORKSPACES_DIR=str(self._tmp / "workspaces"),
