@@ -114,7 +114,7 @@ def _parameter_server_body(fn: Callable, cluster: Any, world_size: int | None) -
         raise AssertionError(str(exc).replace("data-parallel run failed: ", "")) from None
     n = result.world_size
     if n < 2:
-        raise AssertionError("the check needs at least 2 engines (start_cluster('local', 4))")
+        raise AssertionError("the check needs at least 2 engines (start_cluster(n=4))")
     if not result.replicas_equal:
         raise AssertionError(
             f"the replicas differ by up to {result.max_replica_difference:.2e} after training: "

@@ -284,8 +284,12 @@ class CourseCluster:
             self.client.close()
         finally:
             if self.owned is not None:
+                # Stopping takes seconds (each engine is asked, then signalled): say so first.
+                print(f"course_lib: stopping {self.world_size} {self.kind} engines ...", end="")
+                started = time.monotonic()
                 self.owned.stop_cluster_sync()
                 self.owned = None
+                print(f" stopped in {time.monotonic() - started:.1f} s", flush=True)
 
     def __enter__(self) -> CourseCluster:
         return self

@@ -15,7 +15,8 @@ A seat *is* an open TCP connection to the service:
   closes it (``cluster.stop()``), when the connection drops (the notebook's kernel died: the OS
   closes its socket) or when no heartbeat came for ``EXPIRY_SECONDS`` (the PC was switched off
   or lost its link);
-- the service keeps seats only in memory: stopping it (``lab stop``) frees every seat.
+- the service keeps seats only in memory: stopping it (``lab stop``) frees every seat; it
+  logs every seat taken and given back to ``security/lab-seats.log`` (who held what, when).
 
 So no two clients that took seats ever run collectives on one engine at the same time.
 """
@@ -42,6 +43,7 @@ __all__ = [
     "BEAT_SECONDS",
     "EXPIRY_SECONDS",
     "SEATS_FILE",
+    "SEATS_LOG",
     "NoSeatError",
     "Seat",
     "seat_lines",
@@ -52,6 +54,7 @@ __all__ = [
 ]
 
 SEATS_FILE = "lab-seats.json"
+SEATS_LOG = "lab-seats.log"  # one line per seat taken or given back, for the instructor
 BEAT_SECONDS = 2.0
 # Five missed beats: a busy student's kernel still beats (a thread of its own, and torch
 # releases the GIL), so only a gone client misses that many.
@@ -137,6 +140,8 @@ class _Seats:
                 "who": str(request.get("who", "?")),
                 "since": time.time(),
             }
+            what = "MPI ranks" if request.get("mpi") else "engines"
+            self._log(f"seat {number} to {self.held[number]['who']}: {what} {ids}")
         return {
             "ok": True,
             "seat": number,
@@ -146,7 +151,14 @@ class _Seats:
 
     def release(self, number: int | None) -> None:
         with self.lock:
-            self.held.pop(number, None)
+            if self.held.pop(number, None) is not None:
+                self._log(f"seat {number} given back")
+
+    def _log(self, line: str) -> None:
+        """Add a line to the room's seat log (who held which engines when: ``lab-seats.log``)."""
+        stamp = time.strftime("%Y-%m-%d %H:%M:%S")
+        with contextlib.suppress(OSError), open(self.security / SEATS_LOG, "a") as log:
+            log.write(f"{stamp} {line}\n")
 
     def restart_mpi(self, number: int | None) -> dict[str, Any]:
         """Restart the room's MPI world for the seat ``number`` that holds it; its new engines."""
@@ -162,6 +174,7 @@ class _Seats:
                 return {"ok": False, "why": f"restarting the MPI ranks failed: {exc}"}
         with self.lock:
             seat["ids"] = ids
+            self._log(f"seat {number}: MPI ranks restarted, now engines {ids}")
         pcs = _roster_pcs(self.security)
         return {"ok": True, "ids": ids, "pcs": {str(e): pcs.get(e) for e in ids}}
 
