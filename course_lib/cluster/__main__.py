@@ -12,6 +12,7 @@ emulated room that stays up between commands (see :mod:`course_lib.cluster.room.
 from __future__ import annotations
 
 import argparse
+import subprocess
 import sys
 from pathlib import Path
 
@@ -73,7 +74,12 @@ def room_main(args: argparse.Namespace) -> int:
     try:
         if args.action == "up":
             room = room_state.room_up(
-                args.pcs, args.rate, state, engines=args.engines, mpi_ranks=args.mpi_ranks
+                args.pcs,
+                args.rate,
+                state,
+                engines=args.engines,
+                mpi_ranks=args.mpi_ranks,
+                slurm=args.slurm,
             )
             print(room_state.describe_room(room, state))
         elif args.action == "down":
@@ -115,6 +121,10 @@ def lab_main(args: argparse.Namespace) -> int:
             if args.action == "status":
                 return _bare_status()
             raise ValueError(f"give the hosts file: ./kit lab {args.action} HOSTS.toml")
+        from course_lib.cluster.lab.slurm import is_slurm_lab
+
+        if is_slurm_lab(args.hosts):
+            return _slurm_lab(args)
         hosts = read_hosts(args.hosts)
         if args.action == "start":  # for a bare `./kit lab status` (only a live controller counts)
             from course_lib.cluster.lab.find import remember_hosts_file
@@ -185,6 +195,40 @@ def _bare_status() -> int:
     return 0 if ok else 1
 
 
+def _slurm_lab(args: argparse.Namespace) -> int:
+    """``lab ACTION SLURM.toml``: the lab's engines (or an MPI command) as Slurm jobs."""
+    from course_lib.cluster.lab import slurm
+
+    lab = slurm.read_slurm_lab(args.hosts)
+    if args.action == "add":
+        raise ValueError("a Slurm lab has no PCs to re-add: stop it and start it again")
+    if args.action == "mpi":
+        command = slurm.slurm_mpi_command(lab, args.pcs, n=args.ranks)
+        return subprocess.run(command, env=slurm.slurm_mpi_env(lab)).returncode
+    if args.action == "start":
+        timeout = max(args.timeout, 120.0)
+        cluster, seconds = slurm.start_slurm_lab(
+            lab, timeout=timeout, progress=lambda line: print(line, flush=True)
+        )
+        files = Path(cluster.profile_dir) / "security"
+        print(
+            f"lab cluster up: {lab.engines} engines on {lab.nodes} Slurm nodes answered after "
+            f"{seconds:.1f} s; students: COURSE_CLUSTER_PROFILE={lab.profile} (or "
+            f"COURSE_CLUSTER_FILE={files / 'ipcontroller-client.json'}, with lab-seats.json "
+            "beside it); ./kit lab stop cancels the job"
+        )
+        return 0
+    if args.action == "status":
+        ok, text = slurm.slurm_status(lab)
+        print(text)
+        return 0 if ok else 1
+    if slurm.stop_slurm_lab(lab):
+        print("lab cluster stopped: the Slurm job is cancelled, the controller stopped")
+    else:
+        print(f"no lab cluster is running in profile {lab.profile!r}: nothing to stop")
+    return 0
+
+
 def _lab_mpi(hosts, args: argparse.Namespace) -> int:  # noqa: ANN001
     """Run the command after ``--`` as MPI ranks on the lab's PCs; return its exit status."""
     import tempfile
@@ -233,6 +277,11 @@ def main(argv: list[str] | None = None, prog: str = "python -m course_lib.cluste
         default=0,
         help="also that many engines that are MPI ranks ([mpi] ranks in the hosts file)",
     )
+    up.add_argument(
+        "--slurm",
+        action="store_true",
+        help="also a real Slurm across the PCs, and its lab file slurm.toml (apt: slurm-wlm munge)",
+    )
     actions.add_parser("down", help="remove the room that `up` built")
     actions.add_parser("status", help="show the room that is up")
     run = actions.add_parser("run", help="run a command inside one PC: run pc1 -- CMD")
@@ -254,7 +303,16 @@ def main(argv: list[str] | None = None, prog: str = "python -m course_lib.cluste
     )
     lab.add_argument("--ranks", type=int, default=None, help="mpi: ranks (default: all engines)")
     lab.add_argument("--timeout", type=float, default=120.0, help="seconds to wait for engines")
+    # `lab mpi FILE --ranks 4 -- CMD`: argparse cannot take options between a positional list and
+    # `--`, so the command after `--` is split off first (room run keeps its own REMAINDER).
+    argv = list(sys.argv[1:] if argv is None else argv)
+    command: list[str] = []
+    if "--" in argv and argv[:2] == ["lab", "mpi"]:
+        cut = argv.index("--")
+        argv, command = argv[:cut], argv[cut + 1 :]
     args = parser.parse_args(argv)
+    if command:
+        args.pcs = [*args.pcs, *command]
     if args.job == "lab":
         return lab_main(args)
     if args.job == "room":

@@ -24,6 +24,7 @@ import re
 import secrets
 import shutil
 import subprocess
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -37,6 +38,7 @@ from course_lib.cluster.room.build import (
     missing_prerequisite,
     teardown_room,
 )
+from course_lib.cluster.room.slurm import PARTITION, slurm_down, slurm_unavailable_reason, slurm_up
 from course_lib.cluster.room.ssh import write_lab_files
 
 __all__ = [
@@ -48,6 +50,7 @@ __all__ = [
     "room_down",
     "room_up",
     "pc_command",
+    "write_slurm_lab",
 ]
 
 ENV_VAR = "COURSE_ROOM_STATE"
@@ -137,11 +140,14 @@ def room_up(
     state_file: Path | None = None,
     engines: int = 1,
     mpi_ranks: int = 0,
+    slurm: bool = False,
 ) -> Room:
     """Build a room of ``n_pcs`` PCs that stays up, record it in the state file; return it.
 
     Also writes the hosts file (``engines`` per PC, ``mpi_ranks`` engines that are MPI ranks)
-    and SSH stand-ins for ``./kit lab start`` into :func:`lab_folder`.
+    and SSH stand-ins for ``./kit lab start`` into :func:`lab_folder`; with ``slurm``, also a
+    real Slurm across the PCs and its lab file ``slurm.toml`` there
+    (:mod:`course_lib.cluster.room.slurm`).
     """
     if not 1 <= n_pcs <= 200:
         raise ValueError(f"{n_pcs} PCs: give a number of PCs from 1 to 200")
@@ -154,6 +160,8 @@ def room_up(
     if not RATE.match(rate):
         raise ValueError(f"rate {rate!r}: give a tc rate such as 1gbit, 100mbit or 12.5mbps")
     if (missing := missing_prerequisite()) is not None:
+        raise RoomError(missing)
+    if slurm and (missing := slurm_unavailable_reason()) is not None:
         raise RoomError(missing)
     path = state_file or default_state_file()
     if (old := read_state(path)) is not None:
@@ -172,7 +180,30 @@ def room_up(
         raise RoomError(f"building the room failed: {exc}") from None
     _write_state(path, room, BURST)
     write_lab_files(room, lab_folder(path), engines=engines, mpi_ranks=mpi_ranks)
+    if slurm:
+        try:
+            write_slurm_lab(room, lab_folder(path), engines)
+        except Exception as exc:
+            room_down(path)
+            raise RoomError(
+                f"starting Slurm in the room failed (the room is removed): {exc}"
+            ) from None
     return room
+
+
+def write_slurm_lab(room: Room, folder: Path, tasks_per_node: int = 1) -> Path:
+    """Start Slurm across ``room`` (its files in ``folder/slurm``); write ``slurm.toml``, return it."""
+    slurm_folder = folder / "slurm"
+    env = slurm_up(room, slurm_folder)
+    lab = folder / "slurm.toml"
+    lab.write_text(
+        f"# The emulated room {room.tag}'s Slurm as a lab: ./kit lab start {lab}\n"
+        f'[controller]\nip = "{room.instructor_ip}"\nprofile = "slurm"\n\n'
+        f'[slurm]\npartition = "{PARTITION}"\nnodes = {len(room.pcs)}\n'
+        f'tasks_per_node = {tasks_per_node}\ntime = "01:00:00"\npython = "{sys.executable}"\n'
+        f'conf = "{env["SLURM_CONF"]}"\npending_limit = 120\n'
+    )
+    return lab
 
 
 def room_down(state_file: Path | None = None) -> tuple[Room | None, list[str]]:
@@ -183,7 +214,8 @@ def room_down(state_file: Path | None = None) -> tuple[Room | None, list[str]]:
         return None, []
     if (missing := missing_prerequisite()) is not None:
         raise RoomError(missing)
-    errors = teardown_room(room)
+    errors = slurm_down(lab_folder(path) / "slurm")  # its daemons first: slurmd runs in the PCs
+    errors += teardown_room(room)
     if not errors:
         path.unlink(missing_ok=True)
         shutil.rmtree(lab_folder(path), ignore_errors=True)
@@ -220,6 +252,12 @@ def describe_room(room: Room, state_file: Path, *, check: bool = False) -> str:
         lines.append(
             f"Rehearse the lab: ./kit lab start {hosts}  (hosts file and SSH stand-ins "
             f"in {hosts.parent}; then ./kit lab status / stop {hosts})"
+        )
+    if (slurm := lab_folder(state_file) / "slurm.toml").is_file():
+        conf = lab_folder(state_file) / "slurm" / "slurm.conf"
+        lines.append(
+            f"Slurm runs across the PCs (partition {PARTITION!r}): ./kit lab start {slurm}; "
+            f"Slurm's own commands with SLURM_CONF={conf} (sinfo, squeue, srun)"
         )
     if check and (gone := [n for n in room.names if n not in leftovers(room.names)]):
         lines.append(f"INCOMPLETE: {', '.join(gone)} no longer exist: run `./kit room down`")
