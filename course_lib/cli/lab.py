@@ -25,6 +25,7 @@ usage: ./kit lab [JUPYTERLAB OPTIONS]              JupyterLab on notebooks/ (./k
        ./kit lab status                            the running lab cluster, if any
        ./kit lab add HOSTS.toml PC...              start again the engines of PCs that dropped out
        ./kit lab mpi HOSTS.toml [--ranks N] -- CMD CMD as MPI ranks on the lab's PCs
+       ./kit lab start|status|stop|mpi SLURM.toml  the same on a Slurm cluster (a [slurm] lab file)
 ./kit lab start --help: the cluster actions' options."""
 
 

@@ -12,7 +12,8 @@ Pitfalls met on these machines (``../shared/notes``): ``ip netns exec`` remounts
 hides the cgroup mounts ``slurmd`` wants, so a PC's ``slurmd`` is entered with
 ``nsenter --net`` instead; a PC's ``slurmd`` gets its own mount namespace with the room's
 hosts file bound over ``/etc/hosts`` (MPICH's hydra resolves node names), and its job steps
-inherit both.
+inherit both. A node the admins set DOWN stays down until they resume it
+(``ReturnToService=1``), as on a university's cluster.
 """
 
 from __future__ import annotations
@@ -93,7 +94,7 @@ SwitchType=switch/none
 SelectType=select/cons_tres
 SelectTypeParameters=CR_Core
 MpiDefault=none
-ReturnToService=2
+ReturnToService=1
 SlurmdParameters=config_overrides
 SlurmdTimeout=30
 InactiveLimit=0
