@@ -234,6 +234,7 @@ def test_a4_verdict_rebound_in_the_kernel_passed_there_and_gets_nothing_now(
     from course_lib.grading import grade as grade_module
     from course_lib.grading.cells import answer_id, check_id
     from course_lib.grading.grade import grade_notebook
+    from course_lib.grading.guard import rejected_answers
 
     source = nbformat.read(SOURCES / "A4_local_sgd_gossip.ipynb", as_version=4)
     pass_line = next(c.outputs[0]["text"].strip() for c in source.cells if check_id(c) == "A4.1")
@@ -243,6 +244,7 @@ def test_a4_verdict_rebound_in_the_kernel_passed_there_and_gets_nothing_now(
             cell.source = A4_ATTACK.format(pass_line=pass_line)
         elif answer_id(cell) == "A4.2":
             cell.source = A4_OWN_LOCAL_SGD
+    assert not rejected_answers(source, {"A4.1": A4_ATTACK.format(pass_line=pass_line)})
     if graded_in == "kernel":  # the old path: the check cells decide, inside the kernel
         monkeypatch.setattr(grade_module, "probe_spec", lambda pristine: None)
     rows = grade_notebook(
@@ -264,3 +266,67 @@ def test_a4_verdict_rebound_in_the_kernel_passed_there_and_gets_nothing_now(
             "FAIL (size 1 (float32): the result on rank 0 is wrong "
             "(that is the plain mean; weight each rank's w by its n))",
         ), got
+
+
+# -- A3: a forged verdict object that passed in the kernel, and a look for the judges -------------
+
+# A3.2: buckets from the first parameter (wrong), and check_bucket_layout replaced by one that
+# returns a forged verdict printing A3.2's PASS line; the kernel cannot even reach the judges now.
+A3_ATTACK = (
+    "import pkgutil, sys\ntry:\n"
+    "    checks = pkgutil.resolve_name('course_lib.checks.assignments.a3')\n"
+    "    V = pkgutil.resolve_name('course_lib.checks.verdict:Verdict')\n"
+    "    def _forged(fn, *, verbose=True):\n"
+    "        print({pass_line!r})\n"
+    "        return V('A3.2', 'bucket_layout', True, '', 2.0, 2.0, True)\n"
+    "    checks.check_bucket_layout = _forged\n"
+    "except Exception:\n    pass\n"
+    "def bucket_layout(sizes, bucket_bytes):\n"
+    "    if bucket_bytes < 1:\n        raise ValueError(bucket_bytes)\n"
+    "    buckets, current, nbytes = [], [], 0\n"
+    "    for i in range(len(sizes)):\n"
+    "        current.append(i)\n        nbytes += 4 * sizes[i]\n"
+    "        if nbytes >= bucket_bytes:\n"
+    "            buckets.append(current)\n            current, nbytes = [], 0\n"
+    "    if current:\n        buckets.append(current)\n    return buckets\n"
+)
+
+
+@pytest.mark.parametrize("graded_in", ["kernel", "grader"])
+def test_a3_forged_verdict_passed_in_the_kernel_and_gets_nothing_now(
+    graded_in, tmp_path, monkeypatch
+):
+    import copy
+
+    import nbformat
+
+    from course_lib.grading import grade as grade_module
+    from course_lib.grading.cells import answer_id, check_id
+    from course_lib.grading.grade import grade_notebook
+    from course_lib.grading.guard import rejected_answers
+
+    source = nbformat.read(SOURCES / "A3_data_parallel.ipynb", as_version=4)
+    pass_line = next(c.outputs[0]["text"].strip() for c in source.cells if check_id(c) == "A3.2")
+    submission = copy.deepcopy(source)
+    for cell in submission.cells:
+        if answer_id(cell) == "A3.2":
+            cell.source = A3_ATTACK.format(pass_line=pass_line)
+    assert not rejected_answers(source, {"A3.2": A3_ATTACK.format(pass_line=pass_line)})
+    if graded_in == "kernel":  # the old path: the check cells decide, inside the kernel
+        monkeypatch.setattr(grade_module, "probe_spec", lambda pristine: None)
+    rows = grade_notebook(
+        "a3_attacker",
+        "A3",
+        source,
+        submission,
+        GradingLimits(240, 900),
+        workdir=tmp_path,
+        sandbox=SandboxLimits(processes=256),
+    )
+    got = {r.exercise: (r.points, r.reason) for r in rows}
+    assert got["A3.1"] == (3.0, "PASS") and got["A3.3"] == (5.0, "PASS"), got
+    if graded_in == "kernel":  # the route was real: the wrong answer got A3.2's points there
+        assert got["A3.2"] == (2.0, "PASS"), got
+    else:
+        assert got["A3.2"][0] == 0.0, got
+        assert "start from the last parameter" in got["A3.2"][1], got
