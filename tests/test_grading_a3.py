@@ -5,7 +5,8 @@ right parameter server and training run pass, source 000's published combination
 misses one process's weights fail with the notebook's reasons; the bucket layout's answers are
 judged from the buckets alone. Slow: real kernels and engines under nbval: the instructor's
 source gets full marks, the released stub none, and each typical mistake loses only its own
-exercise, with the reason that names it; the kernel sees none of the checks' judges.
+exercise, with the reason that names it. The kernel is shown, of ``course_lib/checks``, only the
+data collector ``a3_engine``.
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ import copy
 import io
 import json
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import nbformat
@@ -25,7 +28,7 @@ from course_lib.checks.assignments.a3 import A3_POINTS, PS_CASES, layout_cases
 from course_lib.checks.assignments.a3_engine import a3net_sizes, probe_gradients
 from course_lib.checks.assignments.a3_judge import reference_layout, reference_weights
 from course_lib.grading import GradingLimits, answer_id, grade_notebook
-from course_lib.grading.probes.a3 import a3_spec
+from course_lib.grading.probes.a3 import a3_spec, kit_hidden
 from course_lib.grading.probes.core import MARK, judge
 from course_lib.parallel.exchanges.parameter_server import source000_combine
 
@@ -109,6 +112,34 @@ def test_the_grader_judges_a3_2_from_the_buckets_alone():
     assert not passed and "start from the last parameter" in reason, reason
     passed, reason = judge(spec, "A3.2", SEED, _line(["no error", "ValueError", *layouts]))
     assert reason == ("FAIL (bucket_bytes=0 must raise ValueError (a bucket holds bytes))"), reason
+
+
+def test_the_kernel_is_shown_of_the_checks_only_the_data_collector():
+    import course_lib
+
+    checks = Path(course_lib.__file__).resolve().parent / "checks"
+    hidden = set(kit_hidden())
+    for path in checks.rglob("*.py"):
+        part = f"checks/{path.relative_to(checks).as_posix()}"
+        if "__pycache__" in part:
+            continue
+        shown = part.endswith("__init__.py") or part == "checks/assignments/a3_engine.py"
+        assert (part not in hidden) == shown, part
+    assert {"checks/assignments/a3_judge.py", "checks/verdict.py"} <= hidden
+    # The collector decides nothing: importing it loads neither the judges nor the verdicts.
+    code = (
+        "import sys, course_lib.checks.assignments.a3_engine as e; "
+        "print(sorted(m for m in sys.modules if m.startswith('course_lib.checks')))"
+    )
+    loaded = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True
+    )
+    assert loaded.stdout.split() == [
+        "['course_lib.checks',",
+        "'course_lib.checks.assignments',",
+        "'course_lib.checks.assignments.a3_engine']",
+    ], loaded
+    assert set(a3_spec().kit_hidden) == hidden
 
 
 def _with_answers(nb: nbformat.NotebookNode, answers: dict[str, str]) -> nbformat.NotebookNode:
