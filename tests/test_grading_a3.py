@@ -24,9 +24,13 @@ import nbformat
 import numpy as np
 import pytest
 
-from course_lib.checks.assignments.a3 import A3_POINTS, PS_CASES, layout_cases
+from course_lib.checks.assignments.a3 import A3_POINTS, PROBE_SIZES, PS_CASES, layout_cases
 from course_lib.checks.assignments.a3_engine import a3net_sizes, probe_gradients
-from course_lib.checks.assignments.a3_judge import reference_layout, reference_weights
+from course_lib.checks.assignments.a3_judge import (
+    reference_layout,
+    reference_weights,
+    ring_bytes_bounds,
+)
 from course_lib.grading import GradingLimits, answer_id, grade_notebook
 from course_lib.grading.probes.a3 import a3_spec, kit_hidden
 from course_lib.grading.probes.core import MARK, judge
@@ -98,6 +102,29 @@ def test_the_grader_judges_a3_1_from_data_with_the_notebooks_reasons():
     # The right numbers for another seed's gradients (held from an earlier run) fail.
     passed, reason = judge(spec, "A3.1", SEED + 1, _line([*right, _ps_training()]))
     assert not passed and "server rank 0: rank 0" in reason, reason
+
+
+def _ring_ranks(size: int, *, whole_buffers: bool = False) -> list[tuple]:
+    """Every rank's data for one A3.3 probe: the mean, sent to r + 1, received from r - 1."""
+    mean = (np.sum(probe_gradients(size, 4, SEED), axis=0) / 4).astype(np.float32)
+    nbytes = 3 * size * 4 if whole_buffers else ring_bytes_bounds(size, 4)[0]
+    return [(r, 4, mean, [], [((r + 1) % 4, nbytes)], [((r - 1) % 4, nbytes)]) for r in range(4)]
+
+
+def test_the_grader_judges_a3_3_probes_from_data_with_the_notebooks_reasons():
+    spec = a3_spec()
+    whole = [_ring_ranks(size, whole_buffers=True) for size in PROBE_SIZES]
+    passed, reason = judge(spec, "A3.3", SEED, _line(whole))
+    assert reason == (
+        "FAIL (size 1: rank 0 sent 12 bytes; a ring allreduce sends 2(N-1)/N of the buffer, "
+        "0 to 8 bytes here: one chunk of S/N per step, N - 1 steps of reduce-scatter then N - 1 "
+        "of allgather)"
+    ), reason
+    right = [_ring_ranks(size) for size in PROBE_SIZES]
+    passed, reason = judge(spec, "A3.3", SEED, _line(right))  # the probes pass; no training run
+    assert reason == "FAIL (the answer returned no result for this case)", reason
+    passed, reason = judge(spec, "A3.3", SEED, _line([*right, "trained"]))
+    assert reason == "FAIL (the training run returned no result)", reason
 
 
 def test_the_grader_judges_a3_2_from_the_buckets_alone():
