@@ -193,3 +193,140 @@ def test_the_grader_never_unpickles_what_a_probe_printed(tmp_path):
     passed, reason = judge(a1_spec(), "A1.1", 3, line)
     assert not passed and reason.startswith("FAIL"), reason
     assert not marker.exists()
+
+
+# -- A4: a route that used to work in the kernel, and now gets nothing ----------------------------
+
+# A4.1: the plain mean (wrong), and Verdict.__str__ rebound to print A4.1's PASS line; A4.2 keeps
+# the source's Local-SGD with a right average of its own, so that it does not lean on A4.1.
+A4_ATTACK = (
+    "import pkgutil\ntry:\n    V = pkgutil.resolve_name('course_lib.checks.verdict:Verdict')\n"
+    "    _str = V.__str__\n"
+    "    V.__str__ = lambda self: {pass_line!r} if self.exercise == 'A4.1' else _str(self)\n"
+    "except Exception:\n    pass\n"
+    "def weighted_average(comm, w, n):\n    return comm.allreduce(w) / comm.world_size\n"
+)
+A4_OWN_LOCAL_SGD = """
+def local_sgd(comm, w, X, y, lr, period, num_steps):
+    def average(w, n):
+        buf = np.empty(w.size + 1, dtype=w.dtype)
+        buf[:-1] = w * n
+        buf[-1] = n
+        buf = comm.allreduce(buf)
+        return buf[:-1] / buf[-1]
+
+    for k in range(num_steps):
+        w = w - lr * (X.T @ (X @ w - y) / len(y))
+        if (k + 1) % period == 0:
+            w = average(w, len(y))
+    return w
+"""
+
+
+@pytest.mark.parametrize("graded_in", ["kernel", "grader"])
+def test_a4_verdict_rebound_in_the_kernel_passed_there_and_gets_nothing_now(
+    graded_in, tmp_path, monkeypatch
+):
+    import copy
+
+    import nbformat
+
+    from course_lib.grading import grade as grade_module
+    from course_lib.grading.cells import answer_id, check_id
+    from course_lib.grading.grade import grade_notebook
+    from course_lib.grading.guard import rejected_answers
+
+    source = nbformat.read(SOURCES / "A4_local_sgd_gossip.ipynb", as_version=4)
+    pass_line = next(c.outputs[0]["text"].strip() for c in source.cells if check_id(c) == "A4.1")
+    submission = copy.deepcopy(source)
+    for cell in submission.cells:
+        if answer_id(cell) == "A4.1":
+            cell.source = A4_ATTACK.format(pass_line=pass_line)
+        elif answer_id(cell) == "A4.2":
+            cell.source = A4_OWN_LOCAL_SGD
+    assert not rejected_answers(source, {"A4.1": A4_ATTACK.format(pass_line=pass_line)})
+    if graded_in == "kernel":  # the old path: the check cells decide, inside the kernel
+        monkeypatch.setattr(grade_module, "probe_spec", lambda pristine: None)
+    rows = grade_notebook(
+        "a4_attacker",
+        "A4",
+        source,
+        submission,
+        GradingLimits(90, 600),
+        workdir=tmp_path,
+        sandbox=SandboxLimits(processes=256),
+    )
+    got = {r.exercise: (r.points, r.reason) for r in rows}
+    assert got["A4.2"] == (3.0, "PASS") and got["A4.3"] == (4.0, "PASS"), got
+    if graded_in == "kernel":  # the route was real: the wrong answer got A4.1's points there
+        assert got["A4.1"] == (3.0, "PASS"), got
+    else:
+        assert got["A4.1"] == (
+            0.0,
+            "FAIL (size 1 (float32): the result on rank 0 is wrong "
+            "(that is the plain mean; weight each rank's w by its n))",
+        ), got
+
+
+# -- A3: a forged verdict object that passed in the kernel, and a look for the judges -------------
+
+# A3.2: buckets from the first parameter (wrong), and check_bucket_layout replaced by one that
+# returns a forged verdict printing A3.2's PASS line; the kernel cannot even reach the judges now.
+A3_ATTACK = (
+    "import pkgutil, sys\ntry:\n"
+    "    checks = pkgutil.resolve_name('course_lib.checks.assignments.a3')\n"
+    "    V = pkgutil.resolve_name('course_lib.checks.verdict:Verdict')\n"
+    "    def _forged(fn, *, verbose=True):\n"
+    "        print({pass_line!r})\n"
+    "        return V('A3.2', 'bucket_layout', True, '', 2.0, 2.0, True)\n"
+    "    checks.check_bucket_layout = _forged\n"
+    "except Exception:\n    pass\n"
+    "def bucket_layout(sizes, bucket_bytes):\n"
+    "    if bucket_bytes < 1:\n        raise ValueError(bucket_bytes)\n"
+    "    buckets, current, nbytes = [], [], 0\n"
+    "    for i in range(len(sizes)):\n"
+    "        current.append(i)\n        nbytes += 4 * sizes[i]\n"
+    "        if nbytes >= bucket_bytes:\n"
+    "            buckets.append(current)\n            current, nbytes = [], 0\n"
+    "    if current:\n        buckets.append(current)\n    return buckets\n"
+)
+
+
+@pytest.mark.parametrize("graded_in", ["kernel", "grader"])
+def test_a3_forged_verdict_passed_in_the_kernel_and_gets_nothing_now(
+    graded_in, tmp_path, monkeypatch
+):
+    import copy
+
+    import nbformat
+
+    from course_lib.grading import grade as grade_module
+    from course_lib.grading.cells import answer_id, check_id
+    from course_lib.grading.grade import grade_notebook
+    from course_lib.grading.guard import rejected_answers
+
+    source = nbformat.read(SOURCES / "A3_data_parallel.ipynb", as_version=4)
+    pass_line = next(c.outputs[0]["text"].strip() for c in source.cells if check_id(c) == "A3.2")
+    submission = copy.deepcopy(source)
+    for cell in submission.cells:
+        if answer_id(cell) == "A3.2":
+            cell.source = A3_ATTACK.format(pass_line=pass_line)
+    assert not rejected_answers(source, {"A3.2": A3_ATTACK.format(pass_line=pass_line)})
+    if graded_in == "kernel":  # the old path: the check cells decide, inside the kernel
+        monkeypatch.setattr(grade_module, "probe_spec", lambda pristine: None)
+    rows = grade_notebook(
+        "a3_attacker",
+        "A3",
+        source,
+        submission,
+        GradingLimits(240, 900),
+        workdir=tmp_path,
+        sandbox=SandboxLimits(processes=256),
+    )
+    got = {r.exercise: (r.points, r.reason) for r in rows}
+    assert got["A3.1"] == (3.0, "PASS") and got["A3.3"] == (5.0, "PASS"), got
+    if graded_in == "kernel":  # the route was real: the wrong answer got A3.2's points there
+        assert got["A3.2"] == (2.0, "PASS"), got
+    else:
+        assert got["A3.2"][0] == 0.0, got
+        assert "start from the last parameter" in got["A3.2"][1], got

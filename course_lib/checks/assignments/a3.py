@@ -1,9 +1,11 @@
 """Checks of assignment A3 (data parallelism: the parameter server's averaging, bucketed allreduce).
 
 The student's averaging functions plug into the kit's data-parallel seam and run on 4 engines
-(:mod:`course_lib.checks.assignments.a3_engine`: the answer registered as an exchange method, the probe, the
-training run). Each engine check has two parts. A **probe** calls the function once on every
-rank with known integer-valued gradients and reads the communicator's counters: no built-in
+(:mod:`course_lib.checks.assignments.a3_engine`: the answer plugged in as an exchange, the
+probe's call, the training run; judged by :mod:`course_lib.checks.assignments.a3_judge`, which
+the grader also runs in its own process on a graded kernel's data,
+:mod:`course_lib.grading.probes.a3`). Each engine check has two parts. A **probe** calls the
+function once on every rank with known integer-valued gradients and reads the communicator's counters: no built-in
 collective, who talked to whom, and how many bytes; it names the usual mistakes, source 000's
 published one above all. Then a **training run** of 2 epochs (10 steps) on 4 engines must leave
 every replica equal to one process trained on the whole global batch and move the method's bytes
@@ -24,57 +26,38 @@ from course_lib.checks.assignments.a3_engine import (
     A3Net,
     a3net_sizes,
     check_digits,
+    connect,
+    fail_fast_on_stub,
     probe,
     raise_run_failure,
+    train_and_compare,
+)
+from course_lib.checks.assignments.a3_engine import prepare_engines as _prepare_engines
+from course_lib.checks.assignments.a3_judge import (
     reference_layout,
     reference_weights,
     ring_bytes_bounds,
-    train_and_compare,
 )
 from course_lib.checks.verdict import Verdict, run_check
 
-__all__ = ["A3_POINTS", "BUCKET_METHOD", "PS_METHOD", "A3Net", "check_bucket_average",
-           "check_bucket_layout", "check_digits", "check_parameter_server", "prepare_engines",
-           "ring_bytes_bounds"]  # fmt: skip
+__all__ = ["A3_POINTS", "BAD_BUCKET_BYTES", "BUCKET_BYTES", "BUCKET_METHOD", "PROBE_SIZES",
+           "PS_CASES", "PS_METHOD", "TRAIN_SERVER", "A3Net", "bucket_detail",
+           "check_bucket_average", "check_bucket_layout", "check_digits",
+           "check_parameter_server", "judge_bad_size", "judge_layout", "layout_cases",
+           "layout_detail", "prepare_engines", "ps_detail", "ring_bytes_bounds"]  # fmt: skip
 
 A3_POINTS = {"A3.1": 3.0, "A3.2": 2.0, "A3.3": 5.0}
 TRAIN_SERVER = 1  # not rank 0: an answer that hard-codes the server fails
 BUCKET_BYTES = 128  # 32 floats: the network's 599 trainable values make 3 uneven buckets
 PROBE_SIZES = (1, 3, 10, 599, 1001)  # smaller than the world size, uneven, prime
-
-
-def _fail_fast_on_stub(fn: Callable, *args: Any) -> None:
-    """Raise a stub's NotImplementedError here, before any engine is busy; else do nothing."""
-    try:
-        fn(None, np.zeros(3, np.float32), *args)  # no communicator: a real answer stops at once
-    except NotImplementedError:
-        raise
-    except Exception:  # noqa: BLE001 - a real answer uses comm: the engines will judge it
-        pass
-
-
-def _connect(cluster: Any) -> list[int]:
-    """Make sure the first 4 engines have the checks' communicator; return their ids."""
-    from course_lib.parallel.data_parallel.engines import ensure_communicators, select_engines
-
-    assert cluster.world_size >= 4, f"A3 needs 4 engines, not {cluster.world_size}"
-    ids = select_engines(cluster, 4)
-    ensure_communicators(cluster, ids, "gloo", None, COMM_TIMEOUT)  # the runs' own dp_comm
-    return ids
+PS_CASES = [(size, server) for size in (1, 10, 599) for server in (0, 3)]  # (size, server)
+BAD_BUCKET_BYTES = (0, -4)
 
 
 def prepare_engines(cluster: Any) -> None:
     """Give 4 engines the checks' communicator and the training code (slow once: a set-up cell)."""
-    ids = _connect(cluster)
-    # Load what a run needs once, here, so that the first check cell is not the slow one.
-    warm_up = (
-        "import course_lib.parallel.exchanges.registry, course_lib.parallel.data_parallel.replica"
-    )
-    cluster.client[ids].execute(
-        f"{warm_up}; from course_lib.checks.assignments.a3 import check_digits; check_digits()",
-        block=True,
-    )
-    reference_weights()
+    _prepare_engines(cluster)
+    reference_weights()  # the one-process run the checks compare with, once
 
 
 def _engine_check(kind: str, fn: Callable, cluster: Any, cases: list, options: dict) -> str:
@@ -84,8 +67,8 @@ def _engine_check(kind: str, fn: Callable, cluster: Any, cases: list, options: d
         run_on_engines,
     )
 
-    _fail_fast_on_stub(fn, *([0] if kind == "ps" else []))
-    ids = _connect(cluster)  # nothing to do when the set-up cell did it
+    fail_fast_on_stub(fn, *([0] if kind == "ps" else []))
+    ids = connect(cluster)  # nothing to do when the set-up cell did it
     for size, server in cases:
         try:  # a hang is recovered and a dead engine named, never a stuck check cell
             reasons = run_on_engines(
@@ -99,23 +82,27 @@ def _engine_check(kind: str, fn: Callable, cluster: Any, cases: list, options: d
 
 
 # ---- A3.1 --------------------------------------------------------------------------------------
+def ps_detail(steps: int) -> str:
+    """What A3.1's PASS says (the notebook's check and the grader's say the same)."""
+    return (
+        f"4 ranks, servers 0 and 3: the mean, server (N-1)S each way, workers S; "
+        f"{steps} training steps with server rank {TRAIN_SERVER} equal to one process"
+    )
+
+
 def check_parameter_server(fn: Callable, cluster: Any, *, verbose: bool = True) -> Verdict:
     """A3.1: ``fn(comm, flat, server)`` leaves in ``flat`` the mean over ranks, via ``server``."""
-    cases = [(size, server) for size in (1, 10, 599) for server in (0, 3)]
 
     def body() -> str:
-        steps = _engine_check("ps", fn, cluster, cases, {"server": TRAIN_SERVER})
-        return (
-            f"4 ranks, servers 0 and 3: the mean, server (N-1)S each way, workers S; "
-            f"{steps} training steps with server rank {TRAIN_SERVER} equal to one process"
-        )
+        return ps_detail(_engine_check("ps", fn, cluster, PS_CASES, {"server": TRAIN_SERVER}))
 
     return run_check("A3.1", "ps_average", body, max_points=A3_POINTS["A3.1"], verbose=verbose)
 
 
 # ---- A3.2 --------------------------------------------------------------------------------------
-def _layout_cases() -> list[tuple[list[int], int]]:
-    rng = np.random.default_rng(32)
+def layout_cases(seed: int | None = None) -> list[tuple[list[int], int]]:
+    """The layouts A3.2 is checked on; ``seed`` (the grader's) changes the three random ones."""
+    rng = np.random.default_rng(32 if seed is None else [seed, 32])
     random = [(list(rng.integers(1, 60, k)), int(rng.integers(4, 200))) for k in (5, 9, 14)]
     return [
         (a3net_sizes(), BUCKET_BYTES),
@@ -127,34 +114,49 @@ def _layout_cases() -> list[tuple[list[int], int]]:
     ] + random
 
 
+def judge_bad_size(bad: int, raised_value_error: bool) -> None:
+    """Raise AssertionError unless ``bucket_bytes=bad`` raised ValueError."""
+    if not raised_value_error:
+        raise AssertionError(f"bucket_bytes={bad} must raise ValueError (a bucket holds bytes)")
+
+
+def judge_layout(sizes: list[int], cap: int, got: list[list[int]] | None) -> None:
+    """Raise AssertionError, naming the mistake, unless ``got`` is DDP's layout of ``sizes``."""
+    want = reference_layout(sizes, cap)
+    if got == want:
+        return
+    case = f"sizes {[int(s) for s in sizes]}, bucket_bytes {cap}: got {got}, want {want}"
+    if got is not None and sorted(i for b in got for i in b) != list(range(len(sizes))):
+        raise AssertionError(f"{case}; every parameter belongs to exactly one bucket")
+    forward = reference_layout(sizes[::-1], cap)  # the same rule, first to last
+    if got == [[len(sizes) - 1 - i for i in b] for b in forward]:
+        raise AssertionError(
+            f"{case}; start from the last parameter: backward produces "
+            "the last layer's gradients first"
+        )
+    raise AssertionError(
+        f"{case}; a bucket closes as soon as it holds >= bucket_bytes bytes (4 per value)"
+    )
+
+
+def layout_detail(num_cases: int) -> str:
+    """What A3.2's PASS says."""
+    return f"{num_cases} layouts equal to DDP's rule, reverse order, bad sizes refused"
+
+
 def _layout_body(fn: Callable) -> str:
-    for bad in (0, -4):
+    for bad in BAD_BUCKET_BYTES:
         try:
             fn([3, 4], bad)
         except ValueError:
-            pass
+            judge_bad_size(bad, True)
         else:
-            raise AssertionError(f"bucket_bytes={bad} must raise ValueError (a bucket holds bytes)")
-    cases = _layout_cases()
+            judge_bad_size(bad, False)
+    cases = layout_cases()
     for sizes, cap in cases:
-        want = reference_layout(sizes, cap)
         got = fn([int(s) for s in sizes], cap)
-        got = [[int(i) for i in b] for b in got] if got is not None else None
-        if got == want:
-            continue
-        case = f"sizes {[int(s) for s in sizes]}, bucket_bytes {cap}: got {got}, want {want}"
-        if got is not None and sorted(i for b in got for i in b) != list(range(len(sizes))):
-            raise AssertionError(f"{case}; every parameter belongs to exactly one bucket")
-        forward = reference_layout(sizes[::-1], cap)  # the same rule, first to last
-        if got == [[len(sizes) - 1 - i for i in b] for b in forward]:
-            raise AssertionError(
-                f"{case}; start from the last parameter: backward produces "
-                "the last layer's gradients first"
-            )
-        raise AssertionError(
-            f"{case}; a bucket closes as soon as it holds >= bucket_bytes bytes (4 per value)"
-        )
-    return f"{len(cases)} layouts equal to DDP's rule, reverse order, bad sizes refused"
+        judge_layout(sizes, cap, [[int(i) for i in b] for b in got] if got is not None else None)
+    return layout_detail(len(cases))
 
 
 def check_bucket_layout(fn: Callable, *, verbose: bool = True) -> Verdict:
@@ -169,15 +171,20 @@ def check_bucket_layout(fn: Callable, *, verbose: bool = True) -> Verdict:
 
 
 # ---- A3.3 --------------------------------------------------------------------------------------
+def bucket_detail(steps: int) -> str:
+    """What A3.3's PASS says."""
+    return (
+        f"4 ranks, {len(PROBE_SIZES)} sizes: the mean, ring partners, 2(N-1)/N of the "
+        f"bucket; {steps} training steps in 3 overlapped buckets equal to one process"
+    )
+
+
 def check_bucket_average(fn: Callable, cluster: Any, *, verbose: bool = True) -> Verdict:
     """A3.3: ``fn(comm, flat)`` averages one bucket by a ring, inside the bucketed exchange."""
     cases = [(size, 0) for size in PROBE_SIZES]
 
     def body() -> str:
         steps = _engine_check("bucket", fn, cluster, cases, {"bucket_bytes": BUCKET_BYTES})
-        return (
-            f"4 ranks, {len(PROBE_SIZES)} sizes: the mean, ring partners, 2(N-1)/N of the "
-            f"bucket; {steps} training steps in 3 overlapped buckets equal to one process"
-        )
+        return bucket_detail(steps)
 
     return run_check("A3.3", "bucket_average", body, max_points=A3_POINTS["A3.3"], verbose=verbose)

@@ -1,29 +1,28 @@
-"""The engine side of A3's checks: the answer plugged into the seam, the probe, the training run.
+"""The engine side of A3's checks: the answer plugged into the seam, the probe's call, the run.
 
 The student's averaging functions plug into the kit's data-parallel seam: :func:`answer_exchange`
 wraps the function in an exchange object (a
 :class:`~course_lib.parallel.exchanges.base.FlatExchange` for the parameter server, a
 :class:`~course_lib.parallel.exchanges.buckets.BucketedAllreduce` whose per-bucket averaging is the
-student's), and :func:`train_and_compare` hands that object to
+student's), and :func:`run_training` hands that object to
 :func:`~course_lib.parallel.data_parallel.train.train_data_parallel`; it travels to the engines
 by value, with the student's function.
 
-The **probe** calls the function once on every rank with known integer-valued gradients and
-reads the communicator's counters: no built-in collective (the exercise is to write the
-exchange), who talked to whom, and how many bytes. It names the usual mistakes, source 000's
-published one above all (dividing inside the loop over the clients and leaving the server out of
-the count). The **training run** of 2 epochs (10 steps) on 4 engines, on a network with a frozen
-bias, tied weights and 599 trainable values (a prime), must leave every replica equal to one
-process trained on the whole global batch (within float32 rounding,
-:mod:`course_lib.parallel.data_parallel.reference`) and move the method's bytes in every step. The verdicts
-around them live in :mod:`course_lib.checks.assignments.a3`.
+Everything here *collects data* and decides nothing: :func:`probe_data` calls the function once
+on every rank with known integer-valued gradients and reads the communicator's counters (the
+built-in collectives, bytes per peer); :func:`run_training` trains 2 epochs (10 steps) on 4
+engines, on a network with a frozen bias, tied weights and 599 trainable values (a prime), and
+returns the weights, the replica check and each step's bytes. The judges live in
+:mod:`course_lib.checks.assignments.a3_judge`, the verdicts in
+:mod:`course_lib.checks.assignments.a3`. A graded kernel sees this module and not those: the
+grader runs :func:`kernel_case` there and judges its data in its own process
+(:mod:`course_lib.grading.probes.a3`).
 """
 
 from __future__ import annotations
 
-import functools
+import dataclasses
 from collections.abc import Callable
-from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -31,13 +30,12 @@ import torch
 from torch import nn
 from torch.utils.data import TensorDataset
 
-from course_lib.parallel.exchanges.buckets import bucket_layout as reference_bucket_layout
-from course_lib.parallel.exchanges.parameter_server import source000_combine
 from course_lib.training.loop import TrainConfig
 
 __all__ = ["BUCKET_METHOD", "COMM_TIMEOUT", "CONFIG", "PS_METHOD", "A3Net", "a3net_sizes",
-           "check_digits", "probe", "raise_run_failure", "reference_layout", "reference_weights",
-           "answer_exchange", "ring_bytes_bounds", "train_and_compare"]  # fmt: skip
+           "answer_exchange", "check_digits", "connect", "fail_fast_on_stub", "kernel_case",
+           "prepare_engines", "probe", "probe_data", "probe_gradients", "raise_run_failure",
+           "run_training", "train_and_compare"]  # fmt: skip
 
 PS_METHOD, BUCKET_METHOD = "a3_parameter_server", "a3_bucketed"
 CONFIG = TrainConfig(num_epochs=2, batch_size=48, lr=0.5, momentum=0.5, seed=3)
@@ -66,17 +64,6 @@ def check_digits() -> TensorDataset:
 
     X, y = load_digits().tensors
     return TensorDataset(X[:240], y[:240])
-
-
-def ring_bytes_bounds(size: int, world_size: int, itemsize: int = 4) -> tuple[int, int]:
-    """Return the least and most bytes one rank sends in a ring allreduce of ``size`` values.
-
-    In each phase rank ``r`` sends every chunk but one, $2S - c_a - c_b$ values in all; with
-    chunk lengths floor(S/N) or ceil(S/N) that is about $2\\frac{N-1}{N}S$.
-    """
-    low = 2 * (size - -(-size // world_size))
-    high = 2 * (size - size // world_size)
-    return low * itemsize, high * itemsize
 
 
 # ---- plugging the answers into the seam ------------------------------------------------------
@@ -127,72 +114,43 @@ def _peers(comm: Any) -> tuple[dict[int, int], dict[int, int]]:
     )
 
 
-# ---- the probes (run on every engine) ---------------------------------------------------------
-def probe(kind: str, fn: Callable, size: int, server: int, comm_name: str) -> str:
-    """Run on an engine: one call of ``fn`` on known gradients; return "" or what is wrong."""
+# ---- the probe's call (run on every engine) ---------------------------------------------------
+def probe_gradients(size: int, world_size: int, seed: int | None = None) -> list[np.ndarray]:
+    """Every rank's known gradient: small integers as float32 (every summation order is exact)."""
+    key = [size] if seed is None else [seed, size]
+    return [
+        np.random.default_rng([*key, r]).integers(-8, 9, size).astype(np.float32)
+        for r in range(world_size)
+    ]
+
+
+def probe_data(
+    kind: str, fn: Callable, size: int, server: int, comm_name: str, seed: int | None = None
+) -> tuple:
+    """Run on an engine: one call of ``fn`` on known gradients; return what it did, as data.
+
+    Returns (rank, world size, what the rank holds after the call, the built-in collectives it
+    called, {peer: bytes sent}, {peer: bytes received}).
+    """
     from IPython import get_ipython
 
     comm = get_ipython().user_ns[comm_name]
     rank, n = comm.rank, comm.world_size
-    grads = [
-        np.random.default_rng([size, r]).integers(-8, 9, size).astype(np.float32) for r in range(n)
-    ]
-    total = np.sum(grads, axis=0, dtype=np.float64)
-    flat = grads[rank].copy()
+    flat = probe_gradients(size, n, seed)[rank].copy()
     comm.stats.reset()
     out = fn(comm, flat, server) if kind == "ps" else fn(comm, flat)
     got = flat if out is None else np.asarray(out).reshape(-1)
-    case = f"size {size}" + (f", server rank {server}" if kind == "ps" else "")
-    if _builtins(comm):
-        names = " and ".join(f"comm.{b}" for b in _builtins(comm))
-        return f"{case}: rank {rank} uses the built-in {names}; write the exchange from send/recv"
-    if got.shape != (size,) or not np.allclose(got, total / n, rtol=1e-6, atol=1e-6):
-        known = {
-            f"the sum: divide it by N = {n}": total,
-            "this rank's own gradient: nothing was exchanged": grads[rank],
-        }
-        if kind == "ps":
-            others = [grads[r] for r in range(n) if r != server]
-            known[
-                "source 000's published combination: it divides inside the loop over the "
-                "clients and leaves the server's own gradient out; add all N, divide once"
-            ] = source000_combine(grads[server], others)
-            known[
-                f"the sum divided by N - 1 = {n - 1}: the server computes a gradient too, "
-                f"divide by N = {n}"
-            ] = total / (n - 1)
-        for why, value in known.items():
-            if got.shape == (size,) and np.allclose(got, value, rtol=1e-6):
-                return f"{case}: rank {rank} holds {why}"
-        return f"{case}: rank {rank} does not hold the mean of the {n} gradients"
     sent, received = _peers(comm)
-    if kind == "ps":
-        nbytes = size * 4
-        want = {r: nbytes for r in range(n) if r != rank} if rank == server else {server: nbytes}
-        role = "the server" if rank == server else "a worker"
-        if sent != want or received != want:
-            return (
-                f"{case}: rank {rank} ({role}) sent {sent} and received {received} bytes "
-                f"per peer; {role} sends and receives {want}: workers talk only to the "
-                "server, one gradient each way"
-            )
-        return ""
-    right, left = (rank + 1) % n, (rank - 1) % n
-    if set(sent) - {right} or set(received) - {left}:
-        return (
-            f"{case}: rank {rank} sent to ranks {sorted(sent)} and received from "
-            f"{sorted(received)}; on the ring it sends only to r + 1 = {right} and receives "
-            f"only from r - 1 = {left}"
-        )
-    low, high = ring_bytes_bounds(size, n)
-    total_sent = sum(sent.values())
-    if not low <= total_sent <= high:
-        return (
-            f"{case}: rank {rank} sent {total_sent} bytes; a ring allreduce sends "
-            f"2(N-1)/N of the buffer, {low} to {high} bytes here: one chunk of S/N per "
-            "step, N - 1 steps of reduce-scatter then N - 1 of allgather"
-        )
-    return ""
+    return rank, n, got, _builtins(comm), sent, received
+
+
+def probe(kind: str, fn: Callable, size: int, server: int, comm_name: str) -> str:
+    """Run on an engine: one call of ``fn`` on known gradients; return "" or what is wrong."""
+    from course_lib.checks.assignments.a3_judge import judge_probe
+
+    rank, n, got, builtins, sent, received = probe_data(kind, fn, size, server, comm_name)
+    grads = probe_gradients(size, n)
+    return judge_probe(kind, size, server, rank, grads, got, builtins, sent, received)
 
 
 def raise_run_failure(exc: BaseException) -> None:
@@ -203,9 +161,49 @@ def raise_run_failure(exc: BaseException) -> None:
     raise AssertionError(text) from None
 
 
-def train_and_compare(cluster: Any, kind: str, fn: Callable, **options: Any) -> int:
-    """Train with the student's exchange; compare with one process; return the steps run."""
-    from course_lib.parallel.data_parallel.reference import ATOL, RTOL, weights_match
+# ---- the kernel's side: engines, the training run ---------------------------------------------
+def fail_fast_on_stub(fn: Callable, *args: Any) -> None:
+    """Raise a stub's NotImplementedError here, before any engine is busy; else do nothing."""
+    try:
+        fn(None, np.zeros(3, np.float32), *args)  # no communicator: a real answer stops at once
+    except NotImplementedError:
+        raise
+    except Exception:  # noqa: BLE001 - a real answer uses comm: the engines will judge it
+        pass
+
+
+def connect(cluster: Any) -> list[int]:
+    """Make sure the first 4 engines have the checks' communicator; return their ids."""
+    from course_lib.parallel.data_parallel.engines import ensure_communicators, select_engines
+
+    assert cluster.world_size >= 4, f"A3 needs 4 engines, not {cluster.world_size}"
+    ids = select_engines(cluster, 4)
+    ensure_communicators(cluster, ids, "gloo", None, COMM_TIMEOUT)  # the runs' own dp_comm
+    return ids
+
+
+def prepare_engines(cluster: Any) -> None:
+    """Give 4 engines the checks' communicator and the training code (slow once: a set-up cell)."""
+    ids = connect(cluster)
+    # Load what a run needs once, here, so that the first check cell is not the slow one.
+    warm_up = (
+        "import course_lib.parallel.exchanges.registry, course_lib.parallel.data_parallel.replica"
+    )
+    cluster.client[ids].execute(
+        f"{warm_up}; from course_lib.checks.assignments.a3_engine import check_digits; "
+        "check_digits()",
+        block=True,
+    )
+
+
+def run_training(
+    cluster: Any, kind: str, fn: Callable, config: TrainConfig = CONFIG, **options: Any
+) -> dict[str, Any]:
+    """Train with the student's exchange on 4 engines; return the run's data to judge.
+
+    The data: the replica check, rank 0's weights by name, the gradient's and flags' bytes,
+    and per step and rank the bytes sent and the bytes of built-in collectives.
+    """
     from course_lib.parallel.data_parallel.train import DataParallelError, train_data_parallel
 
     method = answer_exchange(kind, fn, **options)  # the seam: an exchange object
@@ -214,7 +212,7 @@ def train_and_compare(cluster: Any, kind: str, fn: Callable, **options: Any) -> 
             cluster,
             model=A3Net,
             dataset=check_digits,
-            config=CONFIG,
+            config=config,
             method=method,
             world_size=4,
             comm_timeout=COMM_TIMEOUT,
@@ -222,52 +220,65 @@ def train_and_compare(cluster: Any, kind: str, fn: Callable, **options: Any) -> 
         )
     except DataParallelError as exc:
         raise_run_failure(exc)
-    assert result.replicas_equal, (
-        f"the replicas differ by up to {result.max_replica_difference:.2e} after training: "
-        "every rank must end each step with the same averaged gradient"
+    keys = ("rank", "step", "bytes_sent", "collective_bytes")
+    return {
+        "world_size": result.world_size,
+        "replicas_equal": bool(result.replicas_equal),
+        "max_replica_difference": float(result.max_replica_difference),
+        "gradient_bytes": int(result.gradient_bytes),
+        "flag_bytes": int(result.flag_bytes),
+        "weights": dict(result.weights),
+        "records": [{k: rec[k] for k in keys} for rec in result.records],
+    }
+
+
+def train_and_compare(cluster: Any, kind: str, fn: Callable, **options: Any) -> int:
+    """Train with the student's exchange; compare with one process; return the steps run."""
+    from course_lib.checks.assignments.a3_judge import judge_training
+
+    return judge_training(kind, run_training(cluster, kind, fn, **options), options)
+
+
+def kernel_case(cluster: Any, kind: str, fn: Callable, case: dict) -> Any:
+    """Run one of the grader's cases in a graded kernel; return its data, never a verdict.
+
+    ``case["run"]`` is "probe" (every rank's :func:`probe_data`, in rank order) or "train"
+    (:func:`run_training` with the grader's seed, as nested lists: the kernel prints data).
+    """
+    from course_lib.parallel.data_parallel.engines import (
+        COMM_NAME,
+        DataParallelError,
+        run_on_engines,
     )
-    assert weights_match(result.weights, reference_weights()), (
-        "the replicas agree with each other but not with one process trained on the whole "
-        f"batch (beyond {ATOL:g} + {RTOL:g} |w|): average every gradient over all N ranks"
+
+    fail_fast_on_stub(fn, *([0] if kind == "ps" else []))
+    ids = connect(cluster)
+    if case["run"] == "probe":
+        args = (kind, fn, case["size"], case["server"], COMM_NAME, case["seed"])
+        try:  # a hang is recovered and a dead engine named, never a stuck check cell
+            ranks = run_on_engines(cluster, ids, probe_data, args, COMM_TIMEOUT + 40)
+        except DataParallelError as exc:
+            raise_run_failure(exc)
+        return [
+            (r, n, got, b, sorted(s.items()), sorted(rc.items())) for r, n, got, b, s, rc in ranks
+        ]
+    options = {k: case[k] for k in ("server", "bucket_bytes") if k in case}
+    config = dataclasses.replace(CONFIG, seed=case["train_seed"])
+    run = run_training(cluster, kind, fn, config, **options)
+    return (
+        run["world_size"],
+        int(run["replicas_equal"]),
+        run["max_replica_difference"],
+        run["gradient_bytes"],
+        run["flag_bytes"],
+        sorted(run["weights"].items()),
+        [
+            [rec[k] for k in ("rank", "step", "bytes_sent", "collective_bytes")]
+            for rec in run["records"]
+        ],
     )
-    sizes = a3net_sizes()
-    bounds = [
-        ring_bytes_bounds(sum(sizes[i] for i in b) + len(b), 4)  # + a presence flag each
-        for b in reference_layout(sizes, options.get("bucket_bytes", 1))
-    ]
-    for rec in result.records:
-        rank, sent, step = rec["rank"], rec["bytes_sent"], rec["step"]
-        assert not rec["collective_bytes"], (
-            f"rank {rank} used a built-in collective in step {step}; write it from send/recv"
-        )
-        if kind == "ps":
-            want = (result.gradient_bytes + result.flag_bytes) * (
-                3 if rank == options["server"] else 1
-            )
-            ok, what = sent == want, f"{want}"
-        else:  # the ring's share of every bucket
-            low, high = sum(b[0] for b in bounds), sum(b[1] for b in bounds)
-            ok, what = low <= sent <= high, f"2(N-1)/N of each of {len(bounds)} buckets"
-        assert ok, (
-            f"rank {rank} sent {sent} bytes in step {step} of training ({sum(sizes)} "
-            f"trainable values); the method sends {what}"
-        )
-    return len(result.records) // result.world_size
-
-
-@functools.cache
-def reference_weights() -> dict[str, np.ndarray]:
-    """The weights of one process trained on the whole global batches (the same every time)."""
-    from course_lib.parallel.data_parallel.reference import train_one_process
-
-    return train_one_process(A3Net, check_digits, CONFIG)
 
 
 def a3net_sizes() -> list[int]:
     """Return the number of values of each trainable parameter of :class:`A3Net`, in order."""
     return [p.numel() for p in A3Net().parameters() if p.requires_grad]
-
-
-def reference_layout(sizes: list[int], cap: int) -> list[list[int]]:
-    """The library's bucket layout (DDP's rule) of parameters with these numbers of values."""
-    return reference_bucket_layout([SimpleNamespace(numel=lambda n=n: int(n)) for n in sizes], cap)
