@@ -19,7 +19,7 @@ from course_lib.checks.assignments.a3 import (
     check_parameter_server,
     ring_bytes_bounds,
 )
-from course_lib.checks.assignments.a3_engine import train_and_compare
+from course_lib.checks.assignments.a3_judge import train_and_compare
 from course_lib.grading import answer_id
 
 pytestmark = pytest.mark.timeout(600)

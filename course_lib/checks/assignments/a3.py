@@ -28,15 +28,15 @@ from course_lib.checks.assignments.a3_engine import (
     check_digits,
     connect,
     fail_fast_on_stub,
-    probe,
     raise_run_failure,
-    train_and_compare,
 )
 from course_lib.checks.assignments.a3_engine import prepare_engines as _prepare_engines
 from course_lib.checks.assignments.a3_judge import (
+    probe,
     reference_layout,
     reference_weights,
     ring_bytes_bounds,
+    train_and_compare,
 )
 from course_lib.checks.verdict import Verdict, run_check
 

@@ -34,8 +34,8 @@ from course_lib.training.loop import TrainConfig
 
 __all__ = ["BUCKET_METHOD", "COMM_TIMEOUT", "CONFIG", "PS_METHOD", "A3Net", "a3net_sizes",
            "answer_exchange", "check_digits", "connect", "fail_fast_on_stub", "kernel_case",
-           "prepare_engines", "probe", "probe_data", "probe_gradients", "raise_run_failure",
-           "run_training", "train_and_compare"]  # fmt: skip
+           "prepare_engines", "probe_data", "probe_gradients", "raise_run_failure",
+           "run_training"]  # fmt: skip
 
 PS_METHOD, BUCKET_METHOD = "a3_parameter_server", "a3_bucketed"
 CONFIG = TrainConfig(num_epochs=2, batch_size=48, lr=0.5, momentum=0.5, seed=3)
@@ -144,15 +144,6 @@ def probe_data(
     return rank, n, got, _builtins(comm), sent, received
 
 
-def probe(kind: str, fn: Callable, size: int, server: int, comm_name: str) -> str:
-    """Run on an engine: one call of ``fn`` on known gradients; return "" or what is wrong."""
-    from course_lib.checks.assignments.a3_judge import judge_probe
-
-    rank, n, got, builtins, sent, received = probe_data(kind, fn, size, server, comm_name)
-    grads = probe_gradients(size, n)
-    return judge_probe(kind, size, server, rank, grads, got, builtins, sent, received)
-
-
 def raise_run_failure(exc: BaseException) -> None:
     """Turn a failed run on the engines into the verdict's reason (a stub's: not implemented)."""
     text = str(exc).replace("data-parallel run failed: ", "")
@@ -230,13 +221,6 @@ def run_training(
         "weights": dict(result.weights),
         "records": [{k: rec[k] for k in keys} for rec in result.records],
     }
-
-
-def train_and_compare(cluster: Any, kind: str, fn: Callable, **options: Any) -> int:
-    """Train with the student's exchange; compare with one process; return the steps run."""
-    from course_lib.checks.assignments.a3_judge import judge_training
-
-    return judge_training(kind, run_training(cluster, kind, fn, **options), options)
 
 
 def kernel_case(cluster: Any, kind: str, fn: Callable, case: dict) -> Any:

@@ -14,17 +14,26 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+from collections.abc import Callable
 from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
 
-from course_lib.checks.assignments.a3_engine import CONFIG, A3Net, a3net_sizes, check_digits
+from course_lib.checks.assignments.a3_engine import (
+    CONFIG,
+    A3Net,
+    a3net_sizes,
+    check_digits,
+    probe_data,
+    probe_gradients,
+    run_training,
+)
 from course_lib.parallel.exchanges.buckets import bucket_layout as reference_bucket_layout
 from course_lib.parallel.exchanges.parameter_server import source000_combine
 
-__all__ = ["judge_probe", "judge_training", "reference_layout", "reference_weights",
-           "ring_bytes_bounds", "train_config"]  # fmt: skip
+__all__ = ["judge_probe", "judge_training", "probe", "reference_layout", "reference_weights",
+           "ring_bytes_bounds", "train_and_compare", "train_config"]  # fmt: skip
 
 
 def train_config(seed: int | None = None) -> Any:
@@ -167,3 +176,15 @@ def reference_weights(seed: int | None = None) -> dict[str, np.ndarray]:
 def reference_layout(sizes: list[int], cap: int) -> list[list[int]]:
     """The library's bucket layout (DDP's rule) of parameters with these numbers of values."""
     return reference_bucket_layout([SimpleNamespace(numel=lambda n=n: int(n)) for n in sizes], cap)
+
+
+def probe(kind: str, fn: Callable, size: int, server: int, comm_name: str) -> str:
+    """Run on an engine: one call of ``fn`` on known gradients; return "" or what is wrong."""
+    rank, n, got, builtins, sent, received = probe_data(kind, fn, size, server, comm_name)
+    grads = probe_gradients(size, n)
+    return judge_probe(kind, size, server, rank, grads, got, builtins, sent, received)
+
+
+def train_and_compare(cluster: Any, kind: str, fn: Callable, **options: Any) -> int:
+    """Train with the student's exchange; compare with one process; return the steps run."""
+    return judge_training(kind, run_training(cluster, kind, fn, **options), options)

@@ -33,6 +33,7 @@ from typing import Any
 from course_lib.cluster.lab.hosts import LabHosts, LabPC
 from course_lib.cluster.lab.mpi_engines import (
     MPI_ENGINES_FILE,
+    mpi_engine_ids,
     start_mpi_engines,
     stop_mpi_engines,
 )
@@ -283,7 +284,7 @@ def add_pcs(hosts: LabHosts, names: list[str], timeout: float = 120.0) -> tuple[
         )
     security = _security(hosts)
     with _client(hosts) as client:
-        _, _, dropped = roster_report(hosts, security, client)
+        _, _, dropped = roster_report(hosts, security, client, mpi_ids=mpi_engine_ids(security))
         todo = tuple(pc for pc in pcs if pc.host in dropped)
         if not todo:
             return [], time.monotonic() - started
@@ -369,7 +370,10 @@ def lab_status(hosts: LabHosts) -> tuple[bool, str]:
             )
         return False, f"no lab cluster is running in profile {hosts.profile!r}"
     with _client(hosts) as client:
-        ok, lines, dropped = roster_report(hosts, _security(hosts), client)
+        security = _security(hosts)
+        ok, lines, dropped = roster_report(
+            hosts, security, client, mpi_ids=mpi_engine_ids(security)
+        )
         registered = len(client.ids)
     lines += seat_lines(_security(hosts))
     head = f"lab cluster {'OK' if ok else 'INCOMPLETE'}: {registered} of {hosts.engines + hosts.mpi_ranks} engines "

@@ -26,6 +26,7 @@ import os
 import socket
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -140,23 +141,25 @@ def _answers(client: Any, within: float) -> tuple[set[int], set[int]]:
 
 
 def roster_report(
-    hosts: LabHosts, security: Path, client: Any, within: float | None = None
+    hosts: LabHosts,
+    security: Path,
+    client: Any,
+    within: float | None = None,
+    mpi_ids: Sequence[int] = (),
 ) -> tuple[bool, list[str], list[str]]:
     """Return (every PC has all its engines, per-PC lines, the PCs that dropped out).
 
     An engine that does not answer at once is waited for until the controller's heartbeat has
     decided (``within``, default the heartbeat bound plus 5 s): unregistered means gone; still
     registered means alive but busy (its heartbeat is answered by a thread of its own).
+    ``mpi_ids``: the lab's MPI world (:mod:`course_lib.cluster.lab.mpi_engines`), on a line of
+    its own rather than counted with their PCs' engines.
     """
     if within is None:
         within = (HEARTBEAT_MISSES + 1) * HEARTBEAT_MS / 1000 + 5
     roster = read_roster(security)
     answered, busy = _answers(client, within)
     registered = answered | busy
-
-    from course_lib.cluster.lab.mpi_engines import mpi_engine_ids
-
-    mpi_ids = mpi_engine_ids(security)
 
     def pc_host(eid: int) -> str | None:
         return roster.get(eid, {}).get("pc")
