@@ -658,6 +658,31 @@ def test_a5_source_answers_get_their_points_and_a_stub_loses_its_own_and_its_use
         assert reasons[exercise].startswith("FAIL (not implemented yet: Exercise A5.3: "), reasons
 
 
+@pytest.mark.slow
+def test_a5_graded_by_the_grader_source_full_stub_nothing_each_mistake_only_its_exercise():
+    # A5 is judged outside the kernel (course_lib.grading.probes.a5), on a fresh seed per run.
+    from course_lib.grading.attacks.submissions import A5_MISTAKES, edit_answer
+    from course_lib.grading.probes.registry import probe_spec
+
+    source = _source("A5_compression")
+    assert probe_spec(source) is not None  # the probes, not the in-kernel checks
+    rows = grade_notebook("teacher", "A5", source, source, LIMITS)
+    assert _points(rows) == A5_FULL, rows
+    rows = grade_notebook("blank", "A5", source, _released("A5_compression"), LIMITS)
+    assert _points(rows) == dict.fromkeys(A5_FULL, 0.0), rows
+    assert all(r.reason.startswith("FAIL (not implemented yet: Exercise A5.") for r in rows), rows
+    answers = {answer_id(c): c.source for c in source.cells if answer_id(c)}
+    submission = source
+    for exercise, old, new, _ in A5_MISTAKES:
+        submission = _with_answer(submission, exercise, edit_answer(answers[exercise], old, new))
+    rows = grade_notebook("typical", "A5", source, submission, LIMITS)
+    wrong = {exercise: 0.0 for exercise, *_ in A5_MISTAKES}
+    assert _points(rows) == dict(A5_FULL, **wrong), rows
+    reasons = {row.exercise: row.reason for row in rows}
+    for exercise, _, _, reason in A5_MISTAKES:
+        assert reasons[exercise].startswith("FAIL (") and reason in reasons[exercise], reasons
+
+
 # -- the A2 checks on engines, without notebooks --------------------------------------------------
 
 

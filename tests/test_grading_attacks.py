@@ -193,3 +193,50 @@ def test_the_grader_never_unpickles_what_a_probe_printed(tmp_path):
     passed, reason = judge(a1_spec(), "A1.1", 3, line)
     assert not passed and reason.startswith("FAIL"), reason
     assert not marker.exists()
+
+
+# -- A5: the kernel returns arrays and counts; the grader judges -----------------------------------
+
+
+@pytest.mark.slow
+def test_a5_routes_that_won_in_the_kernel_get_nothing_from_the_grader(tmp_path, monkeypatch):
+    import copy
+
+    import nbformat
+
+    from course_lib.grading.attacks.submissions import A5_ATTACKS, edit_answer
+    from course_lib.grading.cells import answer_id, check_id
+    from course_lib.grading.grade import grade_notebook
+    from course_lib.grading.guard import rejected_answers
+    from course_lib.grading.probes import registry
+
+    source = nbformat.read(SOURCES / "A5_compression.ipynb", as_version=4)
+    passes = {check_id(c): c.outputs[0]["text"].strip() for c in source.cells if check_id(c)}
+    submission = copy.deepcopy(source)
+    for cell in submission.cells:
+        exercise = answer_id(cell)
+        if exercise in A5_ATTACKS:
+            prefix, old, new, _ = A5_ATTACKS[exercise]
+            cell.source = edit_answer(
+                cell.source, old, new, prefix.format(pass_line=passes[exercise])
+            )
+        elif exercise == "A5.6":  # no training: this test is about the verdicts
+            cell.source = "def a5_compressor():\n    raise NotImplementedError('Exercise A5.6')\n"
+    answers = {answer_id(c): c.source for c in submission.cells if answer_id(c)}
+    assert not rejected_answers(source, answers)  # past the guard
+    limits, sandbox = GradingLimits(90, 600), SandboxLimits(processes=256)
+
+    def grade() -> dict:
+        rows = grade_notebook("a5_attacker", "A5", source, submission, limits, workdir=tmp_path,
+                              sandbox=sandbox)  # fmt: skip
+        return {r.exercise: r for r in rows}
+
+    with monkeypatch.context() as patch:  # the checks in the kernel, as before: the routes win
+        patch.delitem(registry.CONVERTED, "A5", raising=False)
+        before = grade()
+    assert {ex: before[ex].points for ex in A5_ATTACKS} == {"A5.1": 2.0, "A5.4": 2.0}, before
+    rows = grade()
+    assert {ex: rows[ex].points for ex in A5_ATTACKS} == {"A5.1": 0.0, "A5.4": 0.0}, rows
+    for exercise, (*_, reason) in A5_ATTACKS.items():
+        assert re.search(reason, rows[exercise].reason), rows[exercise].reason
+    assert rows["A5.2"].points == 1.0 and rows["A5.3"].points == 2.0, rows  # the honest ones
