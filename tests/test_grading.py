@@ -658,28 +658,39 @@ def test_a5_source_answers_get_their_points_and_a_stub_loses_its_own_and_its_use
         assert reasons[exercise].startswith("FAIL (not implemented yet: Exercise A5.3: "), reasons
 
 
+A6_FULL = {"A6.1": 2.0, "A6.2": 3.0, "A6.3": 3.0, "A6.4": 2.0}
+
+
 @pytest.mark.slow
-def test_a5_graded_by_the_grader_source_full_stub_nothing_each_mistake_only_its_exercise():
-    # A5 is judged outside the kernel (course_lib.grading.probes.a5), on a fresh seed per run.
-    from course_lib.grading.attacks.submissions import A5_MISTAKES, edit_answer
+@pytest.mark.parametrize(
+    ("assignment", "name", "full"),
+    [("A5", "A5_compression", A5_FULL), ("A6", "A6_model_pipeline", A6_FULL)],
+    ids=["a5", "a6"],
+)
+def test_graded_by_the_grader_source_full_stub_nothing_each_mistake_only_its_exercise(
+    assignment, name, full
+):
+    # Judged outside the kernel (course_lib.grading.probes.a5 / a6), on a fresh seed per run.
+    from course_lib.grading.attacks import submissions
     from course_lib.grading.probes.registry import probe_spec
 
-    source = _source("A5_compression")
+    mistakes = getattr(submissions, f"{assignment}_MISTAKES")
+    source = _source(name)
     assert probe_spec(source) is not None  # the probes, not the in-kernel checks
-    rows = grade_notebook("teacher", "A5", source, source, LIMITS)
-    assert _points(rows) == A5_FULL, rows
-    rows = grade_notebook("blank", "A5", source, _released("A5_compression"), LIMITS)
-    assert _points(rows) == dict.fromkeys(A5_FULL, 0.0), rows
-    assert all(r.reason.startswith("FAIL (not implemented yet: Exercise A5.") for r in rows), rows
+    rows = grade_notebook("teacher", assignment, source, source, LIMITS)
+    assert _points(rows) == full, rows
+    rows = grade_notebook("blank", assignment, source, _released(name), LIMITS)
+    assert _points(rows) == dict.fromkeys(full, 0.0), rows
+    assert all(r.reason.startswith("FAIL (not implemented yet: Exercise ") for r in rows), rows
     answers = {answer_id(c): c.source for c in source.cells if answer_id(c)}
     submission = source
-    for exercise, old, new, _ in A5_MISTAKES:
-        submission = _with_answer(submission, exercise, edit_answer(answers[exercise], old, new))
-    rows = grade_notebook("typical", "A5", source, submission, LIMITS)
-    wrong = {exercise: 0.0 for exercise, *_ in A5_MISTAKES}
-    assert _points(rows) == dict(A5_FULL, **wrong), rows
+    for exercise, old, new, _ in mistakes:
+        edited = submissions.edit_answer(answers[exercise], old, new)
+        submission = _with_answer(submission, exercise, edited)
+    rows = grade_notebook("typical", assignment, source, submission, LIMITS)
+    assert _points(rows) == dict(full, **{exercise: 0.0 for exercise, *_ in mistakes}), rows
     reasons = {row.exercise: row.reason for row in rows}
-    for exercise, _, _, reason in A5_MISTAKES:
+    for exercise, _, _, reason in mistakes:
         assert reasons[exercise].startswith("FAIL (") and reason in reasons[exercise], reasons
 
 

@@ -1,7 +1,7 @@
 """The attack classes' submissions: an instructor source with given answers, outputs cleared.
 
-Also the typical wrong answers and the in-kernel attacks on A5 that the fairness and attack
-tests grade (each edits the instructor's answer; the reason names the mistake).
+Also the typical wrong answers and the in-kernel attacks on A5 and A6 that the fairness and
+attack tests grade (each edits the instructor's answer; the reason names the mistake).
 """
 
 from __future__ import annotations
@@ -13,7 +13,36 @@ import nbformat
 
 from course_lib.grading.cells import answer_id
 
-__all__ = ["A5_ATTACKS", "A5_MISTAKES", "edit_answer", "write_submission"]
+__all__ = [
+    "A5_ATTACKS",
+    "A5_MISTAKES",
+    "A6_ATTACKS",
+    "A6_MISTAKES",
+    "edit_answer",
+    "write_submission",
+]
+
+# The verdict class rebound, reached by name (the check cells print str(verdict)).
+_REBIND_VERDICT = (
+    "import pkgutil\ntry:\n    V = pkgutil.resolve_name('course_lib.checks.verdict:Verdict')\n"
+    "    V.__str__ = lambda self: {pass_line!r}\n    V.__bool__ = lambda self: True\n"
+    "except Exception:\n    pass\n"
+)
+
+
+def _forged_check(module: str, check: str, exercise: str, name: str, points: float) -> str:
+    """Code that replaces ``module.check`` (the next check cell imports it) by a forgery."""
+    head, tail = check[: len(check) // 2], check[len(check) // 2 :]  # past the guard's names
+    return (
+        "import sys\ntry:\n    _mods = getattr(sys, 'modules')\n"
+        "    _V = _mods['course_lib.checks.verdict'].Verdict\n"
+        "    def _forged(*args, **kwargs):\n"
+        f"        v = _V({exercise!r}, {name!r}, True, 'forged', {points}, {points}, True)\n"
+        "        print({pass_line!r})\n        return v\n"
+        f"    _m = getattr(_mods[{module!r}], '__di' + 'ct__')\n"
+        f"    _m[{head!r} + {tail!r}] = _forged\nexcept Exception:\n    pass\n"
+    )
+
 
 #: A5's typical mistakes, each local to its exercise: (exercise, solution text, wrong text, reason).
 A5_MISTAKES = [
@@ -35,11 +64,9 @@ A5_MISTAKES = [
 #: exercise -> (code before the answer, solution text, wrong text, reason of the right FAIL).
 #: {pass_line} is the exercise's PASS line from the source's stored output.
 A5_ATTACKS = {
-    # Rebind the verdict class reached through sys.modules; the answer rounds.
+    # Rebind the verdict class reached by name; the answer rounds.
     "A5.1": (
-        "import pkgutil\ntry:\n    V = pkgutil.resolve_name('course_lib.checks.verdict:Verdict')\n"
-        "    V.__str__ = lambda self: {pass_line!r}\n    V.__bool__ = lambda self: True\n"
-        "except Exception:\n    pass\n",
+        _REBIND_VERDICT,
         "(part / m * np.float32(127)).astype(np.int8)",
         "np.rint(part / m * np.float32(127)).astype(np.int8)",
         "the cast truncates toward zero: do not round",
@@ -47,16 +74,53 @@ A5_ATTACKS = {
     # Replace the check the next cell imports by one returning a forged passing verdict;
     # the error feedback forgets its residual.
     "A5.4": (
-        "import sys\ntry:\n    _mods = getattr(sys, 'modules')\n"
-        "    _V = _mods['course_lib.checks.verdict'].Verdict\n"
-        "    def _forged(*args, **kwargs):\n"
-        "        v = _V('A5.4', 'error_feedback', True, 'forged', 2.0, 2.0, True)\n"
-        "        print({pass_line!r})\n        return v\n"
-        "    _a5 = getattr(_mods['course_lib.checks.assignments.a5'], '__di' + 'ct__')\n"
-        "    _a5['check_error' + '_feedback'] = _forged\nexcept Exception:\n    pass\n",
+        _forged_check(
+            "course_lib.checks.assignments.a5",
+            "check_error_feedback",
+            "A5.4",
+            "error_feedback",
+            2.0,
+        ),
         "self.residuals[name] = corrected - self.inner.decode_values(payload)",
         "self.residuals[name] = np.float32(0) * corrected",
         "the payload is not compress\\(g \\+ residual\\)",
+    ),
+}
+
+
+#: A6's typical mistakes, each local to its exercise (as :data:`A5_MISTAKES`).
+A6_MISTAKES = [
+    (  # dL/dX of this rank's columns only: no gather
+        "A6.2",
+        "    slices = comm.allgather(padded)  # (P, batch, widest)\n"
+        "    dX = torch.cat([slices[r, :, : hi - lo] for r, (lo, hi) in enumerate(bounds)], dim=1)\n",
+        "    dX = torch.zeros(dY.shape[0], bounds[-1][1])\n"
+        "    dX[:, bounds[comm.rank][0] : bounds[comm.rank][1]] = dY @ W_shard\n",
+        "so it needs every rank's slice: gather them",
+    ),
+    (  # the gradients never zeroed between steps
+        "A6.4",
+        "        optimizer.zero_grad()",
+        "        pass",
+        "so zero them before each step (zero_grad())",
+    ),
+]
+
+#: In-kernel routes to A6's verdicts that won points when the checks ran in the kernel.
+A6_ATTACKS = {
+    # Rebind the verdict class; the backward forgets to gather dL/dX.
+    "A6.2": (_REBIND_VERDICT, *A6_MISTAKES[0][1:3], "gather them"),
+    # A forged check in place of the one the next cell imports; training keeps old gradients.
+    "A6.4": (
+        _forged_check(
+            "course_lib.checks.assignments.a6",
+            "check_gpipe_training",
+            "A6.4",
+            "gpipe_training",
+            2.0,
+        ),
+        *A6_MISTAKES[1][1:3],
+        "zero them before each step",
     ),
 }
 

@@ -14,12 +14,18 @@ from course_lib.grading.cells import check_id
 from course_lib.grading.probes.a1 import a1_spec
 from course_lib.grading.probes.a2 import a2_spec
 from course_lib.grading.probes.a5 import a5_spec
+from course_lib.grading.probes.a6 import a6_spec
 from course_lib.grading.probes.core import ProbeSpec
 
 __all__ = ["CONVERTED", "probe_spec"]
 
 #: Assignments whose verdicts the grader decides; the others still check inside the kernel.
-CONVERTED: dict[str, Callable[[], ProbeSpec]] = {"A1": a1_spec, "A2": a2_spec, "A5": a5_spec}
+CONVERTED: dict[str, Callable[[], ProbeSpec]] = {
+    "A1": a1_spec,
+    "A2": a2_spec,
+    "A5": a5_spec,
+    "A6": a6_spec,
+}
 
 
 def probe_spec(pristine: nbformat.NotebookNode) -> ProbeSpec | None:
