@@ -694,6 +694,34 @@ def test_graded_by_the_grader_source_full_stub_nothing_each_mistake_only_its_exe
         assert reasons[exercise].startswith("FAIL (") and reason in reasons[exercise], reasons
 
 
+def test_the_grader_judges_a5_and_a6_from_probe_lines_alone():
+    # The grader's half, no kernel: lines as a probe prints them, for the grader's seed.
+    import json
+
+    from course_lib.checks.assignments.a5 import encode_cases
+    from course_lib.checks.assignments.a5_reference import reference_encode
+    from course_lib.grading.probes.a5 import a5_spec
+    from course_lib.grading.probes.a6 import a6_spec
+    from course_lib.grading.probes.core import MARK, _encode, judge
+
+    def line(values: list) -> str:
+        return MARK + json.dumps([{"value": v} for v in values])
+
+    def pair(q, scales) -> dict:
+        return {"tuple": [_encode(q), _encode(scales)]}
+
+    seed = 11
+    right = [reference_encode(c["g"], c["block"]) for c in encode_cases(seed)]
+    assert judge(a5_spec(), "A5.1", seed, line([pair(*r) for r in right])) == (True, "PASS")
+    own = [reference_encode(g, b) for g, b in ((c["g"], c["block"]) for c in encode_cases(None))]
+    passed, reason = judge(a5_spec(), "A5.1", seed, line([pair(*r) for r in own]))
+    assert not passed and "expected max|g|" in reason, reason  # the notebook's inputs' answers
+    a6_two_ranks = line([{"list": [{"tuple": [_encode(np.array(r)), _encode(np.array(2)),
+                                             {"tuple": []}]} for r in range(2)]}])  # fmt: skip
+    passed, reason = judge(a6_spec(), "A6.1", seed, a6_two_ranks)
+    assert (passed, reason) == (False, "FAIL (the check needs 3 engines, not 2)")
+
+
 # -- the A2 checks on engines, without notebooks --------------------------------------------------
 
 
