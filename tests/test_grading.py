@@ -658,6 +658,70 @@ def test_a5_source_answers_get_their_points_and_a_stub_loses_its_own_and_its_use
         assert reasons[exercise].startswith("FAIL (not implemented yet: Exercise A5.3: "), reasons
 
 
+A6_FULL = {"A6.1": 2.0, "A6.2": 3.0, "A6.3": 3.0, "A6.4": 2.0}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("assignment", "name", "full"),
+    [("A5", "A5_compression", A5_FULL), ("A6", "A6_model_pipeline", A6_FULL)],
+    ids=["a5", "a6"],
+)
+def test_graded_by_the_grader_source_full_stub_nothing_each_mistake_only_its_exercise(
+    assignment, name, full
+):
+    # Judged outside the kernel (course_lib.grading.probes.a5 / a6), on a fresh seed per run.
+    from course_lib.grading.attacks import submissions
+    from course_lib.grading.probes.registry import probe_spec
+
+    mistakes = getattr(submissions, f"{assignment}_MISTAKES")
+    source = _source(name)
+    assert probe_spec(source) is not None  # the probes, not the in-kernel checks
+    rows = grade_notebook("teacher", assignment, source, source, LIMITS)
+    assert _points(rows) == full, rows
+    rows = grade_notebook("blank", assignment, source, _released(name), LIMITS)
+    assert _points(rows) == dict.fromkeys(full, 0.0), rows
+    assert all(r.reason.startswith("FAIL (not implemented yet: Exercise ") for r in rows), rows
+    answers = {answer_id(c): c.source for c in source.cells if answer_id(c)}
+    submission = source
+    for exercise, old, new, _ in mistakes:
+        edited = submissions.edit_answer(answers[exercise], old, new)
+        submission = _with_answer(submission, exercise, edited)
+    rows = grade_notebook("typical", assignment, source, submission, LIMITS)
+    assert _points(rows) == dict(full, **{exercise: 0.0 for exercise, *_ in mistakes}), rows
+    reasons = {row.exercise: row.reason for row in rows}
+    for exercise, _, _, reason in mistakes:
+        assert reasons[exercise].startswith("FAIL (") and reason in reasons[exercise], reasons
+
+
+def test_the_grader_judges_a5_and_a6_from_probe_lines_alone():
+    # The grader's half, no kernel: lines as a probe prints them, for the grader's seed.
+    import json
+
+    from course_lib.checks.assignments.a5 import encode_cases
+    from course_lib.checks.assignments.a5_reference import reference_encode
+    from course_lib.grading.probes.a5 import a5_spec
+    from course_lib.grading.probes.a6 import a6_spec
+    from course_lib.grading.probes.core import MARK, _encode, judge
+
+    def line(values: list) -> str:
+        return MARK + json.dumps([{"value": v} for v in values])
+
+    def pair(q, scales) -> dict:
+        return {"tuple": [_encode(q), _encode(scales)]}
+
+    seed = 11
+    right = [reference_encode(c["g"], c["block"]) for c in encode_cases(seed)]
+    assert judge(a5_spec(), "A5.1", seed, line([pair(*r) for r in right])) == (True, "PASS")
+    own = [reference_encode(g, b) for g, b in ((c["g"], c["block"]) for c in encode_cases(None))]
+    passed, reason = judge(a5_spec(), "A5.1", seed, line([pair(*r) for r in own]))
+    assert not passed and "expected max|g|" in reason, reason  # the notebook's inputs' answers
+    a6_two_ranks = line([{"list": [{"tuple": [_encode(np.array(r)), _encode(np.array(2)),
+                                             {"tuple": []}]} for r in range(2)]}])  # fmt: skip
+    passed, reason = judge(a6_spec(), "A6.1", seed, a6_two_ranks)
+    assert (passed, reason) == (False, "FAIL (the check needs 3 engines, not 2)")
+
+
 # -- the A2 checks on engines, without notebooks --------------------------------------------------
 
 

@@ -330,3 +330,61 @@ def test_a3_forged_verdict_passed_in_the_kernel_and_gets_nothing_now(
     else:
         assert got["A3.2"][0] == 0.0, got
         assert "start from the last parameter" in got["A3.2"][1], got
+
+
+# -- A5 and A6: the kernel returns arrays and counts; the grader judges ---------------------------
+
+# (assignment, notebook, exercises answered honestly: points, answers replaced to keep it short)
+ROUTED = [
+    ("A5", "A5_compression", {"A5.2": 1.0, "A5.3": 2.0},
+     {"A5.6": "def a5_compressor():\n    raise NotImplementedError('Exercise A5.6')\n"}),
+    ("A6", "A6_model_pipeline", {"A6.1": 2.0, "A6.3": 3.0}, {}),
+]  # fmt: skip
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("assignment", "name", "honest", "replaced"), ROUTED, ids=["A5", "A6"])
+def test_routes_that_won_in_the_kernel_get_nothing_from_the_grader(
+    tmp_path, monkeypatch, assignment, name, honest, replaced
+):
+    import copy
+
+    import nbformat
+
+    from course_lib.grading.attacks import submissions
+    from course_lib.grading.cells import answer_id, check_id
+    from course_lib.grading.grade import grade_notebook
+    from course_lib.grading.guard import rejected_answers
+    from course_lib.grading.probes import registry
+
+    attacks = getattr(submissions, f"{assignment}_ATTACKS")
+    source = nbformat.read(SOURCES / f"{name}.ipynb", as_version=4)
+    passes = {check_id(c): c.outputs[0]["text"].strip() for c in source.cells if check_id(c)}
+    submission = copy.deepcopy(source)
+    for cell in submission.cells:
+        exercise = answer_id(cell)
+        if exercise in attacks:
+            prefix, old, new, _ = attacks[exercise]
+            prefix = prefix.format(pass_line=passes[exercise])
+            cell.source = submissions.edit_answer(cell.source, old, new, prefix)
+        elif exercise in replaced:  # (A5.6 would train: this test is about the verdicts)
+            cell.source = replaced[exercise]
+    answers = {answer_id(c): c.source for c in submission.cells if answer_id(c)}
+    assert not rejected_answers(source, answers)  # past the guard
+    limits, sandbox = GradingLimits(90, 600), SandboxLimits(processes=256)
+
+    def grade() -> dict:
+        rows = grade_notebook("attacker", assignment, source, submission, limits,
+                              workdir=tmp_path, sandbox=sandbox)  # fmt: skip
+        return {r.exercise: r for r in rows}
+
+    with monkeypatch.context() as patch:  # the checks in the kernel, as before: the routes win
+        patch.delitem(registry.CONVERTED, assignment, raising=False)
+        before = grade()
+    full = {ex: before[ex].max_points for ex in attacks}
+    assert {ex: before[ex].points for ex in attacks} == full, before
+    rows = grade()
+    assert {ex: rows[ex].points for ex in attacks} == dict.fromkeys(attacks, 0.0), rows
+    for exercise, (*_, reason) in attacks.items():
+        assert re.search(reason, rows[exercise].reason), rows[exercise].reason
+    assert {ex: rows[ex].points for ex in honest} == honest, rows

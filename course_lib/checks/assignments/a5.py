@@ -23,6 +23,11 @@ from typing import Any
 
 import numpy as np
 
+from course_lib.checks.assignments.a5_collect import (
+    collect_compressor,
+    collect_error_feedback,
+    collect_training,
+)
 from course_lib.checks.assignments.a5_exchange import (
     A5_ACCURACY_SLACK,
     A5_BLOCK,
@@ -55,9 +60,12 @@ __all__ = [
     "check_compressors",
     "check_error_feedback",
     "check_training",
+    "decode_cases",
+    "encode_cases",
     "reference_decode",
     "reference_encode",
     "reference_topk",
+    "topk_cases",
 ]
 
 A5_POINTS = {"A5.1": 2.0, "A5.2": 1.0, "A5.3": 2.0, "A5.4": 2.0, "A5.5": 1.0, "A5.6": 2.0}
@@ -67,9 +75,14 @@ A5_K = 4  # values kept per block in A5.3's use
 # -- test gradients ------------------------------------------------------------------------------
 
 
-def _gradients() -> list[tuple[np.ndarray, int]]:
+def _rng(default: int, seed: int | None) -> np.random.Generator:
+    """The checks' own inputs (``seed`` None, as in the notebook), or the grader's fresh ones."""
+    return np.random.default_rng(default if seed is None else [seed, default])
+
+
+def _gradients(seed: int | None = None) -> list[tuple[np.ndarray, int]]:
     """Return ``(g, block)`` cases: uneven last blocks, zero blocks, heavy tails, exact halves."""
-    rng = np.random.default_rng(505)
+    rng = _rng(505, seed)
     tails = (rng.standard_normal(1000) ** 3).astype(np.float32)
     layered = np.concatenate([rng.standard_normal(96) * 1e-4, rng.standard_normal(64) * 3.0])
     return [
@@ -90,8 +103,13 @@ def _where(i: int, block: int) -> str:
 # -- A5.1 and A5.2 -------------------------------------------------------------------------------
 
 
-def _encode_body(fn: Callable) -> str:
-    for g, block in _gradients():
+def encode_cases(seed: int | None = None) -> list[dict]:
+    """A5.1's inputs: ``fn(g, block)`` is called on each, in order."""
+    return [{"g": g, "block": block} for g, block in _gradients(seed)]
+
+
+def _encode_body(fn: Callable, seed: int | None = None) -> str:
+    for g, block in _gradients(seed):
         want_q, want_m = reference_encode(g, block)
         result = fn(g.copy(), block)
         assert isinstance(result, tuple) and len(result) == 2, "return the pair (q, scales)"
@@ -124,19 +142,29 @@ def _encode_body(fn: Callable) -> str:
     return f"{len(_gradients())} gradients, bit for bit, per-block scales"
 
 
-def check_block_int8_encode(fn: Callable, *, verbose: bool = True) -> Verdict:
+def check_block_int8_encode(
+    fn: Callable, *, verbose: bool = True, seed: int | None = None
+) -> Verdict:
     """A5.1: ``fn(g, block) -> (q, scales)``, block-wise int8 max-abs, bit for bit."""
     return run_check(
         "A5.1",
         "block_int8_encode",
-        lambda: _encode_body(fn),
+        lambda: _encode_body(fn, seed),
         max_points=A5_POINTS["A5.1"],
         verbose=verbose,
     )
 
 
-def _decode_body(fn: Callable) -> str:
-    for g, block in _gradients():
+def decode_cases(seed: int | None = None) -> list[dict]:
+    """A5.2's inputs: ``fn(q, scales, block)`` is called on each, in order."""
+    return [
+        dict(zip(("q", "scales"), reference_encode(g, block), strict=True), block=block)
+        for g, block in _gradients(seed)
+    ]
+
+
+def _decode_body(fn: Callable, seed: int | None = None) -> str:
+    for g, block in _gradients(seed):
         q, scales = reference_encode(g, block)
         want = reference_decode(q, scales, block)
         got = np.asarray(fn(q.copy(), scales.copy(), block))
@@ -166,12 +194,14 @@ def _decode_body(fn: Callable) -> str:
     return f"{len(_gradients())} gradients, bit for bit"
 
 
-def check_block_int8_decode(fn: Callable, *, verbose: bool = True) -> Verdict:
+def check_block_int8_decode(
+    fn: Callable, *, verbose: bool = True, seed: int | None = None
+) -> Verdict:
     """A5.2: ``fn(q, scales, block) -> float32 array``, ``q / 127 * m`` per block, bit for bit."""
     return run_check(
         "A5.2",
         "block_int8_decode",
-        lambda: _decode_body(fn),
+        lambda: _decode_body(fn, seed),
         max_points=A5_POINTS["A5.2"],
         verbose=verbose,
     )
@@ -180,10 +210,10 @@ def check_block_int8_decode(fn: Callable, *, verbose: bool = True) -> Verdict:
 # -- A5.3 ----------------------------------------------------------------------------------------
 
 
-def _topk_cases() -> list[tuple[np.ndarray, int, int]]:
-    rng = np.random.default_rng(503)
+def _topk_cases(seed: int | None = None) -> list[tuple[np.ndarray, int, int]]:
+    rng = _rng(503, seed)
     ties = np.array([1, -3, 3, 2, -2, 0, 3, -1, 5, -5, 5, 0], np.float32)  # equal magnitudes
-    return [(g, block, k) for g, block in _gradients() for k in (1, 3)] + [
+    return [(g, block, k) for g, block in _gradients(seed) for k in (1, 3)] + [
         (ties, 4, 2),
         (ties, 6, 3),
         (rng.standard_normal(1000).astype(np.float32), 64, A5_K),
@@ -191,8 +221,13 @@ def _topk_cases() -> list[tuple[np.ndarray, int, int]]:
     ]
 
 
-def _topk_body(fn: Callable) -> str:
-    for g, block, k in _topk_cases():
+def topk_cases(seed: int | None = None) -> list[dict]:
+    """A5.3's inputs: ``fn(g, block, k)`` is called on each, in order."""
+    return [{"g": g, "block": block, "k": k} for g, block, k in _topk_cases(seed)]
+
+
+def _topk_body(fn: Callable, seed: int | None = None) -> str:
+    for g, block, k in _topk_cases(seed):
         want = reference_topk(g, block, k)
         result = fn(g.copy(), block, k)
         assert isinstance(result, tuple) and len(result) == 2, "return the pair (indices, values)"
@@ -226,10 +261,14 @@ def _topk_body(fn: Callable) -> str:
     return f"{len(_topk_cases())} cases, ties to the lower index"
 
 
-def check_block_topk(fn: Callable, *, verbose: bool = True) -> Verdict:
+def check_block_topk(fn: Callable, *, verbose: bool = True, seed: int | None = None) -> Verdict:
     """A5.3: ``fn(g, block, k) -> (indices, values)``, the k largest |g| of every block."""
     return run_check(
-        "A5.3", "block_topk", lambda: _topk_body(fn), max_points=A5_POINTS["A5.3"], verbose=verbose
+        "A5.3",
+        "block_topk",
+        lambda: _topk_body(fn, seed),
+        max_points=A5_POINTS["A5.3"],
+        verbose=verbose,
     )
 
 
@@ -241,7 +280,7 @@ def check_error_feedback(wrapper: Callable, *, verbose: bool = True) -> Verdict:
     return run_check(
         "A5.4",
         "error_feedback",
-        lambda: error_feedback_body(wrapper),
+        lambda: error_feedback_body(lambda case: collect_error_feedback(wrapper, case)),
         max_points=A5_POINTS["A5.4"],
         verbose=verbose,
     )
@@ -255,7 +294,15 @@ def check_compressors(int8_cls: Callable, topk_cls: Callable, *, verbose: bool =
     return run_check(
         "A5.5",
         "compressors",
-        lambda: compressors_body(int8_cls, topk_cls),
+        lambda: compressors_body(
+            lambda case: collect_compressor(
+                int8_cls(case["block"])
+                if case["kind"] == "int8"
+                else topk_cls(case["block"], case["k"]),
+                case["g"],
+                case["stage"],
+            )
+        ),
         max_points=A5_POINTS["A5.5"],
         verbose=verbose,
     )
@@ -269,7 +316,7 @@ def check_training(make: Callable, cluster: Any, *, verbose: bool = True) -> Ver
     return run_check(
         "A5.6",
         "training",
-        lambda: training_body(make, cluster),
+        lambda: training_body(lambda: collect_training(make, cluster)),
         max_points=A5_POINTS["A5.6"],
         verbose=verbose,
     )

@@ -1,43 +1,42 @@
-"""What the engine side of A6's checks shares: the counters, the ranks' agreement, the tolerance.
+"""What A6's judges share: the tolerance, the engines' counters as dicts, the cases' seeds.
 
-Every engine rebuilds the same inputs from a fixed seed and computes the one-process reference
-itself; the counters of its communicator tell whom it talked to and which collectives it called.
+The engines (:mod:`course_lib.checks.assignments.a6_collect`) return their counters as lists;
+the judges compare them as ``{collective: (calls, bytes)}`` and
+``{peer: (messages sent, bytes sent, messages received, bytes received)}``.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["TOL", "TRAIN_LR", "TRAIN_STEPS", "agree", "builtins_used", "close", "p2p_traffic"]
+import numpy as np
 
-TRAIN_STEPS, TRAIN_LR = 3, 0.1
+from course_lib.checks.assignments.a6_collect import TRAIN_LR, TRAIN_STEPS
+
+__all__ = ["TOL", "TRAIN_LR", "TRAIN_STEPS", "case_seed", "close", "p2p_of", "used_of"]
+
 TOL = {"rtol": 1e-4, "atol": 1e-5}
 
 
-def builtins_used(comm: Any) -> dict[str, tuple[int, int]]:
-    """Return {collective: (calls, bytes)} of every built-in collective but the barrier."""
-    return {n: (c.calls, c.bytes) for n, c in comm.stats.collectives.items() if n != "barrier"}
+def case_seed(default: int, seed: int | None) -> int:
+    """The checks' own seed (``seed`` None, as in the notebook), or one from the grader's."""
+    return default if seed is None else (int(seed) * 1_000_003 + default) % 2**62
 
 
-def p2p_traffic(comm: Any) -> dict[int, tuple[int, int, int, int]]:
+def used_of(used: Any) -> dict[str, tuple[int, int]]:
+    """Return {collective: (calls, bytes)} from an engine's [(name, calls, bytes)]."""
+    return {str(n): (int(c), int(b)) for n, c, b in used}
+
+
+def p2p_of(p2p: Any) -> dict[int, tuple[int, int, int, int]]:
     """Return {peer: (messages sent, bytes sent, messages received, bytes received)}."""
-    return {
-        p: (s.messages_sent, s.bytes_sent, s.messages_received, s.bytes_received)
-        for p, s in sorted(comm.stats.peers.items())
-        if s.messages_sent or s.messages_received
-    }
-
-
-def agree(comm: Any, why: str) -> str:
-    """Return ``why``, or a note that another rank failed: every rank stops at the same case."""
-    import numpy as np
-
-    failed = comm.allreduce(np.array([1 if why else 0], dtype=np.int64), op="max")
-    return why or ("another rank found a problem in this case" if failed[0] else "")
+    rows = np.asarray(p2p, np.int64).reshape(-1, 5)
+    return {int(r[0]): tuple(int(v) for v in r[1:]) for r in rows}
 
 
 def close(got: Any, want: Any) -> bool:
     """Return whether ``got`` has ``want``'s shape and values (within :data:`TOL`)."""
-    import torch
-
-    return got is not None and got.shape == want.shape and torch.allclose(got, want, **TOL)
+    want = want.detach().numpy() if hasattr(want, "detach") else np.asarray(want)
+    if not isinstance(got, np.ndarray) or got.dtype.kind not in "fiu":
+        return False
+    return got.shape == want.shape and bool(np.allclose(got, want, **TOL))

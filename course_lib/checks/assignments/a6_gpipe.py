@@ -1,102 +1,83 @@
-"""The engine side of A6.3 and A6.4: one GPipe step, and training with it, on 3 stages.
+"""The judges of A6.3 and A6.4: one GPipe step, and training with it, on 3 stages.
 
-Every engine cuts the same 7-layer MLP (:func:`pipeline_model`) into its stage and computes the
-whole model's full-batch gradients and SGD steps in one process itself. A stage sends m
-activations to the next stage and m gradients to the previous one, each of a micro-batch's size,
-and calls no collective. The stage handed to the student's step records the order of its forward
-and backward passes, so a naive schedule (F B F B) fails A6.3 although its gradients are right.
+Every engine cuts the same 7-layer MLP (:func:`pipeline_model`) into its stage, runs the
+student's step on it and returns the stage's gradients, the counters and the order of its
+passes (:mod:`course_lib.checks.assignments.a6_collect`); the judge computes the whole model's
+full-batch gradients and SGD steps in one process itself. A stage sends m activations to the
+next stage and m gradients to the previous one, each of a micro-batch's size, and calls no
+collective. The stage handed to the student's step records the order of its forward and
+backward passes, so a naive schedule (F B F B) fails A6.3 although its gradients are right.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
+import numpy as np
+
+from course_lib.checks.assignments.a6_collect import (
+    PIPELINE_WIDTHS,
+    STAGES,
+    pipeline_batches,
+    pipeline_data,
+    pipeline_model,
+    recorded_stage,
+)
 from course_lib.checks.assignments.a6_counters import (
     TRAIN_LR,
     TRAIN_STEPS,
-    builtins_used,
+    case_seed,
     close,
-    p2p_traffic,
+    p2p_of,
+    used_of,
 )
 
 __all__ = [
     "PIPELINE_CASES",
     "PIPELINE_WIDTHS",
     "STAGES",
-    "pipeline_case",
+    "judge_pipeline",
+    "judge_pipeline_training",
+    "pipeline_cases",
     "pipeline_model",
-    "pipeline_training",
     "recorded_stage",
     "reference_training",
+    "training_cases",
 ]
 
-PIPELINE_WIDTHS = (6, 10, 7, 4)  # stage s receives micro-batches of PIPELINE_WIDTHS[s] features
 PIPELINE_CASES = ((12, 4), (9, 3))  # (batch, micro-batches)
 
 
-def pipeline_model(seed: int = 6) -> Any:
-    """Return the 7-layer MLP the pipeline checks cut into 3 stages (layers 0:2, 2:4, 4:7)."""
-    import torch
-    from torch import nn
-
-    torch.manual_seed(seed)
-    a, b, c, d = PIPELINE_WIDTHS
-    return nn.Sequential(
-        nn.Linear(a, b),
-        nn.Tanh(),
-        nn.Linear(b, c),
-        nn.ReLU(),
-        nn.Linear(c, 9),
-        nn.Tanh(),
-        nn.Linear(9, d),
-    )
+def pipeline_cases(seed: int | None = None) -> list[dict]:
+    """A6.3's cases: one GPipe step per (batch, m), each on its own model and data."""
+    return [
+        {"kind": "pipeline", "batch": batch, "m": m, "seed": case_seed(k, seed)}
+        for k, (batch, m) in enumerate(PIPELINE_CASES)
+    ]
 
 
-STAGES = ((0, 2), (2, 4), (4, 7))
+def training_cases(seed: int | None = None) -> list[dict]:
+    """A6.4's case: ``TRAIN_STEPS`` batches of 16, m = 4."""
+    return [{"kind": "pipeline_training", "model_seed": 7, "seed": case_seed(64, seed)}]
 
 
-def recorded_stage(model: Any, rank: int, log: list[str]) -> Any:
-    """Return this rank's layers as a module that logs "F" per forward and "B" per backward."""
-    from torch import nn
-
-    class RecordedStage(nn.Sequential):
-        def forward(self, x):
-            log.append("F")
-            out = super().forward(x)
-            if out.requires_grad:
-                out.register_hook(lambda grad: log.append("B"))
-            return out
-
-    lo, hi = STAGES[rank]
-    return RecordedStage(*model[lo:hi])
-
-
-def pipeline_case(comm: Any, step: Callable, batch: int, m: int, seed: int) -> str:
-    """Run one ``step`` on this rank's stage; return "" or what is wrong."""
-    import torch
+def judge_pipeline(case: dict, s: int, p: int, data: Any) -> str:
+    """Return "" or what is wrong with stage ``s``'s GPipe step."""
     import torch.nn.functional as F
 
-    s, p = comm.rank, comm.world_size
-    log: list[str] = []
-    stage, model = (
-        recorded_stage(pipeline_model(seed), s, log),
-        pipeline_model(seed),
-    )  # model: reference
-    gen = torch.Generator().manual_seed(seed)
-    X = torch.randn(batch, PIPELINE_WIDTHS[0], generator=gen)
-    y = torch.randint(0, PIPELINE_WIDTHS[-1], (batch,), generator=gen)
-    shapes = [(batch // m, w) for w in PIPELINE_WIDTHS[:p]]
+    batch, m, seed = case["batch"], case["m"], case["seed"]
+    model = pipeline_model(seed)  # the reference
+    X, y = pipeline_data(batch, seed)
     case = f"batch {batch}, m = {m}, stage {s}"
-    comm.stats.reset()
-    loss = step(comm, stage, X if s == 0 else None, y if s == p - 1 else None, m, shapes)
-    used, p2p = builtins_used(comm), p2p_traffic(comm)
+    assert isinstance(data, tuple) and len(data) == 5, f"stage {s} returned no result"
+    loss, got, used, p2p, log = data
+    used, p2p, got = used_of(used), p2p_of(p2p), list(got)
+    loss = None if loss is None else float(np.asarray(loss))
     ref_loss = F.cross_entropy(model(X), y)
     ref_loss.backward()
     lo, hi = STAGES[s]
     ref = [q.grad.clone() for q in model[lo:hi].parameters()]
-    got = [q.grad for q in stage.parameters()]
-    if any(g is None for g in got):
+    if len(got) != len(ref) or any(g is None for g in got):
         return f"{case}: a parameter of the stage has no gradient: run the backward passes"
     if not all(close(g, r) for g, r in zip(got, ref, strict=True)):
         if all(close(g, m * r) for g, r in zip(got, ref, strict=True)):
@@ -113,7 +94,7 @@ def pipeline_case(comm: Any, step: Callable, batch: int, m: int, seed: int) -> s
                 ".grad over the m micro-batches (never zero it inside the step)"
             )
         return f"{case}: the gradients differ from one full-batch backward in one process"
-    if s == p - 1 and (loss is None or abs(float(loss) - ref_loss.item()) > 1e-5):
+    if s == p - 1 and (loss is None or abs(loss - ref_loss.item()) > 1e-5):
         return f"{case}: returned loss {loss}, the batch's mean loss is {ref_loss.item():.6f}"
     want = {}
     if s < p - 1:  # activations out, their gradients back, m of each, a micro-batch each
@@ -134,20 +115,17 @@ def pipeline_case(comm: Any, step: Callable, batch: int, m: int, seed: int) -> s
             f"{f' and called {sorted(used)}' if used else ''}; a stage exchanges only with "
             f"its neighbours, one micro-batch a message, no collective: {show(want)}"
         )
-    if log != ["F"] * m + ["B"] * m:
-        return (
-            f"{case}: the stage ran {' '.join(log)}; GPipe runs all m forwards, then the "
-            "m backwards"
-        )
+    if str(log) != " ".join(["F"] * m + ["B"] * m):
+        return f"{case}: the stage ran {log}; GPipe runs all m forwards, then the m backwards"
     return ""
 
 
-def reference_training(batches: list, zero_grad: bool) -> Any:
+def reference_training(batches: list, zero_grad: bool, seed: int = 7) -> Any:
     """Return the model trained on ``batches`` in one process (SGD, momentum 0.9)."""
     import torch
     import torch.nn.functional as F
 
-    model = pipeline_model(7)
+    model = pipeline_model(seed)
     opt = torch.optim.SGD(model.parameters(), lr=TRAIN_LR, momentum=0.9)
     for X, y in batches:
         if zero_grad:
@@ -157,32 +135,20 @@ def reference_training(batches: list, zero_grad: bool) -> Any:
     return model
 
 
-def pipeline_training(comm: Any, train: Callable) -> str:
-    """Run ``train`` for TRAIN_STEPS batches of 16 (m = 4) on this stage; compare the weights."""
-    import torch
-
-    s, p = comm.rank, comm.world_size
-    stage = recorded_stage(pipeline_model(7), s, [])
-    gen = torch.Generator().manual_seed(64)
-    batches = [
-        (
-            torch.randn(16, PIPELINE_WIDTHS[0], generator=gen),
-            torch.randint(0, PIPELINE_WIDTHS[-1], (16,), generator=gen),
-        )
-        for _ in range(TRAIN_STEPS)
-    ]
-    mine = [(X if s == 0 else None, y if s == p - 1 else None) for X, y in batches]
-    comm.stats.reset()
-    train(comm, stage, mine, TRAIN_LR, 4, [(4, w) for w in PIPELINE_WIDTHS[:p]])
-    if builtins_used(comm) or sum(m for m, *_ in p2p_traffic(comm).values()) != TRAIN_STEPS * 4 * (
-        1 if s in (0, p - 1) else 2
-    ):
+def judge_pipeline_training(case: dict, s: int, p: int, data: Any) -> str:
+    """Return "" or how stage ``s``'s weights after training differ from one process."""
+    assert isinstance(data, tuple) and len(data) == 3, f"stage {s} returned no result"
+    used, p2p, weights = used_of(data[0]), p2p_of(data[1]), list(data[2])
+    sent = sum(messages for messages, *_ in p2p.values())
+    if used or sent != TRAIN_STEPS * 4 * (1 if s in (0, p - 1) else 2):
         return f"stage {s}: {TRAIN_STEPS} steps need {TRAIN_STEPS} calls of your gpipe_step"
     lo, hi = STAGES[s]
-    weights = [q.detach() for q in stage.parameters()]
+    batches = pipeline_batches(case["seed"])
     for zero_grad in (True, False):
-        want = reference_training(batches, zero_grad)[lo:hi].parameters()
-        if all(close(g, w.detach()) for g, w in zip(weights, want, strict=True)):
+        want = list(reference_training(batches, zero_grad, case["model_seed"])[lo:hi].parameters())
+        if len(weights) == len(want) and all(
+            close(g, w.detach()) for g, w in zip(weights, want, strict=True)
+        ):
             kept = "the gradients of earlier steps were kept: gpipe_step accumulates into .grad"
             return "" if zero_grad else f"{kept}, so zero them before each step (zero_grad())"
     return (

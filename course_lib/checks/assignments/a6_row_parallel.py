@@ -1,63 +1,59 @@
-"""The engine side of A6.1 and A6.2: a row-parallel linear layer's forward and backward.
+"""The judges of A6.1 and A6.2: a row-parallel linear layer's forward and backward.
 
-Every engine rebuilds ``X``, ``W`` and ``b`` from a fixed seed and computes ``X @ W.T + b`` and
-its gradients through a full ``nn.Linear``-like product itself. The layer's input width 7 splits
-3, 2, 2 over the 3 ranks: uneven shards. The forward must cost one allreduce of the output and
-nothing else, the backward one allgather of this rank's slice of dL/dX (padded to the widest
-slice); wrong numbers are compared with the usual mistakes and the reason names the match.
+Every engine rebuilds ``X``, ``W`` and ``b`` from the case's seed and returns what the
+student's layer computed and the counters (:mod:`course_lib.checks.assignments.a6_collect`);
+the judge rebuilds them too and computes ``X @ W.T + b`` and its gradients through a full
+``nn.Linear``-like product itself. The layer's input width 7 splits 3, 2, 2 over the 3 ranks:
+uneven shards. The forward must cost one allreduce of the output and nothing else, the backward
+one allgather of this rank's slice of dL/dX (padded to the widest slice); wrong numbers are
+compared with the usual mistakes and the reason names the match.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
+from course_lib.checks.assignments.a6_collect import mlp_data, row_data
 from course_lib.checks.assignments.a6_counters import (
     TRAIN_LR,
     TRAIN_STEPS,
-    builtins_used,
+    case_seed,
     close,
-    p2p_traffic,
+    p2p_of,
+    used_of,
 )
 
-__all__ = ["ROW_PARALLEL_CASES", "row_parallel_case", "row_parallel_training"]
+__all__ = ["ROW_PARALLEL_CASES", "judge_row_parallel", "judge_row_training", "row_parallel_cases"]
 
 ROW_PARALLEL_CASES = ((4, 7, 5), (1, 3, 1), (6, 12, 8))  # (batch, in, out) on 3 ranks
 
 
-def _no_backward(ctx: Any, *grads: Any) -> Any:
-    raise RuntimeError("A6.1 checks the forward only")
+def row_parallel_cases(backward: bool, seed: int | None = None) -> list[dict]:
+    """A6.1's cases (the shapes); A6.2 adds a short training of an MLP."""
+    cases = [
+        {"kind": "row", "batch": b, "d_in": i, "d_out": o, "seed": case_seed(100 * b + i, seed)}
+        for b, i, o in ROW_PARALLEL_CASES
+    ]
+    if backward:
+        cases.append(
+            {"kind": "row_training", "seed": case_seed(61, seed), "data_seed": case_seed(62, seed)}
+        )
+    return cases
 
 
-def _function(forward: Callable, backward: Callable | None) -> Any:
-    """Return the autograd.Function made of the student's ``forward`` and ``backward``."""
-    import torch
-
-    methods = {"forward": staticmethod(forward), "backward": staticmethod(backward or _no_backward)}
-    return type("RowParallelLinearFn", (torch.autograd.Function,), methods)
-
-
-def row_parallel_case(
-    comm: Any, forward: Callable, backward: Callable | None, batch: int, d_in: int, d_out: int
-) -> str:
-    """Run ``forward`` (and ``backward``) on one shape; return "" or what is wrong."""
-    import torch
-
+def judge_row_parallel(case: dict, r: int, p: int, data: Any, backward: bool) -> str:
+    """Return "" or what is wrong with rank ``r``'s forward (and backward) on one shape."""
     from course_lib.comm import chunk_bounds
 
-    p, r = comm.world_size, comm.rank
-    gen = torch.Generator().manual_seed(100 * batch + d_in)
-    X, W, b = (torch.randn(*s, generator=gen) for s in ((batch, d_in), (d_out, d_in), (d_out,)))
-    G = torch.randn(batch, d_out, generator=gen)  # dL/dY of the loss L = sum(Y * G)
+    batch, d_in, d_out = case["batch"], case["d_in"], case["d_out"]
+    X, W, b, G = row_data(batch, d_in, d_out, case["seed"])
     bounds = chunk_bounds(d_in, p)
     lo, hi = bounds[r]
     case = f"X {tuple(X.shape)}, W {tuple(W.shape)}, rank {r} holds W[:, {lo}:{hi}]"
-    fn = _function(forward, backward)
-    x, w, bias = (t.clone().requires_grad_() for t in (X, W[:, lo:hi], b))
-    comm.stats.reset()
-    out = fn.apply(x, w, bias, comm, bounds)
-    used, p2p = builtins_used(comm), p2p_traffic(comm)
-    Y = out.detach() if isinstance(out, torch.Tensor) else out
+    assert isinstance(data, tuple) and len(data) == (8 if backward else 3), (
+        f"rank {r} returned no result"
+    )
+    Y, used, p2p = data[0], used_of(data[1]), p2p_of(data[2])
     if not close(Y, X @ W.T + b):
         if close(Y, X[:, lo:hi] @ W[:, lo:hi].T + b):
             return f"{case}: Y is this rank's partial sum; sum the partial products over ranks"
@@ -71,17 +67,15 @@ def row_parallel_case(
             f"point-to-point {p2p or 'nothing'}; it needs one comm.allreduce of the "
             f"{batch} x {d_out} partial product ({batch * d_out * 4} bytes), nothing else"
         )
-    if backward is None:
+    if not backward:
         return ""
     Xr, Wr, br = (t.clone().requires_grad_() for t in (X, W, b))
     ((Xr @ Wr.T + br) * G).sum().backward()
-    comm.stats.reset()
-    (out * G).sum().backward()
-    used, p2p = builtins_used(comm), p2p_traffic(comm)
+    used, p2p = used_of(data[6]), p2p_of(data[7])
     for name, got, ref in (
-        ("dL/dX", x.grad, Xr.grad),
-        ("dL/dW_shard", w.grad, Wr.grad[:, lo:hi]),
-        ("dL/db", bias.grad, br.grad),
+        ("dL/dX", data[3], Xr.grad),
+        ("dL/dW_shard", data[4], Wr.grad[:, lo:hi]),
+        ("dL/db", data[5], br.grad),
     ):
         if got is None:
             return f"{case}: backward returned no {name}; return one gradient per input of forward"
@@ -92,7 +86,11 @@ def row_parallel_case(
                 f"{case}: {name} is {p} times too large: the forward's sum has the identity "
                 "as its backward (dY is already the same on every rank): do not reduce dY"
             )
-        if name == "dL/dX" and got.shape == ref.shape and close(got[:, lo:hi], ref[:, lo:hi]):
+        if (
+            name == "dL/dX"
+            and getattr(got, "shape", None) == tuple(ref.shape)
+            and close(got[:, lo:hi], ref[:, lo:hi])
+        ):
             return (
                 f"{case}: dL/dX on rank {r} is right in columns {lo}:{hi} only: every rank "
                 "used all of X, so it needs every rank's slice: gather them"
@@ -110,36 +108,29 @@ def row_parallel_case(
     return ""
 
 
-def row_parallel_training(comm: Any, forward: Callable, backward: Callable) -> str:
-    """Train Linear(5, 7) -> tanh -> row-parallel Linear(7, 3) 3 steps; compare with one process."""
+def judge_row_training(case: dict, r: int, p: int, data: Any) -> str:
+    """Return "" or how rank ``r``'s MLP 5-7-3 after 3 SGD steps differs from one process."""
     import torch
     import torch.nn.functional as F
 
     from course_lib.comm import chunk_bounds
 
-    torch.manual_seed(61)
-    W1, b1, W2, b2 = torch.randn(7, 5), torch.randn(7), torch.randn(3, 7), torch.randn(3)
-    bounds = chunk_bounds(7, comm.world_size)
-    lo, hi = bounds[comm.rank]
-    fn = _function(forward, backward)
-    mine = [t.clone().requires_grad_() for t in (W1, b1, W2[:, lo:hi], b2)]
-    ref = [t.clone().requires_grad_() for t in (W1, b1, W2, b2)]
-    gen = torch.Generator().manual_seed(62)
-    for _ in range(TRAIN_STEPS):
-        X, y = torch.randn(8, 5, generator=gen), torch.randint(0, 3, (8,), generator=gen)
-        h = torch.tanh(X @ mine[0].T + mine[1])
-        F.cross_entropy(fn.apply(h, mine[2], mine[3], comm, bounds), y).backward()
+    weights, batches = mlp_data(case["seed"], case["data_seed"])
+    lo, hi = chunk_bounds(7, p)[r]
+    ref = [t.clone().requires_grad_() for t in weights]
+    for X, y in batches:
         F.cross_entropy(torch.tanh(X @ ref[0].T + ref[1]) @ ref[2].T + ref[3], y).backward()
         with torch.no_grad():
-            for t in mine + ref:
+            for t in ref:
                 t -= TRAIN_LR * t.grad
                 t.grad = None
     want = [ref[0], ref[1], ref[2][:, lo:hi], ref[3]]
     names = ("W1 (replicated)", "b1 (replicated)", "the shard of W2", "b2")
-    for name, got, ref_t in zip(names, mine, want, strict=True):
-        if not close(got.detach(), ref_t.detach()):
+    mine = list(data) if isinstance(data, tuple) else []
+    for name, got, ref_t in zip(names, mine + [None] * (4 - len(mine)), want, strict=False):
+        if not close(got, ref_t.detach()):
             return (
-                f"MLP 5-7-3, {TRAIN_STEPS} SGD steps: {name} on rank {comm.rank} differs "
+                f"MLP 5-7-3, {TRAIN_STEPS} SGD steps: {name} on rank {r} differs "
                 "from one-process training"
             )
     return ""

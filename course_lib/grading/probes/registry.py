@@ -1,7 +1,7 @@
-"""Which assignments the grader judges itself (A1, A2), and their probe specs.
+"""Which assignments the grader judges itself (A1-A6), and their probe specs.
 
 Kept apart from :mod:`course_lib.grading.probes.core`, which the specs build on, so that the
-imports run one way: ``registry`` -> ``a1`` / ``a2`` -> ``core``.
+imports run one way: ``registry`` -> ``a1`` ... ``a6`` -> ``core``.
 """
 
 from __future__ import annotations
@@ -15,6 +15,8 @@ from course_lib.grading.probes.a1 import a1_spec
 from course_lib.grading.probes.a2 import a2_spec
 from course_lib.grading.probes.a3 import a3_spec
 from course_lib.grading.probes.a4 import a4_spec
+from course_lib.grading.probes.a5 import a5_spec
+from course_lib.grading.probes.a6 import a6_spec
 from course_lib.grading.probes.core import ProbeSpec
 
 __all__ = ["CONVERTED", "probe_spec"]
@@ -25,6 +27,8 @@ CONVERTED: dict[str, Callable[[], ProbeSpec]] = {
     "A2": a2_spec,
     "A3": a3_spec,
     "A4": a4_spec,
+    "A5": a5_spec,
+    "A6": a6_spec,
 }
 
 

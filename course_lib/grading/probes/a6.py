@@ -1,0 +1,88 @@
+"""A6 graded out of the kernel's reach: the engines return data, the grader decides.
+
+The kernel sends the answer (by value) and the source of
+:mod:`course_lib.checks.assignments.a6_collect` to its 3 engines (the module itself is hidden:
+the kernel and its engines see the kit without ``course_lib.checks``); each rank rebuilds the
+inputs from the grader's seed, runs the answer and returns what it produced (Y, the gradients,
+a stage's weights, its loss, the order of its passes) and its communicator's counters (the
+built-in collectives called, messages and bytes per peer), as data. The grader rebuilds the
+inputs from the same seed, computes the one-process reference with torch and judges every rank
+with :func:`course_lib.checks.assignments.a6.a6_body`, the notebook's own judges, in its own
+process.
+
+Not closed: the counters and the order of a stage's passes are still counted inside the
+student's processes (the engines), so an answer that forges both the right numbers and the
+counters it reports is not caught here; the ``ast`` guard (no private attributes) is the line
+there. The engines talk over gloo, so ``torch.distributed`` stays importable (as in A2); the
+guard still names it.
+"""
+
+from __future__ import annotations
+
+import base64
+import inspect
+from collections.abc import Callable
+
+from course_lib.checks.verdict import Verdict, run_check
+from course_lib.grading.probes.core import ExerciseProbe, ProbeSpec
+
+__all__ = ["a6_spec"]
+
+_ENGINE_SETUP = """\
+    import cloudpickle
+
+    source = base64.b64decode("{source}").decode()
+
+    def engine_case(blob, source, case):
+        import cloudpickle
+        from IPython import get_ipython
+
+        ns = {{"__name__": "course_probe_a6"}}  # the collectors, as source: the module is hidden
+        exec(source, ns)
+        return ns["collect"](get_ipython().user_ns["comm"], cloudpickle.loads(blob), case)
+
+    def run_case(fns, case):
+        assert cluster.world_size == 3, f"the check needs 3 engines, not {{cluster.world_size}}"
+        return cluster.run(engine_case, cloudpickle.dumps(fns), source, case, timeout=120)
+"""
+_CALLS = {  # exercise: (name, what the engines call)
+    "A6.1": ("row_parallel_forward", "(row_parallel_forward,)"),
+    "A6.2": ("row_parallel_backward", "(row_parallel_forward, row_parallel_backward)"),
+    "A6.3": ("gpipe_step", "gpipe_step"),
+    "A6.4": ("gpipe_training", "train_pipeline"),
+}
+
+
+def _check(exercise: str, name: str) -> Callable[..., Verdict]:
+    """A check over the replayed engines' data: the notebook's own body, on the grader's seed."""
+    from course_lib.checks.assignments.a6 import A6_POINTS, a6_body
+
+    def check(answer: Callable, *, verbose: bool = False, seed: int = 0) -> Verdict:
+        return run_check(
+            exercise,
+            name,
+            lambda: a6_body(exercise, answer, seed),
+            max_points=A6_POINTS[exercise],
+            verbose=verbose,
+        )
+
+    return check
+
+
+def a6_spec() -> ProbeSpec:
+    """A6's probes: the engines run the answers, the grader judges every rank's data."""
+    from course_lib.checks.assignments import a6, a6_collect
+
+    source = base64.b64encode(inspect.getsource(a6_collect).encode()).decode()
+    setup = _ENGINE_SETUP.format(source=source)
+    exercises = {}
+    for exercise, (name, fns) in _CALLS.items():
+        exercises[exercise] = ExerciseProbe(
+            lambda seed, exercise=exercise: a6.a6_cases(exercise, seed),
+            f"run_case({fns}, case)",
+            _check(exercise, name),
+            setup,
+        )
+    # The engines' communicators run on torch.distributed (gloo): it stays importable, and the
+    # kit is shown without its checks (the references).
+    return ProbeSpec("", exercises, blocked=False, kit=True, kit_hidden=("checks",))
