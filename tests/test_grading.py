@@ -699,7 +699,7 @@ def test_the_grader_judges_a5_and_a6_from_probe_lines_alone():
     import json
 
     from course_lib.checks.assignments.a5 import encode_cases
-    from course_lib.checks.assignments.a5_reference import reference_encode
+    from course_lib.checks.assignments.a5_exchange import reference_encode
     from course_lib.grading.probes.a5 import a5_spec
     from course_lib.grading.probes.a6 import a6_spec
     from course_lib.grading.probes.core import MARK, _encode, judge

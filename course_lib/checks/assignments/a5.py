@@ -4,7 +4,7 @@ The library's int8 (:mod:`course_lib.compression.int8`) is source 000's format w
 for everything it is given; A5 asks for one scale per block of ``block`` consecutive values, so
 the library's encoder fails A5.1 as soon as a gradient spans two blocks. The library's top-k keeps
 the k largest magnitudes of the whole tensor; A5.3 keeps k in *every* block. Every formula is
-compared bit for bit with the reference (:mod:`course_lib.checks.assignments.a5_reference`: float32
+compared bit for bit with the reference (:mod:`course_lib.checks.assignments.a5_exchange`: float32
 arithmetic, the cast to int8 truncating toward zero, decoding *multiplies* by the scale: source
 000's text says "divide", which is wrong). Error feedback is checked step by step and by its
 running sum (what is not sent now is sent later); training runs on real engines through the
@@ -32,17 +32,15 @@ from course_lib.checks.assignments.a5_exchange import (
     A5_ACCURACY_SLACK,
     A5_BLOCK,
     A5_CONFIG,
-    compressors_body,
-    error_feedback_body,
-    training_body,
-)
-from course_lib.checks.assignments.a5_reference import (
     block_int8_bytes,
     block_topk_bytes,
     blocks,
+    compressors_body,
+    error_feedback_body,
     reference_decode,
     reference_encode,
     reference_topk,
+    training_body,
 )
 from course_lib.checks.verdict import Verdict, run_check
 

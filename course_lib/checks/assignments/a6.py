@@ -27,7 +27,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from course_lib.checks.assignments.a6_counters import TRAIN_STEPS
+from course_lib.checks.assignments.a6_collect import TRAIN_STEPS
 from course_lib.checks.assignments.a6_gpipe import (
     PIPELINE_CASES,
     PIPELINE_WIDTHS,

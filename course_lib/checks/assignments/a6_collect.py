@@ -20,15 +20,20 @@ import numpy as np
 __all__ = [
     "PIPELINE_WIDTHS",
     "STAGES",
+    "TOL",
     "TRAIN_LR",
     "TRAIN_STEPS",
+    "case_seed",
+    "close",
     "collect",
     "mlp_data",
+    "p2p_of",
     "pipeline_batches",
     "pipeline_data",
     "pipeline_model",
     "recorded_stage",
     "row_data",
+    "used_of",
 ]
 
 TRAIN_STEPS, TRAIN_LR = 3, 0.1
@@ -236,3 +241,31 @@ def collect(comm: Any, fns: Any, case: dict) -> tuple:
         "pipeline_training": _pipeline_training,
     }[case["kind"]]
     return comm.rank, comm.world_size, run(comm, fns, case)
+
+
+# -- what A6's judges share: the tolerance, the engines' counters as dicts, the seeds ---------
+TOL = {"rtol": 1e-4, "atol": 1e-5}
+
+
+def case_seed(default: int, seed: int | None) -> int:
+    """The checks' own seed (``seed`` None, as in the notebook), or one from the grader's."""
+    return default if seed is None else (int(seed) * 1_000_003 + default) % 2**62
+
+
+def used_of(used: Any) -> dict[str, tuple[int, int]]:
+    """Return {collective: (calls, bytes)} from an engine's [(name, calls, bytes)]."""
+    return {str(n): (int(c), int(b)) for n, c, b in used}
+
+
+def p2p_of(p2p: Any) -> dict[int, tuple[int, int, int, int]]:
+    """Return {peer: (messages sent, bytes sent, messages received, bytes received)}."""
+    rows = np.asarray(p2p, np.int64).reshape(-1, 5)
+    return {int(r[0]): tuple(int(v) for v in r[1:]) for r in rows}
+
+
+def close(got: Any, want: Any) -> bool:
+    """Return whether ``got`` has ``want``'s shape and values (within :data:`TOL`)."""
+    want = want.detach().numpy() if hasattr(want, "detach") else np.asarray(want)
+    if not isinstance(got, np.ndarray) or got.dtype.kind not in "fiu":
+        return False
+    return got.shape == want.shape and bool(np.allclose(got, want, **TOL))

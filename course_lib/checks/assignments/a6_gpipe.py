@@ -18,17 +18,15 @@ import numpy as np
 from course_lib.checks.assignments.a6_collect import (
     PIPELINE_WIDTHS,
     STAGES,
-    pipeline_batches,
-    pipeline_data,
-    pipeline_model,
-    recorded_stage,
-)
-from course_lib.checks.assignments.a6_counters import (
     TRAIN_LR,
     TRAIN_STEPS,
     case_seed,
     close,
     p2p_of,
+    pipeline_batches,
+    pipeline_data,
+    pipeline_model,
+    recorded_stage,
     used_of,
 )
 

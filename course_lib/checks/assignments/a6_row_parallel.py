@@ -13,13 +13,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from course_lib.checks.assignments.a6_collect import mlp_data, row_data
-from course_lib.checks.assignments.a6_counters import (
+from course_lib.checks.assignments.a6_collect import (
     TRAIN_LR,
     TRAIN_STEPS,
     case_seed,
     close,
+    mlp_data,
     p2p_of,
+    row_data,
     used_of,
 )
 

@@ -2,7 +2,7 @@
 
 A5.1–A5.3: the kernel calls the student's functions on gradients drawn from the grader's seed
 and returns the arrays; the grader compares them bit for bit with
-:mod:`course_lib.checks.assignments.a5_reference`, which the kernel cannot see (``course_lib.checks``
+:mod:`course_lib.checks.assignments.a5_exchange`, which the kernel cannot see (``course_lib.checks``
 is hidden there). A5.4–A5.6: the kernel runs the collectors of
 :mod:`course_lib.checks.assignments.a5_collect`, shipped as source text into the probe cell (the
 module itself stays hidden), and returns what each call sent, the compressors' payload bytes and
