@@ -266,7 +266,9 @@ def start_slurm_lab(
     extra = f"#SBATCH --partition={lab.partition}\n" if lab.partition else ""
     extra += f"#SBATCH --account={lab.account}\n" if lab.account else ""
     launcher.batch_template = (
-        "#!/bin/sh\n#SBATCH --export=ALL\n#SBATCH --job-name=kit-lab-engines\n"
+        # --no-requeue: a job whose node fails ends (NODE_FAIL), and status says so, instead of
+        # waiting in the queue again while the students' engines are gone.
+        "#!/bin/sh\n#SBATCH --export=ALL\n#SBATCH --job-name=kit-lab-engines\n#SBATCH --no-requeue\n"
         f"#SBATCH --nodes={lab.nodes}\n#SBATCH --ntasks-per-node={lab.tasks_per_node}\n"
         f"#SBATCH --ntasks={{n}}\n#SBATCH --time={lab.time}\n{extra}"
         "srun {program_and_args}\n"
