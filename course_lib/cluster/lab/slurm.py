@@ -271,6 +271,7 @@ def start_slurm_lab(
         "#!/bin/sh\n#SBATCH --export=ALL\n#SBATCH --job-name=kit-lab-engines\n#SBATCH --no-requeue\n"
         f"#SBATCH --nodes={lab.nodes}\n#SBATCH --ntasks-per-node={lab.tasks_per_node}\n"
         f"#SBATCH --ntasks={{n}}\n#SBATCH --time={lab.time}\n{extra}"
+        "#SBATCH --output={profile_dir}/log/slurm-engines-%j.out\n"  # not the caller's folder
         "srun {program_and_args}\n"
     )
     _remove_lab_files(lab)  # type: ignore[arg-type]
