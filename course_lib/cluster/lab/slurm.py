@@ -262,6 +262,8 @@ def start_slurm_lab(
     security = _security(lab) if _security(lab) else None  # type: ignore[arg-type]
     launcher = cluster.config.SlurmEngineSetLauncher
     launcher.engine_cmd = [lab.python, "-m", "ipyparallel.engine"]
+    # The job script beside the job's output, not in the caller's working folder.
+    launcher.batch_file_name = str(Path(cluster.profile_dir) / "log" / "kit-lab-engines.sbatch")
     launcher.environment = dict(lab.env())
     extra = f"#SBATCH --partition={lab.partition}\n" if lab.partition else ""
     extra += f"#SBATCH --account={lab.account}\n" if lab.account else ""
@@ -327,7 +329,7 @@ def _wait_for_job(
                 raise TimeoutError(
                     f"Slurm job {job} runs, but {lab.engines - count} of {lab.engines} engines "
                     f"did not register within {timeout:g} s: can the nodes reach "
-                    f"{lab.controller_ip}? (their output: the profile's security folder)"
+                    f"{lab.controller_ip}? (their output: the profile's log folder)"
                 )
         time.sleep(1.0)
     progress(f"lab start: {lab.engines} of {lab.engines} engines registered (Slurm job {job})")
