@@ -210,7 +210,12 @@ def test_a_straggler_does_not_stop_the_other_worker(cluster):
     result = _train(cluster, stragglers={2: SLOW}, num_updates=40)
     fast, slow = result.applied_per_worker[1], result.applied_per_worker[2]
     assert fast + slow == 40 and fast >= 2 * slow, result.table()
-    assert max(result.staleness[2]) >= 2  # the slow worker's gradients arrive stale
+    # The slow worker's gradients arrive stale. On a loaded machine it may deliver none within the
+    # budget: then its unfinished gradient (or, with none, the whole run) is what it lags by.
+    lag = result.staleness[2] or [
+        len(result.applied) - r["version"] for r in result.records if r["rank"] == 2
+    ]
+    assert max(lag or [len(result.applied)]) >= 2, result.table()
     _check_logs_agree(result)
     assert result.plot_staleness() is not None
 

@@ -98,10 +98,20 @@ def slurm_room(tmp_path_factory: pytest.TempPathFactory):
         room_down(state)
 
 
+def _slurm_logs(lab_file: Path) -> str:
+    """Return the last lines of the room's Slurm logs (what a failure message should show)."""
+    lines = []
+    for log in sorted((lab_file.parent / "slurm" / "log").glob("*.log")):
+        lines += [f"{log.name}: {ln}" for ln in log.read_text(errors="replace").splitlines()[-8:]]
+    return "\n".join(lines)
+
+
 def _start(env: dict[str, str], lab_file: Path) -> str:
     """``lab start`` the Slurm lab; return the job id it names."""
     started = _kit(env, "lab", "start", str(lab_file))
-    assert started.returncode == 0, started.stdout + started.stderr[-3000:]
+    assert started.returncode == 0, (
+        started.stdout + started.stderr[-3000:] + "\n" + _slurm_logs(lab_file)
+    )
     assert f"{NODES * PER_NODE} engines on {NODES} Slurm nodes answered" in started.stdout
     running = [line for line in started.stdout.splitlines() if "RUNNING" in line]
     assert running, started.stdout  # the queue's state was shown while it waited
@@ -180,7 +190,7 @@ def test_a_job_left_pending_is_cancelled_and_said_in_one_line(slurm_room, tmp_pa
             lambda: (
                 _slurm(slurm_env, "squeue", "-h", "-j", blocker, "-o", "%T").strip() == "RUNNING"
             ),
-            "the blocking job to run",
+            f"the blocking job to run\n{_slurm_logs(lab_file)}",
         )
         impatient = tmp_path / "slurm.toml"
         impatient.write_text(
