@@ -4,8 +4,8 @@ Debian's ``slurm-wlm`` and ``munge``, nothing emulated: ``munged`` and ``slurmct
 instructor's PC (this machine's network), one ``slurmd`` inside every PC's namespace with the
 PC's host name and address, so ``sbatch``, ``srun``, ``squeue`` and ``scancel`` place real jobs
 on the PCs and their traffic crosses the room's shaped links. Every file (``slurm.conf``, the
-state, logs, the daemons' pids) lives in one folder beside the room's state (the munge key and
-socket in ``/tmp/course-munge-TAG``: munged wants every folder above its socket open to all);
+state, logs, the daemons' pids) lives in one folder beside the room's state (the sockets, the
+munge key and the spool in ``/tmp/course-slurm-TAG``: a short path, open to all);
 ``slurm_down`` ends the daemons and the room's teardown removes the rest.
 
 Pitfalls met on these machines (``../shared/notes``): ``ip netns exec`` remounts ``/sys`` and
@@ -80,7 +80,7 @@ AuthInfo=socket={_munge_dir(room)}/munge.sock
 SlurmctldPort={_free_port()}
 SlurmdPort={_free_port()}
 StateSaveLocation={folder}/state/ctld
-SlurmdSpoolDir={folder}/state/%n
+SlurmdSpoolDir={_runtime_dir(room)}/spool/%n
 SlurmctldPidFile={folder}/run/slurmctld.pid
 SlurmdPidFile={folder}/run/slurmd-%n.pid
 SlurmctldLogFile={folder}/log/slurmctld.log
@@ -106,11 +106,19 @@ PartitionName={PARTITION} Nodes={names} Default=YES MaxTime=INFINITE State=UP Ov
 """
 
 
-def _munge_dir(room: Room) -> Path:
-    """Return munge's folder: munged wants every folder above its socket open to all (755)."""
+def _runtime_dir(room: Room) -> Path:
+    """Return the folder of the daemons' sockets: a short path, open to all (755).
+
+    munged wants every folder above its socket open to all, and a job step's socket in the
+    spool folder must fit a socket path's 108 bytes (a test's deep tmp folder does not).
+    """
     import tempfile
 
-    return Path(tempfile.gettempdir()) / f"course-munge-{room.tag}"
+    return Path(tempfile.gettempdir()) / f"course-slurm-{room.tag}"
+
+
+def _munge_dir(room: Room) -> Path:
+    return _runtime_dir(room) / "munge"
 
 
 def _free_port() -> int:
@@ -136,12 +144,14 @@ def slurm_up(room: Room, folder: Path, timeout: float = 60.0) -> dict[str, str]:
     """
     if (reason := slurm_unavailable_reason()) is not None:
         raise RuntimeError(reason)
-    for sub in ("state/ctld", "log", "run", *(f"state/{pc.hostname}" for pc in room.pcs)):
+    for sub in ("state/ctld", "log", "run"):
         (folder / sub).mkdir(parents=True, exist_ok=True)
-    munge = _munge_dir(room)
-    munge.mkdir(mode=0o755, exist_ok=True)
+    runtime, munge = _runtime_dir(room), _munge_dir(room)
+    for sub in ("munge", *(f"spool/{pc.hostname}" for pc in room.pcs)):
+        (runtime / sub).mkdir(parents=True, exist_ok=True)
+    runtime.chmod(0o755)
     munge.chmod(0o755)
-    (folder / "munge-dir").write_text(str(munge))  # for slurm_down
+    (folder / "runtime-dir").write_text(str(runtime))  # for slurm_down
     key = munge / "munge.key"
     key.write_bytes(secrets.token_bytes(1024))
     key.chmod(0o400)
@@ -227,5 +237,5 @@ def slurm_down(folder: Path, wait: float = 10.0) -> list[str]:
     _, still = psutil.wait_procs(alive, timeout=wait)
     path.unlink(missing_ok=True)
     with contextlib.suppress(OSError):
-        shutil.rmtree((folder / "munge-dir").read_text().strip(), ignore_errors=True)
+        shutil.rmtree((folder / "runtime-dir").read_text().strip(), ignore_errors=True)
     return [f"{name} (pid {proc.pid}) did not end" for name, proc in procs.items() if proc in still]
