@@ -27,7 +27,6 @@ import json
 import os
 import signal
 import subprocess
-import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -35,6 +34,7 @@ from typing import Any
 
 from course_lib.cluster.lab.hosts import LabHosts
 from course_lib.cluster.lab.mpi import MPI_ENV, lab_mpiexec, mpiexec_options
+from course_lib.cluster.lab.roster import write_atomically
 
 __all__ = [
     "MPI_ENGINES_FILE",
@@ -53,13 +53,6 @@ def mpi_engine_ids(security: Path) -> list[int]:
     if not path.is_file():
         return []
     return [int(eid) for eid in json.loads(path.read_text())["ids_by_rank"]]
-
-
-def _write_atomically(path: Path, text: str) -> None:
-    handle, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
-    with os.fdopen(handle, "w") as out:
-        out.write(text)
-    os.replace(tmp, path)
 
 
 def _mpi_rank() -> int | None:
@@ -92,7 +85,7 @@ def start_mpi_engines(
             start_new_session=True,  # its own group: stopping it ends hydra and its proxies
         )  # fmt: skip
     record = {"pid": proc.pid, "ids_by_rank": [], "hosts_file": str(hosts.path or "")}
-    _write_atomically(security / MPI_ENGINES_FILE, json.dumps(record))
+    write_atomically(security / MPI_ENGINES_FILE, json.dumps(record))
     started, deadline, seen = time.monotonic(), time.monotonic() + timeout, -1
     while (count := len(set(client.ids) - before)) < ranks:
         if proc.poll() is not None:
@@ -113,7 +106,7 @@ def start_mpi_engines(
             f"the MPI engines report ranks {sorted(by_rank.values())}, not 0..{ranks - 1}"
         )
     record["ids_by_rank"] = ids = sorted(new, key=by_rank.__getitem__)
-    _write_atomically(security / MPI_ENGINES_FILE, json.dumps(record))
+    write_atomically(security / MPI_ENGINES_FILE, json.dumps(record))
     progress(
         f"lab start: {ranks} of {ranks} MPI ranks registered "
         f"({time.monotonic() - started:.0f} s; engines {ids})"

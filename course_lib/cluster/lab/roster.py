@@ -41,6 +41,7 @@ __all__ = [
     "read_roster",
     "record_roster",
     "roster_report",
+    "write_atomically",
 ]
 
 # ipyparallel's defaults are a ping every 3 s and 10 misses (30-33 s to notice a dead engine);
@@ -102,7 +103,8 @@ def read_roster(security: Path) -> dict[int, dict[str, Any]]:
     return {int(eid): row for eid, row in json.loads(path.read_text()).items()}
 
 
-def _write_atomically(path: Path, text: str) -> None:
+def write_atomically(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` through a temporary file and a rename (readers see all or none)."""
     handle, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
     with os.fdopen(handle, "w") as out:
         out.write(text)
@@ -118,7 +120,7 @@ def record_roster(security: Path, hosts: LabHosts, client: Any, timeout: float =
         place = result.get(timeout=timeout)
         pc = pc_of(hosts, place)
         roster[eid] = {"pc": pc.host if pc else None, "host": place["host"], "pid": place["pid"]}
-    _write_atomically(security / ROSTER_FILE, json.dumps(roster, indent=1, sort_keys=True))
+    write_atomically(security / ROSTER_FILE, json.dumps(roster, indent=1, sort_keys=True))
 
 
 def _answers(client: Any, within: float) -> tuple[set[int], set[int]]:

@@ -208,16 +208,14 @@ def _job_line(job: str, record: dict[str, str], env: dict[str, str]) -> tuple[bo
 
 def _record_places(security: Path, client: Any, timeout: float) -> None:
     """Write the roster: every engine's node (from the engine itself), as ``lab start`` does."""
-    from course_lib.cluster.lab.roster import ROSTER_FILE, engine_place
+    from course_lib.cluster.lab.roster import ROSTER_FILE, engine_place, write_atomically
 
     places = {eid: client[eid].apply_async(engine_place) for eid in client.ids}
     roster = {}
     for eid, result in places.items():
         place = result.get(timeout=timeout)
         roster[eid] = {"pc": place["host"], "host": place["host"], "pid": place["pid"]}
-    tmp = security / f".{ROSTER_FILE}.tmp"
-    tmp.write_text(json.dumps(roster, indent=1, sort_keys=True))
-    os.replace(tmp, security / ROSTER_FILE)
+    write_atomically(security / ROSTER_FILE, json.dumps(roster, indent=1, sort_keys=True))
 
 
 def start_slurm_lab(
@@ -259,7 +257,7 @@ def start_slurm_lab(
         shutdown_atexit=False,
         log_level=50,
     )
-    security = _security(lab) if _security(lab) else None  # type: ignore[arg-type]
+    security = _security(lab)  # type: ignore[arg-type]
     launcher = cluster.config.SlurmEngineSetLauncher
     launcher.engine_cmd = [lab.python, "-m", "ipyparallel.engine"]
     # The job script beside the job's output, not in the caller's working folder.
