@@ -7,11 +7,14 @@ import contextlib
 import fcntl
 import hashlib
 import os
+import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
+LECTURE_ANSWERS = Path(__file__).resolve().parents[1] / "assignments" / "source" / "lectures"
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -20,9 +23,14 @@ def pytest_configure(config: pytest.Config) -> None:
         os.environ["IPYTHONDIR"] = tempfile.mkdtemp(prefix="course-ipython-")
     # Functions defined in a test module are shipped to engines by reference to that module,
     # so the engines (started with this process's environment) must be able to import it.
+    # The instructor's answers to lecture exercises (assignments/source/lectures/lectureNN_answers.py)
+    # are imported by name in the tests that prove each answer passes and each stub fails.
     tests_dir = os.path.dirname(os.path.abspath(__file__))
+    answers_dir = str(LECTURE_ANSWERS)
+    if answers_dir not in sys.path:
+        sys.path.insert(0, answers_dir)
     os.environ["PYTHONPATH"] = os.pathsep.join(
-        p for p in (tests_dir, os.environ.get("PYTHONPATH", "")) if p
+        p for p in (tests_dir, answers_dir, os.environ.get("PYTHONPATH", "")) if p
     )
     # Notebooks and tests pick their own cluster; a developer's lab settings must not leak in.
     for name in ("COURSE_CLUSTER_KIND", "COURSE_CLUSTER_PROFILE", "COURSE_CLUSTER_FILE"):
