@@ -219,3 +219,15 @@ def test_a_notebook_compressor_pickles_by_value_and_the_exchange_copies_it():
         CompressedExchange(compressor=comp, carrier="allreduce")
     with pytest.raises(TypeError, match="a name .* or a Compressor object"):
         CompressedExchange(compressor=42)
+
+
+def test_block_int8_without_error_feedback_fails_a5_6_before_training(shared_engines):
+    """Block int8 alone sends the same bytes and trains this MLP nearly as well: the probe of
+    values below one int8 step decides, and nothing is trained for it."""
+    plain = check_training(lambda: SOLUTION["BlockInt8"](64), shared_engines(2), verbose=False)
+    _fails(plain, "wrap block int8 in your error feedback (A5.4)")
+    forgets = _mutant(  # keeps only this step's error: small values never build up
+        "A5.4", ("self.residuals[name] = corrected -", "self.residuals[name] = g -")
+    )
+    make = lambda: forgets["WithErrorFeedback"](forgets["BlockInt8"](64))  # noqa: E731
+    _fails(check_training(make, shared_engines(2), verbose=False), "error feedback (A5.4)")

@@ -194,6 +194,18 @@ def test_a6_checks_pass_the_source_and_fail_stubs_and_the_usual_mistakes(cluster
             (keeps["train_pipeline"],),
             r"FAIL the gradients of earlier steps were kept: .*zero them before each step.*",
         ),
+        (  # A6.4 runs the student's own A6.3 step: an undivided loss is named, not "differ"
+            check_gpipe_training,
+            (undivided["train_pipeline"],),
+            r"FAIL the weights equal one process trained on m = 4 times the gradient: each "
+            r"micro-batch's loss must be divided by m .*",
+        ),
+        (  # A6.2 runs the student's own A6.1 forward: a wrong forward is named as A6.1's
+            check_row_parallel_backward,
+            (no_sum["row_parallel_forward"], sol["row_parallel_backward"]),
+            rf"FAIL {case}: Y is this rank's partial sum; .* \(the forward is your A6.1 answer: "
+            r"fix A6.1 first, A6.2's check runs it\)",
+        ),
     ]
     for check, fns, pattern in expected:
         got = _run(check, *fns, cluster=cluster)

@@ -6,7 +6,8 @@ float32 -> int8. The cast truncates toward zero (PyTorch's ``.to(torch.int8)`` a
 operations in reverse order, $q / 127 \\times m$.
 
 The source's text says the decoder *divides* by the maximum. That is wrong: the inverse of
-dividing by $m$ is multiplying by it (dividing would shrink every gradient by $m^2$). Here the
+dividing by $m$ is multiplying by it. Dividing would return $g / m^2$, which for the usual
+$m < 1$ *inflates* every gradient (a maximum of 0.075 makes it 178 times too large). Here the
 decoder multiplies.
 
 ``m`` is taken over whatever one call receives: the exchange's ``granularity="flat"`` passes the

@@ -18,7 +18,11 @@ import numpy as np
 from course_lib.compression.base import Compressor, Payload
 
 __all__ = [
+    "A5_BLOCK",
     "A5_CONFIG",
+    "EF_PROBE_CALLS",
+    "EF_PROBE_SMALL",
+    "carried_over",
     "collect_compressor",
     "collect_error_feedback",
     "collect_training",
@@ -33,6 +37,9 @@ def _config() -> Any:
 
 
 A5_CONFIG = _config()  # digits MLP, 1 epoch of global batch 32 (46 steps on 2 ranks)
+A5_BLOCK = 64  # A5.6's block size
+EF_PROBE_SMALL = 0.003  # below one step 1/127 of a block whose largest value is 1.0
+EF_PROBE_CALLS = 8  # the small values pass that step every third call with error feedback
 
 
 class _InnerBlockInt8(Compressor):
@@ -137,15 +144,43 @@ def _train(cluster: Any, method: str, **options: Any) -> Any:
     )
 
 
-def collect_training(make: Callable, cluster: Any) -> tuple:
-    """A5.6: train with float32 and with ``make()``; return what the two runs measured.
+def carried_over(comp: Any, calls: int = EF_PROBE_CALLS) -> np.ndarray:
+    """A5.6's error-feedback probe: what ``comp`` delivers of values below one int8 step.
 
-    Returns (float32 test accuracy %, replicas equal 0/1, the distinct bytes sent per step
-    before coding, the sizes of the weights, the compressed run's test accuracy %).
+    Every block of the probe gradient holds one value 1.0 and values of ``EF_PROBE_SMALL``, less
+    than a step 1/127 of the block's scale, so block int8 alone truncates them to 0 on every
+    call; with error feedback they build up in the residual and go out every few calls. Returns
+    the decoded small values summed over ``calls`` calls of the same gradient (error feedback:
+    within one step of ``calls * EF_PROBE_SMALL``; none: 0).
+    """
+    from course_lib.compression.wire import pack, unpack
+
+    g = np.full(4 * A5_BLOCK, EF_PROBE_SMALL, np.float32)
+    g[::A5_BLOCK] = 1.0
+    small = np.ones(g.size, bool)
+    small[::A5_BLOCK] = False
+    total = np.zeros(int(small.sum()), np.float32)
+    for _ in range(calls):
+        payload, _ = comp.compress(g.copy(), "probe.weight")
+        received, _ = unpack(pack(payload))  # what another rank decodes
+        total += np.asarray(comp.decompress(received), np.float32).reshape(-1)[small]
+    return total
+
+
+def collect_training(make: Callable, cluster: Any) -> tuple:
+    """A5.6: probe ``make()`` for error feedback, then train with float32 and with ``make()``.
+
+    Returns (the probe's carried-over values, float32 test accuracy %, replicas equal 0/1, the
+    distinct bytes sent per step before coding, the sizes of the weights, the compressed run's
+    test accuracy %). Without anything carried over, the runs are skipped (NaN): the verdict is
+    decided by the probe.
     """
     assert cluster.world_size >= 2, "the check needs 2 engines: start_cluster(n=2)"
     comp = make()  # a stub fails here, before any engine is busy
     assert isinstance(comp, Compressor), f"a5_compressor() returned {comp!r}, not a Compressor"
+    probe = carried_over(make())  # a fresh object: the training run starts with no residual
+    if not np.any(probe):
+        return probe, float("nan"), 0, np.zeros(0, np.int64), np.zeros(0, np.int64), float("nan")
     reference = _train(cluster, "ring").history.last["test_accuracy"] * 100
     result = _train(
         cluster, "compressed", compressor=comp, carrier="allgather", granularity="tensor"
@@ -153,4 +188,5 @@ def collect_training(make: Callable, cluster: Any) -> tuple:
     sizes = np.array([int(w.size) for w in result.weights.values()], np.int64)
     sent = np.array(sorted({int(r["bytes_compressed"]) for r in result.records}), np.int64)
     accuracy = result.history.last["test_accuracy"] * 100
-    return float(reference), int(bool(result.replicas_equal)), sent, sizes, float(accuracy)
+    equal = int(bool(result.replicas_equal))
+    return probe, float(reference), equal, sent, sizes, float(accuracy)

@@ -19,7 +19,12 @@ from typing import Any
 
 import numpy as np
 
-from course_lib.checks.assignments.a5_collect import A5_CONFIG
+from course_lib.checks.assignments.a5_collect import (
+    A5_BLOCK,
+    A5_CONFIG,
+    EF_PROBE_CALLS,
+    EF_PROBE_SMALL,
+)
 from course_lib.compression.base import Compressor, Payload
 
 __all__ = [
@@ -41,7 +46,6 @@ __all__ = [
     "training_body",
 ]
 
-A5_BLOCK = 64  # the training run's block size
 #: test-accuracy points block int8 + error feedback may lose against float32 in the same steps
 A5_ACCURACY_SLACK = 1.0
 _EF_STEPS = 30
@@ -170,8 +174,18 @@ def compressors_body(collect: Callable[[dict], tuple], seed: int | None = None) 
 def training_body(collect: Callable[[], tuple]) -> str:
     """A5.6's judge: ``collect()``'s two runs (float32, compressed) on 2 engines, as data."""
     result = collect()
-    assert isinstance(result, tuple) and len(result) == 5, "the training run returned no data"
-    reference, equal, sent, sizes, accuracy = result
+    assert isinstance(result, tuple) and len(result) == 6, "the training run returned no data"
+    probe, reference, equal, sent, sizes, accuracy = result
+    # Error feedback is what A5.6 asks for, and block int8 alone trains this MLP well enough:
+    # the probe decides it (values below one int8 step must get through over the calls).
+    probe = np.asarray(probe, np.float64).reshape(-1)
+    want = EF_PROBE_CALLS * EF_PROBE_SMALL
+    assert probe.size and np.all(np.abs(probe - want) < 1.01 / 127), (
+        f"values of {EF_PROBE_SMALL} beside a 1.0 in their block (less than one int8 step) "
+        f"delivered {float(probe.max()) if probe.size else 0:.4f} in {EF_PROBE_CALLS} calls "
+        f"instead of about {want:.3f}: wrap block int8 in your error feedback (A5.4), which "
+        "carries what the cast drops into the next call"
+    )
     reference, accuracy = float(np.asarray(reference)), float(np.asarray(accuracy))
     assert int(np.asarray(equal)), "the replicas differ after training: decode alike on every rank"
     nbytes = sum(block_int8_bytes(int(size), A5_BLOCK) for size in np.asarray(sizes).reshape(-1))

@@ -22,6 +22,7 @@ __all__ = [
     "STAGES",
     "TOL",
     "TRAIN_LR",
+    "TRAIN_MICROBATCHES",
     "TRAIN_STEPS",
     "case_seed",
     "close",
@@ -37,6 +38,7 @@ __all__ = [
 ]
 
 TRAIN_STEPS, TRAIN_LR = 3, 0.1
+TRAIN_MICROBATCHES = 4  # A6.4 trains GPipe with m = 4 micro-batches of 4
 PIPELINE_WIDTHS = (6, 10, 7, 4)  # stage s receives micro-batches of PIPELINE_WIDTHS[s] features
 STAGES = ((0, 2), (2, 4), (4, 7))
 
@@ -227,7 +229,8 @@ def _pipeline_training(comm: Any, train: Callable, case: dict) -> tuple:
     batches = pipeline_batches(case["seed"])
     mine = [(X if s == 0 else None, y if s == p - 1 else None) for X, y in batches]
     comm.stats.reset()
-    train(comm, stage, mine, TRAIN_LR, 4, [(4, w) for w in PIPELINE_WIDTHS[:p]])
+    m = TRAIN_MICROBATCHES
+    train(comm, stage, mine, TRAIN_LR, m, [(16 // m, w) for w in PIPELINE_WIDTHS[:p]])
     used, p2p = _counters(comm)
     return used, p2p, [_array(q) for q in stage.parameters()]
 

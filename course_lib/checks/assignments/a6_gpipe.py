@@ -19,6 +19,7 @@ from course_lib.checks.assignments.a6_collect import (
     PIPELINE_WIDTHS,
     STAGES,
     TRAIN_LR,
+    TRAIN_MICROBATCHES,
     TRAIN_STEPS,
     case_seed,
     close,
@@ -118,8 +119,12 @@ def judge_pipeline(case: dict, s: int, p: int, data: Any) -> str:
     return ""
 
 
-def reference_training(batches: list, zero_grad: bool, seed: int = 7) -> Any:
-    """Return the model trained on ``batches`` in one process (SGD, momentum 0.9)."""
+def reference_training(batches: list, zero_grad: bool, seed: int = 7, scale: float = 1.0) -> Any:
+    """Return the model trained on ``batches`` in one process (SGD, momentum 0.9).
+
+    ``scale`` multiplies each batch's loss: a pipeline that forgets to divide its micro-batches'
+    losses by m trains exactly like ``scale = m``, which lets the verdict name that mistake.
+    """
     import torch
     import torch.nn.functional as F
 
@@ -128,7 +133,7 @@ def reference_training(batches: list, zero_grad: bool, seed: int = 7) -> Any:
     for X, y in batches:
         if zero_grad:
             opt.zero_grad()
-        F.cross_entropy(model(X), y).backward()
+        (scale * F.cross_entropy(model(X), y)).backward()
         opt.step()
     return model
 
@@ -142,13 +147,23 @@ def judge_pipeline_training(case: dict, s: int, p: int, data: Any) -> str:
         return f"stage {s}: {TRAIN_STEPS} steps need {TRAIN_STEPS} calls of your gpipe_step"
     lo, hi = STAGES[s]
     batches = pipeline_batches(case["seed"])
-    for zero_grad in (True, False):
-        want = list(reference_training(batches, zero_grad, case["model_seed"])[lo:hi].parameters())
+    m = TRAIN_MICROBATCHES
+    kept = "the gradients of earlier steps were kept: gpipe_step accumulates into .grad"
+    undivided = (
+        f"the weights equal one process trained on m = {m} times the gradient: each "
+        f"micro-batch's loss must be divided by m (your gpipe_step; A6.3's verdict names it too)"
+    )
+    for zero_grad, scale, mistake in (
+        (True, 1.0, ""),
+        (False, 1.0, f"{kept}, so zero them before each step (zero_grad())"),
+        (True, float(m), undivided),
+    ):
+        model = reference_training(batches, zero_grad, case["model_seed"], scale)
+        want = list(model[lo:hi].parameters())
         if len(weights) == len(want) and all(
             close(g, w.detach()) for g, w in zip(weights, want, strict=True)
         ):
-            kept = "the gradients of earlier steps were kept: gpipe_step accumulates into .grad"
-            return "" if zero_grad else f"{kept}, so zero them before each step (zero_grad())"
+            return mistake
     return (
         f"after {TRAIN_STEPS} steps the weights of stage {s} differ from the same model "
         "trained in one process (SGD, momentum 0.9, lr)"

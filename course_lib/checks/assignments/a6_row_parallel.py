@@ -42,6 +42,25 @@ def row_parallel_cases(backward: bool, seed: int | None = None) -> list[dict]:
     return cases
 
 
+def _forward_fault(case: str, r: int, p: int, data: tuple, want: Any, partial: Any, b: Any) -> str:
+    """Return "" or what is wrong with rank ``r``'s row-parallel forward (A6.1)."""
+    Y, used, p2p = data[0], used_of(data[1]), p2p_of(data[2])
+    if not close(Y, want):
+        if close(Y, partial):
+            return f"{case}: Y is this rank's partial sum; sum the partial products over ranks"
+        if close(Y, want + (p - 1) * b):
+            return f"{case}: Y holds b {p} times: add the bias once, after the sum"
+        return f"{case}: Y on rank {r} differs from X @ W.T + b"
+    batch, d_out = want.shape
+    if used != {"allreduce": (1, batch * d_out * 4)} or p2p:
+        return (
+            f"{case}: the forward on rank {r} called {used or 'no collective'} and sent "
+            f"point-to-point {p2p or 'nothing'}; it needs one comm.allreduce of the "
+            f"{batch} x {d_out} partial product ({batch * d_out * 4} bytes), nothing else"
+        )
+    return ""
+
+
 def judge_row_parallel(case: dict, r: int, p: int, data: Any, backward: bool) -> str:
     """Return "" or what is wrong with rank ``r``'s forward (and backward) on one shape."""
     from course_lib.comm import chunk_bounds
@@ -54,19 +73,12 @@ def judge_row_parallel(case: dict, r: int, p: int, data: Any, backward: bool) ->
     assert isinstance(data, tuple) and len(data) == (8 if backward else 3), (
         f"rank {r} returned no result"
     )
-    Y, used, p2p = data[0], used_of(data[1]), p2p_of(data[2])
-    if not close(Y, X @ W.T + b):
-        if close(Y, X[:, lo:hi] @ W[:, lo:hi].T + b):
-            return f"{case}: Y is this rank's partial sum; sum the partial products over ranks"
-        if close(Y, X @ W.T + p * b):
-            return f"{case}: Y holds b {p} times: add the bias once, after the sum"
-        return f"{case}: Y on rank {r} differs from X @ W.T + b"
-    want = {"allreduce": (1, batch * d_out * 4)}
-    if used != want or p2p:
+    fault = _forward_fault(case, r, p, data, X @ W.T + b, X[:, lo:hi] @ W[:, lo:hi].T + b, b)
+    if fault:  # A6.2 runs the student's A6.1 forward: say where the fault is
         return (
-            f"{case}: the forward on rank {r} called {used or 'no collective'} and sent "
-            f"point-to-point {p2p or 'nothing'}; it needs one comm.allreduce of the "
-            f"{batch} x {d_out} partial product ({batch * d_out * 4} bytes), nothing else"
+            f"{fault} (the forward is your A6.1 answer: fix A6.1 first, A6.2's check runs it)"
+            if backward
+            else fault
         )
     if not backward:
         return ""
