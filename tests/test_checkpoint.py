@@ -29,6 +29,7 @@ from course_lib.checkpoint import (
     save_checkpoint,
 )
 from course_lib.data import ShardSampler, load_dataset
+from course_lib.training.batch_schedules import BatchRampUp
 from course_lib.training.loop import TrainConfig, fit, seed_everything
 from course_lib.training.models import MLP
 
@@ -219,6 +220,11 @@ def test_other_settings_or_world_size_are_clear_errors(train_set, tmp_path):
     boundary = tmp_path / "epoch0001-step000000.ckpt"
     with pytest.raises(CheckpointError, match=r"batch_size=15 there, 40 here"):
         _run(train_set, TrainConfig(num_epochs=2, batch_size=40, lr=0.05), resume_from=boundary)
+    ramped = TrainConfig(
+        num_epochs=2, batch_size=15, lr=0.05, batch_schedule=BatchRampUp(milestones=(2,))
+    )  # the same weights, but other steps from here on: another run
+    with pytest.raises(CheckpointError, match=r"batch_schedule=None there, 'BatchRampUp\(.*here"):
+        _run(train_set, ramped, resume_from=boundary, sampler_args=shard)
     with pytest.raises(CheckpointError, match=r"world_size=3 there, 2 here.*ShardSampler"):
         _run(
             train_set,

@@ -41,7 +41,18 @@ __all__ = [
 ]
 
 #: Settings that must match for a resumed run to continue the same run (num_epochs may grow).
-SAME_SETTINGS = ("lr", "batch_size", "momentum", "optimizer", "seed")
+#: The schedules (lecture 12) are kept as their ``repr``: a resumed run under another warm-up or
+#: ramp-up would take other steps from the same weights.
+SAME_SETTINGS = (
+    "lr",
+    "batch_size",
+    "momentum",
+    "optimizer",
+    "seed",
+    "lr_schedule",
+    "batch_schedule",
+)
+SCHEDULES = ("lr_schedule", "batch_schedule")
 
 
 def rank_state(
@@ -138,8 +149,10 @@ def run_settings(config: Any, world_size: int = 1) -> dict[str, Any]:
     Each rank of a data-parallel run trains on ``batch_size`` = global batch / world size; the
     run's batch is the global one, the same on any world size.
     """
-    settings = {name: getattr(config, name) for name in SAME_SETTINGS}
+    settings = {name: getattr(config, name, None) for name in SAME_SETTINGS}
     settings["batch_size"] *= world_size
+    for name in SCHEDULES:  # plain text: a checkpoint loads with weights_only (no classes)
+        settings[name] = None if settings[name] is None else repr(settings[name])
     return settings
 
 
@@ -214,9 +227,9 @@ def restore_training_state(
     """
     here = run_settings(config, world_size)
     differ = [
-        f"{name}={ckpt['config'][name]!r} there, {here[name]!r} here"
+        f"{name}={ckpt['config'].get(name)!r} there, {here[name]!r} here"
         for name in SAME_SETTINGS
-        if ckpt["config"][name] != here[name]
+        if ckpt["config"].get(name) != here[name]  # .get: files from before the schedules
     ]
     if differ:
         raise CheckpointError(
