@@ -23,7 +23,15 @@ from course_lib.cli.bench import Benchmark, find_benchmarks, run_all
 from course_lib.cluster.lab.find import HOSTS_NOTE, remember_hosts_file
 
 ROOT = Path(__file__).resolve().parents[1]
-ROOT_ONLY = {"lab_faults", "lab_mpi", "lab_start", "network_doctor", "room", "slurm_startup"}
+ROOT_ONLY = {
+    "lab_faults",
+    "lab_mpi",
+    "lab_start",
+    "large_batch_room",
+    "network_doctor",
+    "room",
+    "slurm_startup",
+}
 
 
 def _env(tmp_path: Path) -> dict[str, str]:
