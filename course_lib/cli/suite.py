@@ -14,7 +14,7 @@ LINTED = ("course_lib", "tests", "bench")
 # Two workers: most tests wait on engines, ranks or a kernel, so two keep two cores busy. A file
 # stays on one worker (--dist loadfile): a module's fixtures start once and a notebook's cells
 # run in order in one kernel; each worker has its own engine pool.
-PYTEST_ARGS = ("tests", "notebooks", "-n", "2", "--dist", "loadfile")
+PYTEST_ARGS = ("tests", "notebooks", "-n", "2", "--dist", "loadfile", "--durations=30")
 USAGE = (
     f"usage: ./kit test [PYTEST ARGS...]: ruff check and ruff format --check {' '.join(LINTED)}, then "
     f"pytest {' '.join(PYTEST_ARGS)} PYTEST ARGS (pytest --help lists pytest's options)"
