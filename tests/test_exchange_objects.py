@@ -185,6 +185,9 @@ def test_what_the_kit_knows_about_a_method_is_on_its_class():
             "ring",
             "builtin",
             "bucketed",
+            "zero0",
+            "zero1",
+            "zero2",
         ]
     )
     assert demo_methods() == [

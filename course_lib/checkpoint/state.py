@@ -37,6 +37,7 @@ __all__ = [
     "resume_run",
     "run_settings",
     "save_run",
+    "sharding_mismatch",
     "skip_done_steps",
 ]
 
@@ -166,14 +167,20 @@ def make_checkpoint(
     steps_done: int,
     ranks: list[dict[str, Any]],
 ) -> dict[str, Any]:
-    """Return the checkpoint of a run after ``epochs_done`` epochs and ``steps_done`` more steps."""
+    """Return the checkpoint of a run after ``epochs_done`` epochs and ``steps_done`` more steps.
+
+    A sharded optimiser (ZeRO, ``optimizer.course_shards``) is kept per rank, in ``ranks``;
+    ``"sharded"`` says how it was cut, and ``"optimizer"`` is then None.
+    """
+    shards = getattr(optimizer, "course_shards", None)
     return {
         "format": FORMAT,
         "epochs_done": epochs_done,
         "steps_done": steps_done,
         "world_size": len(ranks),
         "model": {k: v.detach().cpu().clone() for k, v in net.state_dict().items()},
-        "optimizer": optimizer.state_dict(),
+        "optimizer": None if shards else optimizer.state_dict(),
+        "sharded": dict(shards) if shards else None,
         "config": run_settings(config, len(ranks)),
         "history": {"epochs": list(history.epochs), "step_times": list(history.step_times)},
         "ranks": ranks,
@@ -201,6 +208,8 @@ def save_run(
     gathered and rank 0 alone writes; the other ranks return None.
     """
     state = rank_state(loader, sampler, seen=seen, total_loss=total_loss)
+    if getattr(optimizer, "course_shards", None):  # ZeRO: every rank keeps its own shard
+        state["optimizer_shard"] = optimizer.state_dict()
     if comm is None:
         ranks = [state]
     else:  # each rank's train metrics are measured on its own shard: keep its history too
@@ -220,11 +229,16 @@ def restore_training_state(
     optimizer: torch.optim.Optimizer,
     config: Any,
     world_size: int = 1,
+    rank: int = 0,
 ) -> None:
     """Load weights and optimiser state from ``ckpt`` after checking the run's settings match.
 
-    ``world_size``: the ranks resuming, each with ``config`` (its batch: global / world size).
+    ``world_size``: the ranks resuming, each with ``config`` (its batch: global / world size);
+    ``rank``: this one (a sharded optimiser loads its own shard).
     """
+    shard_problem = sharding_mismatch(ckpt, getattr(optimizer, "course_shards", None))
+    if shard_problem:
+        raise CheckpointError(shard_problem)
     here = run_settings(config, world_size)
     differ = [
         f"{name}={ckpt['config'].get(name)!r} there, {here[name]!r} here"
@@ -237,8 +251,40 @@ def restore_training_state(
             f": resume with the same TrainConfig (only num_epochs and target may change)"
         )
     with torch.no_grad():
-        net.load_state_dict(ckpt["model"])
-    optimizer.load_state_dict(ckpt["optimizer"])
+        net.load_state_dict(ckpt["model"])  # in place: ZeRO's flat buffers stay the storage
+    if ckpt.get("sharded"):
+        optimizer.load_state_dict(ckpt["ranks"][rank]["optimizer_shard"])
+    else:
+        optimizer.load_state_dict(ckpt["optimizer"])
+
+
+def sharding_mismatch(ckpt: dict[str, Any], here: dict[str, int] | None) -> str:
+    """Return "" or why a run whose optimiser is cut as ``here`` cannot resume ``ckpt``.
+
+    ZeRO's optimiser state is saved as one shard per rank, cut for that stage and world size;
+    another cut would need the shards re-cut, which is not done here.
+    """
+    saved = ckpt.get("sharded")
+    if saved == here:
+        return ""
+    where = f"checkpoint {ckpt['path']}"
+    if saved and here:
+        return (
+            f"{where} holds the optimiser state of ZeRO stage {saved['stage']} cut in "
+            f"{saved['world_size']} shards, this run is stage {here['stage']} on "
+            f"{here['world_size']} ranks: resume with method='zero{saved['stage']}' on "
+            f"{saved['world_size']} ranks"
+        )
+    if saved:
+        return (
+            f"{where} holds the optimiser state of ZeRO stage {saved['stage']} cut in "
+            f"{saved['world_size']} shards: resume with method='zero{saved['stage']}' on "
+            f"{saved['world_size']} ranks"
+        )
+    return (
+        f"{where} holds one whole optimiser state, this run shards it (ZeRO stage "
+        f"{here['stage']}): resume it with a method that does not shard (e.g. 'ring' or 'zero0')"
+    )
 
 
 def resume_run(
@@ -259,7 +305,7 @@ def resume_run(
     """
     rank, world_size = (0, 1) if comm is None else (comm.rank, comm.world_size)
     ckpt = load_checkpoint(resume_from, net=net, world_size=world_size)
-    restore_training_state(ckpt, net, optimizer, config, world_size)
+    restore_training_state(ckpt, net, optimizer, config, world_size, rank)
     mine = rank_state_for(ckpt, rank, world_size)
     history.epochs[:] = (mine or {}).get("history", ckpt["history"])["epochs"]
     history.step_times[:] = ckpt["history"]["step_times"]

@@ -23,7 +23,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from course_lib.checkpoint import CheckpointConfig, load_checkpoint
+from course_lib.checkpoint import CheckpointConfig, CheckpointError, load_checkpoint
+from course_lib.checkpoint.state import sharding_mismatch
 from course_lib.parallel.exchanges.base import GradientExchange
 from course_lib.parallel.exchanges.registry import EXCHANGES
 
@@ -59,4 +60,7 @@ def prepare_checkpointing(
     if resume_from is None:
         return config, None, (0, 0)
     ckpt = load_checkpoint(resume_from, world_size=world_size)  # refuses a bad file or world size
+    problem = sharding_mismatch(ckpt, method.optimizer_shards(world_size))
+    if problem:  # before any engine is busy
+        raise CheckpointError(problem)
     return config, str(Path(ckpt["path"]).resolve()), (ckpt["epochs_done"], ckpt["steps_done"])

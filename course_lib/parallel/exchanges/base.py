@@ -172,6 +172,14 @@ class GradientExchange(ByValue):
         """Return the optimiser to step (sharded optimisers replace it; default: unchanged)."""
         return optimizer
 
+    def optimizer_shards(self, world_size: int) -> dict[str, int] | None:
+        """Return how the optimiser state is cut over the ranks (None: every rank holds it all).
+
+        A checkpoint of a sharded run keeps every rank's shard and resumes only where this
+        answer is the same (the same stage on the same number of ranks).
+        """
+        return None
+
     def exchange(self, comm: Communicator, net: nn.Module, timeline: StepTimeline) -> None:
         """Replace every trainable ``p.grad`` by its mean over all ranks; every rank calls it."""
         raise NotImplementedError(f"{type(self).__name__} must implement exchange()")

@@ -36,6 +36,11 @@ class Zero3(Zero2):
     """ZeRO stage 3: + weights sharded, gathered module by module (the FSDP unit)."""
 
     name, stage = "zero3", 3
+    checkpointable = False
+    not_checkpointable_because = (
+        "its weights are sharded too, so no rank holds the whole model after a step (a "
+        "checkpoint would have to gather them first; not written yet)"
+    )
     cost_collective = None  # three ring passes; the cost model has no such collective
 
     def attach(self, comm: Communicator, net: nn.Module) -> nn.Module:

@@ -17,7 +17,8 @@ Data parallelism keeps N copies of everything: weights, gradients and optimiser 
 
 Each rank's optimiser is the model's own (Adam, AdamW, SGD with momentum) built over its
 shards: those updates are elementwise, so a shard's update is bitwise the update one process
-makes to those values given the same gradient. A sharded run is not checkpointable yet.
+makes to those values given the same gradient. Stages 0-2 are checkpointable: rank 0's whole
+weights and every rank's optimiser shard (:mod:`course_lib.checkpoint.state`); stage 3 not yet.
 """
 
 from __future__ import annotations
@@ -59,10 +60,9 @@ class ZeroExchange(GradientExchange):
 
     stage: ClassVar[int] = 0
     name = "zero0"
-    not_checkpointable_because = (
-        "each rank holds only its shard of the run's state; sharded checkpoints are not "
-        "written yet (issue 24)"
-    )
+    # Stages 0-2: after every step each rank holds the whole weights (allgathered) and its shard
+    # of the optimiser state; a checkpoint keeps rank 0's weights and every rank's shard.
+    checkpointable = True
     cost_collective = "ring_allreduce"  # reduce-scatter + allgather: the ring allreduce's bytes
 
     def __init__(self, bucket_bytes: int = 1 << 16) -> None:
@@ -91,8 +91,13 @@ class ZeroExchange(GradientExchange):
     def wrap_optimizer(self, comm: Communicator, optimizer: torch.optim.Optimizer) -> Any:
         """Return the model's optimiser rebuilt over this rank's shards (stage 0: unchanged)."""
         inner = shard_optimizer(optimizer, self.shards) if self.stage else optimizer
+        inner.course_shards = self.optimizer_shards(comm.world_size)  # read by checkpoints
         self.ledger.optimizer = inner
         return inner
+
+    def optimizer_shards(self, world_size: int) -> dict[str, int] | None:
+        """Return ``{"stage", "world_size"}`` for stages 1-3 (their state is cut in shards)."""
+        return {"stage": self.stage, "world_size": world_size} if self.stage else None
 
     def detach(self) -> None:
         """Remove the hooks."""
