@@ -42,7 +42,7 @@ from course_lib.training.loop import TrainConfig  # noqa: E402
 from course_lib.training.lr_schedules import LinearScalingWarmup  # noqa: E402
 
 COMM_NAME = "room_comm"
-FIT_SIZES = [2**13, 2**15, 2**17, 2**19]  # 8 KB .. 512 KB of float32
+FIT_SIZES = [2**13, 2**15, 2**17, 2**19, 2**21]  # 8 KB .. 2 MB: the latency and the rate
 
 
 def to_target(cluster, config: TrainConfig, world_size: int) -> dict:
@@ -168,7 +168,7 @@ def pcs_to_target(cluster, args, link: LinkModel) -> None:
 def room_link(cluster) -> LinkModel:
     """Return alpha, beta of the room's links as the ring allreduce sees them (fitted here).
 
-    The kit's ring is timed on every PC at sizes around the MLP's 39 KB gradient and its own
+    The kit's ring is timed on every PC at sizes around the MLP's 38 KB gradient (and up to 2 MB, so that the rate is fitted too) and its own
     formula fitted (:func:`course_lib.cost_model.alpha_beta.collective_calibration`): the
     latency a step pays in the room (veth, tbf, TCP, gloo) is far above a cable's 50 us.
     """
