@@ -151,21 +151,25 @@ def _trap_code(message: str, free: int) -> object:
 
 
 @contextlib.contextmanager
-def refusing(functions: Mapping[str, str]) -> Iterator[None]:
+def refusing(functions: Mapping[str, str], answer: Callable | None = None) -> Iterator[None]:
     """While the block runs, every library function in ``functions`` raises :class:`LibraryCall`.
 
     ``functions`` maps a dotted name (``"course_lib.collectives.ring_allgather"``, a method as
     ``"...StalenessLedger.may_proceed"``) to the hint that follows the refusal. The functions'
     ``__code__`` is swapped, not a module attribute, so every alias (``C.ring_allgather``, a
     ``from ... import``, a wrapper that calls it) is caught; the code is restored on the way out,
-    also when the block raises. Wrap only the student's call: the check's own reference runs
-    outside the block.
+    also when the block raises. Give the student's function as ``answer`` to refuse the library
+    function itself handed in as the answer (ipyparallel ships a function to an engine as a copy
+    of its code, which the swap does not reach). Wrap only the student's call: the check's own
+    reference runs outside the block.
     """
     swapped: list[tuple[Callable, object]] = []
     try:
         for dotted, hint in functions.items():
             fn = _resolve(dotted)
             message = f"your answer calls {dotted}, which answers the exercise: {hint}"
+            if answer is not None and getattr(answer, "__code__", None) == fn.__code__:
+                raise LibraryCall(message.replace("your answer calls", "your answer is"))
             swapped.append((fn, fn.__code__))
             fn.__code__ = _trap_code(message, len(fn.__closure__ or ()))
         yield
