@@ -106,7 +106,8 @@ def reraise_stub(exc: BaseException) -> None:
             raise LibraryCall(value) from None
     marker = "LibraryCall: "  # errors that reached the controller as text (a failed run's)
     if marker in str(exc):
-        raise LibraryCall(str(exc).split(marker, 1)[1].splitlines()[0]) from None
+        message = str(exc).split(marker, 1)[1].splitlines()[0]
+        raise LibraryCall(message.split("; rank ")[0]) from None  # one rank's is enough
 
 
 # ---- answers that delegate to the library ------------------------------------------------------
@@ -115,8 +116,9 @@ class LibraryCall(AssertionError):
 
 
 def _resolve(dotted: str) -> Callable:
-    """Import ``course_lib.pkg.module.name`` (or ``...module.Class.method``) and return it."""
-    parts = dotted.split(".")
+    """Import ``course_lib.pkg.module.name`` (``...module.Class.method``, ``...TABLE[key]``)."""
+    path, _, key = dotted.partition("[")
+    parts = path.split(".")
     for cut in range(len(parts) - 1, 0, -1):
         try:
             obj = importlib.import_module(".".join(parts[:cut]))
@@ -124,6 +126,8 @@ def _resolve(dotted: str) -> Callable:
             continue
         for name in parts[cut:]:
             obj = getattr(obj, name)
+        if key:  # a function kept in a table, e.g. the cost model's ALGORITHMS[star_allreduce]
+            obj = obj[key.rstrip("]")]
         return getattr(obj, "__func__", obj)  # a classmethod's function
     raise ImportError(f"cannot import {dotted}")
 
