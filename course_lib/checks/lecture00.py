@@ -1,15 +1,77 @@
-"""Check cells for lecture 0 (the cluster): run the student's function on real engines."""
+"""Check cells for lecture 0 (the cluster): run the student's function on real engines.
+
+Exercise 0.1's check reads what the student's calls brought back from the engines (the
+client's own record of every task it sent and every result it received): the partial sums
+must come from the engines, so an answer that scatters the numbers and sums them in the
+notebook, or gathers the parts back and sums them there, does not pass.
+"""
 
 from __future__ import annotations
 
+import contextlib
+import numbers
 import random
-import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
+
+import numpy as np
 
 from course_lib.checks.verdict import Verdict, run_check
 
-__all__ = ["check_sum_of_squares"]
+__all__ = ["check_sum_of_squares", "numbers_in"]
+
+PER_ENGINE = 4  # partial sums an engine may send back per call (one is enough)
+
+
+def numbers_in(result: Any) -> list[float]:
+    """Return every number in an engine's result (lists, tuples, ranges, arrays, dicts: flattened)."""
+    if isinstance(result, bool) or result is None:
+        return []
+    if isinstance(result, numbers.Number):
+        return [result]
+    if isinstance(result, np.ndarray):
+        return result.ravel().tolist() if result.dtype.kind in "iuf" else []
+    if isinstance(result, dict):
+        return numbers_in(list(result.values()))
+    if isinstance(result, (list, tuple, range)):
+        return [v for item in result for v in numbers_in(item)]
+    return []  # an execute's reply, a string, an error: no numbers
+
+
+@contextlib.contextmanager
+def _replies(client: Any) -> Iterator[list[tuple[int | None, Any]]]:
+    """Record ``(engine id, result)`` of every reply ``client`` receives while the block runs.
+
+    The client's reply handlers are wrapped for the block only (an ``AsyncResult`` drops its
+    results from the client once read, so the client keeps no record of its own). The result is
+    read from the message itself, before the client hands it on.
+    """
+    from ipyparallel import serialize
+
+    seen: list[tuple[int | None, Any]] = []
+    handlers = client._queue_handlers
+    originals = dict(handlers)
+
+    def recorder(kind: str) -> Callable:
+        def handle(msg: dict) -> None:
+            engine = client._engines.get(msg.get("metadata", {}).get("engine"))
+            result = None
+            if kind == "apply_reply" and msg.get("content", {}).get("status") == "ok":
+                try:
+                    result = serialize.deserialize_object(list(msg["buffers"]))[0]
+                except Exception:  # noqa: BLE001 - a reply we cannot read carries no sum
+                    result = None
+            seen.append((engine, result))
+            originals[kind](msg)
+
+        return handle
+
+    for kind in ("apply_reply", "execute_reply"):
+        handlers[kind] = recorder(kind)
+    try:
+        yield seen
+    finally:
+        handlers.update(originals)
 
 
 def check_sum_of_squares(
@@ -18,46 +80,41 @@ def check_sum_of_squares(
     """Exercise 0.1: the student's function must spread the work over ``view`` and sum correctly.
 
     The reference is the formula $\\sum_{i<N} i^2 = (N-1)N(2N-1)/6$, for three fixed $N$ and one
-    random one (so a table of answers fails); the controller's task counts must show that every
-    engine of ``view`` ran something during each call, so a function that quietly computes
-    everything in the notebook fails.
+    random one (so a table of answers fails). The client records every task the call sent and
+    every result that came back: every engine of ``view`` must have run a task, and the numbers
+    the engines sent back must be a few partial sums adding up to the answer, so neither a sum
+    computed in the notebook after a scatter nor a sum of the gathered parts passes.
     """
-
-    def completed() -> dict[int, int]:
-        status = view.client.queue_status()
-        return {eid: status[eid]["completed"] for eid in view.targets}
-
-    def settled_counts() -> dict[int, int]:
-        """Counts once the previous call's late results are in (two equal reads in a row)."""
-        counts, deadline = completed(), time.monotonic() + 2.0
-        while time.monotonic() < deadline:
-            time.sleep(0.05)
-            again = completed()
-            if again == counts:
-                break
-            counts = again
-        return counts
+    client = view.client
 
     def body() -> str:
         sizes = (10, 1001, 3, random.SystemRandom().randrange(2_000, 50_000))
         for N in sizes:
-            before = settled_counts()
-            got = sum_of_squares_on_engines(view, N)
+            with _replies(client) as replies:
+                first = len(client.history)
+                got = sum_of_squares_on_engines(view, N)
+                client.wait(list(client.history[first:]), timeout=30)  # results not awaited
             expected = (N - 1) * N * (2 * N - 1) // 6
             assert got == expected, f"N={N}: got {got!r}, expected {expected}"
-            # the controller counts a task when it sees the result, a moment after the client
-            # may: poll briefly before calling an engine idle
-            deadline = time.monotonic() + 5.0
-            while True:
-                after = completed()
-                idle = [rank for rank, eid in enumerate(view.targets) if after[eid] == before[eid]]
-                if not idle or time.monotonic() > deadline:
-                    break
-                time.sleep(0.05)
+            ran = {engine for engine, _ in replies}
+            back = [v for _, result in replies for v in numbers_in(result)]
+            idle = [rank for rank, eid in enumerate(view.targets) if eid not in ran]
             assert not idle, (
                 f"N={N}: the right number, but the engines of ranks {idle} ran nothing; "
                 "compute the squares there (scatter, then apply or execute)"
             )
-        return f"{len(view)} engines, N in {sizes[:3]} and one random N"
+            if len(back) > PER_ENGINE * len(view):
+                raise AssertionError(
+                    f"N={N}: the right number, but {len(back)} numbers came back from the "
+                    "engines and the notebook added them up: let every engine sum the squares "
+                    "of its part and send back one partial sum"
+                )
+            if sum(back) != expected:
+                raise AssertionError(
+                    f"N={N}: the right number, but what came back from the engines adds up to "
+                    f"{sum(back)}: the sum was computed in the notebook; bring back each "
+                    "engine's partial sum (pull or gather it, or return it from apply)"
+                )
+        return f"{len(view)} engines, N in {sizes[:3]} and one random N, partial sums from each"
 
     return run_check("0.1", "sum_of_squares_on_engines", body, verbose=verbose)

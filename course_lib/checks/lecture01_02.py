@@ -3,6 +3,8 @@
 A check runs the student's function on fresh random inputs and compares it with an independent
 reference (torch's autograd and operators where there is one). It never raises: a stub, a wrong
 answer or a crash all become ``FAIL (reason)`` (see :func:`course_lib.checks.verdict.run_check`).
+While the student's function runs, the ``scratch`` functions that answer the exercise refuse to
+run (:func:`course_lib.checks.verdict.refusing`): the lecture imports ``scratch`` to teach from it.
 """
 
 from __future__ import annotations
@@ -13,17 +15,43 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from course_lib.checks.verdict import Verdict, assert_close, run_check
+from course_lib.checks.verdict import Verdict, assert_close, refusing, run_check
 from course_lib.training import scratch
 from course_lib.training.loop import segmentation_scores
 
 __all__ = [
+    "REFUSED",
     "check_softmax_grad",
     "check_sgd_epoch",
     "check_corr2d",
     "check_max_pool2d",
     "check_miou",
 ]
+
+
+SCRATCH = "course_lib.training.scratch"
+REFUSED = {  # exercise -> the library functions that answer it, and what to write instead
+    "1.1": {
+        f"{SCRATCH}.softmax_regression_grad": "write P = softmax(XW + b) and (P - Y)/N with NumPy"
+    },
+    "1.2": {
+        f"{SCRATCH}.sgd_epoch": "loop over the batches: one step w <- w - lr * grad per batch",
+        f"{SCRATCH}.train_softmax_regression": "loop over the batches yourself",
+    },
+    "2.1": {
+        f"{SCRATCH}.corr2d": "slide K over X with two loops over the output positions",
+        f"{SCRATCH}.conv2d_naive": "slide K over X with two loops over the output positions",
+        f"{SCRATCH}.conv2d": "slide K over X with two loops over the output positions",
+    },
+    "2.2": {
+        f"{SCRATCH}.max_pool2d": "take the max of each size x size block (loops, or a reshape)",
+        f"{SCRATCH}.max_pool2d_naive": "take the max of each size x size block",
+    },
+    "2.3": {
+        "course_lib.training.loop.segmentation_scores": "count each class's intersection and "
+        "union with NumPy",
+    },
+}
 
 
 def check_softmax_grad(softmax_grad: Callable, *, verbose: bool = True) -> Verdict:
@@ -37,7 +65,8 @@ def check_softmax_grad(softmax_grad: Callable, *, verbose: bool = True) -> Verdi
             Wt = torch.tensor(W, requires_grad=True)
             bt = torch.tensor(b, requires_grad=True)
             F.cross_entropy(torch.tensor(X) @ Wt + bt, torch.tensor(y)).backward()
-            dW, db = softmax_grad(W.copy(), b.copy(), X.copy(), y.copy())
+            with refusing(REFUSED["1.1"]):
+                dW, db = softmax_grad(W.copy(), b.copy(), X.copy(), y.copy())
             assert_close("dW", dW, Wt.grad.numpy())
             assert_close("db", db, bt.grad.numpy())
         return "equal to torch autograd on 2 random problems"
@@ -55,7 +84,8 @@ def check_sgd_epoch(sgd_epoch: Callable, *, verbose: bool = True) -> Verdict:
         for batch_size in (1, 7, 20):
             batches = list(scratch.minibatches(len(X), batch_size, rng))
             W0, b0 = W.copy(), b.copy()
-            got = sgd_epoch(W, b, X, y, 0.3, batches)
+            with refusing(REFUSED["1.2"]):
+                got = sgd_epoch(W, b, X, y, 0.3, batches)
             if not (np.array_equal(W, W0) and np.array_equal(b, b0)):
                 raise AssertionError("sgd_epoch changed its inputs W or b; work on copies")
             if not isinstance(got, tuple) or len(got) != 2:
@@ -80,11 +110,9 @@ def check_corr2d(corr2d: Callable, *, verbose: bool = True) -> Verdict:
         ]:
             X, K = rng.normal(size=(h, w)), rng.normal(size=(kh, kw))
             ref = F.conv2d(torch.tensor(X)[None, None], torch.tensor(K)[None, None], stride=stride)
-            assert_close(
-                f"corr2d with a {kh}x{kw} kernel, stride {stride}",
-                corr2d(X, K, stride),
-                ref[0, 0].numpy(),
-            )
+            with refusing(REFUSED["2.1"]):
+                got = corr2d(X, K, stride)
+            assert_close(f"corr2d with a {kh}x{kw} kernel, stride {stride}", got, ref[0, 0].numpy())
         return "equal to torch's conv2d for 3 shapes and strides"
 
     return run_check("2.1", "2-D cross-correlation", body, verbose=verbose)
@@ -98,7 +126,9 @@ def check_max_pool2d(max_pool2d: Callable, *, verbose: bool = True) -> Verdict:
         for shape, size in [((1, 1, 4, 4), 2), ((2, 3, 9, 7), 3), ((2, 2, 6, 6), 2)]:
             X = rng.normal(size=shape)
             ref = F.max_pool2d(torch.tensor(X), size).numpy()
-            assert_close(f"max_pool2d of {shape} with size {size}", max_pool2d(X, size), ref)
+            with refusing(REFUSED["2.2"]):
+                got = max_pool2d(X, size)
+            assert_close(f"max_pool2d of {shape} with size {size}", got, ref)
         return "equal to torch's max_pool2d for 3 shapes"
 
     return run_check("2.2", "max pooling", body, verbose=verbose)
@@ -119,7 +149,8 @@ def check_miou(miou: Callable, *, verbose: bool = True) -> Verdict:
                 pred = np.where(pred > 3, 0, pred)  # class 3 predicted but absent: IoU 0 counts
             conf = torch.bincount(torch.tensor(target.ravel() * 6 + pred.ravel()), minlength=36)
             expected = segmentation_scores(conf.reshape(6, 6))["miou"]
-            got = float(miou(pred.copy(), target.copy(), 6))
+            with refusing(REFUSED["2.3"]):
+                got = float(miou(pred.copy(), target.copy(), 6))
             if not np.isclose(got, expected, atol=1e-9):
                 raise AssertionError(f"mIoU {got:.4f} on case {i + 1}, expected {expected:.4f}")
         return "equal to the reference on 3 cases, one with absent classes"

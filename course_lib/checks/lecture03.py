@@ -1,4 +1,8 @@
-"""Checks for the exercises of lecture 3 (communication), run on real ranks."""
+"""Checks for the exercises of lecture 3 (communication), run on real ranks.
+
+While the student's ring runs, the library's ``ring_allgather`` refuses to
+(:func:`course_lib.checks.verdict.refusing`): the lecture imports it to teach from it.
+"""
 
 from __future__ import annotations
 
@@ -7,11 +11,16 @@ from typing import Any
 
 import numpy as np
 
-from course_lib.checks.verdict import Verdict, run_check
+from course_lib.checks.verdict import Verdict, refusing, reraise_stub, run_check
 from course_lib.comm.buffers import chunk_bounds
 from course_lib.comm.communicator import Communicator
 
-__all__ = ["check_ring_allgather", "check_ring_allgather_on_rank", "stub_ring_allgather"]
+__all__ = ["REFUSED", "check_ring_allgather", "check_ring_allgather_on_rank", "stub_ring_allgather"]
+
+
+REFUSED = {
+    "course_lib.collectives.ring_allgather": "write the ring yourself with comm.sendrecv",
+}
 
 
 def stub_ring_allgather(comm: Communicator, buf: np.ndarray) -> np.ndarray:
@@ -34,7 +43,8 @@ def check_ring_allgather_on_rank(comm: Communicator, fn: Callable) -> str:
         a, b = bounds[r]
         buf[a:b] = want[a:b]
         comm.stats.reset()
-        out = fn(comm, buf)
+        with refusing(REFUSED, fn):
+            out = fn(comm, buf)
         got = buf if out is None else np.asarray(out)
         error = _problem(comm, size, got, want, bounds)
         # every rank must stop at the same size, or the others would wait in the next call
@@ -105,6 +115,8 @@ def check_ring_allgather(
             details = cluster.run(_engine_check, comm_name, fn, timeout=limit)
         except Exception as exc:  # noqa: BLE001 - ipyparallel wraps the engine's exception
             inner = getattr(exc, "ename", None)
+            if inner == "LibraryCall" or "LibraryCall" in str(exc):
+                reraise_stub(exc)  # the refusal, as in the notebook's process
             if inner == "NotImplementedError" or "NotImplementedError" in str(exc):
                 raise NotImplementedError("Exercise 3.1: write ring_allgather") from None
             if inner == "AssertionError":

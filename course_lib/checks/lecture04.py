@@ -4,6 +4,8 @@ Exercise 4.1 trains with the student's averaging on every engine (through
 :func:`~course_lib.parallel.data_parallel.train.train_data_parallel`) and compares every replica with
 one process trained on the whole global batch, and each rank's bytes with a parameter server's.
 Exercise 4.2 compares the student's prediction of one exchange with the alpha-beta formulas.
+While the student's function runs, the library's parameter server and cost model refuse to
+(:func:`course_lib.checks.verdict.refusing`): the lecture imports both to teach from them.
 """
 
 from __future__ import annotations
@@ -14,31 +16,42 @@ from typing import Any
 import numpy as np
 from torch.utils.data import TensorDataset
 
-from course_lib.checks.verdict import Verdict, run_check
+from course_lib.checks.verdict import Verdict, refusing, reraise_stub, run_check
 from course_lib.comm.communicator import Communicator
-from course_lib.cost_model.alpha_beta import LinkModel, predict
+from course_lib.cost_model.alpha_beta import ALGORITHMS
 from course_lib.data.digits import load_digits
 from course_lib.parallel.data_parallel.reference import (
     max_weight_difference,
     train_one_process,
     weights_match,
 )
-from course_lib.parallel.exchanges.parameter_server import ParameterServer, ParameterServerSource000
 from course_lib.training.loop import TrainConfig
 from course_lib.training.models import MLP
 
 __all__ = [
     "EXERCISE_METHOD",
+    "REFUSED",
     "check_parameter_server",
     "check_sync_time",
-    "reference_ps_average",
-    "reference_sync_time",
-    "source000_ps_average",
     "stub_ps_average",
     "stub_sync_time",
 ]
 
 EXERCISE_METHOD = "exercise_4_1"
+_PS = "course_lib.parallel.exchanges.parameter_server.ParameterServer"
+_COST = "course_lib.cost_model.alpha_beta"
+_FORMULA = "write the alpha-beta sum yourself: messages x (alpha + bytes x beta)"
+REFUSED = {  # exercise -> the library functions that answer it, and what to write instead
+    "4.1": {
+        f"{_PS}.average": "send to rank 0 with comm.send, sum and divide there, send the mean back",
+        f"{_PS}.combine_in_place": "add the gradients and divide by N yourself",
+    },
+    "4.2": {
+        f"{_COST}.predict": _FORMULA,
+        f"{_COST}.ALGORITHMS[star_allreduce]": _FORMULA,
+        f"{_COST}.ALGORITHMS[ring_allreduce]": _FORMULA,
+    },
+}
 CHECK_CONFIG = TrainConfig(num_epochs=2, batch_size=48, lr=0.5, momentum=0.5, seed=5)
 
 
@@ -59,16 +72,6 @@ def stub_ps_average(comm: Communicator, flat: np.ndarray) -> None:
     raise NotImplementedError("Exercise 4.1: write the parameter server's averaging")
 
 
-def reference_ps_average(comm: Communicator, flat: np.ndarray) -> None:
-    """The library's parameter server (rank 0 serves and computes), as a function."""
-    ParameterServer().average(comm, flat)
-
-
-def source000_ps_average(comm: Communicator, flat: np.ndarray) -> None:
-    """Source 000's published combination: must FAIL the check."""
-    ParameterServerSource000().average(comm, flat)
-
-
 def _exercise_exchange(fn: Callable) -> Any:
     """Return an exchange method (named ``EXERCISE_METHOD``) that averages with ``fn(comm, flat)``.
 
@@ -80,7 +83,11 @@ def _exercise_exchange(fn: Callable) -> Any:
         name = EXERCISE_METHOD
 
         def average(self, comm: Communicator, flat: np.ndarray) -> None:
-            out = fn(comm, flat)
+            from course_lib.checks.lecture04 import REFUSED
+            from course_lib.checks.verdict import refusing
+
+            with refusing(REFUSED["4.1"], fn):
+                out = fn(comm, flat)
             if out is not None and out is not flat:  # an answer may return a new array
                 np.copyto(flat, np.asarray(out, dtype=flat.dtype).reshape(flat.shape))
 
@@ -107,6 +114,7 @@ def _parameter_server_body(fn: Callable, cluster: Any, world_size: int | None) -
             timeout=240,
         )
     except DataParallelError as exc:
+        reraise_stub(exc)  # a LibraryCall on the engines: the same refusal here
         if "NotImplementedError" in str(exc):
             raise NotImplementedError(
                 "Exercise 4.1: write the parameter server's averaging"
@@ -167,12 +175,12 @@ def stub_sync_time(method: str, nbytes: float, world_size: int, alpha: float, be
     raise NotImplementedError("Exercise 4.2: predict the exchange's time")
 
 
-def reference_sync_time(
+def _model_sync_time(
     method: str, nbytes: float, world_size: int, alpha: float, beta: float
 ) -> float:
     """The cost model's time of one exchange: the star (server) or the ring."""
     algorithm = {"parameter_server": "star_allreduce", "ring": "ring_allreduce"}[method]
-    return predict(algorithm, nbytes, world_size, LinkModel(alpha, beta))
+    return ALGORITHMS[algorithm](nbytes, world_size, alpha, beta)
 
 
 def _sync_time_body(fn: Callable) -> str:
@@ -184,8 +192,9 @@ def _sync_time_body(fn: Callable) -> str:
         for a, b in ((50e-6, 1 / 125e6), (1e-3, 1 / 12.5e6))
     ]
     for method, nbytes, p, alpha, beta in cases:
-        got = float(fn(method, nbytes, p, alpha, beta))
-        want = reference_sync_time(method, nbytes, p, alpha, beta)
+        with refusing(REFUSED["4.2"], fn):
+            got = float(fn(method, nbytes, p, alpha, beta))
+        want = _model_sync_time(method, nbytes, p, alpha, beta)
         if not np.isclose(got, want, rtol=1e-6, atol=1e-12):
             raise AssertionError(
                 f"{method}, {nbytes:g} bytes, N={p}, alpha={alpha:g} s, 1/beta={1 / beta:g} B/s:"

@@ -3,7 +3,8 @@
 Exercise 5.1: the staleness of every gradient a fully asynchronous server applies, for a given
 order of arrivals. Exercise 5.2: the stale-synchronous gate (Ho et al. 2013). Both are replayed
 against :class:`~course_lib.parallel.asynchronous.staleness.StalenessLedger`, the bookkeeping the kit's
-server runs on the engines, on fixed and random orders.
+server runs on the engines, on fixed and random orders. While the student's function runs, the
+ledger's own methods refuse to (:func:`course_lib.checks.verdict.refusing`).
 """
 
 from __future__ import annotations
@@ -11,34 +12,34 @@ from __future__ import annotations
 import random
 from collections.abc import Callable
 
-from course_lib.checks.verdict import Verdict, run_check
+from course_lib.checks.verdict import Verdict, refusing, run_check
 from course_lib.parallel.asynchronous.staleness import StalenessLedger
 
 __all__ = [
+    "REFUSED",
     "check_ssp_gate",
     "check_staleness",
-    "reference_may_proceed",
-    "reference_staleness",
     "stub_may_proceed",
     "stub_staleness",
 ]
+
+_LEDGER = "course_lib.parallel.asynchronous.staleness.StalenessLedger"
+REFUSED = {  # exercise -> the library functions that answer it, and what to write instead
+    "5.1": {
+        f"{_LEDGER}.arrive": "keep the version and each worker's last read version yourself",
+        f"{_LEDGER}.release": "keep the version and each worker's last read version yourself",
+    },
+    "5.2": {
+        f"{_LEDGER}.may_proceed": "compare the worker's clock with the slowest live clock",
+        f"{_LEDGER}.slowest": "take the minimum clock over the live workers yourself",
+    },
+}
 
 
 # ---- Exercise 5.1: staleness of a scripted order ------------------------------------------------
 def stub_staleness(order: list[int], workers: int) -> list[int]:
     """The released stub of Exercise 5.1."""
     raise NotImplementedError("Exercise 5.1: compute the staleness of each applied gradient")
-
-
-def reference_staleness(order: list[int], workers: int) -> list[int]:
-    """Return the staleness of each gradient in ``order``: each worker reads right after its push."""
-    version, read = 0, dict.fromkeys(range(1, workers + 1), 0)
-    out = []
-    for w in order:
-        out.append(version - read[w])
-        version += 1
-        read[w] = version
-    return out
 
 
 def _orders(seed: int, count: int) -> list[tuple[list[int], int]]:
@@ -60,7 +61,8 @@ def _staleness_body(fn: Callable) -> str:
             ledger.arrive(w, ledger.computing[w][0])
             ledger.release()
         want = [a.staleness for a in ledger.applied]
-        got = fn(list(order), workers)
+        with refusing(REFUSED["5.1"], fn):
+            got = fn(list(order), workers)
         got = [int(v) for v in got] if got is not None else None
         assert got == want, (
             f"for arrivals {order} from {workers} workers you gave {got}, the server records "
@@ -84,20 +86,14 @@ def stub_may_proceed(
     raise NotImplementedError("Exercise 5.2: write the stale-synchronous gate")
 
 
-def reference_may_proceed(
-    clocks: dict[int, int], live: set[int], worker: int, bound: int | None
-) -> bool:
-    """Return True when ``worker`` is at most ``bound`` clocks ahead of the slowest live worker."""
-    return bound is None or clocks[worker] - min(clocks[w] for w in live) <= bound
-
-
 class _StudentGate(StalenessLedger):
     def __init__(self, workers: list[int], bound: int | None, fn: Callable) -> None:
         super().__init__(workers, bound)
         self.fn = fn
 
     def may_proceed(self, worker: int) -> bool:
-        return bool(self.fn(dict(self.clocks), set(self.live), worker, self.bound))
+        with refusing(REFUSED["5.2"], self.fn):
+            return bool(self.fn(dict(self.clocks), set(self.live), worker, self.bound))
 
 
 def _gate_body(fn: Callable) -> str:

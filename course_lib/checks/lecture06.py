@@ -3,7 +3,9 @@
 Exercise 6.1 compares the student's mixing matrix of one gossip step with the library's for
 every world size 2..9 and every partner distance (the shared partner of P = 2 and s = P/2
 included). Exercise 6.2 compares the student's spectral gap with ``1 - ||W - J||_2`` on
-symmetric and non-symmetric doubly stochastic matrices.
+symmetric and non-symmetric doubly stochastic matrices. While the student's function runs, the
+library's ``gossip_matrix`` and ``spectral_gap`` (and ``contraction``) refuse to
+(:func:`course_lib.checks.verdict.refusing`): the lecture imports them to teach from them.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from course_lib.checks.verdict import Verdict, run_check
+from course_lib.checks.verdict import Verdict, refusing, run_check
 from course_lib.collectives.mixing import (
     allreduce_matrix,
     gossip_distances,
@@ -22,26 +24,31 @@ from course_lib.collectives.mixing import (
 )
 
 __all__ = [
+    "REFUSED",
     "check_gossip_matrix",
     "check_spectral_gap",
     "eigenvalue_gap",
-    "reference_gossip_matrix",
-    "reference_spectral_gap",
     "stub_gossip_matrix",
     "stub_spectral_gap",
     "wrong_gossip_matrix",
 ]
+
+_MIXING = "course_lib.collectives.mixing"
+REFUSED = {  # exercise -> the library functions that answer it, and what to write instead
+    "6.1": {
+        f"{_MIXING}.gossip_matrix": "add 1/3 for self and for each partner gossip_partners gives"
+    },
+    "6.2": {
+        f"{_MIXING}.spectral_gap": "compute 1 - the largest singular value of W - J with NumPy",
+        f"{_MIXING}.contraction": "compute 1 - the largest singular value of W - J with NumPy",
+    },
+}
 
 
 # ---- Exercise 6.1: the mixing matrix of one gossip step -----------------------------------------
 def stub_gossip_matrix(world_size: int, s: int) -> np.ndarray:
     """The released stub of Exercise 6.1."""
     raise NotImplementedError("Exercise 6.1: build the gossip step's mixing matrix")
-
-
-def reference_gossip_matrix(world_size: int, s: int) -> np.ndarray:
-    """The library's matrix: 1/3 on self and on each partner (a shared partner gets 2/3)."""
-    return gossip_matrix(world_size, s)
 
 
 def wrong_gossip_matrix(world_size: int, s: int) -> np.ndarray:
@@ -55,7 +62,8 @@ def wrong_gossip_matrix(world_size: int, s: int) -> np.ndarray:
 def _gossip_matrix_body(fn: Callable) -> str:
     cases = [(p, s) for p in range(2, 10) for s in sorted(set(gossip_distances(p, p)))]
     for p, s in cases:
-        got = np.asarray(fn(p, s), dtype=float)
+        with refusing(REFUSED["6.1"], fn):
+            got = np.asarray(fn(p, s), dtype=float)
         want = gossip_matrix(p, s)
         if got.shape != want.shape:
             raise AssertionError(f"P={p}, s={s}: got a {got.shape} matrix, want ({p}, {p})")
@@ -72,7 +80,7 @@ def _gossip_matrix_body(fn: Callable) -> str:
             raise AssertionError(
                 f"P={p}, s={s}: entry [{i}, {j}] is {got[i, j]:.4f}, want {want[i, j]:.4f}{hint}"
             )
-    return f"{len(cases)} (P, s) pairs, P = 2..9, every row and column sums to 1"
+    return f"{len(cases)} (P, s) pairs, P = 2..9, every entry equal to one gossip step's weight"
 
 
 def check_gossip_matrix(fn: Callable, *, verbose: bool = True) -> Verdict:
@@ -86,11 +94,6 @@ def check_gossip_matrix(fn: Callable, *, verbose: bool = True) -> Verdict:
 def stub_spectral_gap(w: np.ndarray) -> float:
     """The released stub of Exercise 6.2."""
     raise NotImplementedError("Exercise 6.2: compute the spectral gap")
-
-
-def reference_spectral_gap(w: np.ndarray) -> float:
-    """The library's gap: 1 minus the largest singular value of W - J."""
-    return spectral_gap(w)
 
 
 def eigenvalue_gap(w: np.ndarray) -> float:
@@ -115,7 +118,9 @@ def _cases() -> list[tuple[str, np.ndarray]]:
 
 def _spectral_gap_body(fn: Callable) -> str:
     for name, w in _cases():
-        got, want = float(fn(w.copy())), spectral_gap(w)
+        with refusing(REFUSED["6.2"], fn):
+            got = float(fn(w.copy()))
+        want = spectral_gap(w)
         if not np.isclose(got, want, atol=1e-9):
             raise AssertionError(
                 f"{name}: got {got:.4f}, want {want:.4f} = 1 - ||W - J||_2 (J: every entry 1/P; "

@@ -5,6 +5,9 @@
 * 7.2 ``error_feedback_step(g, residual, quantize) -> (sent, residual)``: one step of error
   feedback; checked by the running sum (sent + residual = sum of gradients) and step by step;
 * 7.3 ``top_k(g, k) -> (indices, values)``: the k values largest in magnitude.
+
+While the student's function runs, the library's codec, error feedback and top-k refuse to
+(:func:`course_lib.checks.verdict.refusing`): the lecture imports them to teach from them.
 """
 
 from __future__ import annotations
@@ -13,10 +16,11 @@ from collections.abc import Callable
 
 import numpy as np
 
-from course_lib.checks.verdict import Verdict, run_check
+from course_lib.checks.verdict import Verdict, refusing, run_check
 from course_lib.compression.int8 import int8_decode, int8_encode
 
 __all__ = [
+    "REFUSED",
     "check_error_feedback",
     "check_int8_quantize",
     "check_top_k",
@@ -24,6 +28,21 @@ __all__ = [
     "stub_int8_quantize",
     "stub_top_k",
 ]
+
+
+REFUSED = {  # exercise -> the library functions that answer it, and what to write instead
+    "7.1": {
+        "course_lib.compression.int8.int8_encode": "compute m = max|g| and the int8 cast yourself"
+    },
+    "7.2": {
+        "course_lib.compression.error_feedback.ErrorFeedback.compress": "add the residual, "
+        "compress with quantize, keep what was not sent"
+    },
+    "7.3": {
+        "course_lib.compression.sparse.TopK.compress": "find the k largest |g| with NumPy "
+        "(np.argpartition or np.argsort)"
+    },
+}
 
 
 def stub_int8_quantize(g: np.ndarray) -> tuple[np.ndarray, np.float32]:
@@ -54,7 +73,8 @@ def _gradients() -> list[np.ndarray]:
 
 def _int8_body(fn: Callable) -> str:
     for g in _gradients():
-        q, m = fn(g.copy())
+        with refusing(REFUSED["7.1"], fn):
+            q, m = fn(g.copy())
         want_q, want_m = int8_encode(g)
         q = np.asarray(q)
         assert q.dtype == np.int8, f"q has dtype {q.dtype}: cast to np.int8 (1 byte a value)"
@@ -93,7 +113,8 @@ def _ef_body(fn: Callable) -> str:
         for step in range(40):
             g = rng.standard_normal(50).astype(np.float32)
             want_sent = quantize(g + residual)
-            sent, new_residual = fn(g.copy(), residual.copy(), quantize)
+            with refusing(REFUSED["7.2"], fn):
+                sent, new_residual = fn(g.copy(), residual.copy(), quantize)
             assert np.allclose(sent, want_sent, atol=1e-6), (
                 f"{name}, step {step}: sent differs from quantize(g + residual)"
             )
@@ -117,7 +138,8 @@ def _top_k_body(fn: Callable) -> str:
     rng = np.random.default_rng(72)
     for n, k in ((100, 1), (1000, 10), (64, 64), (5, 3)):
         g = rng.standard_normal(n).astype(np.float32)
-        idx, values = fn(g.copy(), k)
+        with refusing(REFUSED["7.3"], fn):
+            idx, values = fn(g.copy(), k)
         idx, values = np.asarray(idx).astype(np.int64), np.asarray(values)
         assert idx.size == k and values.size == k, f"n={n}, k={k}: got {idx.size} indices"
         assert len(set(idx.tolist())) == k, f"n={n}, k={k}: indices repeat"

@@ -5,6 +5,8 @@ dense configurations (Local-SGD(p) with allreduce or with gossip) with
 :func:`~course_lib.papers.source001_configurations.predict_values_sent`, for world sizes 2..8 (where
 gossip's two partners coincide at s = P/2), periods 1..32 and step counts that do and do not
 divide by the period. The notebook then holds the same prediction against the measured rows.
+While the student's function runs, ``predict_values_sent`` refuses to
+(:func:`course_lib.checks.verdict.refusing`): the lecture imports it to teach from it.
 """
 
 from __future__ import annotations
@@ -13,28 +15,26 @@ from collections.abc import Callable
 
 import numpy as np
 
-from course_lib.checks.verdict import Verdict, run_check
+from course_lib.checks.verdict import Verdict, refusing, run_check
 from course_lib.papers.source001_configurations import predict_values_sent
 
 __all__ = [
+    "REFUSED",
     "check_values_sent",
-    "reference_values_sent",
     "stub_values_sent",
     "two_messages_values_sent",
 ]
+
+REFUSED = {  # the library function that answers the exercise, and what to write instead
+    "course_lib.papers.source001_configurations.predict_values_sent": "count the averagings "
+    "(steps // period) and the values each sends, with gossip_partners for gossip",
+}
 
 
 # ---- Exercise 8.1: predict the values sent ------------------------------------------------------
 def stub_values_sent(averaging: str, size: int, world_size: int, steps: int, period: int) -> float:
     """The released stub of Exercise 8.1."""
     raise NotImplementedError("Exercise 8.1: predict the values one rank sends")
-
-
-def reference_values_sent(
-    averaging: str, size: int, world_size: int, steps: int, period: int
-) -> float:
-    """The library's prediction."""
-    return predict_values_sent(averaging, size, world_size, steps, period)
 
 
 def two_messages_values_sent(
@@ -60,7 +60,8 @@ def _cases() -> list[tuple[str, int, int, int, int]]:
 def _values_sent_body(fn: Callable) -> str:
     cases = _cases()
     for averaging, size, n, steps, period in cases:
-        got = float(fn(averaging, size, n, steps, period))
+        with refusing(REFUSED, fn):
+            got = float(fn(averaging, size, n, steps, period))
         want = predict_values_sent(averaging, size, n, steps, period)
         if not np.isclose(got, want, rtol=1e-9):
             hint = ""

@@ -4,16 +4,23 @@ The student writes the link rate at which float32 synchronisation through source
 takes a given share of each step (the "source's regime" of the re-measured Table 2); the check
 compares it with :func:`course_lib.papers.source000_table.source_regime_rate` on several
 clusters, and names the usual slip (counting only the workers' uploads, not the server's replies).
+While the student's function runs, ``source_regime_rate`` refuses to
+(:func:`course_lib.checks.verdict.refusing`): the lecture imports it to teach from it.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
-from course_lib.checks.verdict import Verdict, run_check
+from course_lib.checks.verdict import Verdict, refusing, run_check
 from course_lib.papers.source000_table import source_regime_rate
 
-__all__ = ["check_regime_rate", "one_hop_regime_rate", "stub_regime_rate"]
+__all__ = ["REFUSED", "check_regime_rate", "one_hop_regime_rate", "stub_regime_rate"]
+
+REFUSED = {  # the library function that answers the exercise, and what to write instead
+    "course_lib.papers.source000_table.source_regime_rate": "solve f = t_s / (t_s + t_c) for "
+    "t_s, then the star's 2(N-1) S / t_s",
+}
 
 CASES = [(0.4, 7.8e6, 4, 68.7 / 96.996), (2.0, 8.33e6, 6, 68.7 / 96.996), (0.1, 1e6, 2, 0.5),
          (0.05, 3e5, 8, 0.9)]  # fmt: skip
@@ -35,7 +42,8 @@ def one_hop_regime_rate(
 
 def _body(fn: Callable) -> str:
     for compute_s, nbytes, n, share in CASES:
-        got = float(fn(compute_s, nbytes, n, share))
+        with refusing(REFUSED, fn):
+            got = float(fn(compute_s, nbytes, n, share))
         want = source_regime_rate(compute_s, nbytes, n, share)
         if abs(got - want) > 1e-6 * want:
             hint = ""

@@ -4,7 +4,8 @@ Each check calls the student's function on every engine with that engine's commu
 compares the result with one full matrix product (9.1, 9.2) or with the sum over ranks of every
 rank's share of a gradient (9.3, Krizhevsky's hybrid); it also reads the communicator's
 counters, so an answer that moves more than the split needs (gathering all of W, say, or an
-allreduce where a reduce-scatter suffices) does not pass.
+allreduce where a reduce-scatter suffices) does not pass. While the student's function runs, the
+library's operators that answer the exercise refuse to (:func:`course_lib.checks.verdict.refusing`).
 """
 
 from __future__ import annotations
@@ -14,9 +15,10 @@ from typing import Any
 
 import numpy as np
 
-from course_lib.checks.verdict import Verdict, run_check
+from course_lib.checks.verdict import Verdict, refusing, reraise_stub, run_check
 
 __all__ = [
+    "REFUSED",
     "check_column_parallel",
     "check_features_grad",
     "check_features_grad_on_rank",
@@ -26,6 +28,20 @@ __all__ = [
     "stub_features_grad",
     "stub_row_parallel",
 ]
+
+
+_TP = "course_lib.parallel.model_parallel.tensor_parallel"
+REFUSED = {  # exercise -> the library functions that answer it, and what to write instead
+    "9.1": {
+        f"{_TP}.gather_from_parallel": "multiply X @ W_shard.T, then comm.allgather the pieces "
+        "and put them side by side"
+    },
+    "9.2": {f"{_TP}.reduce_from_parallel": "sum the partial product with comm.allreduce"},
+    "9.3": {
+        "course_lib.parallel.model_parallel.hybrid.scatter_batch_grad": "use comm.reduce_scatter"
+        " and reshape its chunk to this rank's rows"
+    },
+}
 
 
 def stub_column_parallel(comm: Any, X: Any, W_shard: Any) -> Any:
@@ -57,7 +73,8 @@ def check_features_grad_on_rank(comm: Any, fn: Callable) -> str:
         b = rows // p  # every rank's share is known to every rank: the answer is their sum
         want = shares.sum(0)[r * b : (r + 1) * b]
         comm.stats.reset()
-        got = fn(comm, shares[r].clone())
+        with refusing(REFUSED["9.3"], fn):
+            got = fn(comm, shares[r].clone())
         where = f"rank {r}, grad_whole {(rows, width)}"
         error = None
         got = torch.as_tensor(got)
@@ -94,13 +111,14 @@ def check_on_rank(comm: Any, fn: Callable, exercise: str) -> str:
         X, W = torch.randn(batch, d_in, generator=gen), torch.randn(d_out, d_in, generator=gen)
         want = X @ W.T
         comm.stats.reset()
-        if exercise == "9.1":
-            k = d_out // p  # output neurons per rank
-            got, allowed = fn(comm, X, W[r * k : (r + 1) * k]), batch * k * 4
-        else:
-            k = d_in // p  # input features per rank
-            got = fn(comm, X[:, r * k : (r + 1) * k], W[:, r * k : (r + 1) * k])
-            allowed = batch * d_out * 4
+        with refusing(REFUSED[exercise], fn):
+            if exercise == "9.1":
+                k = d_out // p  # output neurons per rank
+                got, allowed = fn(comm, X, W[r * k : (r + 1) * k]), batch * k * 4
+            else:
+                k = d_in // p  # input features per rank
+                got = fn(comm, X[:, r * k : (r + 1) * k], W[:, r * k : (r + 1) * k])
+                allowed = batch * d_out * 4
         error = _problem(
             comm, got, want, allowed, f"rank {r}, X {tuple(X.shape)}, W {tuple(W.shape)}"
         )
@@ -153,6 +171,8 @@ def _check(
             return cluster.run(_engine_check, comm_name, fn, exercise, timeout=timeout)[0]
         except Exception as exc:  # noqa: BLE001 - ipyparallel wraps the engine's exception
             inner = getattr(exc, "ename", None)
+            if inner == "LibraryCall" or "LibraryCall" in str(exc):
+                reraise_stub(exc)  # the refusal, as in the notebook's process
             if inner == "NotImplementedError" or "NotImplementedError" in str(exc):
                 raise NotImplementedError(f"Exercise {exercise}: write {title}") from None
             if inner == "AssertionError":

@@ -1,17 +1,31 @@
 """Checks for the exercises of lecture 10 (pipeline parallelism): schedules and stage balancing.
 
-Both run on paper (the schedule simulator), so they are fast and deterministic.
+Both run on paper (the schedule simulator), so they are fast and deterministic. While the
+student's function runs, the library's schedule and balancer refuse to
+(:func:`course_lib.checks.verdict.refusing`): the lecture imports them to teach from them.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from course_lib.checks.verdict import Verdict, run_check
+from course_lib.checks.verdict import Verdict, refusing, run_check
 from course_lib.parallel.pipeline_parallel.pipeline import balance_stages
 from course_lib.parallel.pipeline_parallel.schedule import bubble_formula, simulate
 
-__all__ = ["check_balance", "check_one_f_one_b", "stub_balance", "stub_one_f_one_b"]
+__all__ = ["REFUSED", "check_balance", "check_one_f_one_b", "stub_balance", "stub_one_f_one_b"]
+
+_PP = "course_lib.parallel.pipeline_parallel"
+REFUSED = {  # exercise -> the library functions that answer it, and what to write instead
+    "10.1": {
+        f"{_PP}.schedule.one_f_one_b_schedule": "list the warm-up forwards, then alternate "
+        "one forward and one backward, then the remaining backwards"
+    },
+    "10.2": {
+        f"{_PP}.pipeline.balance_stages": "search the smallest maximum stage cost (binary search"
+        " with a greedy cut, or dynamic programming)"
+    },
+}
 
 
 def stub_one_f_one_b(num_stages: int, num_microbatches: int, stage: int) -> list:
@@ -28,7 +42,8 @@ def _one_f_one_b_body(fn: Callable) -> str:
     cases = [(2, 1), (2, 4), (3, 3), (4, 8), (5, 12)]
     for p, m in cases:
         for s in range(p):
-            actions = [tuple(a) for a in fn(p, m, s)]
+            with refusing(REFUSED["10.1"], fn):
+                actions = [tuple(a) for a in fn(p, m, s)]
             want = sorted([("F", i) for i in range(m)] + [("B", i) for i in range(m)])
             if sorted(actions) != want:
                 raise AssertionError(
@@ -40,7 +55,10 @@ def _one_f_one_b_body(fn: Callable) -> str:
                     f"p={p}, m={m}, stage {s}: a backward comes before its forward"
                 )
         try:
-            timeline = simulate(lambda p_, m_, s_: [tuple(a) for a in fn(p_, m_, s_)], [1] * p, m)
+            with refusing(REFUSED["10.1"], fn):
+                timeline = simulate(
+                    lambda p_, m_, s_: [tuple(a) for a in fn(p_, m_, s_)], [1] * p, m
+                )
         except RuntimeError as exc:
             raise AssertionError(f"p={p}, m={m}: {exc}") from None
         if abs(timeline.bubble_fraction - bubble_formula(p, m)) > 1e-12:
@@ -71,7 +89,8 @@ def _balance_body(fn: Callable) -> str:
         ([5, 1, 1, 1], 1),
     ]
     for costs, p in cases:
-        got = [tuple(b) for b in fn(costs, p)]
+        with refusing(REFUSED["10.2"], fn):
+            got = [tuple(b) for b in fn(costs, p)]
         stop = 0
         for a, b in got:
             if a != stop or b <= a:

@@ -1,14 +1,28 @@
-"""Verdicts for exercise check cells: one deterministic line per exercise, never a traceback."""
+"""Verdicts for exercise check cells: one deterministic line per exercise, never a traceback.
+
+Also the course's one guard against answers that delegate to the library (:func:`refusing`):
+while a student's function runs, the library functions that answer the exercise raise
+:class:`LibraryCall`, whatever name the notebook imported them under.
+"""
 
 from __future__ import annotations
 
+import contextlib
+import importlib
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["Verdict", "assert_close", "reraise_stub", "run_check"]
+__all__ = [
+    "LibraryCall",
+    "Verdict",
+    "assert_close",
+    "refusing",
+    "reraise_stub",
+    "run_check",
+]
 
 
 @dataclass(frozen=True)
@@ -79,13 +93,93 @@ def reraise_stub(exc: BaseException) -> None:
     """Raise ``NotImplementedError`` when an engine's error is a stub's, so the verdict says so.
 
     ipyparallel wraps an engine's exception (``RemoteError``, or a ``CompositeError`` holding one
-    per engine); a stub's ``NotImplementedError`` inside becomes ``FAIL (not implemented yet)``.
+    per engine); a stub's ``NotImplementedError`` inside becomes ``FAIL (not implemented yet)``,
+    and a :class:`LibraryCall` becomes the same refusal it is in the notebook's process.
     """
     errors = [(exc.ename, exc.evalue)] if hasattr(exc, "ename") else []
     errors += [(e[0], e[1]) for e in getattr(exc, "elist", [])]  # a CompositeError's
     for name, value in errors:
         if name == "NotImplementedError":
             raise NotImplementedError(value) from None
+    for name, value in errors:
+        if name == "LibraryCall":
+            raise LibraryCall(value) from None
+    marker = "LibraryCall: "  # errors that reached the controller as text (a failed run's)
+    if marker in str(exc):
+        message = str(exc).split(marker, 1)[1].splitlines()[0]
+        raise LibraryCall(message.split("; rank ")[0]) from None  # one rank's is enough
+
+
+# ---- answers that delegate to the library ------------------------------------------------------
+class LibraryCall(AssertionError):
+    """A library function that answers the exercise was called by the student's function."""
+
+
+def _resolve(dotted: str) -> Callable:
+    """Import ``course_lib.pkg.module.name`` (``...module.Class.method``, ``...TABLE[key]``)."""
+    path, _, key = dotted.partition("[")
+    parts = path.split(".")
+    for cut in range(len(parts) - 1, 0, -1):
+        try:
+            obj = importlib.import_module(".".join(parts[:cut]))
+        except ImportError:
+            continue
+        for name in parts[cut:]:
+            obj = getattr(obj, name)
+        if key:  # a function kept in a table, e.g. the cost model's ALGORITHMS[star_allreduce]
+            obj = obj[key.rstrip("]")]
+        return getattr(obj, "__func__", obj)  # a classmethod's function
+    raise ImportError(f"cannot import {dotted}")
+
+
+def _trap_code(message: str, free: int) -> object:
+    """Code that raises ``LibraryCall(message)``, with ``free`` closure cells like its target's.
+
+    Globals are looked up in the target's module, so the error class is imported by name
+    through the builtins, which every module shares.
+    """
+    cells = [f"_c{i}" for i in range(free)]
+    raise_line = (
+        "raise __import__('course_lib.checks.verdict', fromlist=['LibraryCall'])"
+        f".LibraryCall({message!r})"
+    )
+    source = "def _outer():\n"
+    source += "".join(f"    {c} = None\n" for c in cells)
+    source += "    def trap(*args, **kwargs):\n"
+    source += "".join(f"        {c}\n" for c in cells)
+    source += f"        {raise_line}\n"
+    source += "    return trap\n"
+    namespace: dict = {}
+    exec(compile(source, "<library guard>", "exec"), namespace)  # noqa: S102 - our own text
+    return namespace["_outer"]().__code__
+
+
+@contextlib.contextmanager
+def refusing(functions: Mapping[str, str], answer: Callable | None = None) -> Iterator[None]:
+    """While the block runs, every library function in ``functions`` raises :class:`LibraryCall`.
+
+    ``functions`` maps a dotted name (``"course_lib.collectives.ring_allgather"``, a method as
+    ``"...StalenessLedger.may_proceed"``) to the hint that follows the refusal. The functions'
+    ``__code__`` is swapped, not a module attribute, so every alias (``C.ring_allgather``, a
+    ``from ... import``, a wrapper that calls it) is caught; the code is restored on the way out,
+    also when the block raises. Give the student's function as ``answer`` to refuse the library
+    function itself handed in as the answer (ipyparallel ships a function to an engine as a copy
+    of its code, which the swap does not reach). Wrap only the student's call: the check's own
+    reference runs outside the block.
+    """
+    swapped: list[tuple[Callable, object]] = []
+    try:
+        for dotted, hint in functions.items():
+            fn = _resolve(dotted)
+            message = f"your answer calls {dotted}, which answers the exercise: {hint}"
+            if answer is not None and getattr(answer, "__code__", None) == fn.__code__:
+                raise LibraryCall(message.replace("your answer calls", "your answer is"))
+            swapped.append((fn, fn.__code__))
+            fn.__code__ = _trap_code(message, len(fn.__closure__ or ()))
+        yield
+    finally:
+        for fn, code in reversed(swapped):
+            fn.__code__ = code
 
 
 def assert_close(name: str, got: object, expected: np.ndarray, atol: float = 1e-8) -> None:

@@ -60,7 +60,7 @@ def _run_world(
     """Start one world, wait for it; return (whether it failed, every process's output)."""
     env = dict(
         os.environ,
-        PYTHONPATH=str(ROOT),
+        PYTHONPATH=os.pathsep.join([str(ROOT), str(ROOT / "assignments/source/lectures")]),
         OMP_NUM_THREADS="1",
         PYTHONUNBUFFERED="1",
         COMM_RESULT_DIR=str(outdir),
