@@ -134,6 +134,7 @@ def recomputation_cost(
         grads[label] = [p.grad.clone() for p in net.parameters()]
     net.zero_grad(set_to_none=True)
     out["grad_difference"] = max(
-        float((a - b).abs().max()) for a, b in zip(grads["plain"], grads["checkpointed"], strict=True)
+        float((a - b).abs().max())
+        for a, b in zip(grads["plain"], grads["checkpointed"], strict=True)
     )
     return out
