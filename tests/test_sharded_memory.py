@@ -67,3 +67,14 @@ def test_bfloat16_autocast_keeps_float32_master_weights_and_learns_like_float32(
     assert bf16["losses"][0] == pytest.approx(fp32["losses"][0], rel=2e-2)
     assert bf16["losses"] != fp32["losses"]  # really computed in bfloat16
     assert abs(bf16["losses"][-1] - fp32["losses"][-1]) < 0.1 * fp32["losses"][0]
+
+
+def test_the_cheapest_scheme_that_fits_is_chosen_in_order():
+    from course_lib.parallel.sharded.budget import cheapest_fit
+
+    psi, n, act = 1e9, 8, 2e9  # float32 Adam: DDP 16 GB + 2 GB of activations
+    assert cheapest_fit(psi, n, act, 20e9)[0] == "DDP"
+    assert cheapest_fit(psi, n, act, 12e9)[0] == "ZeRO-1"  # 8 + 1 + 2 GB
+    assert cheapest_fit(psi, n, act, 3e9)[0] == "ZeRO-3 + recomputation"  # 2 + 0.5 GB
+    choice, rows = cheapest_fit(psi, n, act, 1e9)
+    assert choice.startswith("none") and rows[0] == ("DDP", 18e9)

@@ -46,11 +46,13 @@ def train_autocast(
     batch_size: int = 64,
     lr: float = 1e-3,
     seed: int = 0,
+    test: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> dict[str, object]:
     """Train with Adam for ``steps`` batches, forward under autocast to ``dtype`` (None: float32).
 
-    Returns the losses, the final weights (float32: the master copy) and the dtype of the
-    logits the forward pass produced (bfloat16 under autocast).
+    Returns the losses, the final weights (float32: the master copy), the dtype of the
+    logits the forward pass produced (bfloat16 under autocast) and, given ``test`` (inputs,
+    labels), the accuracy on it (evaluated under the same autocast).
     """
     torch.manual_seed(seed)
     net = make_model()
@@ -66,8 +68,16 @@ def train_autocast(
         loss.backward()
         opt.step()
         losses.append(float(loss.detach()))
+    accuracy = None
+    if test is not None:
+        with (
+            torch.no_grad(),
+            torch.autocast("cpu", dtype=dtype or torch.bfloat16, enabled=dtype is not None),
+        ):
+            accuracy = float((net(test[0]).argmax(1) == test[1]).float().mean())
     return {
         "losses": losses,
+        "accuracy": accuracy,
         "weights": {k: v.detach().clone() for k, v in net.state_dict().items()},
         "logits_dtype": logits_dtype,
         "weights_dtype": next(net.parameters()).dtype,
