@@ -43,6 +43,11 @@ def test_bytes_per_rank_refuses_the_librarys_formula():
     refused = check_bytes_per_rank(delegates, verbose=False)
     assert not refused and "calls formula_bytes" in str(refused)
 
+    namespace = {"f": formula_bytes}  # the same function imported under another name
+    exec("def renamed(stage, psi, n, mixed):\n    return f(stage, psi, n)", namespace)
+    refused = check_bytes_per_rank(namespace["renamed"], verbose=False)
+    assert not refused and "calls f (the library's formula)" in str(refused)
+
 
 def test_shard_update_check():
     assert check_shard_update(my_shard_update, verbose=False)

@@ -36,10 +36,13 @@ def _expected(stage: int, psi: int, n: int, mixed: bool) -> float:
 
 
 def _bytes_body(fn: Callable) -> str:
-    used = set(getattr(getattr(fn, "__code__", None), "co_names", ()))
-    if used & set(_ANSWERS_11_1):
+    names = set(getattr(getattr(fn, "__code__", None), "co_names", ()))
+    scope = getattr(fn, "__globals__", {})
+    answers = {formula_bytes, mixed_precision_bytes}
+    called = sorted(n for n in names if n in _ANSWERS_11_1 or scope.get(n) in answers)
+    if called:  # by name, or under another name (import ... as f)
         raise AssertionError(
-            f"your function calls {sorted(used & set(_ANSWERS_11_1))[0]}: count the bytes per "
+            f"your function calls {called[0]} (the library's formula): count the bytes per "
             "value yourself (weights, gradients, optimiser state; which of them are divided by N)"
         )
     cases = [(s, psi, n, mixed) for mixed in (False, True) for s in range(4)
