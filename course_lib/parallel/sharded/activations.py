@@ -1,0 +1,142 @@
+"""Lecture 11: Activation memory, measured, and recomputation (activation checkpointing) trading it for time.
+
+Autograd keeps, from forward until backward, the tensors each operation needs for its gradient
+(``Linear`` its input, ``ReLU`` its output): the *activations*. They are measured here from the
+tensors themselves: a ``torch.autograd.graph.saved_tensors_hooks`` pack hook sees every tensor
+autograd saves, and each storage is counted once (a ``ReLU`` output that the next ``Linear``
+saves again is one tensor); the parameters, which autograd also saves, are held anyway and are
+left out. For an MLP with batch ``B``, ``d`` inputs and hidden widths ``h_i``, that is
+``4 B (d + sum h_i)`` bytes in float32.
+
+Recomputation (Chen et al. 2016, ``torch.utils.checkpoint``) keeps only each segment's input
+and runs the segment's forward again during backward: with ``k`` segments the activations
+shrink to about one segment's plus the ``k`` boundaries, and the step grows by about one
+forward pass. :func:`recomputation_cost` measures both.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+__all__ = ["ActivationMemory", "activation_memory", "recomputation_cost"]
+
+
+@dataclass(frozen=True)
+class ActivationMemory:
+    """Bytes held for backward after one forward: saved by autograd, kept for recomputation."""
+
+    saved_bytes: int  # tensors autograd saved (parameters excluded)
+    kept_bytes: int  # segment inputs the checkpoints keep to run their forward again
+    per_module: dict[str, int]  # saved bytes attributed to the module that saved them first
+
+    @property
+    def total_bytes(self) -> int:
+        """All activation bytes held between forward and backward."""
+        return self.saved_bytes + self.kept_bytes
+
+
+def _segments(net: nn.Sequential, segments: int) -> list[nn.Sequential]:
+    """Cut ``net`` into ``segments`` contiguous runs of modules (the first ones one longer)."""
+    if not isinstance(net, nn.Sequential) or not 1 <= segments <= len(net):
+        raise ValueError(
+            f"recomputation cuts an nn.Sequential into 1..{len(net)} segments; got "
+            f"segments={segments} for {type(net).__name__}: pass an nn.Sequential and a "
+            "segment count no larger than its number of modules"
+        )
+    base, extra = divmod(len(net), segments)
+    modules, runs, start = list(net), [], 0
+    for i in range(segments):
+        stop = start + base + (i < extra)
+        runs.append(nn.Sequential(*modules[start:stop]))  # shares the modules: no copies
+        start = stop
+    return runs
+
+
+def _forward(net: nn.Module, x: torch.Tensor, segments: int) -> tuple[torch.Tensor, list]:
+    """Run forward, checkpointing every segment but the last (``segments=0``: no checkpoints)."""
+    if segments == 0:
+        return net(x), []
+    kept, h = [], x
+    runs = _segments(net, segments)
+    for run in runs[:-1]:  # the last segment's activations are used at once: no point saving
+        kept.append(h)
+        h = checkpoint(run, h, use_reentrant=False)
+    return runs[-1](h), kept
+
+
+def activation_memory(net: nn.Module, x: torch.Tensor, segments: int = 0) -> ActivationMemory:
+    """Measure the activation bytes one forward of ``net`` on ``x`` leaves for backward.
+
+    ``segments`` > 0 checkpoints ``net`` (an ``nn.Sequential``) in that many segments: only each
+    segment's input is kept (``kept_bytes``), the rest is recomputed during backward.
+    """
+    params = {p.untyped_storage().data_ptr() for p in net.parameters()}
+    seen: set[int] = set()
+    per_module: dict[str, int] = {}
+    current = ["input"]
+    names = {id(m): name for name, m in net.named_modules() if name}
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        storage = t.untyped_storage()
+        key = storage.data_ptr()
+        if storage.nbytes() and key not in seen and key not in params:
+            seen.add(key)
+            per_module[current[0]] = per_module.get(current[0], 0) + storage.nbytes()
+        return t
+
+    def enter(module: nn.Module, args: object) -> None:
+        current[0] = names.get(id(module), current[0])
+
+    handles = [m.register_forward_pre_hook(enter) for m in net.modules() if id(m) in names]
+    try:
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            out, kept = _forward(net, x, segments)
+    finally:
+        for handle in handles:
+            handle.remove()
+    kept_bytes = 0
+    for t in kept:
+        key = t.untyped_storage().data_ptr()
+        if key not in seen:
+            seen.add(key)
+            kept_bytes += t.untyped_storage().nbytes()
+    del out
+    return ActivationMemory(sum(per_module.values()), kept_bytes, per_module)
+
+
+def recomputation_cost(
+    net: nn.Module, x: torch.Tensor, y: torch.Tensor, segments: int, repeats: int = 5
+) -> dict[str, float]:
+    """Measure activation bytes and the forward + backward time, without and with checkpoints.
+
+    The time is the fastest of ``repeats`` runs (as ``timeit`` does: on a shared machine the
+    slower runs measure the other programs).
+
+    Returns ``plain_bytes``, ``checkpointed_bytes``, ``plain_s``, ``checkpointed_s``, and the
+    checkpointed run's gradients' largest difference from the plain run's (``grad_difference``:
+    recomputation must give the same gradients).
+    """
+    out: dict[str, float] = {}
+    grads = {}
+    for label, k in (("plain", 0), ("checkpointed", segments)):
+        out[f"{label}_bytes"] = activation_memory(net, x, k).total_bytes
+        times = []
+        for _ in range(repeats):
+            net.zero_grad(set_to_none=True)
+            start = time.perf_counter()
+            logits, _ = _forward(net, x, k)
+            nn.functional.cross_entropy(logits, y).backward()
+            times.append(time.perf_counter() - start)
+        out[f"{label}_s"] = min(times)
+        grads[label] = [p.grad.clone() for p in net.parameters()]
+    net.zero_grad(set_to_none=True)
+    out["grad_difference"] = max(
+        float((a - b).abs().max())
+        for a, b in zip(grads["plain"], grads["checkpointed"], strict=True)
+    )
+    return out

@@ -1,0 +1,80 @@
+"""Lecture 11's activation memory (measured with saved-tensor hooks, against the arithmetic),
+recomputation (less memory, the same gradients) and mixed precision (the 16-bytes accounting,
+bfloat16 autocast with float32 master weights)."""
+
+from __future__ import annotations
+
+from functools import partial
+
+import pytest
+import torch
+from torch import nn
+
+from course_lib.parallel.sharded.activations import activation_memory, recomputation_cost
+from course_lib.parallel.sharded.ledger import formula_bytes
+from course_lib.parallel.sharded.precision import mixed_precision_bytes, train_autocast
+from course_lib.training.models import MLP
+
+B, D, HIDDEN = 32, 64, (48, 40, 24)
+
+
+def mlp() -> nn.Sequential:
+    torch.manual_seed(0)
+    return MLP(D, HIDDEN)
+
+
+def test_activation_bytes_are_the_inputs_of_each_linear():
+    # Linear saves its input, ReLU its output (the next Linear's input: one tensor, counted once).
+    got = activation_memory(mlp(), torch.randn(B, D))
+    assert got.total_bytes == 4 * B * (D + sum(HIDDEN))
+    assert got.per_module == {"1": 4 * B * D, "2": 4 * B * 48, "4": 4 * B * 40, "6": 4 * B * 24}
+
+
+def test_recomputation_keeps_less_and_gives_the_same_gradients():
+    net, x, y = mlp(), torch.randn(B, D), torch.randint(0, 10, (B,))
+    plain = activation_memory(net, x).total_bytes
+    # 8 modules in 2 segments of 4: the first keeps only its input (x); the second (ReLU, Linear,
+    # ReLU, Linear) is not checkpointed and saves its ReLUs' outputs (40 and 24 wide).
+    two = activation_memory(net, x, segments=2)
+    assert two.total_bytes == 4 * B * (D + 40 + 24) < plain
+    cost = recomputation_cost(net, x, y, segments=2, repeats=1)
+    assert cost["grad_difference"] == 0.0
+    assert cost["checkpointed_bytes"] < cost["plain_bytes"]
+
+
+def test_recomputation_refuses_what_it_cannot_cut():
+    with pytest.raises(ValueError, match="1..8 segments; got segments=9.*nn.Sequential"):
+        activation_memory(mlp(), torch.randn(B, D), segments=9)
+
+
+@pytest.mark.parametrize("n", [1, 2, 4, 64])
+def test_mixed_precision_adam_holds_16_bytes_per_value_like_float32(n):
+    psi = 1_000_000
+    assert mixed_precision_bytes(0, psi, n) == formula_bytes(0, psi, n) == 16 * psi
+    assert mixed_precision_bytes(3, psi, n) == formula_bytes(3, psi, n) == 16 * psi / n
+    assert mixed_precision_bytes(1, psi, n) == 4 * psi + 12 * psi / n
+    assert mixed_precision_bytes(2, psi, n) == 2 * psi + 14 * psi / n
+    # sharding the optimiser state pays most with mixed precision: 12 of the 16 bytes
+    assert mixed_precision_bytes(1, psi, n) <= formula_bytes(1, psi, n)
+
+
+def test_bfloat16_autocast_keeps_float32_master_weights_and_learns_like_float32():
+    X, y = torch.randn(256, D), torch.randint(0, 10, (256,))
+    run = partial(train_autocast, partial(MLP, D, HIDDEN), X, y, steps=20, batch_size=32)
+    fp32, bf16 = run(dtype=None), run(dtype=torch.bfloat16)
+    assert fp32["logits_dtype"] == torch.float32 and bf16["logits_dtype"] == torch.bfloat16
+    assert bf16["weights_dtype"] == torch.float32
+    assert bf16["losses"][0] == pytest.approx(fp32["losses"][0], rel=2e-2)
+    assert bf16["losses"] != fp32["losses"]  # really computed in bfloat16
+    assert abs(bf16["losses"][-1] - fp32["losses"][-1]) < 0.1 * fp32["losses"][0]
+
+
+def test_the_cheapest_scheme_that_fits_is_chosen_in_order():
+    from course_lib.parallel.sharded.budget import cheapest_fit
+
+    psi, n, act = 1e9, 8, 2e9  # float32 Adam: DDP 16 GB + 2 GB of activations
+    assert cheapest_fit(psi, n, act, 20e9)[0] == "DDP"
+    assert cheapest_fit(psi, n, act, 12e9)[0] == "ZeRO-1"  # 8 + 1 + 2 GB
+    assert cheapest_fit(psi, n, act, 3e9)[0] == "ZeRO-3 + recomputation"  # 2 + 0.5 GB
+    choice, rows = cheapest_fit(psi, n, act, 1e9)
+    assert choice.startswith("none") and rows[0] == ("DDP", 18e9)
