@@ -10,10 +10,10 @@ printed per batch size: the best grid lr, median steps to the target and the spr
 then the fitted $B_{crit}$ beside the directly measured $B_{noise}$ at the start and at the
 target. Then, at one large batch and the same step budget, SGD + momentum, Adam, LARS and LAMB,
 each with its own learning-rate grid. Evaluation every step (not counted as steps).
-The results are stored in ``bench/results/large_batch.json`` (lecture 12 shows them, labelled
-as stored), unless ``--json`` names another file.
+The results are stored in ``bench/stored/large_batch.json`` (tracked, unlike bench/results/:
+lecture 12 shows them, labelled as stored), unless ``--json`` names another file.
 
-    .venv/bin/python bench/bench_large_batch.py            # ~6 minutes on one core
+    .venv/bin/python bench/bench_large_batch.py            # ~2 minutes on one core
     .venv/bin/python bench/bench_large_batch.py --quick    # ~1 minute (writes no stored file)
 """
 
@@ -41,7 +41,7 @@ from course_lib.parallel.large_batch.noise_scale import direct_noise_scale  # no
 from course_lib.training.loop import seed_everything  # noqa: E402
 from course_lib.training.models import MLP  # noqa: E402
 
-STORED = ROOT / "bench" / "results" / "large_batch.json"
+STORED = ROOT / "bench" / "stored" / "large_batch.json"  # tracked: lecture 12 shows it
 
 #: Each optimiser's learning-rate grid at large batch (LARS's lr is the global one, scaled
 #: down by its trust coefficient 0.001; LAMB's is a fraction of each layer's weight norm).
