@@ -155,7 +155,7 @@ def main() -> None:
     if out is not None:
         out.parent.mkdir(parents=True, exist_ok=True)
         stored = {
-            "command": "python bench/bench_large_batch.py " + " ".join(sys.argv[1:]),
+            "command": " ".join(["python bench/bench_large_batch.py", *sys.argv[1:]]),
             "date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
             "machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores",
             "seconds": round(seconds),
