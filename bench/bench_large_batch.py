@@ -1,4 +1,4 @@
-"""Benchmark (lecture 12, a sketch): steps to a target accuracy against batch size on digits.
+"""Benchmark (lecture 12): steps to a target accuracy against batch size on digits, and optimisers.
 
 Shallue et al. (2019) measure, for each batch size, the fewest steps to a target with the
 learning rate tuned; McCandlish et al. (2018) predict the curve's shape,
@@ -8,22 +8,27 @@ data-parallel run with the same global batch takes the same steps: tests/test_la
 SGD with momentum 0.9, the learning rate tuned over a small grid per batch size, several seeds;
 printed per batch size: the best grid lr, median steps to the target and the spread over seeds;
 then the fitted $B_{crit}$ beside the directly measured $B_{noise}$ at the start and at the
-target. Evaluation every step (not counted as steps).
+target. Then, at one large batch and the same step budget, SGD + momentum, Adam, LARS and LAMB,
+each with its own learning-rate grid. Evaluation every step (not counted as steps).
+The results are stored in ``bench/stored/large_batch.json`` (tracked, unlike bench/results/:
+lecture 12 shows them, labelled as stored), unless ``--json`` names another file.
 
-    .venv/bin/python bench/bench_large_batch.py            # ~5 minutes on one core
-    .venv/bin/python bench/bench_large_batch.py --quick    # ~1 minute
+    .venv/bin/python bench/bench_large_batch.py            # ~2 minutes on one core
+    .venv/bin/python bench/bench_large_batch.py --quick    # ~1 minute (writes no stored file)
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import platform
 import statistics
 import sys
 import time
+from datetime import datetime, timezone
 from pathlib import Path
 
-import numpy as np
 import torch
 from torch import nn
 
@@ -31,35 +36,21 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from course_lib.data.digits import load_digits  # noqa: E402
+from course_lib.parallel.large_batch.critical_batch import fit_steps_model, tune_batch  # noqa: E402
 from course_lib.parallel.large_batch.noise_scale import direct_noise_scale  # noqa: E402
 from course_lib.training.loop import seed_everything  # noqa: E402
 from course_lib.training.models import MLP  # noqa: E402
 
+STORED = ROOT / "bench" / "stored" / "large_batch.json"  # tracked: lecture 12 shows it
 
-def steps_to_target(batch: int, lr: float, seed: int, target: float, max_steps: int) -> int | None:
-    """Return the optimiser steps until the test accuracy first reaches ``target`` (None: never)."""
-    seed_everything(seed)
-    net = MLP()
-    X, y = load_digits().tensors
-    X_test, y_test = load_digits(train=False).tensors
-    optimizer = torch.optim.SGD(net.parameters(), lr=lr, momentum=0.9)
-    loss_fn = nn.CrossEntropyLoss()
-    generator = torch.Generator().manual_seed(seed)
-    step = 0
-    while step < max_steps:
-        order = torch.randperm(len(X), generator=generator)
-        for idx in order[: len(X) // batch * batch].split(batch):  # full batches only
-            optimizer.zero_grad(set_to_none=True)
-            loss_fn(net(X[idx]), y[idx]).backward()
-            optimizer.step()
-            step += 1
-            with torch.no_grad():
-                accuracy = (net(X_test).argmax(1) == y_test).float().mean().item()
-            if accuracy >= target:
-                return step
-            if step >= max_steps or not np.isfinite(loss_fn(net(X[idx]), y[idx]).item()):
-                return None
-    return None
+#: Each optimiser's learning-rate grid at large batch (LARS's lr is the global one, scaled
+#: down by its trust coefficient 0.001; LAMB's is a fraction of each layer's weight norm).
+OPTIMIZER_GRIDS = {
+    "sgd": [0.1, 0.2, 0.4, 0.8],
+    "adam": [0.003, 0.01, 0.03, 0.1],
+    "lars": [5.0, 10.0, 20.0, 40.0],
+    "lamb": [0.01, 0.03, 0.1, 0.3],
+}
 
 
 def noise_scale_at(target: float | None, seed: int = 0) -> float:
@@ -81,20 +72,53 @@ def noise_scale_at(target: float | None, seed: int = 0) -> float:
     return direct_noise_scale(net, load_digits(), batch_size=8)["noise_scale"]
 
 
-def fit_steps_model(batches: list[int], steps: list[float]) -> tuple[float, float]:
-    """Return ``(S_min, B_crit)`` of $S = S_{min}(1 + B_{crit}/B)$, least squares in log steps.
+def sweep_batches(batches: list[int], lrs: list[float], seeds: list[int], args) -> list[dict]:
+    """Print and return, per batch size, the tuned lr and steps to the target per seed (SGD)."""
+    print(
+        f"steps to test accuracy {args.target} (MLP, digits, SGD momentum 0.9, {len(seeds)} seeds)"
+    )
+    print(f"{'batch':>6} {'best lr':>8} {'median':>7} {'min':>6} {'max':>6}   steps per seed")
+    rows = []
+    for batch in batches:
+        best = tune_batch(batch, lrs, seeds, target=args.target, max_steps=args.max_steps)
+        if best is None:
+            print(f"{batch:>6}  no lr in the grid reached the target on every seed")
+            continue
+        rows.append({"batch": batch, "lr": best.lr, "steps": list(best.steps)})
+        print(
+            f"{batch:>6} {best.lr:>8g} {best.median:>7g} {min(best.steps):>6} "
+            f"{max(best.steps):>6}   {list(best.steps)}"
+        )
+    return rows
 
-    Log space weighs every batch size alike (in steps the small batches' hundreds would drown
-    the large ones' tens); for each B_crit on a fine grid, the best S_min is closed-form.
-    """
-    b, log_s = np.array(batches, float), np.log(steps)
-    best = (np.inf, 0.0, 0.0)
-    for b_crit in np.geomspace(0.1, 1e5, 2000):
-        shape = np.log1p(b_crit / b)
-        log_s_min = float(np.mean(log_s - shape))
-        err = float(np.sum((log_s - log_s_min - shape) ** 2))
-        best = min(best, (err, float(np.exp(log_s_min)), float(b_crit)))
-    return best[1], best[2]
+
+def compare_optimizers(batch: int, seeds: list[int], args) -> list[dict]:
+    """Print and return each optimiser's tuned lr and steps to the target at one large batch."""
+    print(f"\nat batch {batch}, the same budget of {args.max_steps} steps, each lr tuned:")
+    print(f"{'optimizer':>9} {'best lr':>8} {'median':>7} {'min':>6} {'max':>6}   steps per seed")
+    rows = []
+    for name, grid in OPTIMIZER_GRIDS.items():
+        momentum = 0.9 if name in ("sgd", "lars") else 0.0
+        best = tune_batch(
+            batch,
+            grid[1:3] if args.quick else grid,
+            seeds,
+            target=args.target,
+            max_steps=args.max_steps,
+            optimizer=name,
+            momentum=momentum,
+        )
+        row = {"optimizer": name, "momentum": momentum, "grid": grid}
+        if best is None:
+            print(f"{name:>9}  no lr in the grid reached the target on every seed")
+        else:
+            row.update(lr=best.lr, steps=list(best.steps))
+            print(
+                f"{name:>9} {best.lr:>8g} {best.median:>7g} {min(best.steps):>6} "
+                f"{max(best.steps):>6}   {list(best.steps)}"
+            )
+        rows.append(row)
+    return rows
 
 
 def main() -> None:
@@ -103,7 +127,10 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, default=3)
     parser.add_argument("--target", type=float, default=0.95, help="test accuracy to reach")
     parser.add_argument("--max-steps", type=int, default=3000)
-    parser.add_argument("--json", type=Path, help="also write the results here")
+    parser.add_argument("--optimizer-batch", type=int, default=512, help="batch of the comparison")
+    parser.add_argument(
+        "--json", type=Path, help=f"write the results here (default without --quick: {STORED})"
+    )
     args = parser.parse_args()
     torch.set_num_threads(1)  # one core: the machine is shared
     batches = [8, 32, 128, 512] if args.quick else [4, 8, 16, 32, 64, 128, 256, 512, 1024]
@@ -112,28 +139,7 @@ def main() -> None:
     )
     seeds = list(range(args.seeds))
     start = time.perf_counter()
-    rows = []
-    print(
-        f"steps to test accuracy {args.target} (MLP, digits, SGD momentum 0.9, {len(seeds)} seeds)"
-    )
-    print(f"{'batch':>6} {'best lr':>8} {'median':>7} {'min':>6} {'max':>6}   steps per seed")
-    for batch in batches:
-        best = None
-        for lr in lrs:
-            steps = [steps_to_target(batch, lr, s, args.target, args.max_steps) for s in seeds]
-            if any(s is None for s in steps):
-                continue  # a setting that misses the target on some seed is not a candidate
-            if best is None or statistics.median(steps) < statistics.median(best[1]):
-                best = (lr, steps)
-        if best is None:
-            print(f"{batch:>6}  no lr in the grid reached the target on every seed")
-            continue
-        lr, steps = best
-        rows.append({"batch": batch, "lr": lr, "steps": steps})
-        print(
-            f"{batch:>6} {lr:>8g} {statistics.median(steps):>7g} {min(steps):>6} "
-            f"{max(steps):>6}   {steps}"
-        )
+    rows = sweep_batches(batches, lrs, seeds, args)
     s_min, b_crit = fit_steps_model(
         [r["batch"] for r in rows], [statistics.median(r["steps"]) for r in rows]
     )
@@ -142,21 +148,32 @@ def main() -> None:
     print(
         f"B_noise measured directly: {b_start:.0f} at initialisation, {b_target:.0f} at the target"
     )
-    print(f"({time.perf_counter() - start:.0f} s)")
-    if args.json:
-        args.json.write_text(
-            json.dumps(
-                {
-                    "target": args.target,
-                    "rows": rows,
-                    "s_min": s_min,
-                    "b_crit": b_crit,
-                    "b_noise_start": b_start,
-                    "b_noise_target": b_target,
-                },
-                indent=1,
-            )
-        )
+    optimizers = compare_optimizers(args.optimizer_batch, seeds, args)
+    seconds = time.perf_counter() - start
+    print(f"({seconds:.0f} s)")
+    out = args.json or (None if args.quick else STORED)
+    if out is not None:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        stored = {
+            "command": " ".join(["python bench/bench_large_batch.py", *sys.argv[1:]]),
+            "date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+            "machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores",
+            "seconds": round(seconds),
+            "model": "MLP(64, (128,), 10) on digits (1500 train / 297 test), one process",
+            "target": args.target,
+            "max_steps": args.max_steps,
+            "seeds": seeds,
+            "lr_grid": lrs,
+            "rows": rows,
+            "s_min": s_min,
+            "b_crit": b_crit,
+            "b_noise_start": b_start,
+            "b_noise_target": b_target,
+            "optimizer_batch": args.optimizer_batch,
+            "optimizers": optimizers,
+        }
+        out.write_text(json.dumps(stored, indent=1) + "\n")
+        print(f"stored in {out}")
 
 
 if __name__ == "__main__":

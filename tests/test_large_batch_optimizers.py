@@ -2,16 +2,30 @@
 
 The reference works in float64 on a list of arrays, one per layer, with the papers' variable
 names (You et al. 2017, Algorithm 1; You et al. 2019, Algorithm 2); the torch optimisers must
-give the same weights after several steps on random inputs, within float32 rounding.
+give the same weights after several steps on random inputs, within float32 rounding. Chosen
+by name in ``TrainConfig``, they train data-parallel runs on real engines like one process.
 """
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 import torch
+from torch.utils.data import TensorDataset
 
+from course_lib.data.digits import load_digits
+from course_lib.parallel.data_parallel.reference import (
+    max_weight_difference,
+    train_one_process,
+    weights_match,
+)
+from course_lib.parallel.data_parallel.replica import GlobalBatchSampler
+from course_lib.parallel.data_parallel.train import train_data_parallel
 from course_lib.training.layerwise import LAMB, LARS
+from course_lib.training.loop import TrainConfig, fit, make_optimizer, seed_everything
+from course_lib.training.models import MLP
 
 SHAPES = [(5, 7), (7,), (3, 4, 2), (1,)]
 STEPS = 6
@@ -150,3 +164,60 @@ def test_a_parameter_without_gradient_is_left_alone():
 def test_bad_settings_are_refused_with_advice(make, match):
     with pytest.raises(ValueError, match=match):
         make([torch.nn.Parameter(torch.ones(2))])
+
+
+def test_make_optimizer_builds_lars_and_lamb_by_name():
+    net = torch.nn.Linear(3, 2)
+    lars = make_optimizer(net, TrainConfig(optimizer="lars", lr=5.0, momentum=0.9))
+    lamb = make_optimizer(net, TrainConfig(optimizer="lamb", lr=0.01))
+    assert isinstance(lars, LARS) and lars.defaults["momentum"] == 0.9
+    assert isinstance(lamb, LAMB) and lamb.defaults["lr"] == 0.01
+    with pytest.raises(ValueError, match="'sgd', 'adam', 'lars', 'lamb', got 'lasr'"):
+        TrainConfig(optimizer="lasr")
+
+
+def small_digits() -> TensorDataset:
+    """The first 256 training digits: 4 global batches of 64 per epoch."""
+    X, y = load_digits().tensors
+    return TensorDataset(X[:256], y[:256])
+
+
+def _built_by_hand(config: TrainConfig) -> dict[str, np.ndarray]:
+    """One process on whole global batches, its optimiser built here rather than by name."""
+    seed_everything(config.seed)
+    net, data = MLP(), small_digits()
+    if config.optimizer == "lars":
+        optimizer = LARS(net.parameters(), lr=config.lr, momentum=config.momentum)
+    else:
+        optimizer = LAMB(net.parameters(), lr=config.lr)
+    sampler = GlobalBatchSampler(len(data), 0, 1, config.batch_size, seed=config.seed)
+    fit(net, data, config, sampler=sampler, optimizer=optimizer, progress=False, device="cpu")
+    return {name: p.detach().numpy().copy() for name, p in net.named_parameters()}
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize(
+    "config",
+    [
+        TrainConfig(num_epochs=2, lr=10.0, batch_size=64, momentum=0.9, optimizer="lars", seed=2),
+        TrainConfig(num_epochs=2, lr=0.03, batch_size=64, optimizer="lamb", seed=2),
+    ],
+    ids=["lars", "lamb"],
+)
+def test_data_parallel_trains_with_lars_and_lamb_like_one_process(shared_engines, config):
+    """2 ranks of 32 with the layer-wise optimiser chosen by name equal one process of 64
+    whose optimiser was built by hand (so a name that fell back to SGD would show)."""
+    result = train_data_parallel(
+        shared_engines(2),
+        model=MLP,
+        dataset=small_digits,
+        config=config,
+        method="ring",
+        comm_timeout=30,
+        timeout=300,
+    )
+    want = _built_by_hand(config)
+    assert result.replicas_equal
+    assert weights_match(result.weights, want), max_weight_difference(result.weights, want)
+    sgd = train_one_process(MLP, small_digits, replace(config, optimizer="sgd", lr=0.03))
+    assert max_weight_difference(sgd, want) > 1e-3  # the layer-wise optimiser changed the run

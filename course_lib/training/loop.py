@@ -22,9 +22,11 @@ from torch.utils.data import DataLoader, Dataset, Sampler
 
 from course_lib import checkpoint as ckpt_lib
 from course_lib.training.batch_schedules import BatchRampUp
+from course_lib.training.layerwise import LAMB, LARS
 from course_lib.training.lr_schedules import LinearScalingWarmup
 
 __all__ = [
+    "OPTIMIZERS",
     "TrainConfig",
     "History",
     "seed_everything",
@@ -38,6 +40,10 @@ __all__ = [
 ]
 
 
+#: The optimisers ``TrainConfig.optimizer`` can name (:func:`make_optimizer` builds them).
+OPTIMIZERS = ("sgd", "adam", "lars", "lamb")
+
+
 @dataclass(frozen=True)
 class TrainConfig:
     """Settings of one training run; invalid values raise ValueError on creation."""
@@ -47,6 +53,8 @@ class TrainConfig:
     batch_size: int = 32
     momentum: float = 0.0
     #: "sgd" (with ``momentum``) or "adam"; Adam trains the U-Net (no batch norm) far faster.
+    #: Lecture 12's layer-wise ones: "lars" (with ``momentum``; ``lr`` is the global rate, the
+    #: paper's trust coefficient 0.001 scales it down: try lr 1 to 20) or "lamb" (lr ~ 1e-3 to 1e-2).
     optimizer: str = "sgd"
     seed: int = 0
     #: Stop early once ``target_metric`` (e.g. "test_accuracy") reaches ``target`` (source 000's
@@ -69,8 +77,10 @@ class TrainConfig:
             raise ValueError(f"batch_size must be at least 1, got {self.batch_size}")
         if not 0 <= self.momentum < 1:
             raise ValueError(f"momentum must be in [0, 1), got {self.momentum}")
-        if self.optimizer not in ("sgd", "adam"):
-            raise ValueError(f"optimizer must be 'sgd' or 'adam', got {self.optimizer!r}")
+        if self.optimizer not in OPTIMIZERS:
+            raise ValueError(
+                f"optimizer must be one of {', '.join(map(repr, OPTIMIZERS))}, got {self.optimizer!r}"
+            )
         if self.lr_schedule is not None:
             self.lr_schedule.check(self.num_epochs)
         if self.batch_schedule is not None:
@@ -217,9 +227,13 @@ def evaluate(
 
 
 def make_optimizer(net: nn.Module, config: TrainConfig) -> torch.optim.Optimizer:
-    """Return the optimiser ``config`` names (SGD with momentum, or Adam) over ``net``'s parameters."""
+    """Return the optimiser ``config`` names (SGD, Adam, LARS or LAMB) over ``net``'s parameters."""
     if config.optimizer == "adam":
         return torch.optim.Adam(net.parameters(), lr=config.lr)
+    if config.optimizer == "lars":
+        return LARS(net.parameters(), lr=config.lr, momentum=config.momentum)
+    if config.optimizer == "lamb":
+        return LAMB(net.parameters(), lr=config.lr)
     return torch.optim.SGD(net.parameters(), lr=config.lr, momentum=config.momentum)
 
 
