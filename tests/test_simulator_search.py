@@ -56,3 +56,19 @@ def test_a_search_without_a_budget_names_the_fix(small):
     sim, *_ = small
     with pytest.raises(ValueError, match="iterations=... or seconds="):
         mcmc(sim, data_parallel(sim.graph, 2))
+
+
+def test_an_accept_step_passed_in_drives_the_walk(small):
+    import math
+
+    sim, space, *_ = small
+    start = data_parallel(sim.graph, 2)
+
+    def metropolis(t_cur, t_new, beta, rng):
+        return t_new <= t_cur or rng.random() < math.exp(-beta * (t_new - t_cur))
+
+    built_in = mcmc(sim, start, iterations=300, seed=5, space=space)
+    passed_in = mcmc(sim, start, iterations=300, seed=5, space=space, accept=metropolis)
+    assert passed_in.trace == built_in.trace  # the same rule, the same draws
+    greedy = mcmc(sim, start, iterations=300, seed=5, space=space, accept=lambda a, b, *_: b <= a)
+    assert greedy.trace == sorted(greedy.trace, reverse=True)  # never climbs

@@ -15,6 +15,7 @@ import itertools
 import math
 import random
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from course_lib.cost_model.configs import ParallelConfig, candidates
@@ -52,6 +53,7 @@ def mcmc(
     beta: float | None = None,
     seed: int = 0,
     space: list[list[ParallelConfig]] | None = None,
+    accept: Callable[[float, float, float, random.Random], bool] | None = None,
 ) -> SearchResult:
     """Return the best strategy a Metropolis-Hastings walk from ``start`` finds within its budget.
 
@@ -59,6 +61,8 @@ def mcmc(
     start is accepted with probability $e^{-1}$: hot enough to climb out of the expert hybrid's
     basin on the tests' small space (with ``20 / t`` most seeds stay stuck there), and the best
     strategy seen is kept whatever the chain does next. Give ``iterations`` or ``seconds``.
+    ``accept(t_cur, t_new, beta, rng)`` replaces the acceptance step (lecture 13's exercise
+    plugs its own in); it must draw only from ``rng``, so a seeded walk stays reproducible.
     """
     if iterations is None and seconds is None:
         raise ValueError("give a budget: iterations=... or seconds=...")
@@ -78,7 +82,11 @@ def mcmc(
         proposal = cur[:i] + (rng.choice(space[i]),) + cur[i + 1 :]
         new_sim = sim.delta(cur_sim, proposal)
         dt = new_sim.step_time - cur_time
-        if dt <= 0 or rng.random() < math.exp(-beta * dt):
+        if (
+            accept(cur_time, new_sim.step_time, beta, rng)
+            if accept is not None
+            else dt <= 0 or rng.random() < math.exp(-beta * dt)
+        ):
             cur, cur_sim, cur_time = proposal, new_sim, new_sim.step_time
             out.accepted += 1
             if cur_time < out.best_time:

@@ -6,7 +6,9 @@
 - ``model_parallel/`` (lecture 9): tensor parallelism and Krizhevsky's hybrid;
 - ``pipeline_parallel/`` (lecture 10): schedules (naive, GPipe, 1F1B) and stages;
 - ``sharded/`` (lecture 11): ZeRO stages 1-3 as exchanges, the memory ledger, the bytes auditor;
-- ``large_batch/`` (lecture 12): the gradient noise scale measured from the allreduce.
+- ``large_batch/`` (lecture 12): the gradient noise scale measured from the allreduce;
+- ``strategy_runs`` (lecture 13): four of the execution simulator's strategies run and timed on
+  the engines, built from the folders above (one module, so it sits beside them).
 
 Import from the module that holds a name.
 """
