@@ -25,6 +25,7 @@ from course_lib.data.segmentation import (
     write_vaihingen_tiles,
 )
 from course_lib.data.sharding import ShardSampler, shard_indices
+from course_lib.data.text import load_text
 from course_lib.data.torchvision_sets import (
     TORCHVISION_SETS,
     DatasetUnavailableError,
@@ -35,6 +36,7 @@ __all__ = [
     "KNOWN_DATASETS",
     "load_dataset",
     "load_digits",
+    "load_text",
     "digits_arrays",
     "load_torchvision",
     "DatasetUnavailableError",
@@ -56,7 +58,7 @@ __all__ = [
 ]
 
 #: Every name ``load_dataset`` accepts.
-KNOWN_DATASETS = ("digits", *TORCHVISION_SETS, "segmentation", "vaihingen")
+KNOWN_DATASETS = ("digits", *TORCHVISION_SETS, "segmentation", "vaihingen", "text")
 
 
 def load_dataset(
@@ -82,4 +84,6 @@ def load_dataset(
     if key == "vaihingen":
         folder = root if root is not None else datasets_dir() / "vaihingen"
         return load_vaihingen_tiles(folder, **kwargs)
+    if key == "text":
+        return load_text(train=train, **kwargs)
     raise ValueError(f"unknown dataset {name!r}; known datasets: {', '.join(KNOWN_DATASETS)}")

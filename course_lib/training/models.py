@@ -10,6 +10,8 @@ model              input                 output                         paramete
 ``SmallCNN(100)``  (N, 3, 32, 32) CIFAR  (N, 100) logits                556 708
 ``UNet()``         (N, 3, H, W), H, W    (N, 6, H, W) per-pixel logits  120 870
                    divisible by 8
+``TinyGPT()``      (N, T) characters,    (N, 96, T) next-character      2 718 816
+                   T <= 64               logits
 =================  ====================  =============================  ==========
 
 No model uses batch normalisation: its running statistics are buffers, not parameters, and with
@@ -22,11 +24,14 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from course_lib.training.transformer import TinyGPT
+
 __all__ = [
     "MLP",
     "LeNet",
     "SmallCNN",
     "UNet",
+    "TinyGPT",
     "KNOWN_MODELS",
     "build_model",
     "param_count",
@@ -164,7 +169,13 @@ class UNet(nn.Module):
         return self.head(h)
 
 
-KNOWN_MODELS = {"mlp": MLP, "lenet": LeNet, "small_cnn": SmallCNN, "unet": UNet}
+KNOWN_MODELS = {
+    "mlp": MLP,
+    "lenet": LeNet,
+    "small_cnn": SmallCNN,
+    "unet": UNet,
+    "tiny_gpt": TinyGPT,  # course_lib.training.transformer
+}
 
 
 def build_model(name: str, **kwargs) -> nn.Module:
