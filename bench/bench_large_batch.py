@@ -10,11 +10,12 @@ printed per batch size: the best grid lr, median steps to the target and the spr
 then the fitted $B_{crit}$ beside the directly measured $B_{noise}$ at the start and at the
 target. Then, at one large batch and the same step budget, SGD + momentum, Adam, LARS and LAMB,
 each with its own learning-rate grid. Evaluation every step (not counted as steps).
-The results are stored in ``bench/stored/large_batch.json`` (tracked, unlike bench/results/:
-lecture 12 shows them, labelled as stored), unless ``--json`` names another file.
+The results go to ``bench/results/large_batch.json`` (or ``--json``); ``--store`` writes them to
+``bench/stored/large_batch.json`` instead, the tracked copy lecture 12 shows (labelled as stored).
 
     .venv/bin/python bench/bench_large_batch.py            # ~2 minutes on one core
-    .venv/bin/python bench/bench_large_batch.py --quick    # ~1 minute (writes no stored file)
+    .venv/bin/python bench/bench_large_batch.py --store    # the same, replacing lecture 12's copy
+    .venv/bin/python bench/bench_large_batch.py --quick    # ~30 s, fewer sizes and lrs
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ from course_lib.training.loop import seed_everything  # noqa: E402
 from course_lib.training.models import MLP  # noqa: E402
 
 STORED = ROOT / "bench" / "stored" / "large_batch.json"  # tracked: lecture 12 shows it
+RESULTS = ROOT / "bench" / "results" / "large_batch.json"  # ignored by git: any run's
 
 #: Each optimiser's learning-rate grid at large batch (LARS's lr is the global one, scaled
 #: down by its trust coefficient 0.001; LAMB's is a fraction of each layer's weight norm).
@@ -128,10 +130,11 @@ def main() -> None:
     parser.add_argument("--target", type=float, default=0.95, help="test accuracy to reach")
     parser.add_argument("--max-steps", type=int, default=3000)
     parser.add_argument("--optimizer-batch", type=int, default=512, help="batch of the comparison")
-    parser.add_argument(
-        "--json", type=Path, help=f"write the results here (default without --quick: {STORED})"
-    )
+    parser.add_argument("--json", type=Path, help=f"write the results here (default {RESULTS})")
+    parser.add_argument("--store", action="store_true", help=f"write them to {STORED} (tracked)")
     args = parser.parse_args()
+    if args.store and (args.quick or args.json):
+        parser.error("--store keeps lecture 12's copy of the full sweep: drop --quick and --json")
     torch.set_num_threads(1)  # one core: the machine is shared
     batches = [8, 32, 128, 512] if args.quick else [4, 8, 16, 32, 64, 128, 256, 512, 1024]
     lrs = (
@@ -151,29 +154,28 @@ def main() -> None:
     optimizers = compare_optimizers(args.optimizer_batch, seeds, args)
     seconds = time.perf_counter() - start
     print(f"({seconds:.0f} s)")
-    out = args.json or (None if args.quick else STORED)
-    if out is not None:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        stored = {
-            "command": " ".join(["python bench/bench_large_batch.py", *sys.argv[1:]]),
-            "date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-            "machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores",
-            "seconds": round(seconds),
-            "model": "MLP(64, (128,), 10) on digits (1500 train / 297 test), one process",
-            "target": args.target,
-            "max_steps": args.max_steps,
-            "seeds": seeds,
-            "lr_grid": lrs,
-            "rows": rows,
-            "s_min": s_min,
-            "b_crit": b_crit,
-            "b_noise_start": b_start,
-            "b_noise_target": b_target,
-            "optimizer_batch": args.optimizer_batch,
-            "optimizers": optimizers,
-        }
-        out.write_text(json.dumps(stored, indent=1) + "\n")
-        print(f"stored in {out}")
+    out = STORED if args.store else (args.json or RESULTS)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    stored = {
+        "command": " ".join(["python bench/bench_large_batch.py", *sys.argv[1:]]),
+        "date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores",
+        "seconds": round(seconds),
+        "model": "MLP(64, (128,), 10) on digits (1500 train / 297 test), one process",
+        "target": args.target,
+        "max_steps": args.max_steps,
+        "seeds": seeds,
+        "lr_grid": lrs,
+        "rows": rows,
+        "s_min": s_min,
+        "b_crit": b_crit,
+        "b_noise_start": b_start,
+        "b_noise_target": b_target,
+        "optimizer_batch": args.optimizer_batch,
+        "optimizers": optimizers,
+    }
+    out.write_text(json.dumps(stored, indent=1) + "\n")
+    print(f"written to {out}")
 
 
 if __name__ == "__main__":
