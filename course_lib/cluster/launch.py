@@ -34,6 +34,7 @@ from course_lib.cluster import engine_side
 from course_lib.cluster.doctor import DoctorReport, doctor
 from course_lib.cluster.lab.seats import NoSeatError, Seat, take_seat
 from course_lib.cluster.recovery import EngineTimeout, RecoveryReport, recover, run_with_timeout
+from course_lib.cluster.stopping import stop_owned_cluster
 
 __all__ = [
     "KINDS",
@@ -287,7 +288,7 @@ class CourseCluster:
                 # Stopping takes seconds (each engine is asked, then signalled): say so first.
                 print(f"course_lib: stopping {self.world_size} {self.kind} engines ...", end="")
                 started = time.monotonic()
-                self.owned.stop_cluster_sync()
+                stop_owned_cluster(self.owned)  # every engine at once (cluster/stopping.py)
                 self.owned = None
                 print(f" stopped in {time.monotonic() - started:.1f} s", flush=True)
 
