@@ -188,6 +188,7 @@ def test_what_the_kit_knows_about_a_method_is_on_its_class():
             "zero0",
             "zero1",
             "zero2",
+            "zero3",
         ]
     )
     assert demo_methods() == [

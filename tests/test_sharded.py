@@ -246,16 +246,6 @@ def test_a_parameter_without_gradient_is_refused_with_the_fix(pool, stage):
         )
 
 
-def test_stage_3_is_refused_checkpointing_with_the_reason(tmp_path):
-    """Stages 0-2 are checkpointed (tests/test_sharded_checkpoint.py); stage 3 says why not."""
-    from course_lib.parallel.data_parallel.checkpointing import prepare_checkpointing
-
-    with pytest.raises(
-        ValueError, match="'zero3' cannot be checkpointed: its weights are sharded too"
-    ):
-        prepare_checkpointing(make_exchange("zero3"), tmp_path, None, 2)
-
-
 def test_the_stages_are_registered_by_name():
     assert [EXCHANGES[f"zero{s}"].stage for s in range(4)] == [0, 1, 2, 3]
     with pytest.raises(ValueError, match="bucket_bytes"):

@@ -1,7 +1,8 @@
-"""Checkpoint and resume of sharded runs (ZeRO stages 1 and 2) on 3 real engines.
+"""Checkpoint and resume of sharded runs (ZeRO stages 1-3) on 3 real engines.
 
-Each rank keeps only its shard of Adam's state, so a checkpoint keeps rank 0's whole weights
-(allgathered after every step) and every rank's shard; a run resumed on the same world size and
+Each rank keeps only its shard of Adam's state (stage 3: of the weights too), so a checkpoint keeps
+the whole weights (rank 0's after the allgather; stage 3: gathered for the file) and every rank's
+shards; a run resumed on the same world size and
 stage equals the uninterrupted one bit for bit, mid-epoch too. The MLP's 9 610 values do not
 split evenly over 3 ranks (uneven shards). Resuming on another world size, another stage or a
 method that does not shard is refused before any engine is busy, naming what to run instead.
@@ -52,7 +53,7 @@ def cluster(shared_engines):
     return shared_engines(3)  # from the session's pool (tests/conftest.py)
 
 
-@pytest.mark.parametrize("stage", [1, 2])
+@pytest.mark.parametrize("stage", [1, 2, 3])
 def test_a_sharded_run_resumed_mid_epoch_equals_the_uninterrupted_run(cluster, stage, tmp_path):
     full = _run(cluster, f"zero{stage}", checkpoint=CheckpointConfig(tmp_path, 2, keep=10))
     mid = tmp_path / "epoch0001-step000002.ckpt"
@@ -63,6 +64,8 @@ def test_a_sharded_run_resumed_mid_epoch_equals_the_uninterrupted_run(cluster, s
         for r in ckpt["ranks"]
     ]
     assert sum(shards) == 9610 and len(set(shards)) == 2  # each rank its own, uneven, shard
+    last = load_checkpoint(tmp_path / "epoch0002-step000000.ckpt", world_size=3)["model"]
+    assert _equal({k: v.numpy() for k, v in last.items()}, full.weights)  # the whole weights
     resumed = _run(cluster, f"zero{stage}", resume_from=mid)
     assert resumed.replicas_equal
     assert _equal(resumed.weights, full.weights)
@@ -71,7 +74,7 @@ def test_a_sharded_run_resumed_mid_epoch_equals_the_uninterrupted_run(cluster, s
     # Bad input: refused before any engine trains, naming what to run instead.
     with pytest.raises(CheckpointError, match=rf"cut in 3 shards, this run is stage {stage} on 2"):
         _run(cluster, f"zero{stage}", n=2, resume_from=tmp_path / "epoch0001-step000000.ckpt")
-    other = 3 - stage
+    other = 2 if stage != 2 else 1
     with pytest.raises(CheckpointError, match=rf"resume with method='zero{stage}' on 3 ranks"):
         _run(cluster, f"zero{other}", resume_from=mid)
     with pytest.raises(CheckpointError, match=rf"ZeRO stage {stage} cut in 3 shards: resume"):

@@ -166,11 +166,13 @@ def make_checkpoint(
     epochs_done: int,
     steps_done: int,
     ranks: list[dict[str, Any]],
+    model: dict[str, torch.Tensor] | None = None,
 ) -> dict[str, Any]:
     """Return the checkpoint of a run after ``epochs_done`` epochs and ``steps_done`` more steps.
 
     A sharded optimiser (ZeRO, ``optimizer.course_shards``) is kept per rank, in ``ranks``;
-    ``"sharded"`` says how it was cut, and ``"optimizer"`` is then None.
+    ``"sharded"`` says how it was cut, and ``"optimizer"`` is then None. ``model``: the whole
+    weights where ``net`` does not hold them (ZeRO stage 3, gathered by every rank).
     """
     shards = getattr(optimizer, "course_shards", None)
     return {
@@ -178,7 +180,9 @@ def make_checkpoint(
         "epochs_done": epochs_done,
         "steps_done": steps_done,
         "world_size": len(ranks),
-        "model": {k: v.detach().cpu().clone() for k, v in net.state_dict().items()},
+        "model": model
+        if model is not None
+        else {k: v.detach().cpu().clone() for k, v in net.state_dict().items()},
         "optimizer": None if shards else optimizer.state_dict(),
         "sharded": dict(shards) if shards else None,
         "config": run_settings(config, len(ranks)),
@@ -208,8 +212,16 @@ def save_run(
     gathered and rank 0 alone writes; the other ranks return None.
     """
     state = rank_state(loader, sampler, seen=seen, total_loss=total_loss)
-    if getattr(optimizer, "course_shards", None):  # ZeRO: every rank keeps its own shard
+    shards = getattr(optimizer, "course_shards", None)
+    if shards:  # ZeRO: every rank keeps its own shard of the optimiser state
         state["optimizer_shard"] = optimizer.state_dict()
+    whole = getattr(optimizer, "course_whole_weights", None)
+    model = None
+    if whole is not None:  # stage 3: no rank holds the weights; every rank gathers them here
+        model = whole()
+        state["weight_shards"] = [
+            p.detach().clone() for group in optimizer.param_groups for p in group["params"]
+        ]
     if comm is None:
         ranks = [state]
     else:  # each rank's train metrics are measured on its own shard: keep its history too
@@ -218,7 +230,14 @@ def save_run(
         if ranks is None:
             return None
     checkpoint = make_checkpoint(
-        net, optimizer, config, history, epochs_done=epochs_done, steps_done=steps_done, ranks=ranks
+        net,
+        optimizer,
+        config,
+        history,
+        epochs_done=epochs_done,
+        steps_done=steps_done,
+        ranks=ranks,
+        model=model,
     )
     return save_checkpoint(where, checkpoint)
 
@@ -250,8 +269,14 @@ def restore_training_state(
             f"checkpoint {ckpt['path']} belongs to a run with other settings ({'; '.join(differ)})"
             f": resume with the same TrainConfig (only num_epochs and target may change)"
         )
+    saved_shards = (ckpt["ranks"][rank] or {}).get("weight_shards") if ckpt.get("sharded") else None
     with torch.no_grad():
-        net.load_state_dict(ckpt["model"])  # in place: ZeRO's flat buffers stay the storage
+        if saved_shards is not None:  # stage 3: this rank's weights are its shards
+            params = [p for group in optimizer.param_groups for p in group["params"]]
+            for param, saved in zip(params, saved_shards, strict=True):
+                param.copy_(saved)
+        else:
+            net.load_state_dict(ckpt["model"])  # in place: ZeRO's flat buffers stay the storage
     if ckpt.get("sharded"):
         optimizer.load_state_dict(ckpt["ranks"][rank]["optimizer_shard"])
     else:

@@ -36,11 +36,6 @@ class Zero3(Zero2):
     """ZeRO stage 3: + weights sharded, gathered module by module (the FSDP unit)."""
 
     name, stage = "zero3", 3
-    checkpointable = False
-    not_checkpointable_because = (
-        "its weights are sharded too, so no rank holds the whole model after a step (a "
-        "checkpoint would have to gather them first; not written yet)"
-    )
     cost_collective = None  # three ring passes; the cost model has no such collective
 
     def attach(self, comm: Communicator, net: nn.Module) -> nn.Module:
@@ -56,6 +51,21 @@ class Zero3(Zero2):
         for unit in self.units:
             unit.free()
         return net
+
+    def wrap_optimizer(self, comm: Communicator, optimizer: torch.optim.Optimizer) -> Any:
+        """Stage 2's sharded optimiser, which a checkpoint can also ask for the whole weights."""
+        inner = super().wrap_optimizer(comm, optimizer)
+        inner.course_whole_weights = self.whole_weights  # read by course_lib.checkpoint.state
+        return inner
+
+    def whole_weights(self) -> dict[str, torch.Tensor]:
+        """Return the model's whole weights by name (every rank calls it: each unit allgathered)."""
+        for unit in self.units:
+            self.gather(unit)
+        weights = {k: v.detach().clone() for k, v in self.net.state_dict().items()}
+        for unit in self.units:
+            unit.free()
+        return weights
 
     def _shard_of(self, unit: FlatUnit) -> nn.Parameter:
         """This rank's chunk as a parameter of its own (the flat buffer is released between uses)."""

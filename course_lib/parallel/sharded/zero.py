@@ -17,8 +17,8 @@ Data parallelism keeps N copies of everything: weights, gradients and optimiser 
 
 Each rank's optimiser is the model's own (Adam, AdamW, SGD with momentum) built over its
 shards: those updates are elementwise, so a shard's update is bitwise the update one process
-makes to those values given the same gradient. Stages 0-2 are checkpointable: rank 0's whole
-weights and every rank's optimiser shard (:mod:`course_lib.checkpoint.state`); stage 3 not yet.
+makes to those values given the same gradient. Every stage is checkpointable: the whole weights
+and every rank's shards (:mod:`course_lib.checkpoint.state`), resumed on the same stage and N.
 """
 
 from __future__ import annotations
@@ -60,8 +60,9 @@ class ZeroExchange(GradientExchange):
 
     stage: ClassVar[int] = 0
     name = "zero0"
-    # Stages 0-2: after every step each rank holds the whole weights (allgathered) and its shard
-    # of the optimiser state; a checkpoint keeps rank 0's weights and every rank's shard.
+    # After every step each rank holds its shard of the optimiser state and (stages 0-2) the whole
+    # weights; a checkpoint keeps the whole weights and every rank's shard (stage 3: the weight
+    # shards too, the whole weights gathered for the file).
     checkpointable = True
     cost_collective = "ring_allreduce"  # reduce-scatter + allgather: the ring allreduce's bytes
 
