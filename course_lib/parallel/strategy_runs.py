@@ -82,15 +82,6 @@ class _Phases:
         self.items.append((start, self.now(), what))
 
 
-def _model(model: str):
-    from course_lib.training.models import MLP, LeNet, SmallCNN
-
-    nets = {"mlp": MLP, "lenet": LeNet, "small_cnn": SmallCNN}
-    if model not in nets:
-        raise ValueError(f"no model {model!r}; choose one of {sorted(nets)}")
-    return nets[model]()
-
-
 def _gather_at(comm, dst: int, own, what: str, note):
     """Send every rank's ``own`` rows to ``dst``; return them all there, in rank order (else None)."""
     import torch
@@ -111,10 +102,12 @@ def _gather_at(comm, dst: int, own, what: str, note):
 def run_strategy(
     name: str, comm_name: str, model: str, batch: int, steps: int = 5, seed: int = 0
 ) -> dict[str, Any]:
-    """Run 1 warm-up + ``steps`` training steps of strategy ``name``; every engine calls it.
+    """Run 1 warm-up + ``steps`` steps of strategy ``name``; every engine calls it.
 
-    Returns this rank's wall seconds per step (from a barrier; warm-up excluded), the phases of
-    its last step, and the bytes it sent in that step (the communicator's counter).
+    A step is what the simulator models: forward, backward and the exchanges, no optimiser
+    step. ``model`` is ``mlp``, ``lenet`` or ``small_cnn``, on random inputs. Returns this
+    rank's wall seconds per step (from a barrier; warm-up excluded), the phases of its last
+    step, and the bytes it sent in that step (the communicator's counter).
     """
     import torch
     from IPython import get_ipython
@@ -127,18 +120,21 @@ def run_strategy(
         pipeline_step,
         split_stages,
     )
+    from course_lib.training.models import build_model
     from course_lib.training.operator_graphs import kit_graph
 
     comm = get_ipython().user_ns[comm_name]
     p, r = comm.world_size, comm.rank
     graph = kit_graph(model, batch)
     strategy_configs(name, graph, p)  # bad names and world sizes fail here, on every rank
+    if name == "hybrid" and not any(op.kind == "conv2d" for op in graph.ops):
+        raise ValueError(f"the hybrid runs a CNN's convolutions data parallel; {model} has none")
     if batch % p:
         raise ValueError(
             f"a batch of {batch} does not split over {p} engines; use a multiple of {p}"
         )
     torch.manual_seed(seed)
-    net = _model(model)
+    net = build_model(model)  # kit_graph(model) above: a chain the simulator knows
     X = torch.randn(batch, *graph.input_shape)
     y = torch.randint(0, net[-1].out_features, (batch,))
     own = slice(r * batch // p, (r + 1) * batch // p)
