@@ -172,6 +172,26 @@ def test_context_manager_stops_the_engines():
     assert not any(_alive(pid) for pid in pids)
 
 
+def _ignore_sigterm() -> int:
+    import os
+    import signal
+
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    return os.getpid()
+
+
+def test_stop_kills_engines_that_ignore_sigterm_all_together():
+    """cluster/stopping.py: SIGTERM to every engine at once, one grace, then SIGKILL."""
+    from course_lib.cluster.stopping import engine_processes
+
+    cl = start_cluster("local", 3)
+    pids = cl.view.apply_sync(_ignore_sigterm)
+    assert sorted(p.pid for p in engine_processes(cl.owned)) == sorted(pids)
+    cl.stop()
+    assert cl.owned is None
+    assert not any(_alive(pid) for pid in pids)  # gone when stop() returns, not later
+
+
 def test_connect_to_a_running_cluster_by_profile():
     # cluster_id="" is what `ipcluster start --profile=kit-lab` uses: ipcontroller-client.json
     running = ipp.Cluster(profile="kit-lab", cluster_id="", n=2, log_level=30)
