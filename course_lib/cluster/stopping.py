@@ -6,7 +6,7 @@ machine (more on a loaded one), so four engines took 4-19 s: every lecture's las
 test that starts engines, waited that long. A local engine holds nothing to save, so here every
 engine gets SIGTERM at once, the set gets one grace period together, and those still alive get
 SIGKILL; ipyparallel's own stop then finds them gone and only tidies up (its files, the controller).
-MPI engines are left to ipyparallel: their one process, ``mpiexec``, must pass the signal on.
+MPI engines are treated alike: ``mpiexec``, its proxy and every rank get the signals together.
 """
 
 from __future__ import annotations
@@ -20,13 +20,24 @@ __all__ = ["engine_processes", "stop_owned_cluster"]
 
 
 def engine_processes(owned: Any) -> list[psutil.Process]:
-    """Return the processes of the local engines ``owned`` (an ``ipyparallel.Cluster``) started."""
+    """Return the engine processes ``owned`` (an ``ipyparallel.Cluster``) started.
+
+    Local engines: one process each. MPI engines: ``mpiexec`` and every process below it (its
+    proxy and the ranks), so that the ranks get the signal themselves, at once.
+    """
     processes = []
     for engine_set in list(getattr(owned, "engines", {}).values()):
-        for launcher in list(getattr(engine_set, "launchers", {}).values()):
+        launchers = getattr(engine_set, "launchers", None)
+        for launcher in list(launchers.values()) if launchers else [engine_set]:
             process = getattr(launcher, "process", None)
-            if isinstance(process, psutil.Process):
-                processes.append(process)
+            if not isinstance(process, psutil.Process):
+                continue
+            processes.append(process)
+            if not launchers:  # mpiexec: its proxy and the ranks below it
+                try:
+                    processes.extend(process.children(recursive=True))
+                except psutil.Error:
+                    pass
     return processes
 
 
