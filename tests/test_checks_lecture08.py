@@ -6,8 +6,12 @@ from __future__ import annotations
 from lecture08_answers import my_regime_rate, my_values_sent
 from lecture_notebooks import notebook_function
 
-from course_lib.checks.lecture08 import check_values_sent, two_messages_values_sent
-from course_lib.checks.lecture08_compression import check_regime_rate, one_hop_regime_rate
+from course_lib.checks.lecture08 import (
+    check_regime_rate,
+    check_values_sent,
+    one_hop_regime_rate,
+    two_messages_values_sent,
+)
 from course_lib.papers.source000_table import source_regime_rate
 from course_lib.papers.source001_configurations import predict_values_sent
 

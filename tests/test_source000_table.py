@@ -221,7 +221,7 @@ def test_row_from_a_real_run(cluster) -> None:
 
 
 def test_regime_exercise_check() -> None:
-    from course_lib.checks.lecture08_compression import (
+    from course_lib.checks.lecture08 import (
         check_regime_rate,
         one_hop_regime_rate,
         stub_regime_rate,

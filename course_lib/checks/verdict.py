@@ -116,7 +116,7 @@ class LibraryCall(AssertionError):
 
 
 def _resolve(dotted: str) -> Callable:
-    """Import ``course_lib.pkg.module.name`` (``...module.Class.method``, ``...TABLE[key]``)."""
+    """Import a dotted name under course_lib (``...module.Class.method``, ``...TABLE[key]``)."""
     path, _, key = dotted.partition("[")
     parts = path.split(".")
     for cut in range(len(parts) - 1, 0, -1):
