@@ -8,6 +8,10 @@ import torch
 import torch.nn.functional as F
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from lecture01_answers import sgd_epoch as answer_epoch
+from lecture01_answers import softmax_grad as answer_grad
+from lecture02_answers import corr2d as answer_corr2d
+from lecture02_answers import max_pool2d as answer_pool
 
 from course_lib.checks import lecture01_02 as checks
 from course_lib.training import scratch
@@ -103,7 +107,8 @@ def _stub(exercise):
 
 
 def test_check_softmax_grad():
-    assert checks.check_softmax_grad(scratch.softmax_regression_grad).passed
+    assert checks.check_softmax_grad(answer_grad).passed
+    assert not checks.check_softmax_grad(scratch.softmax_regression_grad).passed  # refused
 
     def reference(W, b, X, y):  # a student's own, written differently
         P = np.exp(X @ W + b)
@@ -116,7 +121,7 @@ def test_check_softmax_grad():
     assert not stub.passed and "not implemented yet" in str(stub)
 
     def no_mean(W, b, X, y):  # forgot to divide by N
-        dW, db = scratch.softmax_regression_grad(W, b, X, y)
+        dW, db = answer_grad(W, b, X, y)
         return dW * len(X), db * len(X)
 
     assert not checks.check_softmax_grad(no_mean).passed
@@ -124,19 +129,20 @@ def test_check_softmax_grad():
 
 
 def test_check_sgd_epoch():
-    assert checks.check_sgd_epoch(scratch.sgd_epoch).passed
+    assert checks.check_sgd_epoch(answer_epoch).passed
+    assert not checks.check_sgd_epoch(scratch.sgd_epoch).passed  # the library's: refused
     assert not checks.check_sgd_epoch(_stub("1.2")).passed
 
     def one_full_batch_step(W, b, X, y, lr, batches):  # GD, not one step per batch
         idx = np.concatenate(batches)
-        dW, db = scratch.softmax_regression_grad(W, b, X[idx], y[idx])
+        dW, db = answer_grad(W, b, X[idx], y[idx])
         return W - lr * dW, b - lr * db
 
     assert not checks.check_sgd_epoch(one_full_batch_step).passed
 
     def in_place(W, b, X, y, lr, batches):  # right numbers, but overwrites the caller's W
         for idx in batches:
-            dW, db = scratch.softmax_regression_grad(W, b, X[idx], y[idx])
+            dW, db = answer_grad(W, b, X[idx], y[idx])
             W -= lr * dW
             b -= lr * db
         return W, b
@@ -146,18 +152,20 @@ def test_check_sgd_epoch():
 
 
 def test_check_corr2d():
-    assert checks.check_corr2d(scratch.corr2d).passed
+    assert checks.check_corr2d(answer_corr2d).passed
+    assert not checks.check_corr2d(scratch.corr2d).passed  # the library's: refused
     assert not checks.check_corr2d(_stub("2.1")).passed
 
     def flipped(X, K, stride=1):  # the textbook convolution flips the kernel; torch does not
-        return scratch.corr2d(X, K[::-1, ::-1], stride)
+        return answer_corr2d(X, K[::-1, ::-1], stride)
 
     assert not checks.check_corr2d(flipped).passed
-    assert not checks.check_corr2d(lambda X, K, stride=1: scratch.corr2d(X, K)).passed  # no stride
+    assert not checks.check_corr2d(lambda X, K, stride=1: answer_corr2d(X, K)).passed  # no stride
 
 
 def test_check_max_pool2d():
-    assert checks.check_max_pool2d(scratch.max_pool2d).passed
+    assert checks.check_max_pool2d(answer_pool).passed
+    assert not checks.check_max_pool2d(scratch.max_pool2d).passed  # the library's: refused
     assert not checks.check_max_pool2d(_stub("2.2")).passed
 
     def average(X, size):
