@@ -123,6 +123,17 @@ def judge_rank(
                 f"{partner}, the algorithm sends exactly {want[partner]} there ({dtype}); "
                 "send only the half of the block the partner keeps (or, gathering, your block)"
             )
+    # One message each way per step: reduce-scatter and allgather meet each partner once, the
+    # allreduce twice. The same bytes cut into more messages pay more latency (alpha per message).
+    steps = 2 if kind == "allreduce" else 1
+    for partner in partners:
+        sent, received, _ = peers[partner]
+        if sent > steps or received > steps:
+            return (
+                f"size {size}: rank {rank} sent {sent} messages to rank {partner} and received "
+                f"{received}; the algorithm exchanges one message each way per step ({steps} "
+                "with this partner): send the whole half block in one sendrecv, not piece by piece"
+            )
     return ""
 
 
