@@ -168,21 +168,31 @@ class StepRecorder:
         return {"drift": distance, "drift_s": time.perf_counter() - start}
 
 
-def summarize_steps(records: list[dict[str, Any]], skip_first: int = 1) -> list[dict[str, Any]]:
-    """Return one row per rank: median seconds of each phase and of the step, bytes per step.
+STATS = {"median": statistics.median, "mean": statistics.fmean}
+
+
+def summarize_steps(
+    records: list[dict[str, Any]], skip_first: int = 1, stat: str = "median"
+) -> list[dict[str, Any]]:
+    """Return one row per rank: median (or mean) seconds of each phase and of the step, bytes per step.
 
     The first ``skip_first`` steps (connection set-up, allocation) are left out when there are
-    more steps than that.
+    more steps than that. ``stat="median"`` shows a typical step; a method that communicates on
+    only some steps (Local-SGD averages every ``p``-th) has a median of 0 for its communication
+    and bytes: ``stat="mean"`` spreads them over all steps, so they show.
     """
+    if stat not in STATS:
+        raise ValueError(f"stat must be one of {sorted(STATS)}, got {stat!r}")
+    average = STATS[stat]
     rows = []
     for rank in sorted({r["rank"] for r in records}):
         mine = [r for r in records if r["rank"] == rank]
         mine = mine[skip_first:] if len(mine) > skip_first else mine
         row: dict[str, Any] = {"rank": rank, "steps": len(mine)}
         for key in [f"{p}_s" for p in PHASES] + ["total_s"]:
-            row[key] = statistics.median(r[key] for r in mine)
+            row[key] = average(r[key] for r in mine)
         for key in ("bytes_sent", "bytes_received", "collective_bytes"):
-            row[key] = statistics.median(r[key] for r in mine)
+            row[key] = average(r[key] for r in mine)
         rows.append(row)
     return rows
 

@@ -68,9 +68,9 @@ class DataParallelResult:
         """Return rank 0's history (test metrics are the same on every rank)."""
         return self.histories[0]
 
-    def summary(self) -> list[dict[str, Any]]:
-        """Return one row per rank: median phase seconds and bytes per step."""
-        return summarize_steps(self.records)
+    def summary(self, stat: str = "median") -> list[dict[str, Any]]:
+        """Return one row per rank: median (or ``stat="mean"``) phase seconds and bytes per step."""
+        return summarize_steps(self.records, stat=stat)
 
     @property
     def straggler_label(self) -> str:
@@ -81,12 +81,16 @@ class DataParallelResult:
         ]
         return "emulated stragglers: " + ", ".join(parts) if parts else ""
 
-    def table(self) -> str:
-        """Return the per-rank summary as text, labelled with the method and the link."""
+    def table(self, stat: str = "median") -> str:
+        """Return the per-rank summary as text, labelled with the method, the link and ``stat``.
+
+        ``stat="mean"`` averages over all steps, so communication that happens on only some
+        steps (Local-SGD's averaging) shows; the median shows a typical step.
+        """
         kind = "emulated" if self.emulated else "measured"
         slow = f"; {self.straggler_label}" if self.stragglers else ""
-        head = f"{self.method} on {self.label} ({kind}{slow}), median per step:"
-        return head + "\n" + format_table(self.summary())
+        head = f"{self.method} on {self.label} ({kind}{slow}), {stat} per step:"
+        return head + "\n" + format_table(self.summary(stat))
 
     def drift(self) -> tuple[np.ndarray, np.ndarray]:
         """Return ``(steps, distances)``: steps done at each measurement, and one column per rank.
