@@ -16,7 +16,10 @@ def star_allreduce(comm: Communicator, tensor: Buffer, op: str = "sum", root: in
 
     The shape of source 000's parameter server (steps 5-6: nodes send gradients to the server,
     which combines them and sends them back). Every rank calls it. The root's link carries every
-    message, so the cost grows with the world size: $2(N-1)(\\alpha + n\\beta)$.
+    message, so the cost grows with the world size. The root posts all its receives, then all its
+    sends, at once: their bytes queue on its link but their latencies overlap, so the cost is about
+    $2\\alpha + 2(N-1)n\\beta$; :func:`~course_lib.cost_model.alpha_beta.predict` charges one
+    $\\alpha$ per message, $2(N-1)(\\alpha + n\\beta)$ (lecture 3 compares both).
     """
     arr = reducible_flat(tensor, op)
     p, r = comm.world_size, comm.rank
