@@ -12,10 +12,11 @@ drift apart meanwhile, and the averaging pulls them back. ::
 $w_{k,i} = \\bar w - \\eta \\nabla E_i(w_{k-1,i})$ with $\\bar w$ the mean of the $w_{k-1,j}$:
 the gradient is taken at the local weights, averaging happens before the step
 (``order="average_then_step"``, run in :meth:`exchange`). Yu et al., whose convergence
-condition ($p = O(T^{1/4} / N^{3/4})$, a scaling, not a number) source 001 cites, step first and average after
-(``order="step_then_average"``, the default, run in :meth:`after_step`): then Local-SGD(1) *is*
-bulk-synchronous SGD (the mean of the stepped weights equals the step with the mean gradient),
-while the literal order leaves the replicas one local step apart after every averaging.
+condition ($p = O(T^{1/4} / N^{3/4})$: a scaling, not a number) source 001 cites, step first
+and average after (``order="step_then_average"``, the default, run in :meth:`after_step`):
+then Local-SGD(1) *is* bulk-synchronous SGD (the mean of the stepped weights equals the step
+with the mean gradient), while the literal order leaves the replicas one local step apart after
+every averaging.
 
 **Averaging** (``averaging``): ``"allreduce"`` (the backend's allreduce of the weights, then
 divide by P; the recorder times the wait before it); ``"gossip"`` (one gossip step of the
