@@ -299,6 +299,32 @@ def test_no_folder_holds_more_than_a_dozen_modules():
     assert not crowded, f"folders that want splitting by seam: {crowded}"
 
 
+#: How a module's docstring says whom it serves: a lecture by number ("Lecture 4:", "lectures 5-6"),
+#: every lecture, an assignment ("A3"), or, for the kit's plumbing and the grader, no lecture.
+SERVES = re.compile(r"\blectures? \d+|\bevery lecture\b|\bno lecture\b|\bA\d\b", re.IGNORECASE)
+
+
+def names_whom_it_serves(source: str) -> bool:
+    """Return True when a module's docstring names its lecture(s), an assignment or no lecture."""
+    return bool(SERVES.search(ast.get_docstring(ast.parse(source)) or ""))
+
+
+def test_every_module_docstring_names_the_lecture_it_serves():
+    silent = sorted(m for m, p in MODULES.items() if not names_whom_it_serves(p.read_text()))
+    assert not silent, (
+        "say in the docstring which lecture each serves ('Lecture 4: ...'), or 'no lecture' "
+        "for the kit's plumbing: " + ", ".join(silent)
+    )
+
+
+def test_the_lecture_scan_flags_a_docstring_that_names_none():
+    assert not names_whom_it_serves('"""Helpers for the engines: a lecture may use them."""')
+    assert not names_whom_it_serves("import os\n")  # no docstring at all
+    assert names_whom_it_serves('"""Lectures 5-6: Local-SGD simulated in one process."""')
+    assert names_whom_it_serves('"""No lecture (the kit\'s plumbing): ``./kit test``."""')
+    assert names_whom_it_serves('"""Checks of assignment A4."""')
+
+
 def lecture_trip() -> dict[int, str]:
     """Return the README's "where each lecture's algorithm lives" table: lecture -> path."""
     text = (ROOT / "README.md").read_text()
