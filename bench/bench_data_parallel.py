@@ -11,7 +11,7 @@ against N x one engine's), and the cost model's prediction of the communication 
 as a prediction) beside the measured one, with its error. On the emulated link the prediction
 uses the link's own alpha, beta (it proves nothing: the emulation is the model). On real links
 two calibrations are compared: the ping-pong fit (ranks 0 and 1, the others idle) and a fit of
-the exchange's own collective timed over every rank (``cost_model.collective_calibration``),
+the exchange's own collective timed over every rank (``cost_model.alpha_beta.collective_calibration``),
 which also reports its error at 2 MB and 6 MB, sizes it did not fit. Then the speed goals of the
 buckets at 32 samples per engine (``--per-engine``), the methods run in turn several times:
 after-backward ring / bucketed (goal >= 1.3x) and bucketed / DDP (goal <= 1.2x), beside what
