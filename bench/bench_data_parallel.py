@@ -11,7 +11,7 @@ against N x one engine's), and the cost model's prediction of the communication 
 as a prediction) beside the measured one, with its error. On the emulated link the prediction
 uses the link's own alpha, beta (it proves nothing: the emulation is the model). On real links
 two calibrations are compared: the ping-pong fit (ranks 0 and 1, the others idle) and a fit of
-the exchange's own collective timed over every rank (``cost_model.collective_calibration``),
+the exchange's own collective timed over every rank (``cost_model.alpha_beta.collective_calibration``),
 which also reports its error at 2 MB and 6 MB, sizes it did not fit. Then the speed goals of the
 buckets at 32 samples per engine (``--per-engine``), the methods run in turn several times:
 after-backward ring / bucketed (goal >= 1.3x) and bucketed / DDP (goal <= 1.2x), beside what
@@ -47,13 +47,12 @@ from course_lib.parallel.data_parallel.train import COMM_NAME, train_data_parall
 from course_lib.parallel.exchanges.base import trainable_parameters  # noqa: E402
 from course_lib.parallel.exchanges.bucket_choice import ALGORITHMS as CHOICES  # noqa: E402
 from course_lib.parallel.exchanges.buckets import bucket_layout  # noqa: E402
+from course_lib.parallel.exchanges.registry import EXCHANGES  # noqa: E402
 from course_lib.training.loop import TrainConfig  # noqa: E402
 from course_lib.training.models import SmallCNN  # noqa: E402
 
 METHODS = ["parameter_server", "allreduce_naive", "ring", "builtin", "bucketed", "ddp"]
 BUCKET_BYTES = 1 << 19  # 512 kB: 2 buckets (the 2.1 MB dense layers; the 77 kB convolutions)
-ALGORITHM = {"parameter_server": "star_allreduce", "allreduce_naive": "allreduce_naive",
-             "ring": "ring_allreduce", "builtin": "ring_allreduce"}  # fmt: skip
 
 
 def synthetic_cifar(size: int):
@@ -72,8 +71,8 @@ def predicted_comm(method: str, nbytes: int, n: int, model: LinkModel, chosen=No
     turn, by the algorithm each bucket used, ``chosen``; the ring where not known)."""
     if n == 1:
         return 0.0
-    if method in ALGORITHM:
-        return predict(ALGORITHM[method], nbytes, n, model)
+    if not EXCHANGES[method].overlaps_backward:  # one collective on the whole gradient
+        return predict(EXCHANGES[method].cost_collective, nbytes, n, model)
     params = trainable_parameters(SmallCNN())
     sizes = [4 * sum(params[i].numel() for i in b) for b in bucket_layout(params, BUCKET_BYTES)]
     names = [CHOICES[a] for a in chosen] if chosen else ["ring_allreduce"] * len(sizes)
@@ -92,7 +91,7 @@ CHECK_SIZES = [2**21, 3 * 2**21]  # 2 MB (about the gradient) and 6 MB: sizes th
 
 def calibrate(cluster, n: int, methods) -> dict[str, dict[str, LinkModel]]:
     """Per method: its models of the first ``n`` engines' real link (ping-pong; own collective)."""
-    algorithms = sorted({ALGORITHM.get(m, "ring_allreduce") for m in methods})
+    algorithms = sorted({EXCHANGES[m].cost_collective for m in methods})
     cal = cluster.client[cluster.ids_by_rank[:n]].apply_sync(
         engine_calibrations, COMM_NAME, algorithms, CHECK_SIZES
     )[0]
@@ -113,7 +112,7 @@ def calibrate(cluster, n: int, methods) -> dict[str, dict[str, LinkModel]]:
             f" not fitted: {checks}"
         )
     return {
-        m: {"ping-pong": pp, "own fit": LinkModel(*cal["fits"][ALGORITHM.get(m, "ring_allreduce")])}
+        m: {"ping-pong": pp, "own fit": LinkModel(*cal["fits"][EXCHANGES[m].cost_collective])}
         for m in methods
     }
 
@@ -159,7 +158,7 @@ def run_link(cluster, link_name: str, link, sizes, methods, steps: int, batch: i
             rate = batch / row["total_s"]
             base = rate if n == 1 else base
             eff = rate / (n * base) if base else float("nan")
-            overlapped = method in ("bucketed", "ddp")
+            overlapped = EXCHANGES[method].overlaps_backward
             measured = row["bucket_s"] if overlapped else row["comm_s"]
             preds = ""
             if n > 1:

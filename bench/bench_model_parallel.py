@@ -14,7 +14,7 @@ goes round the kit's ring from point-to-point messages, so the bytes are bytes s
 ranks, beside the cost model). Communication time is shown twice: inside the step (it includes
 waiting for the slowest rank's compute) and for the same collectives run alone after a barrier,
 the latter beside the alpha-beta prediction from a timed ring allreduce on the same engines
-(cost_model.collective_calibration; a ping-pong fit was 2-4.7x off on loopback). On a loaded machine the times say more about the load. On a machine with fewer cores than engines the stages take turns on the
+(cost_model.alpha_beta.collective_calibration; a ping-pong fit was 2-4.7x off on loopback). On a loaded machine the times say more about the load. On a machine with fewer cores than engines the stages take turns on the
 cores, so the measured bubble there says more about the machine than about the schedule.
 
     .venv/bin/python bench/bench_model_parallel.py            # 2 and 4 engines

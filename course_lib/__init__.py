@@ -1,1 +1,1 @@
-"""course_lib: the library behind the distributed deep learning course kit."""
+"""course_lib: the library behind the distributed deep learning course kit, for every lecture."""

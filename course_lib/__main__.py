@@ -1,4 +1,4 @@
-"""``python -m course_lib JOB ...``: every job of ``./kit``, without bash (see :mod:`course_lib.cli`)."""
+"""No lecture (the kit's plumbing). ``python -m course_lib JOB ...``: every job of ``./kit``, without bash (see :mod:`course_lib.cli`)."""
 
 from course_lib.cli import main
 

@@ -1,4 +1,4 @@
-"""./kit demo, lecture 4 in one command: The kit's headless main job: start engines, check them, train with several exchange methods.
+"""Lecture 4 in one command, ``./kit demo``, the kit's headless main job: start engines, check them, train with several exchange methods.
 
 Run it with ``./kit demo`` (or ``python -m course_lib.demo --engines 4 --methods ring,ddp``).
 Every method trains the same digits MLP for the same steps through

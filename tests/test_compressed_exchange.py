@@ -93,11 +93,10 @@ def test_no_compression_equals_the_ring_bit_for_bit(cluster, float32_run):
     assert _max_difference(result, float32_run) == 0.0
     assert _notes(result, "bytes_gradient") == {MLP_BYTES}
     assert _notes(result, "bytes_coded") == {MLP_BYTES}  # nothing added: no header on allreduce
-    # The same ring: each rank sends 2 (N-1)/N of the gradient, like the ring method (whose
-    # buffer also carries a presence flag per tensor, 4 bytes each: at N = 2 it sends them all).
-    n = float32_run.world_size
-    flags_sent = float32_run.flag_bytes * 2 * (n - 1) // n
-    assert {r["bytes_sent"] + flags_sent for r in result.records} == {
+    # The same ring: each rank sends 2 (N-1)/N of the gradient and of its presence flags (one
+    # float32 per tensor after the values), like the ring method: the same bytes.
+    assert result.flag_bytes == float32_run.flag_bytes == 4 * 4
+    assert {r["bytes_sent"] for r in result.records} == {
         r["bytes_sent"] for r in float32_run.records
     }
 
@@ -114,9 +113,11 @@ def test_int8_with_error_feedback_trains_close_to_float32_in_a_quarter_of_the_by
     assert _notes(result, "bytes_compressed") == {MLP_BYTES // 4 + 4}  # 1 byte a value + scale
     coded = _notes(result, "bytes_coded")
     assert max(coded) < MLP_BYTES // 4  # zstd squeezes the int8 further, header included
+    flags = CompressedExchange._flag_frame(np.ones(4, np.float32)).size  # presence, uncoded
     for rec in result.records:  # stage times are recorded, and what travelled is the frames
         assert rec["compress_s"] > 0 and rec["code_s"] > 0 and rec["decode_s"] > 0
-        assert rec["collective_bytes"] <= max(coded) + 2 * 8 + 8  # sizes + the longest frame
+        # the sizes, then the longest frame: the flags' frame and the gradient's
+        assert rec["collective_bytes"] <= 2 * 8 + 8 + flags + max(coded)
     assert result.records[0]["bytes_sent"] == 0  # allgather is the backend's collective
 
 

@@ -83,6 +83,19 @@ def test_row_of_a_sparse_gossip_run_counts_every_partner_message():
     row = row_from_result(_result([steps, steps]), 9)
     assert row["values"] == 23
     assert row["bytes"] == 2 * 88 + 32
+    # with 4 presence flags beside the values in every message: the same values
+    flagged = [
+        {**step, "flags_sent": 4, "bytes_sent": step["bytes_sent"] + 32 * m}
+        for step, m in zip(steps, (2, 1), strict=True)
+    ]
+    assert row_from_result(_result([flagged, flagged]), 9)["values"] == 23
+
+
+def test_row_of_a_gossip_run_leaves_the_presence_flags_out_of_the_values():
+    steps = [{"bytes_sent": 2 * 4 * (100 + 4)}, {"bytes_sent": 4 * (100 + 4)}]  # 2 + 1 messages
+    result = _result([steps, steps])
+    result.gradient_bytes, result.flag_bytes = 400, 16
+    assert row_from_result(result, 2)["values"] == 3 * 100
 
 
 def test_table_and_comparison_are_computed_from_the_rows():

@@ -23,6 +23,7 @@ from course_lib.parallel.data_parallel.reference import (
     train_one_process,
     weights_match,
 )
+from course_lib.parallel.data_parallel.reference_local_sgd import simulate_local_sgd
 from course_lib.parallel.data_parallel.train import DataParallelError, train_data_parallel
 from course_lib.parallel.exchanges.base import GradientExchange
 from course_lib.parallel.exchanges.buckets import BucketedAllreduce
@@ -132,9 +133,30 @@ def test_an_instance_with_options_is_refused_with_the_fix():
         make_exchange(BucketedAllreduce(), bucket_bytes=64)
 
 
-@pytest.mark.parametrize("method", ["ring", "parameter_server", "bucketed", "ddp"])
-def test_a_parameter_no_rank_has_a_gradient_for_is_left_alone(cluster, method):
-    options = {"bucketed": {"bucket_bytes": 256}, "ddp": {"find_unused_parameters": True}}
+#: Every way a presence flag travels: a flat buffer, buckets, DDP's own map, a compressed
+#: allreduce, compressed frames (gathered, or through a server), DDP's compression hook, gossip
+#: (dense, and sparse with the flags always sent). Lossless settings, so one process is the answer
+#: (the mixing simulation for gossip, whose replicas are not averaged).
+NO_GRADIENT_CASES = {
+    "ring": ("ring", {}),
+    "parameter_server": ("parameter_server", {}),
+    "bucketed": ("bucketed", {"bucket_bytes": 256}),
+    "ddp": ("ddp", {"find_unused_parameters": True}),
+    "compressed-allreduce": ("compressed", {"compressor": "none"}),
+    "compressed-allgather": (
+        "compressed",
+        {"compressor": "none", "carrier": "allgather", "codec": "zlib"},
+    ),
+    "compressed-server": ("compressed", {"compressor": "none", "carrier": "parameter_server"}),
+    "ddp_compressed": ("ddp_compressed", {"compressor": "none", "find_unused_parameters": True}),
+    "gossip": ("gossip", {}),
+    "gossip_sparse": ("gossip_sparse", {"threshold": 0.0}),  # every nonzero: dense gossip's mix
+}
+
+
+@pytest.mark.parametrize("case", list(NO_GRADIENT_CASES))
+def test_a_parameter_no_rank_has_a_gradient_for_is_left_alone(cluster, case):
+    method, options = NO_GRADIENT_CASES[case]
     result = train_data_parallel(
         cluster,
         model=SkipsABranch,
@@ -144,16 +166,22 @@ def test_a_parameter_no_rank_has_a_gradient_for_is_left_alone(cluster, method):
         world_size=4,
         comm_timeout=30,
         timeout=300,
-        **options.get(method, {}),
+        **options,
     )
-    reference = train_one_process(SkipsABranch, small_digits, CONFIG)
+    if EXCHANGES[method].averages_every_step:
+        reference = train_one_process(SkipsABranch, small_digits, CONFIG)
+        assert result.replicas_equal
+    else:  # gossip: rank 0's replica, mixed with its partners' by the matrices of source 001
+        reference = simulate_local_sgd(SkipsABranch, small_digits, CONFIG, 4, averaging="gossip")[0]
     worst = max(
         float(np.abs(result.weights[k] - reference[k]).max())
         for k in reference
         if k.startswith("branch")
     )
-    assert worst < 1e-5, f"{method}: the skipped branch moved {worst:.2e} away from one process"
-    assert result.replicas_equal and weights_match(result.weights, reference)
+    assert worst < 1e-5, f"{case}: the skipped branch moved {worst:.2e} away from its reference"
+    assert weights_match(result.weights, reference), max_weight_difference(
+        result.weights, reference
+    )
 
 
 def test_ddp_without_find_unused_parameters_names_the_switch(cluster):

@@ -192,8 +192,9 @@ def test_one_gossip_step_equals_the_mixing_matrix_and_sparse_sends_only_above_t(
 
 def test_gossip_training_equals_the_simulation_and_talks_to_the_rotating_partners(cluster):
     n = 4
-    nbytes = 4 * 2410
     result = run(cluster, n, PLAIN, method="gossip")  # Algorithm 2: gradients mixed every step
+    assert result.flag_bytes == 4 * 4  # a presence flag per tensor rides with the gradient
+    nbytes = 4 * 2410 + result.flag_bytes
     for got, expected in zip(
         engine_weights(cluster, n),
         simulate_local_sgd(mlp, small_digits, PLAIN, n, averaging="gossip"),
@@ -225,10 +226,13 @@ def test_sparse_gossip_training_sends_only_the_components_above_t(cluster):
     result = run(cluster, n, PLAIN, method="gossip_sparse", threshold=t)
     assert all(0 < r["values_sent"] < r["values_total"] == 2410 for r in result.records)
     for rec in result.records:  # to each partner: a count, then int32 indices and float32 values
-        assert rec["bytes_sent"] == partners[rec["step"]] * (8 + 8 * rec["values_sent"]), rec
-    wide = run(cluster, n, PLAIN, method="gossip_sparse", threshold=1e9)  # sends nothing
-    assert all(r["bytes_sent"] == partners[r["step"]] * 8 for r in wide.records)
-    seed_everything(PLAIN.seed)  # rank 0's initial network: nothing sent, so nothing updated
+        sent = rec["values_sent"] + rec["flags_sent"]  # the 4 presence flags, set, always travel
+        assert rec["flags_sent"] == 4 and rec["bytes_sent"] == partners[rec["step"]] * (
+            8 + 8 * sent
+        )
+    wide = run(cluster, n, PLAIN, method="gossip_sparse", threshold=1e9)  # no value: flags only
+    assert all(r["bytes_sent"] == partners[r["step"]] * (8 + 8 * 4) for r in wide.records)
+    seed_everything(PLAIN.seed)  # rank 0's initial network: no value sent, nothing updated
     initial = {k: p.detach().numpy() for k, p in mlp().named_parameters()}
     assert all(np.array_equal(wide.weights[k], w) for k, w in initial.items())
 

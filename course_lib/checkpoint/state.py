@@ -2,7 +2,7 @@
 
 :func:`rank_state` / :func:`restore_rank_state` are what every rank of a data-parallel loop
 saves and restores; :func:`save_run` / :func:`resume_run` / :func:`skip_done_steps` are what
-``training.fit`` (one process) calls. See :mod:`course_lib.checkpoint` for the contract.
+``training.loop.fit`` (one process) calls. See :mod:`course_lib.checkpoint` for the contract.
 """
 
 from __future__ import annotations

@@ -25,6 +25,7 @@ from course_lib.parallel.data_parallel.reference import (
     train_one_process,
     weights_match,
 )
+from course_lib.parallel.exchanges.registry import EXCHANGES
 from course_lib.training.loop import TrainConfig
 from course_lib.training.models import MLP
 
@@ -179,8 +180,7 @@ def _model_sync_time(
     method: str, nbytes: float, world_size: int, alpha: float, beta: float
 ) -> float:
     """The cost model's time of one exchange: the star (server) or the ring."""
-    algorithm = {"parameter_server": "star_allreduce", "ring": "ring_allreduce"}[method]
-    return ALGORITHMS[algorithm](nbytes, world_size, alpha, beta)
+    return ALGORITHMS[EXCHANGES[method].cost_collective](nbytes, world_size, alpha, beta)
 
 
 def _sync_time_body(fn: Callable) -> str:

@@ -1,4 +1,4 @@
-"""Verdicts for exercise check cells: one deterministic line per exercise, never a traceback.
+"""Every lecture's and assignment's check cells print verdicts from here: one deterministic line per exercise, never a traceback.
 
 Also the course's one guard against answers that delegate to the library (:func:`refusing`):
 while a student's function runs, the library functions that answer the exercise raise

@@ -1,4 +1,4 @@
-"""Every ``./kit`` job as Python: ``python -m course_lib JOB ...`` or ``course-kit JOB ...``.
+"""No lecture (the kit's plumbing). Every ``./kit`` job as Python: ``python -m course_lib JOB ...`` or ``course-kit JOB ...``.
 
 One module per group of jobs: :mod:`~course_lib.cli.setup` (installing), :mod:`~course_lib.cli.lab`
 (JupyterLab and the lab's cluster), :mod:`~course_lib.cli.suite` (the tests),

@@ -1,4 +1,4 @@
-"""``./kit bench``: list the benchmarks in ``bench/``, run one by name, or every one with ``--all``.
+"""No lecture (the kit's plumbing). ``./kit bench``: list the benchmarks in ``bench/``, run one by name, or every one with ``--all``.
 
 A benchmark's one-line summary is the first line of its module docstring (read, not imported).
 Benchmarks that build an emulated room need root (network namespaces and ``tc``; their docstrings

@@ -1,4 +1,4 @@
-"""The jobs that another package's command line does: demo, doctor, room, release, grade, check.
+"""No lecture (the kit's plumbing). The jobs that another package's command line does: demo, doctor, room, release, grade, check.
 
 Each is the call ``./kit`` made before it became a wrapper (``python -m course_lib.demo``,
 ``course_lib.cluster doctor | room``, ``course_lib.grading release | grade | check | selftest``),

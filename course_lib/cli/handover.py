@@ -1,4 +1,4 @@
-"""What every ``./kit`` job shares: the checkout, one-line usage errors, handing over to a program.
+"""No lecture (the kit's plumbing). What every ``./kit`` job shares: the checkout, one-line usage errors, handing over to a program.
 
 The kit's jobs run the way the bash script ran them: a job that ended in ``exec`` (JupyterLab,
 pytest, one benchmark) replaces this process on Linux and macOS, so signals and the exit status

@@ -1,4 +1,4 @@
-"""The table of ``./kit`` jobs and the dispatcher: ``python -m course_lib JOB ...`` (= ``./kit JOB``).
+"""No lecture (the kit's plumbing). The table of ``./kit`` jobs and the dispatcher: ``python -m course_lib JOB ...`` (= ``./kit JOB``).
 
 Every job of the bash script ``kit`` has one row here; ``./kit`` itself only creates the virtual
 environment and then runs ``python -m course_lib JOB ARGS``, so a Windows PC (no bash) runs the

@@ -1,4 +1,4 @@
-"""``./kit lab``: JupyterLab on ``notebooks/``, or (``start | status | add | stop | mpi``) the lab's cluster.
+"""No lecture (the kit's plumbing). ``./kit lab``: JupyterLab on ``notebooks/``, or (``start | status | add | stop | mpi``) the lab's cluster.
 
 The cluster's actions are :mod:`course_lib.cluster.__main__`'s ``lab`` command line; anything else
 goes to JupyterLab (as root with ``--allow-root``, as ``./kit lab`` always did).

@@ -1,9 +1,10 @@
 """``./kit setup``: install the kit and its dependencies into this Python, and check them.
 
-``./kit`` creates ``.venv`` and installs into it itself (bash: before this Python has anything),
-then runs ``setup --check``. Without bash (a Windows PC), make the environment once with
-``py -m venv .venv`` and ``.venv\\Scripts\\python -m pip install -e .[dev]``; afterwards
-``python -m course_lib setup`` re-installs after ``pyproject.toml`` changed (a ``git pull``).
+No lecture (the kit's plumbing). ``./kit`` creates ``.venv`` and installs into it itself
+(bash: before this Python has anything), then runs ``setup --check``. Without bash (a Windows
+PC), make the environment once with ``py -m venv .venv`` and
+``.venv\\Scripts\\python -m pip install -e .[dev]``; afterwards ``python -m course_lib setup``
+re-installs after ``pyproject.toml`` changed (a ``git pull``).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""``./kit test``: ruff on the code, then pytest on ``tests/`` and every notebook (what CI runs)."""
+"""No lecture (the kit's plumbing). ``./kit test``: ruff on the code, then pytest on ``tests/`` and every notebook (what CI runs)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The cluster's ./kit jobs (lecture 0, the instructor's guide): Command line for the cluster layer: ``python -m course_lib.cluster doctor | room ...``.
+"""Lecture 0 and the instructor's guide: the cluster's ./kit jobs, ``python -m course_lib.cluster doctor | room ...``.
 
 ``lab start | status | stop HOSTS.toml`` runs one cluster across the lab's PCs and
 ``lab add HOSTS.toml PC...`` re-adds PCs that dropped out (see

@@ -107,7 +107,7 @@ def gossip_sparse_exchange(
 
 
 def gossip_sparse_step(
-    comm: Communicator, tensor: Buffer, s: int, threshold: float
+    comm: Communicator, tensor: Buffer, s: int, threshold: float, flags: int = 0
 ) -> tuple[Buffer, np.ndarray]:
     """Algorithm 3 of source 001: gossip only the components with ``|x| > threshold``.
 
@@ -117,6 +117,10 @@ def gossip_sparse_step(
     components above the threshold and is zero elsewhere (its own too: a component that nobody
     sent becomes 0, i.e. that weight is not updated). Returns ``tensor`` and the sorted indices
     that any of the three sent. Bytes per partner: 8 + 8 per component sent.
+
+    The last ``flags`` components are presence flags (0 or 1, one per tensor, as a data-parallel
+    exchange appends them): each one that is set travels whatever the threshold, so the mixed
+    flag is 0 only where none of the three ranks had that tensor's gradient.
     """
     arr = reducible_flat(tensor, "sum")
     if arr.dtype.kind != "f":
@@ -125,7 +129,10 @@ def gossip_sparse_step(
         raise ValueError(f"threshold must be >= 0 (source 001 found t = 1 best), got {threshold}")
     if comm.world_size == 1:  # nobody to gossip with: unchanged, as gossip_step
         return tensor, np.arange(arr.size)
-    index = np.flatnonzero(np.abs(arr) > threshold).astype(np.int32)
+    chosen = np.abs(arr) > threshold
+    if flags:
+        chosen[arr.size - flags :] = arr[arr.size - flags :] != 0
+    index = np.flatnonzero(chosen).astype(np.int32)
     values = arr[index].copy()
     mixed = np.zeros_like(arr)
     mixed[index] = values

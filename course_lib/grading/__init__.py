@@ -1,4 +1,4 @@
-"""Graded assignments: release student notebooks from sources, grade them with nbval in a sandbox."""
+"""No lecture (the grader). Graded assignments: release student notebooks from sources, grade them with nbval in a sandbox."""
 
 from course_lib.grading.cells import answer_id, check_id, stub_solution
 from course_lib.grading.grade import (

@@ -8,7 +8,7 @@ one line, exit status 3, when it cannot grade.
 ``release`` writes the student notebooks and the solution-free checking copies
 (``assignments/checks``); ``check`` grades one notebook against the instructor's sources where
 they are, else against the checking copies, so a course can keep its sources private. Bad input
-gets one line that names the fix, and exit status 2.
+gets one line that names the fix, and exit status 2. No lecture: the grader's plumbing.
 """
 
 from __future__ import annotations

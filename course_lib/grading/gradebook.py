@@ -1,4 +1,4 @@
-"""Grade a folder of submissions in one go: a CSV gradebook and a feedback file per student."""
+"""No lecture (the grader). Grade a folder of submissions in one go: a CSV gradebook and a feedback file per student."""
 
 from __future__ import annotations
 

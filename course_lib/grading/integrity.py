@@ -1,4 +1,4 @@
-"""Integrity, the second line behind the sandbox: what grading must never change, checked often.
+"""No lecture (the grader). Integrity, the second line behind the sandbox: what grading must never change, checked often.
 
 Before grading, :class:`EnvironmentGuard` fingerprints the kit's package, the instructor sources
 and the virtual environment's ``site-packages`` (every file's size, mode, mtime and ctime; the

@@ -1,4 +1,4 @@
-"""pytest plugin for nbval's side of a graded run: Unix-socket kernels and probe outputs.
+"""No lecture (the grader). pytest plugin for nbval's side of a graded run: Unix-socket kernels and probe outputs.
 
 A sandboxed kernel has a network namespace of its own, so the grader cannot reach it on TCP;
 Unix sockets in the run's runtime folder (visible on both sides) connect them instead

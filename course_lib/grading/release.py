@@ -1,4 +1,4 @@
-"""Release: turn an instructor's assignment source into the notebook students get.
+"""No lecture (the grader). Release: turn an instructor's assignment source into the notebook students get.
 
 Two copies come out of each source. The student notebook (answers stubbed, no outputs) is what
 students work in. The checking copy is what ``./kit check`` grades a student's notebook against

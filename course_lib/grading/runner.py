@@ -1,4 +1,4 @@
-"""Run one notebook under nbval in a subprocess, with time limits, and clean up after it.
+"""No lecture (the grader). Run one notebook under nbval in a subprocess, with time limits, and clean up after it.
 
 Nothing the notebook's processes wrote is trusted: the grader never parses, imports or runs a
 file from a place they can write. In the sandbox, ``$IPYTHONDIR`` (profiles, cluster files) is

@@ -1,4 +1,4 @@
-"""A sandbox per graded notebook: what the kernel sees, where it may write, what it may use.
+"""No lecture (the grader). A sandbox per graded notebook: what the kernel sees, where it may write, what it may use.
 
 nbval (the grader's side) runs outside; only the kernel it starts, and everything that kernel
 starts (ipyparallel controller and engines, gloo workers, whatever an answer spawns), runs

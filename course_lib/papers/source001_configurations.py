@@ -12,7 +12,9 @@ a row of figures, and prints and plots the rows beside the source's conclusions:
 **Values sent** (per rank, whole run) are float32 weights or gradients on the wire: gossip's
 messages as sent; an allreduce counted as a ring moves it, $2(N-1)/N$ of the vector per rank;
 sparse gossip the values it sent to each partner (their int32 indices and counts are in
-``bytes``, not in ``values``). Source 001's "95 % fewer values" counts values the same way.
+``bytes``, not in ``values``). The presence flags that gradient gossip sends beside the values
+(one per tensor, so that a tensor no partner has a gradient for stays untouched) are in
+``bytes`` only. Source 001's "95 % fewer values" counts values the same way.
 """
 
 from __future__ import annotations
@@ -127,8 +129,9 @@ def row_from_result(result: Any, number: int) -> dict[str, Any]:
     sent = per_rank("bytes_sent") + per_rank("collective_bytes")
     if conf.averaging == "allreduce":  # a ring moves 2(N-1)/N of the vector per rank
         values = per_rank("collective_bytes") / 4 * 2 * (n - 1) / n
-    elif conf.averaging == "gossip":
-        values = per_rank("bytes_sent") / 4
+    elif conf.averaging == "gossip":  # each message: the gradient, then its presence flags
+        gradient, flags = getattr(result, "gradient_bytes", 0), getattr(result, "flag_bytes", 0)
+        values = per_rank("bytes_sent") / 4 * (gradient / (gradient + flags) if flags else 1.0)
     else:  # each partner message: an int64 count, then (int32 index, float32 value) pairs
         values = sum(_sparse_values_on_wire(r) for r in records) / n
     return {
@@ -149,7 +152,8 @@ def row_from_result(result: Any, number: int) -> dict[str, Any]:
 def _sparse_values_on_wire(record: dict[str, Any]) -> float:
     """Values one rank put on the wire in one sparse step: k per partner message."""
     k = record.get("values_sent", 0)
-    messages = record.get("bytes_sent", 0) / (8 + 8 * k)  # 8 + 8k bytes per partner message
+    pairs = k + record.get("flags_sent", 0)  # the presence flags set travel as pairs too
+    messages = record.get("bytes_sent", 0) / (8 + 8 * pairs)  # 8 + 8 bytes a pair per message
     return k * round(messages)
 
 

@@ -1,4 +1,4 @@
-"""The course's models, their shapes and sizes.
+"""The course's models for every lecture, their shapes and sizes.
 
 =================  ====================  =============================  ==========
 model              input                 output                         parameters

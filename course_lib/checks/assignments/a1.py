@@ -5,7 +5,7 @@ Each check compares the student's NumPy code with torch (``F.cross_entropy`` wit
 the same on every run. The grader runs these same checks in its own process
 (:mod:`course_lib.grading.probes.a1`): the sandboxed kernel only calls the answer on the inputs
 below (``*_inputs(seed)``, the grader picks the seed) and returns the results as data. The
-library's ``scratch.py`` (plain cross-entropy, plain SGD) answers none of A1.1 and A1.2.
+library's ``training/scratch.py`` (plain cross-entropy, plain SGD) answers none of A1.1 and A1.2.
 """
 
 from __future__ import annotations

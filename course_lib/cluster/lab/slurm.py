@@ -1,4 +1,4 @@
-"""The instructor's lab on the university's cluster (docs/instructor.md, "The university's cluster"): engines and MPI ranks through Slurm, ``./kit lab start | status | stop | mpi SLURM.toml``.
+"""The instructor's lab on the university's cluster (docs/instructor.md, "The university's cluster"; lecture 0 connects to it): engines and MPI ranks through Slurm, ``./kit lab start | status | stop | mpi SLURM.toml``.
 
 A lab file with a ``[slurm]`` table instead of ``[[pc]]`` tables::
 

@@ -1,4 +1,4 @@
-"""The emulated room (docs/instructor.md, "The university's cluster"): a real Slurm across the room's PCs, ``./kit room up N --slurm``.
+"""No lecture: the emulated room's rehearsal of the university's cluster (docs/instructor.md, "The university's cluster"): a real Slurm across the room's PCs, ``./kit room up N --slurm``.
 
 Debian's ``slurm-wlm`` and ``munge``, nothing emulated: ``munged`` and ``slurmctld`` run on the
 instructor's PC (this machine's network), one ``slurmd`` inside every PC's namespace with the

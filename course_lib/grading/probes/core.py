@@ -1,4 +1,4 @@
-"""The verdict out of the answer's reach: the kernel returns data, the grader decides.
+"""No lecture (the grader). The verdict out of the answer's reach: the kernel returns data, the grader decides.
 
 For an assignment converted here (see :data:`course_lib.grading.probes.registry.CONVERTED`), the grader replaces each check cell
 of the graded copy with a *probe* cell: it calls the student's function on inputs the grader

@@ -1,4 +1,4 @@
-"""What runs on each engine of an asynchronous run: rank 0 serves the weights, the others work.
+"""Lecture 5: What runs on each engine of an asynchronous run: rank 0 serves the weights, the others work.
 
 The message protocol (every message is a Communicator message, so sizes and dtypes are checked
 and every wait has a timeout naming the silent rank): a **header** of four int64

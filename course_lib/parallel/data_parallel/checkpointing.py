@@ -1,6 +1,6 @@
 """Lecture 4: Checkpoint and resume of a data-parallel run: which methods allow it, and the notebook's checks.
 
-The engines follow the contract of :mod:`course_lib.checkpoint` through ``training.fit(...,
+The engines follow the contract of :mod:`course_lib.checkpoint` through ``training.loop.fit(...,
 comm=...)``: one file per position, written atomically by rank 0 (its replica, the optimiser
 state, the history and every rank's random streams and sampler, gathered to it); on resume
 every rank reads the same file. Rank 0's replica stands for all of them only when the replicas

@@ -5,7 +5,9 @@ The reference that ``local_sgd`` runs on engines must match: the same initial ne
 (:class:`~course_lib.parallel.data_parallel.replica.GlobalBatchSampler`), each with its own optimiser, and
 every ``period`` steps the stacked weights replaced by ``W @ X`` with the scheme's mixing
 matrix (:mod:`course_lib.collectives.mixing`). With ``averaging="gossip"`` and ``period=1`` the
-*gradients* are mixed instead (source 001's Algorithm 2), as the exchange does. Only float32
+*gradients* are mixed instead (source 001's Algorithm 2), as the exchange does, with a presence
+flag per tensor mixed beside them: a tensor that neither a replica nor its partners has a
+gradient for keeps ``grad = None`` on that replica. Only float32
 rounding separates the two (the engines sum in the backend's order): the tolerance of
 :mod:`course_lib.parallel.data_parallel.reference` applies.
 """
@@ -47,6 +49,17 @@ def _mix(w: np.ndarray, x: np.ndarray) -> np.ndarray:
     if np.allclose(w, w[0, 0]):  # J: a sum then a division, as comm.allreduce then /= P
         return np.broadcast_to(x.sum(axis=0) / x.shape[0], x.shape).astype(np.float32)
     return (w @ x.astype(np.float64)).astype(np.float32)
+
+
+def _mix_gradients(w: np.ndarray, params: list[list[nn.Parameter]]) -> None:
+    """Replace every replica's gradients by ``W @ G``; keep None where the mixed flag is 0."""
+    grads = [[p.grad if p.grad is not None else torch.zeros_like(p) for p in ps] for ps in params]
+    flags = np.array([[float(p.grad is not None) for p in ps] for ps in params], np.float32)
+    _unstack(_mix(w, _stack(grads)), grads)
+    present = _mix(w, flags)
+    for ps, gs, row in zip(params, grads, present, strict=True):
+        for p, g, flag in zip(ps, gs, row, strict=True):
+            p.grad = g if flag != 0 else None
 
 
 def simulate_local_sgd(
@@ -100,8 +113,7 @@ def simulate_local_sgd(
             sync = (step + 1) % period == 0
             with torch.no_grad():
                 if gradient_gossip and world_size > 1:
-                    grads = [[p.grad for p in ps] for ps in params]
-                    _unstack(_mix(matrices[step], _stack(grads)), grads)
+                    _mix_gradients(matrices[step], params)
                 elif sync and order == "average_then_step":
                     _unstack(_mix(matrices[step // period], _stack(params)), params)
             for opt in optimizers:

@@ -263,6 +263,6 @@ def engine_train(spec: RunSpec) -> dict[str, Any]:
         "emulated": comm.emulated,
         "steps_per_epoch": sampler.steps,
         "param_bytes": int(sum(p.numel() * 4 for p in net.parameters() if p.requires_grad)),
-        "flag_bytes": 4 * len(trainable) if exchange.sends_presence_flags else 0,
+        "flag_bytes": exchange.flag_bytes(len(trainable)),
         "max_abs_weight": float(max((np.abs(w).max() for w in weights.values()), default=0.0)),
     }

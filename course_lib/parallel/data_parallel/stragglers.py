@@ -1,4 +1,4 @@
-"""Slow one engine down on purpose, so a lecture can show who waits for whom.
+"""Lectures 4-5: Slow one engine down on purpose, to show who waits for whom.
 
 A lab's PCs are rarely equal: one is older, one is busy with something else. Bulk-synchronous
 training waits for the slowest rank every step; Local-SGD waits every ``p`` steps; an

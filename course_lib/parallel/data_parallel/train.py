@@ -57,8 +57,8 @@ class DataParallelResult:
     max_replica_difference: float
     engines: list[dict[str, Any]] = field(default_factory=list)
     gradient_bytes: int = 0
-    #: Bytes of presence flags that ride with the gradient (one float32 per trainable tensor;
-    #: 0 for methods without them): what a rank's exchange buffer adds to ``gradient_bytes``.
+    #: Bytes of presence flags that ride with the gradient (one float32 per trainable tensor,
+    #: a float16 in a compressed float16 allreduce; 0 for methods without them): what a rank's exchange buffer adds to ``gradient_bytes``.
     flag_bytes: int = 0
     #: ``{rank: Straggler}`` of the run: those ranks were slowed down on purpose (emulated).
     stragglers: dict[int, Straggler] = field(default_factory=dict)

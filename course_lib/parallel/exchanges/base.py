@@ -148,8 +148,10 @@ class GradientExchange(ByValue):
     not_checkpointable_because: ClassVar[str] = (
         "it is not known to keep its whole state in rank 0's weights"
     )
-    #: True when the exchanged buffer carries one presence flag (a float32) per trainable tensor
-    #: after the values, so that a parameter no rank has a gradient for keeps ``grad = None``.
+    #: True when the exchange carries one presence flag (a float32) per trainable tensor with
+    #: the values, so that a parameter no rank has a gradient for keeps ``grad = None``: build
+    #: the buffer with ``flatten_grads(..., flags=True)``, average the flags with the values and
+    #: undo it with ``unflatten_into_grads(..., flags=True)``.
     sends_presence_flags: ClassVar[bool] = False
     #: The collective whose alpha-beta cost one step pays (``cost_model.alpha_beta.predict``'s
     #: names); None where the cost model has none for this method.
@@ -179,6 +181,10 @@ class GradientExchange(ByValue):
         answer is the same (the same stage on the same number of ranks).
         """
         return None
+
+    def flag_bytes(self, tensors: int) -> int:
+        """Return the bytes of presence flags one rank's exchange adds for ``tensors`` tensors."""
+        return 4 * tensors if self.sends_presence_flags else 0
 
     def exchange(self, comm: Communicator, net: nn.Module, timeline: StepTimeline) -> None:
         """Replace every trainable ``p.grad`` by its mean over all ranks; every rank calls it."""

@@ -14,6 +14,14 @@ before and after it go into the step's record (``compress_s``, ``code_s``, ``dec
 gradient, and on a parameter server ``bytes_coded_downlink`` of the mean it sends back),
 communication into the ``comm`` phase.
 
+Presence flags ride with every carrier, as with the uncompressed methods (one per trainable
+tensor, :func:`~course_lib.parallel.exchanges.base.flatten_grads`): a parameter that no rank
+has a gradient for on a step keeps ``grad = None``, as one process and PyTorch DDP leave it (a
+zero gradient would let momentum move it). They are never compressed: the allreduce carrier
+appends them to the summed values (in the values' dtype; float16 counts ranks exactly), the
+framed carriers send them as a first float32 frame before the gradient's. ``bytes_coded``
+counts the gradient's bytes only; the flags are the run's ``flag_bytes``.
+
 How payloads travel (``carrier``):
 
 * ``allreduce``: summable payloads (``none``, ``float16``) are divided by N in their own dtype
@@ -45,7 +53,7 @@ from course_lib.compression.base import Compressor, Payload, mean_in_rank_order
 from course_lib.compression.codecs import make_codec
 from course_lib.compression.error_feedback import ErrorFeedback
 from course_lib.compression.registry import make_compressor
-from course_lib.compression.wire import pack_many, unpack_many
+from course_lib.compression.wire import pack, pack_many, unpack_many
 from course_lib.parallel.exchanges.base import (
     GradientExchange,
     StepTimeline,
@@ -85,6 +93,7 @@ class CompressedExchange(GradientExchange):
     not_checkpointable_because = (
         "each rank keeps an error-feedback residual (and compression streams) between steps"
     )
+    sends_presence_flags = True
 
     def __init__(
         self,
@@ -142,6 +151,7 @@ class CompressedExchange(GradientExchange):
                 f"carrier='allreduce': {why} carrier='allgather' or 'parameter_server'"
             )
         self.carrier, self.granularity = carrier, granularity
+        self._flag_itemsize = 4  # float32 flags; the allreduce carrier sums them in its dtype
 
     def _new_compressor(self, momentum: float | None = None) -> Compressor:
         momentum = self.momentum_correction if momentum is None else momentum
@@ -178,9 +188,14 @@ class CompressedExchange(GradientExchange):
 
     # ---- the pipeline -----------------------------------------------------------------------
     def exchange(self, comm: Communicator, net: nn.Module, timeline: StepTimeline) -> None:
-        """Replace every trainable ``p.grad`` by the mean of the ranks' compressed gradients."""
+        """Replace every trainable ``p.grad`` by the mean of the ranks' compressed gradients.
+
+        A parameter that no rank has a gradient for keeps ``grad = None`` (its presence flag
+        travels uncompressed beside the payloads and sums to 0).
+        """
         params = trainable_parameters(net)
-        flat = flatten_grads(params).numpy()
+        buffer = flatten_grads(params, flags=True).numpy()
+        flat, flags = buffer[: buffer.size - len(params)], buffer[buffer.size - len(params) :]
         self._bounds = np.cumsum([0] + [p.numel() for p in params])
         pieces = self._pieces(flat)
         start = time.perf_counter()
@@ -189,12 +204,17 @@ class CompressedExchange(GradientExchange):
         timeline.note("bytes_gradient", flat.nbytes)
         timeline.note("bytes_compressed", sum(p.nbytes for p in payloads))
         if self.carrier == "allreduce":
-            mean = self._allreduce(comm, payloads, timeline)
+            mean, present = self._allreduce(comm, payloads, flags, timeline)
         elif self.carrier == "allgather":
-            mean = self._allgather(comm, payloads, timeline)
+            mean, present = self._allgather(comm, payloads, flags, timeline)
         else:
-            mean = self._parameter_server(comm, payloads, timeline)
-        unflatten_into_grads(torch.from_numpy(mean), params)
+            mean, present = self._parameter_server(comm, payloads, flags, timeline)
+        averaged = np.concatenate([mean, np.asarray(present, np.float32)])
+        unflatten_into_grads(torch.from_numpy(averaged), params, flags=True)
+
+    def flag_bytes(self, tensors: int) -> int:
+        """Return the bytes of presence flags for ``tensors`` tensors: 4 each, 2 in float16 sums."""
+        return self._flag_itemsize * tensors
 
     def _pieces(self, flat: np.ndarray) -> list[tuple[str, np.ndarray]]:
         """Return ``(name, values)`` to compress: the whole gradient, or one per parameter."""
@@ -215,25 +235,38 @@ class CompressedExchange(GradientExchange):
         timeline.note(key, frame.nbytes)
         return frame
 
+    @staticmethod
+    def _flag_frame(flags: np.ndarray) -> np.ndarray:
+        """Return the presence flags as one uncoded float32 frame (it goes before the gradient's)."""
+        payload = Payload("presence", (flags.size,), "float32", {"values": flags})
+        return np.frombuffer(pack(payload), np.uint8)
+
     def _mean_of_frames(self, frames: list[np.ndarray], count: int, timeline: StepTimeline):
-        """Decode every rank's frame, decompress, and average in rank order."""
+        """Decode every rank's frame, decompress, and average in rank order.
+
+        Return the mean and, per tensor, how many ranks had a gradient for it.
+        """
         start = time.perf_counter()
-        decoded = [unpack_many(f, count) for f in frames]  # raises PayloadError on corruption
+        decoded = [unpack_many(f, 1 + count) for f in frames]  # PayloadError on corruption
         middle = time.perf_counter()
-        total = mean_in_rank_order([self._decompress(payloads) for payloads in decoded])
+        total = mean_in_rank_order([self._decompress(payloads[1:]) for payloads in decoded])
+        present = np.sum([payloads[0].parts["values"] for payloads in decoded], axis=0)
         timeline.note("decode_s", middle - start)
         timeline.note("decompress_s", time.perf_counter() - middle)
-        return total
+        return total, present
 
     # ---- the carriers -----------------------------------------------------------------------
-    def _allreduce(self, comm: Communicator, payloads: list[Payload], timeline) -> np.ndarray:
+    def _allreduce(self, comm: Communicator, payloads: list[Payload], flags, timeline):
         for p in payloads:  # divide before the sum, as torch's DDP hooks do (no float16 overflow)
             self.compressor.prescale(p, comm.world_size)
         values = np.concatenate([p.parts["values"] for p in payloads])
         timeline.note("bytes_coded", values.nbytes)  # no header, no codec: the values travel
+        self._flag_itemsize = values.dtype.itemsize  # the flags follow in the values' dtype
+        values = np.concatenate([values, flags.astype(values.dtype)])  # summed: ranks with one
         start = time.time()
         ring_allreduce(comm, values)
         timeline.mark("comm", start)
+        present = values[values.size - flags.size :].astype(np.float32)
         start, offset = time.perf_counter(), 0
         for p in payloads:
             n = p.parts["values"].size
@@ -241,17 +274,17 @@ class CompressedExchange(GradientExchange):
             offset += n
         mean = self._decompress(payloads)
         timeline.note("decompress_s", time.perf_counter() - start)
-        return mean
+        return mean, present
 
-    def _allgather(self, comm: Communicator, payloads: list[Payload], timeline) -> np.ndarray:
-        frame = self._code(payloads, timeline)
+    def _allgather(self, comm: Communicator, payloads: list[Payload], flags, timeline):
+        frame = np.concatenate([self._flag_frame(flags), self._code(payloads, timeline)])
         start = time.time()
         frames = allgather_bytes(comm, frame)
         timeline.mark("comm", start)
         return self._mean_of_frames(frames, len(payloads), timeline)
 
-    def _parameter_server(self, comm: Communicator, payloads: list[Payload], timeline):
-        frame = self._code(payloads, timeline)
+    def _parameter_server(self, comm: Communicator, payloads: list[Payload], flags, timeline):
+        frame = np.concatenate([self._flag_frame(flags), self._code(payloads, timeline)])
         count, n = len(payloads), comm.world_size
         start = time.time()
         if comm.rank != 0:
@@ -260,19 +293,25 @@ class CompressedExchange(GradientExchange):
             timeline.mark("comm", start)
         else:  # the server's comm phase includes its decoding and averaging: workers wait for it
             frames = [frame] + [recv_bytes(comm, r) for r in range(1, n)]
-            mean = self._mean_of_frames(frames, count, timeline)
+            mean, present = self._mean_of_frames(frames, count, timeline)
             again = time.perf_counter()
             down_payloads = [
                 self.downlink.compress(g, f"down/{name}")[0] for name, g in self._pieces(mean)
             ]
             timeline.note("compress_s", time.perf_counter() - again)
-            down = self._code(down_payloads, timeline, "bytes_coded_downlink")
+            down = np.concatenate(
+                [
+                    self._flag_frame((present > 0).astype(np.float32)),
+                    self._code(down_payloads, timeline, "bytes_coded_downlink"),
+                ]
+            )
             wait_all([h for r in range(1, n) for h in isend_bytes(comm, down, r)])
             timeline.mark("comm", start)
         begin = time.perf_counter()
-        mean = self._decompress(unpack_many(down, count), self.downlink)
+        decoded = unpack_many(down, 1 + count)
+        mean = self._decompress(decoded[1:], self.downlink)
         timeline.note("decompress_s", time.perf_counter() - begin)
-        return mean
+        return mean, decoded[0].parts["values"]
 
     def __repr__(self) -> str:
         ef = " + error feedback" if self.error_feedback else ""

@@ -39,6 +39,8 @@ class CompressedDDPExchange(DDPExchange):
         hook: ``kit`` (:func:`~course_lib.compression.ddp_hook.compression_hook` with the
             compressor) or ``torch_fp16`` (torch's ``fp16_compress_hook``, for comparison).
         bucket_bytes: DDP's bucket size in bytes.
+        find_unused_parameters: DDP's own switch, as for method ``ddp``: needed when a step may
+            leave a parameter without a gradient; a parameter no rank used keeps ``grad = None``.
     """
 
     name = "ddp_compressed"
@@ -58,8 +60,9 @@ class CompressedDDPExchange(DDPExchange):
         hook: str = "kit",
         bucket_bytes: int = 25 << 20,
         momentum_correction: float = 0.0,
+        find_unused_parameters: bool = False,
     ) -> None:
-        super().__init__(bucket_bytes)
+        super().__init__(bucket_bytes, find_unused_parameters)
         if hook not in HOOKS:
             raise ValueError(f"hook={hook!r}: choose one of {', '.join(HOOKS)}")
         self.hook = hook

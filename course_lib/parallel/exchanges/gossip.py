@@ -10,6 +10,11 @@ Each rank talks to two ranks per step whatever ``P`` is, so no rank waits for al
 The price: the gradients are mixed, the *weights* never are, so the replicas drift apart
 (measure it with ``train_data_parallel(..., measure_drift_every=k)``). Weight gossip is
 Local-SGD's ``averaging="gossip"`` (:mod:`course_lib.parallel.exchanges.local_sgd`).
+
+A presence flag per trainable tensor travels with the gradient and is mixed with it, as in the
+allreduce methods (:func:`~course_lib.parallel.exchanges.base.flatten_grads`): a parameter that
+neither this rank nor its two partners has a gradient for keeps ``grad = None``, as one process
+leaves it (a zero gradient would let momentum move it).
 """
 
 from __future__ import annotations
@@ -47,6 +52,7 @@ class GossipExchange(GradientExchange):
 
     name = "gossip"
     averages_every_step = False
+    sends_presence_flags = True
     not_checkpointable_because = (
         "its replicas differ between averagings, so rank 0's weights are not the run's state"
     )
@@ -61,15 +67,18 @@ class GossipExchange(GradientExchange):
     def exchange(self, comm: Communicator, net: nn.Module, timeline: StepTimeline) -> None:
         """Mix this rank's gradient with its partners' at distance ``s``, then rotate ``s``."""
         params = trainable_parameters(net)
-        flat = flatten_grads(params)
+        flat = flatten_grads(params, flags=True)
         start = time.time()
-        self.mix(comm, flat)
+        self.mix(comm, flat, len(params))
         timeline.mark("comm", start)
-        unflatten_into_grads(flat, params)
+        unflatten_into_grads(flat, params, flags=True)
         self.distance = next_distance(self.distance, comm.world_size)
 
-    def mix(self, comm: Communicator, flat: torch.Tensor) -> None:
-        """Overwrite ``flat`` with $(x_l + x_i + x_r) / 3$ at the current distance."""
+    def mix(self, comm: Communicator, flat: torch.Tensor, flags: int) -> None:
+        """Overwrite ``flat`` with $(x_l + x_i + x_r) / 3$ at the current distance.
+
+        Its last ``flags`` components are the presence flags, mixed like the values.
+        """
         gossip_step(comm, flat, self.distance)
 
 
@@ -81,7 +90,8 @@ class SparseGossipExchange(GossipExchange):
     sent indices change; with momentum the optimiser's velocity still moves the others. The
     step's record gets ``values_sent`` (components this rank sent, to each partner) and
     ``values_total`` (the gradient's size): source 001's "95 % fewer values" is
-    ``1 - values_sent / values_total``.
+    ``1 - values_sent / values_total``. The presence flags that are set travel too, whatever the
+    threshold (``flags_sent`` of them, 8 bytes each like a value).
     """
 
     name = "gossip_sparse"
@@ -96,10 +106,13 @@ class SparseGossipExchange(GossipExchange):
         self._timeline = timeline
         super().exchange(comm, net, timeline)
 
-    def mix(self, comm: Communicator, flat: torch.Tensor) -> None:
-        """Overwrite ``flat`` with the mean of the three sparsified gradients."""
-        sent = int((flat.abs() > self.threshold).sum())
-        gossip_sparse_step(comm, flat, self.distance, self.threshold)
+    def mix(self, comm: Communicator, flat: torch.Tensor, flags: int) -> None:
+        """Overwrite ``flat`` with the mean of the three sparsified gradients (and flags)."""
+        values = flat[: flat.numel() - flags]
+        sent = int((values.abs() > self.threshold).sum())
+        flags_sent = int((flat[values.numel() :] != 0).sum())
+        gossip_sparse_step(comm, flat, self.distance, self.threshold, flags=flags)
         if self._timeline is not None:
             self._timeline.note("values_sent", sent)
-            self._timeline.note("values_total", flat.numel())
+            self._timeline.note("flags_sent", flags_sent)
+            self._timeline.note("values_total", values.numel())

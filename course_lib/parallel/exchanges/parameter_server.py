@@ -1,4 +1,4 @@
-"""Source 000's parameter server, with the mean computed right, and its published mistake kept.
+"""Lecture 4: Source 000's parameter server, with the mean computed right, and its published mistake kept.
 
 Source 000 (Tomsk lab, steps 4-6): rank 0 is the server *and* computes a gradient like every
 worker; workers send their gradients to the server, the server combines them and sends the

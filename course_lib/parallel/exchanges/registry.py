@@ -1,4 +1,4 @@
-"""Gradient-exchange methods by name: the table of the kit's own methods, a convenience.
+"""Lectures 4-8: Gradient-exchange methods by name: the table of the kit's own methods, a convenience.
 
 ::
 
