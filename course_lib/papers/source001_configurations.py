@@ -44,6 +44,8 @@ __all__ = [
 #: t = 1 best for its CNN; the digits MLP's gradients are far smaller, so its t is smaller.
 GRADIENT_THRESHOLD = 0.01
 #: p > 1 (weights): only weights that moved more than this since the last averaging travel.
+#: This is the kit's interpretation, not the source's: Algorithm 3 thresholds gradients, and
+#: source 001 does not say how configurations 6 and 9 combine it with averaging weights.
 WEIGHT_THRESHOLD = 0.001
 
 
