@@ -55,6 +55,7 @@ ASSIGNMENTS = [
     "A4_local_sgd_gossip",
     "A5_compression",
     "A6_model_pipeline",
+    "A7_zero_stage2",
 ]
 # Generous per cell: A2's set-up cell starts 4 engines (11 s on a quiet machine). No test here
 # expects a timeout under these limits, so a generous limit costs nothing.
@@ -659,18 +660,23 @@ def test_a5_source_answers_get_their_points_and_a_stub_loses_its_own_and_its_use
 
 
 A6_FULL = {"A6.1": 2.0, "A6.2": 3.0, "A6.3": 3.0, "A6.4": 2.0}
+A7_FULL = {"A7.1": 3.0, "A7.2": 2.0, "A7.3": 2.0, "A7.4": 3.0}
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize(
     ("assignment", "name", "full"),
-    [("A5", "A5_compression", A5_FULL), ("A6", "A6_model_pipeline", A6_FULL)],
-    ids=["a5", "a6"],
+    [
+        ("A5", "A5_compression", A5_FULL),
+        ("A6", "A6_model_pipeline", A6_FULL),
+        ("A7", "A7_zero_stage2", A7_FULL),
+    ],
+    ids=["a5", "a6", "a7"],
 )
 def test_graded_by_the_grader_source_full_stub_nothing_each_mistake_only_its_exercise(
     assignment, name, full
 ):
-    # Judged outside the kernel (course_lib.grading.probes.a5 / a6), on a fresh seed per run.
+    # Judged outside the kernel (course_lib.grading.probes.a5 / a6 / a7), on a fresh seed per run.
     from course_lib.grading.attacks import submissions
     from course_lib.grading.probes.registry import probe_spec
 
