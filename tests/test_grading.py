@@ -700,7 +700,7 @@ def test_graded_by_the_grader_source_full_stub_nothing_each_mistake_only_its_exe
         assert reasons[exercise].startswith("FAIL (") and reason in reasons[exercise], reasons
 
 
-def test_the_grader_judges_a5_and_a6_from_probe_lines_alone():
+def test_the_grader_judges_a5_a6_and_a7_from_probe_lines_alone():
     # The grader's half, no kernel: lines as a probe prints them, for the grader's seed.
     import json
 
@@ -726,6 +726,28 @@ def test_the_grader_judges_a5_and_a6_from_probe_lines_alone():
                                              {"tuple": []}]} for r in range(2)]}])  # fmt: skip
     passed, reason = judge(a6_spec(), "A6.1", seed, a6_two_ranks)
     assert (passed, reason) == (False, "FAIL (the check needs 3 engines, not 2)")
+
+    # A7.1 from the ring's shards and counters made here: the grader's seed passes, a sum fails.
+    from course_lib.checks.assignments.a7_collect import bucket
+    from course_lib.checks.assignments.a7_judge import a7_cases, ring_mean, sizes_of
+    from course_lib.comm import chunk_bounds
+    from course_lib.grading.probes.a7 import a7_spec
+
+    def a7_ranks(case: dict, divide: bool) -> dict:
+        m, n = case["m"], 3
+        whole = ring_mean([bucket(m, case["seed"], r) for r in range(n)], n, divide).numpy()
+        sizes, ranks = sizes_of(m, n), []
+        for r, (lo, hi) in enumerate(chunk_bounds(m, n)):
+            out, back = 4 * (m - sizes[r]), 4 * (m - sizes[(r - 1) % n])
+            p2p = np.array(sorted([((r + 1) % n, 2, out, 0, 0), ((r - 1) % n, 0, 0, 2, back)]))
+            data = {"tuple": [_encode(whole[lo:hi]), {"list": []}, _encode(p2p)]}
+            ranks.append({"tuple": [_encode(np.array(r)), _encode(np.array(n)), data]})
+        return {"list": ranks}
+
+    cases = a7_cases("A7.1", seed)
+    assert judge(a7_spec(), "A7.1", seed, line([a7_ranks(c, True) for c in cases]))[0]
+    passed, reason = judge(a7_spec(), "A7.1", seed, line([a7_ranks(c, False) for c in cases]))
+    assert not passed and "the sum over the 3 ranks, not their mean" in reason, reason
 
 
 # -- the A2 checks on engines, without notebooks --------------------------------------------------
