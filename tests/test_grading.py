@@ -728,8 +728,8 @@ def test_the_grader_judges_a5_a6_and_a7_from_probe_lines_alone():
     assert (passed, reason) == (False, "FAIL (the check needs 3 engines, not 2)")
 
     # A7.1 from the ring's shards and counters made here: the grader's seed passes, a sum fails.
-    from course_lib.checks.assignments.a7_collect import bucket
-    from course_lib.checks.assignments.a7_judge import a7_cases, ring_mean, sizes_of
+    from course_lib.checks.assignments.a7.collect import bucket
+    from course_lib.checks.assignments.a7.judge import a7_cases, ring_mean, sizes_of
     from course_lib.comm import chunk_bounds
     from course_lib.grading.probes.a7 import a7_spec
 

@@ -1,7 +1,7 @@
 """A7 graded out of the kernel's reach: the engines return data, the grader decides.
 
 The kernel sends the answer (by value) and the source of
-:mod:`course_lib.checks.assignments.a7_collect` to its 3 engines (the module itself is hidden:
+:mod:`course_lib.checks.assignments.a7.collect` to its 3 engines (the module itself is hidden:
 the kernel and its engines see the kit without ``course_lib.checks``); each rank rebuilds the
 inputs from the grader's seed, runs the answer and returns what it produced (its shard, the
 flat weights), the ledger's bytes of the state it keeps and its communicator's counters (the
@@ -69,14 +69,14 @@ def _check(exercise: str, name: str) -> Callable[..., Verdict]:
 
 def a7_spec() -> ProbeSpec:
     """A7's probes: the engines run the answers, the grader judges every rank's data."""
-    from course_lib.checks.assignments import a7_collect, a7_judge
+    from course_lib.checks.assignments.a7 import collect, judge
 
-    source = base64.b64encode(inspect.getsource(a7_collect).encode()).decode()
+    source = base64.b64encode(inspect.getsource(collect).encode()).decode()
     setup = _ENGINE_SETUP.format(source=source)
     exercises = {}
     for exercise, (name, fn) in _CALLS.items():
         exercises[exercise] = ExerciseProbe(
-            lambda seed, exercise=exercise: a7_judge.a7_cases(exercise, seed),
+            lambda seed, exercise=exercise: judge.a7_cases(exercise, seed),
             f"run_case({fn}, case)",
             _check(exercise, name),
             setup,

@@ -5,7 +5,7 @@ communicator and returns what they produced (this rank's shard, the flat weights
 update, the bytes of optimiser state the answer keeps, the built-in collectives called and the
 point-to-point traffic per peer), never the answer's objects. The notebook's check cells send
 :func:`collect` to the engines and judge its data in the kernel
-(:mod:`course_lib.checks.assignments.a7_judge`); the grader ships this module's *source* to
+(:mod:`course_lib.checks.assignments.a7.judge`); the grader ships this module's *source* to
 the graded engines (``course_lib.checks`` is hidden there) and judges the same data in its own
 process. So this module imports nothing from ``course_lib.checks``. The counters and the
 ledger are counted inside the student's processes.

@@ -1,6 +1,6 @@
 """The judges of A7: stage 2's sharded step from point-to-point, against one process bit for bit.
 
-The engines return data (:mod:`course_lib.checks.assignments.a7_collect`); the judge rebuilds
+The engines return data (:mod:`course_lib.checks.assignments.a7.collect`); the judge rebuilds
 every rank's inputs from the same seed and redoes the arithmetic in one process: the ring's
 sums in the ring's order (chunk ``c`` starts on rank ``c + 1`` and ends on its owner, each
 rank adding its own part; on 3 ranks either direction gives the same bits), divided by N
@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from course_lib.checks.assignments.a7_collect import (
+from course_lib.checks.assignments.a7.collect import (
     ADAM_LR,
     BATCH,
     TRAIN_STEPS,

@@ -3,8 +3,8 @@
 The student's functions travel to every engine by value (cloudpickle) and run there with the
 engine's communicator. Every engine rebuilds the same inputs from a seed, runs the answer and
 returns what it produced, its communicator's counters and the ledger's count of the state it
-keeps, as data (:mod:`course_lib.checks.assignments.a7_collect`); the judge
-(:mod:`course_lib.checks.assignments.a7_judge`) redoes the arithmetic in one process and
+keeps, as data (:mod:`course_lib.checks.assignments.a7.collect`); the judge
+(:mod:`course_lib.checks.assignments.a7.judge`) redoes the arithmetic in one process and
 compares bit for bit: the ring's reduce-scatter of a bucket into this rank's shard of the mean
 (A7.1), the shard's Adam update (A7.2), the ring's allgather of the updated shards (A7.3), and
 the whole stage-2 step trained 3 steps on a two-bucket MLP (A7.4). Buckets of 35 and 16 values
@@ -19,8 +19,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from course_lib.checks.assignments.a7_collect import TRAIN_STEPS
-from course_lib.checks.assignments.a7_judge import a7_cases, judge_rank
+from course_lib.checks.assignments.a7.collect import TRAIN_STEPS
+from course_lib.checks.assignments.a7.judge import a7_cases, judge_rank
 from course_lib.checks.verdict import Verdict, reraise_stub, run_check
 
 __all__ = [
@@ -67,7 +67,7 @@ def _run(blob: bytes, case: dict, comm_name: str) -> tuple:
     import cloudpickle
     from IPython import get_ipython
 
-    from course_lib.checks.assignments.a7_collect import collect
+    from course_lib.checks.assignments.a7.collect import collect
 
     return collect(get_ipython().user_ns[comm_name], cloudpickle.loads(blob), case)
 
