@@ -308,3 +308,36 @@ def test_a7_checks_pass_the_source_and_fail_stubs_and_the_usual_mistakes(cluster
     for exercise, namespace, pattern in expected:
         got = _run(exercise, namespace[NAMES[exercise]], cluster)
         assert re.fullmatch(pattern, got), (exercise, pattern, got)
+
+
+def test_the_judges_reference_is_one_process_and_the_rings_order_matters():
+    # No engines: the ring's mean is the mean (to float32's rounding), and A7.4's reference
+    # (every rank's gradient, the ring's mean, Adam on each bucket) trains like one process on
+    # the whole batch within the kit's data-parallel tolerance (tests/test_sharded.py).
+    import torch.nn.functional as F
+
+    from course_lib.checks.assignments.a7.collect import (
+        ADAM_LR,
+        bucket,
+        global_batches,
+        model_buckets,
+        stage2_model,
+    )
+    from course_lib.checks.assignments.a7.judge import a7_cases, reference_stage2, ring_mean
+
+    parts = [bucket(35, 5, r) for r in range(3)]
+    exact = torch.stack(parts).double().mean(0)
+    assert torch.allclose(ring_mean(parts, 3).double(), exact, rtol=1e-6, atol=1e-7)
+    assert not torch.equal(ring_mean(parts, 3), sum(parts) * (1 / 3))  # bit for bit is strict
+    case = a7_cases("A7.4")[0]
+    model = stage2_model(case["model_seed"])
+    optimizer = torch.optim.Adam(model.parameters(), lr=ADAM_LR)
+    for X, y in global_batches(case["seed"]):
+        optimizer.zero_grad()
+        F.cross_entropy(model(X), y).backward()
+        optimizer.step()
+    one = [torch.cat([p.detach().reshape(-1) for p in b]) for b in model_buckets(model)]
+    for got, want in zip(reference_stage2(case, 3), one, strict=True):
+        assert torch.allclose(got, want, rtol=5e-6, atol=1e-7)
+    start = [torch.cat([p.detach().reshape(-1) for p in b]) for b in model_buckets(stage2_model(7))]
+    assert not any(torch.equal(s, w) for s, w in zip(start, one, strict=True))  # it trained
