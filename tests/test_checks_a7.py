@@ -22,6 +22,7 @@ from course_lib.checks.assignments.a7 import (
 )
 from course_lib.comm import chunk_bounds
 from course_lib.grading import answer_id
+from course_lib.grading.guard import rejected_answers
 
 SOURCE = Path(__file__).resolve().parents[1] / "assignments" / "source" / "A7_zero_stage2.ipynb"
 ANSWERS = {
@@ -113,6 +114,15 @@ FLOOR_SHARDS = [  # every shard m // N long, the last one the rest: consistent, 
     ),
     ("A7.3", "    bounds = chunk_bounds(flat.numel(), n)\n", "    m = flat.numel()\n" + FLOOR),
 ]
+KITS_RING = """
+from course_lib.collectives.ring import ring_reduce_scatter
+
+
+def reduce_scatter_mean(comm, flat):
+    ring_reduce_scatter(comm, flat)
+    lo, hi = chunk_bounds(flat.numel(), comm.world_size)[comm.rank]
+    return flat[lo:hi] / comm.world_size
+"""
 DIRECT = '''
 def reduce_scatter_mean(comm, flat):
     """Each rank sends chunk c straight to its owner: the right bytes, but not a ring."""
@@ -184,6 +194,17 @@ def test_a7_checks_pass_the_source_and_fail_stubs_and_the_usual_mistakes(cluster
     for exercise, name in NAMES.items():
         assert re.match(r"PASS 3 ranks", _run(exercise, sol[name], cluster)), exercise
         assert _run(exercise, stub, cluster).startswith("FAIL not implemented yet: Exercise A7.x")
+
+    kits_ring = _replaced("A7.1", KITS_RING)
+    assert _run("A7.1", kits_ring["reduce_scatter_mean"], cluster) == (
+        "FAIL your answer calls course_lib.collectives.ring.ring_reduce_scatter, which answers "
+        "the exercise: write the ring yourself from comm.sendrecv"
+    )
+    source = nbformat.read(SOURCE, as_version=4)  # graded, the guard refuses the import itself
+    assert (
+        "the kit's library holds the reference answers"
+        in rejected_answers(source, {"A7.1": KITS_RING})["A7.1"]
+    )
 
     rs = r"bucket of 35 values on 3 ranks \(12, 12, 11\): "
     step = r"3 steps, buckets of 16 and 35 values on 3 ranks: "

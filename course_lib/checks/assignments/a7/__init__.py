@@ -62,14 +62,25 @@ def a7_body(exercise: str, run_case: Callable[[dict], Any], seed: int | None = N
     return A7_DETAILS[exercise]
 
 
+#: The kit's ring answers A7.1 and A7.3: refused on the engines while the answer runs (graded,
+#: the guard refuses importing it; the notebook's check says so at once).
+REFUSED = {
+    f"course_lib.collectives.ring.{name}": "write the ring yourself from comm.sendrecv"
+    for name in ("ring_reduce_scatter", "ring_allgather", "ring_allreduce")
+}
+
+
 def _run(blob: bytes, case: dict, comm_name: str) -> tuple:
     """Run on an engine: one case with this engine's communicator; return its data."""
     import cloudpickle
     from IPython import get_ipython
 
     from course_lib.checks.assignments.a7.collect import collect
+    from course_lib.checks.verdict import refusing
 
-    return collect(get_ipython().user_ns[comm_name], cloudpickle.loads(blob), case)
+    answer = cloudpickle.loads(blob)
+    with refusing(REFUSED, answer):
+        return collect(get_ipython().user_ns[comm_name], answer, case)
 
 
 def _check(
