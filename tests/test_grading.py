@@ -55,6 +55,7 @@ ASSIGNMENTS = [
     "A4_local_sgd_gossip",
     "A5_compression",
     "A6_model_pipeline",
+    "A7_zero_stage2",
 ]
 # Generous per cell: A2's set-up cell starts 4 engines (11 s on a quiet machine). No test here
 # expects a timeout under these limits, so a generous limit costs nothing.
@@ -659,18 +660,23 @@ def test_a5_source_answers_get_their_points_and_a_stub_loses_its_own_and_its_use
 
 
 A6_FULL = {"A6.1": 2.0, "A6.2": 3.0, "A6.3": 3.0, "A6.4": 2.0}
+A7_FULL = {"A7.1": 3.0, "A7.2": 2.0, "A7.3": 2.0, "A7.4": 3.0}
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize(
     ("assignment", "name", "full"),
-    [("A5", "A5_compression", A5_FULL), ("A6", "A6_model_pipeline", A6_FULL)],
-    ids=["a5", "a6"],
+    [
+        ("A5", "A5_compression", A5_FULL),
+        ("A6", "A6_model_pipeline", A6_FULL),
+        ("A7", "A7_zero_stage2", A7_FULL),
+    ],
+    ids=["a5", "a6", "a7"],
 )
 def test_graded_by_the_grader_source_full_stub_nothing_each_mistake_only_its_exercise(
     assignment, name, full
 ):
-    # Judged outside the kernel (course_lib.grading.probes.a5 / a6), on a fresh seed per run.
+    # Judged outside the kernel (course_lib.grading.probes.a5 / a6 / a7), on a fresh seed per run.
     from course_lib.grading.attacks import submissions
     from course_lib.grading.probes.registry import probe_spec
 
@@ -694,7 +700,7 @@ def test_graded_by_the_grader_source_full_stub_nothing_each_mistake_only_its_exe
         assert reasons[exercise].startswith("FAIL (") and reason in reasons[exercise], reasons
 
 
-def test_the_grader_judges_a5_and_a6_from_probe_lines_alone():
+def test_the_grader_judges_a5_a6_and_a7_from_probe_lines_alone():
     # The grader's half, no kernel: lines as a probe prints them, for the grader's seed.
     import json
 
@@ -720,6 +726,28 @@ def test_the_grader_judges_a5_and_a6_from_probe_lines_alone():
                                              {"tuple": []}]} for r in range(2)]}])  # fmt: skip
     passed, reason = judge(a6_spec(), "A6.1", seed, a6_two_ranks)
     assert (passed, reason) == (False, "FAIL (the check needs 3 engines, not 2)")
+
+    # A7.1 from the ring's shards and counters made here: the grader's seed passes, a sum fails.
+    from course_lib.checks.assignments.a7.collect import bucket
+    from course_lib.checks.assignments.a7.judge import a7_cases, ring_mean, sizes_of
+    from course_lib.comm import chunk_bounds
+    from course_lib.grading.probes.a7 import a7_spec
+
+    def a7_ranks(case: dict, divide: bool) -> dict:
+        m, n = case["m"], 3
+        whole = ring_mean([bucket(m, case["seed"], r) for r in range(n)], n, divide).numpy()
+        sizes, ranks = sizes_of(m, n), []
+        for r, (lo, hi) in enumerate(chunk_bounds(m, n)):
+            out, back = 4 * (m - sizes[r]), 4 * (m - sizes[(r - 1) % n])
+            p2p = np.array(sorted([((r + 1) % n, 2, out, 0, 0), ((r - 1) % n, 0, 0, 2, back)]))
+            data = {"tuple": [_encode(whole[lo:hi]), {"list": []}, _encode(p2p)]}
+            ranks.append({"tuple": [_encode(np.array(r)), _encode(np.array(n)), data]})
+        return {"list": ranks}
+
+    cases = a7_cases("A7.1", seed)
+    assert judge(a7_spec(), "A7.1", seed, line([a7_ranks(c, True) for c in cases]))[0]
+    passed, reason = judge(a7_spec(), "A7.1", seed, line([a7_ranks(c, False) for c in cases]))
+    assert not passed and "the sum over the 3 ranks, not their mean" in reason, reason
 
 
 # -- the A2 checks on engines, without notebooks --------------------------------------------------

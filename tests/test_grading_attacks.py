@@ -332,18 +332,21 @@ def test_a3_forged_verdict_passed_in_the_kernel_and_gets_nothing_now(
         assert "start from the last parameter" in got["A3.2"][1], got
 
 
-# -- A5 and A6: the kernel returns arrays and counts; the grader judges ---------------------------
+# -- A5, A6 and A7: the kernel returns arrays and counts; the grader judges ---------------------------
 
 # (assignment, notebook, exercises answered honestly: points, answers replaced to keep it short)
 ROUTED = [
     ("A5", "A5_compression", {"A5.2": 1.0, "A5.3": 2.0},
      {"A5.6": "def a5_compressor():\n    raise NotImplementedError('Exercise A5.6')\n"}),
     ("A6", "A6_model_pipeline", {"A6.1": 2.0, "A6.3": 3.0}, {}),
+    ("A7", "A7_zero_stage2", {"A7.3": 2.0}, {}),
 ]  # fmt: skip
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(("assignment", "name", "honest", "replaced"), ROUTED, ids=["A5", "A6"])
+@pytest.mark.parametrize(
+    ("assignment", "name", "honest", "replaced"), ROUTED, ids=["A5", "A6", "A7"]
+)
 def test_routes_that_won_in_the_kernel_get_nothing_from_the_grader(
     tmp_path, monkeypatch, assignment, name, honest, replaced
 ):

@@ -33,6 +33,7 @@ NAMES = [
     "A4_local_sgd_gossip",
     "A5_compression",
     "A6_model_pipeline",
+    "A7_zero_stage2",
 ]
 
 WRONG_LOSS = """

@@ -1,6 +1,6 @@
 """The attack classes' submissions: an instructor source with given answers, outputs cleared.
 
-Also the typical wrong answers and the in-kernel attacks on A5 and A6 that the fairness and
+Also the typical wrong answers and the in-kernel attacks on A5, A6 and A7 that the fairness and
 attack tests grade (each edits the instructor's answer; the reason names the mistake).
 """
 
@@ -18,6 +18,8 @@ __all__ = [
     "A5_MISTAKES",
     "A6_ATTACKS",
     "A6_MISTAKES",
+    "A7_ATTACKS",
+    "A7_MISTAKES",
     "edit_answer",
     "write_submission",
 ]
@@ -121,6 +123,51 @@ A6_ATTACKS = {
         ),
         *A6_MISTAKES[1][1:3],
         "zero them before each step",
+    ),
+}
+
+
+#: A7's typical mistakes: each fails its exercise only (A7.4's own mistake is named before what
+#: A7.1's and A7.2's would do to it; A7.3 keeps its points).
+A7_MISTAKES = [
+    (  # the shard of the sum, not of the mean
+        "A7.1",
+        "return flat[lo:hi] / n",
+        "return flat[lo:hi]",
+        "is the sum over the 3 ranks, not their mean",
+    ),
+    (  # Adam over the whole bucket: right values, m and v of every value on every rank
+        "A7.2",
+        '        state["shard"] = torch.nn.Parameter(flat_params[lo:hi])  # a view: updates land '
+        "in flat_params\n"
+        '        state["optimizer"] = torch.optim.Adam([state["shard"]], lr=lr)  # m, v: shard-sized\n'
+        '    state["shard"].grad = grad_shard\n',
+        '        state["shard"] = torch.nn.Parameter(flat_params)  # the whole bucket\n'
+        '        state["optimizer"] = torch.optim.Adam([state["shard"]], lr=lr)\n'
+        '        state["slice"] = (lo, hi)\n'
+        '    state["shard"].grad = torch.zeros_like(flat_params)\n'
+        '    state["shard"].grad[slice(*state["slice"])] = grad_shard\n',
+        "a rank that keeps the whole optimiser state is stage 0",
+    ),
+    (  # the reduce-scatter and the update, no allgather: every rank keeps stale weights
+        "A7.4",
+        "    allgather_shards(comm, flat_params)",
+        "    pass",
+        "after the shard's update every rank needs the whole updated weights",
+    ),
+]
+
+#: In-kernel routes to A7's verdicts that won points when the checks ran in the kernel.
+A7_ATTACKS = {
+    # Rebind the verdict class; the shard is the sum, not the mean.
+    "A7.1": (_REBIND_VERDICT, *A7_MISTAKES[0][1:3], "not their mean"),
+    # A forged check in place of the one the next cell imports; Adam's state for the whole bucket.
+    "A7.2": (
+        _forged_check(
+            "course_lib.checks.assignments.a7", "check_shard_adam", "A7.2", "adam_on_shard", 2.0
+        ),
+        *A7_MISTAKES[1][1:3],
+        "keeps the whole optimiser state",
     ),
 }
 

@@ -1,0 +1,86 @@
+"""A7 graded out of the kernel's reach: the engines return data, the grader decides.
+
+The kernel sends the answer (by value) and the source of
+:mod:`course_lib.checks.assignments.a7.collect` to its 3 engines (the module itself is hidden:
+the kernel and its engines see the kit without ``course_lib.checks``); each rank rebuilds the
+inputs from the grader's seed, runs the answer and returns what it produced (its shard, the
+flat weights), the ledger's bytes of the state it keeps and its communicator's counters (the
+built-in collectives called, messages and bytes per peer), as data. The grader rebuilds every
+rank's inputs from the same seed, redoes the ring's sums and torch's Adam in one process and
+judges every rank with :func:`course_lib.checks.assignments.a7.a7_body`, the notebook's own
+judge, in its own process.
+
+Not closed: the counters and the ledger are still counted inside the student's processes (the
+engines), so an answer that forges the right numbers, its counters and its state is not caught
+here; the ``ast`` guard (no private attributes, no import of the kit's ring) is the line there.
+"""
+
+from __future__ import annotations
+
+import base64
+import inspect
+from collections.abc import Callable
+
+from course_lib.checks.verdict import Verdict, run_check
+from course_lib.grading.probes.core import ExerciseProbe, ProbeSpec
+
+__all__ = ["a7_spec"]
+
+_ENGINE_SETUP = """\
+    import cloudpickle
+
+    source = base64.b64decode("{source}").decode()
+
+    def engine_case(blob, source, case):
+        import cloudpickle
+        from IPython import get_ipython
+
+        ns = {{"__name__": "course_probe_a7"}}  # the collector, as source: the module is hidden
+        exec(source, ns)
+        return ns["collect"](get_ipython().user_ns["comm"], cloudpickle.loads(blob), case)
+
+    def run_case(fn, case):
+        assert cluster.world_size == 3, f"the check needs 3 engines, not {{cluster.world_size}}"
+        return cluster.run(engine_case, cloudpickle.dumps(fn), source, case, timeout=120)
+"""
+_CALLS = {  # exercise: (name, the answer the engines call)
+    "A7.1": ("reduce_scatter_mean", "reduce_scatter_mean"),
+    "A7.2": ("adam_on_shard", "adam_on_shard"),
+    "A7.3": ("allgather_shards", "allgather_shards"),
+    "A7.4": ("stage2_step", "stage2_step"),
+}
+
+
+def _check(exercise: str, name: str) -> Callable[..., Verdict]:
+    """A check over the replayed engines' data: the notebook's own body, on the grader's seed."""
+    from course_lib.checks.assignments.a7 import A7_POINTS, a7_body
+
+    def check(answer: Callable, *, verbose: bool = False, seed: int = 0) -> Verdict:
+        return run_check(
+            exercise,
+            name,
+            lambda: a7_body(exercise, answer, seed),
+            max_points=A7_POINTS[exercise],
+            verbose=verbose,
+        )
+
+    return check
+
+
+def a7_spec() -> ProbeSpec:
+    """A7's probes: the engines run the answers, the grader judges every rank's data."""
+    from course_lib.checks.assignments.a7 import collect, judge
+
+    source = base64.b64encode(inspect.getsource(collect).encode()).decode()
+    setup = _ENGINE_SETUP.format(source=source)
+    exercises = {}
+    for exercise, (name, fn) in _CALLS.items():
+        exercises[exercise] = ExerciseProbe(
+            lambda seed, exercise=exercise: judge.a7_cases(exercise, seed),
+            f"run_case({fn}, case)",
+            _check(exercise, name),
+            setup,
+        )
+    # The engines' communicators run on torch.distributed (gloo): it stays importable, and the
+    # kit is shown without its checks (the references).
+    return ProbeSpec("", exercises, blocked=False, kit=True, kit_hidden=("checks",))
