@@ -229,6 +229,26 @@ class SkipsABranch(nn.Module):
         return self.out(torch.relu(self.inp(x.flatten(1))))
 
 
+def test_an_optimiser_that_cannot_be_sharded_is_refused_with_the_fix():
+    from course_lib.parallel.sharded.zero import shard_optimizer
+
+    net = nn.Linear(5, 3)
+    shards = [nn.Parameter(torch.zeros(4))]
+    fix = r"use TrainConfig\(optimizer='adam' or 'sgd'\)"
+    # L-BFGS is not elementwise: its update of one value needs every other value (no shards).
+    with pytest.raises(
+        ValueError, match=r"elementwise optimisers .*got LBFGS with 1 groups: " + fix
+    ):
+        shard_optimizer(torch.optim.LBFGS(net.parameters()), shards)
+    two_groups = torch.optim.Adam([{"params": [net.weight]}, {"params": [net.bias], "lr": 0.1}])
+    with pytest.raises(ValueError, match=r"got Adam with 2 groups: " + fix):
+        shard_optimizer(two_groups, shards)
+    # what it accepts: the same class and settings over the shards
+    adam = shard_optimizer(torch.optim.AdamW(net.parameters(), lr=0.01, weight_decay=0.1), shards)
+    assert type(adam) is torch.optim.AdamW and adam.param_groups[0]["params"] == shards
+    assert adam.param_groups[0]["weight_decay"] == 0.1 and adam.param_groups[0]["lr"] == 0.01
+
+
 @pytest.mark.parametrize("stage", [1, 3])
 def test_a_parameter_without_gradient_is_refused_with_the_fix(pool, stage):
     with pytest.raises(
