@@ -87,7 +87,7 @@ def step_times(cluster, n: int, steps: int, rounds: int, room: bool = False) -> 
     head = (
         f"{'method':>7} {'step ms':>8} {'comm ms':>8} {'sync ms':>8} {'x ddp':>6} {'x zero0':>8} "
     )
-    print(head + f"{'sent MB':>8} {'formula':>8} {'state MB':>9} {'formula':>8}")
+    print(head + f"{'sent MB':>8} {'formula':>8} {'state MB':>9} {'formula':>8}  rounds' ms")
     medians: dict[str, list[tuple[float, float, float]]] = {m: [] for m in METHODS}
     last = {}
     for _ in range(rounds):
@@ -118,7 +118,10 @@ def step_times(cluster, n: int, steps: int, rounds: int, room: bool = False) -> 
             held = max(r["ledger_settled_bytes"] for r in late) / 1e6
             line += f"{formula:>8.2f} {held:>9.2f} {formula_bytes(stage, psi, n) / 1e6:>8.2f}"
             line += "" if all(r["ok"] for r in audit) else "  BYTES DIFFER FROM THE AUDITOR"
-        print(line, flush=True)
+        else:
+            line += " " * 27
+        rounds_ms = [1e3 * t[0] for t in medians[method]]
+        print(line + f"  {min(rounds_ms):.0f}-{max(rounds_ms):.0f}", flush=True)
 
 
 def ledger_peak(cluster, method: str, width: int, depth: int, n: int) -> tuple[int, float]:
