@@ -208,6 +208,34 @@ def test_sgd_with_momentum_on_stage_3(pool):
     assert all(r["ledger_optimizer_bytes"] < 4 * 1375 / 3 * 1.05 for r in result.records[1:])
 
 
+def test_stage_3_holds_under_a_third_of_ddps_bytes_at_the_peak_on_4_engines(pool):
+    # What bench_sharded.py --fit measures: within one memory limit per engine, stage 3 trains
+    # >= 3x the parameters DDP trains (the aim) when its in-flight peak (shards, Adam's
+    # state, and the unit gathered for the current layer) is under a third of DDP's 16 B per value.
+    from course_lib.training.models import MLP
+
+    def deep():
+        return MLP(64, (64,) * 16)  # 67 210 values; no unit over 7 % of them
+
+    peaks = {}
+    for method in ("zero0", "zero3"):
+        result = train_data_parallel(
+            pool,
+            model=deep,
+            dataset=small_digits,
+            config=ADAM,
+            method=method,
+            world_size=4,
+            comm_timeout=30,
+            timeout=300,
+        )
+        peaks[method] = max(r["ledger_in_flight_bytes"] for r in result.records)
+    psi = sum(p.numel() for p in deep().parameters())
+    # DDP: weights, gradients and Adam's two moments, whole (measured: 16.002 B per value)
+    assert peaks["zero0"] == pytest.approx(16 * psi, rel=1e-3)
+    assert peaks["zero3"] * 3 <= peaks["zero0"], peaks["zero3"] / psi
+
+
 def test_a_world_size_larger_than_the_model_is_refused_with_the_fix():
     with pytest.raises(
         ValueError, match=r"2 trainable values, fewer than world_size=4.*world_size <= 2"
