@@ -2,20 +2,34 @@
 
 Trains an MLP on digits (64-1024-1024-10: 1.13 M parameters, 4.5 MB of float32 gradients) with
 Adam for a few steps on 4 local engines over gloo, the link emulated as Gigabit (125 MB/s,
-50 us), with ``zero0`` (the ring allreduce, every rank the whole state), ``zero1``, ``zero2``,
-``zero3`` and PyTorch DDP (``ddp``). Prints per method the median step and its parts, the bytes
-each rank sent per step against the auditor's formula, the model-state bytes per rank from the
-ledger against the formula, and the step time as a ratio to ``zero0``'s (the issue's aim for
-stage 3: <= 1.6x DDP's with its allgathers overlapped; this stage 3 does not overlap them
-yet). All local engines share this PC's cores: on 2 cores the compute is slowed by contention.
+50 us), with PyTorch DDP (``ddp``), ``zero0`` (the kit's ring allreduce, every rank the whole
+state), ``zero1``, ``zero2`` and ``zero3``. Prints per method the median step and its parts,
+the step as a ratio to DDP's and to ``zero0``'s, the bytes each rank sent per step against the
+auditor's formula, and the model-state bytes per rank from the ledger against the formula (the
+issue's aim for stage 3: <= 1.6x DDP's step with its allgathers overlapped; this stage 3 does
+not overlap them yet). ``--rounds R`` runs the methods in turn R times and takes the median of
+the rounds' medians. All local engines share this PC's cores: on 2 cores the compute is slowed
+by contention.
+
+``--fit MB`` measures instead the largest model each scheme trains on the engines when a rank
+may hold at most MB megabytes of model state (the ledger's in-flight peak: parameters,
+gradients, Adam state, a gathered stage-3 unit; not activations): a deep MLP (``--depth``
+hidden layers, so that no one stage-3 unit is a large share) is run 2 steps at a small width
+to measure each scheme's bytes per parameter, the width that fits is derived from it, then
+run 2 steps (Adam's state exists from the first step on) and narrowed until the ledger's peak is
+under the limit. ``--room`` times the methods in an emulated room instead (root): one engine
+per network namespace, real TCP over 1 Gbit/s shaped links, as ``bench_data_parallel.py --room``.
 
     .venv/bin/python bench/bench_sharded.py            # 4 engines, 8 steps
-    .venv/bin/python bench/bench_sharded.py --engines 2 --steps 6
+    .venv/bin/python bench/bench_sharded.py --engines 2 --steps 6 --rounds 3
+    .venv/bin/python bench/bench_sharded.py --fit 64   # 64 MB of model state per engine
+    .venv/bin/python bench/bench_sharded.py --room     # the emulated room (root)
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import sys
 from functools import partial
@@ -36,61 +50,158 @@ from course_lib.parallel.sharded.units import unit_sizes  # noqa: E402
 from course_lib.training.loop import TrainConfig  # noqa: E402
 from course_lib.training.models import MLP  # noqa: E402
 
-METHODS = ["zero0", "zero1", "zero2", "zero3", "ddp"]
+METHODS = ["ddp", "zero0", "zero1", "zero2", "zero3"]
+FIT_METHODS = {"zero0": "DDP (zero0)", "zero1": "ZeRO-1", "zero2": "ZeRO-2", "zero3": "ZeRO-3"}
 HIDDEN = (1024, 1024)
 BUCKET_BYTES = 1 << 20
 
 
-def main() -> None:
-    """Run every method on the emulated Gigabit link and print the table."""
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--engines", type=int, default=4)
-    parser.add_argument("--steps", type=int, default=8)
-    args = parser.parse_args()
-    n, batch = args.engines, 16 * args.engines
+def run(cluster, method: str, model, batch: int, steps: int, link=GIGABIT):
+    """Train ``model`` ``steps`` steps of ``batch`` samples with ``method`` (``link=None``: as is)."""
+    options = {"bucket_bytes": BUCKET_BYTES} if method.startswith("zero") else {}
     config = TrainConfig(num_epochs=1, batch_size=batch, lr=1e-3, optimizer="adam", seed=0)
+    return train_data_parallel(
+        cluster,
+        model=model,
+        dataset=partial(digits_subset, batch * steps),
+        config=config,
+        method=method,
+        link=link,
+        comm_timeout=120,
+        timeout=900,
+        **options,
+    )
+
+
+def step_times(cluster, n: int, steps: int, rounds: int, room: bool = False) -> None:
+    """Run every method ``rounds`` times in turn on the emulated link (or the room); print them."""
+    batch = 16 * n
     model = partial(MLP, 64, HIDDEN)
     psi = sum(p.numel() for p in model().parameters())
     print(
         f"MLP 64-{'-'.join(map(str, HIDDEN))}-10, {psi:,} parameters, {n} engines, Adam, "
-        f"global batch {batch}, {args.steps} steps, emulated Gigabit"
+        f"global batch {batch}, {steps} steps, "
+        f"{'the emulated room (real TCP, 1 Gbit/s tbf links)' if room else 'emulated Gigabit'}, "
+        f"median of {rounds} round(s); load average {os.getloadavg()[0]:.1f}"
     )
-    head = f"{'method':>7} {'step ms':>8} {'comm ms':>8} {'sync ms':>8} {'x zero0':>8} "
-    print(head + f"{'sent MB':>8} {'formula':>8} {'state MB':>9} {'formula':>8}")
-    base = None
-    with start_cluster("local", n) as cluster:
+    head = (
+        f"{'method':>7} {'step ms':>8} {'comm ms':>8} {'sync ms':>8} {'x ddp':>6} {'x zero0':>8} "
+    )
+    print(head + f"{'sent MB':>8} {'formula':>8} {'state MB':>9} {'formula':>8}  rounds' ms")
+    medians: dict[str, list[tuple[float, float, float]]] = {m: [] for m in METHODS}
+    last = {}
+    for _ in range(rounds):
         for method in METHODS:
-            options = {"bucket_bytes": BUCKET_BYTES} if method.startswith("zero") else {}
-            result = train_data_parallel(
-                cluster,
-                model=model,
-                dataset=partial(digits_subset, batch * args.steps),
-                config=config,
-                method=method,
-                link=GIGABIT,
-                comm_timeout=120,
-                timeout=900,
-                **options,
-            )
+            result = run(cluster, method, model, batch, steps, None if room else GIGABIT)
             rows = result.summary()
-            step = statistics.median(r["total_s"] for r in rows)
-            comm = statistics.median(r["comm_s"] for r in rows)
-            sync = statistics.median(r["sync_s"] for r in rows)
-            base = base or step
-            sent = statistics.median(r["bytes_sent"] for r in rows) / 1e6
-            line = f"{method:>7} {1e3 * step:>8.1f} {1e3 * comm:>8.1f} {1e3 * sync:>8.1f} "
-            line += f"{step / base:>8.2f} "
-            line += f"{sent:>8.2f} " if method != "ddp" else f"{'(gloo)':>8} "  # not counted p2p
-            if method.startswith("zero"):
-                stage = int(method[-1])
-                units = unit_sizes(model(), stage, n, BUCKET_BYTES)
-                audit = audit_bytes(result.records, stage, units, n)
-                formula = statistics.median(r["formula"] for r in audit) / 1e6
-                late = [r for r in result.records if r["step"] >= 1]
-                held = max(r["ledger_settled_bytes"] for r in late) / 1e6
-                line += f"{formula:>8.2f} {held:>9.2f} {formula_bytes(stage, psi, n) / 1e6:>8.2f}"
-                line += "" if all(r["ok"] for r in audit) else "  BYTES DIFFER FROM THE AUDITOR"
-            print(line, flush=True)
+            medians[method].append(
+                tuple(
+                    statistics.median(r[k] for r in rows) for k in ("total_s", "comm_s", "sync_s")
+                )
+            )
+            last[method] = result
+    step = {m: statistics.median(t[0] for t in medians[m]) for m in METHODS}
+    for method in METHODS:
+        comm = statistics.median(t[1] for t in medians[method])
+        sync = statistics.median(t[2] for t in medians[method])
+        result, rows = last[method], last[method].summary()
+        sent = statistics.median(r["bytes_sent"] for r in rows) / 1e6
+        line = f"{method:>7} {1e3 * step[method]:>8.1f} {1e3 * comm:>8.1f} {1e3 * sync:>8.1f} "
+        line += f"{step[method] / step['ddp']:>6.2f} {step[method] / step['zero0']:>8.2f} "
+        line += f"{sent:>8.2f} " if method != "ddp" else f"{'(gloo)':>8} "  # not counted p2p
+        if method.startswith("zero"):
+            stage = int(method[-1])
+            units = unit_sizes(model(), stage, n, BUCKET_BYTES)
+            audit = audit_bytes(result.records, stage, units, n)
+            formula = statistics.median(r["formula"] for r in audit) / 1e6
+            late = [r for r in result.records if r["step"] >= 1]
+            held = max(r["ledger_settled_bytes"] for r in late) / 1e6
+            line += f"{formula:>8.2f} {held:>9.2f} {formula_bytes(stage, psi, n) / 1e6:>8.2f}"
+            line += "" if all(r["ok"] for r in audit) else "  BYTES DIFFER FROM THE AUDITOR"
+        else:
+            line += " " * 27
+        rounds_ms = [1e3 * t[0] for t in medians[method]]
+        print(line + f"  {min(rounds_ms):.0f}-{max(rounds_ms):.0f}", flush=True)
+
+
+def ledger_peak(cluster, method: str, width: int, depth: int, n: int) -> tuple[int, float]:
+    """Return (parameters, the largest in-flight ledger bytes of any rank over 2 steps)."""
+    model = partial(MLP, 64, (width,) * depth)
+    psi = sum(p.numel() for p in model().parameters())
+    result = run(cluster, method, model, 4 * n, 2)
+    return psi, max(r["ledger_in_flight_bytes"] for r in result.records)
+
+
+def largest_fit(cluster, n: int, limit_mb: float, depth: int) -> None:
+    """Print the largest MLP each scheme trains within ``limit_mb`` MB of model state per rank."""
+    limit = limit_mb * 1e6
+    print(
+        f"largest MLP 64-(w x {depth})-10 each scheme trains on {n} engines with at most "
+        f"{limit_mb:g} MB of model state per engine (ledger, in-flight peak; Adam, float32)"
+    )
+    print(f"{'scheme':>12} {'B/param':>8} {'width':>6} {'params':>11} {'peak MB':>8} {'x DDP':>6}")
+    base = None
+
+    def widest(per_param: float) -> int:
+        # the MLP's parameters: (depth - 1) w^2 + (depth + 74) w + 10 (biases included)
+        a, b = depth - 1, depth + 74
+        return int((-b + (b * b + 4 * a * (limit / per_param - 10)) ** 0.5) / (2 * a))
+
+    for method, label in FIT_METHODS.items():
+        probe_psi, probe_peak = ledger_peak(cluster, method, 64, depth, n)
+        first = probe_peak / probe_psi
+        width, tries = widest(first), 0
+        while True:  # bytes per parameter change a little with the width: refine, then verify
+            psi, peak = ledger_peak(cluster, method, width, depth, n)
+            better, tries = widest(peak / psi), tries + 1
+            if peak <= limit and (better <= width * 1.01 or tries >= 4):
+                break
+            width = min(better, width - 1) if peak > limit else better
+        base = base or psi
+        print(
+            f"{label:>12} {peak / psi:>8.2f} {width:>6} {psi:>11,} {peak / 1e6:>8.2f} "
+            f"{psi / base:>6.2f}",
+            flush=True,
+        )
+
+
+def main() -> None:
+    """Parse the options; time the methods, or find the largest model each fits."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--engines", type=int, default=4)
+    parser.add_argument("--steps", type=int, default=8)
+    parser.add_argument(
+        "--rounds", type=int, default=1, help="run the methods in turn this many times"
+    )
+    parser.add_argument(
+        "--fit",
+        type=float,
+        metavar="MB",
+        default=None,
+        help="instead: the largest MLP each scheme trains with at most MB of model state per engine",
+    )
+    parser.add_argument("--depth", type=int, default=16, help="--fit's MLP's hidden layers")
+    parser.add_argument(
+        "--room",
+        action="store_true",
+        help="time the methods in an emulated room instead: one engine per PC, real TCP over "
+        "1 Gbit/s shaped links (root, ip, tc, unshare)",
+    )
+    args = parser.parse_args()
+    if args.room:
+        from course_lib.cluster.room.cluster import room_cluster
+
+        try:
+            with room_cluster(args.engines, rate="1gbit") as cluster:
+                step_times(cluster, args.engines, args.steps, args.rounds, room=True)
+        except RuntimeError as exc:
+            raise SystemExit(f"--room: {exc}") from None
+        return
+    with start_cluster("local", args.engines) as cluster:
+        if args.fit is None:
+            step_times(cluster, args.engines, args.steps, args.rounds)
+        else:
+            largest_fit(cluster, args.engines, args.fit, args.depth)
 
 
 if __name__ == "__main__":

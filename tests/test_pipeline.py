@@ -30,6 +30,8 @@ from course_lib.parallel.pipeline_parallel.pipeline import (
 from course_lib.parallel.pipeline_parallel.schedule import (
     SCHEDULES,
     bubble_formula,
+    in_flight,
+    in_flight_formula,
     schedule,
     simulate,
 )
@@ -66,6 +68,18 @@ def test_simulated_memory_gpipe_keeps_m_1f1b_keeps_p_minus_stage():
     assert simulate("gpipe", [1] * p, m).peak_activations == [m] * p
     assert simulate("1f1b", [1] * p, m).peak_activations == [4, 3, 2, 1]
     assert simulate("naive", [1] * p, m).peak_activations == [1] * p
+
+
+@pytest.mark.parametrize("p, m", [(1, 1), (2, 1), (3, 2), (4, 4), (4, 8), (5, 16), (8, 3)])
+def test_in_flight_micro_batches_per_stage_read_from_the_schedules_equal_the_formula(p, m):
+    # Lecture 11: GPipe holds all m micro-batches' activations on every stage at its peak; 1F1B
+    # holds at most p - s on stage s (fewer when m is smaller), whatever the timing.
+    for name in SCHEDULES:
+        got = in_flight(name, p, m)
+        assert got == [in_flight_formula(name, p, m, s) for s in range(p)], name
+        assert got == simulate(name, [1] * p, m).peak_activations  # the timed run agrees
+    assert in_flight("1f1b", p, m) == [min(p - s, m) for s in range(p)]
+    assert in_flight("gpipe", p, m) == [m] * p
 
 
 def test_every_schedule_runs_each_microbatch_once_forward_before_backward():
@@ -189,6 +203,7 @@ def _train(size: int, name: str, m: int, steps: int) -> dict | None:
         for a, b in zip(stage.parameters(), ref_stage.parameters(), strict=True)
     )
     out["peak"] = timeline.peak_activations[0]
+    out["peak_bytes"] = timeline.peak_activation_bytes[0]
     return out
 
 
@@ -261,6 +276,24 @@ def test_1f1b_stores_at_most_p_microbatches_gpipe_stores_m(cluster):
     assert peaks["gpipe"] == [m] * p
     assert peaks["1f1b"] == [4, 3, 2, 1]  # stage s keeps p - s
     assert peaks["naive"] == [1] * p
+
+
+#: activation bytes one micro-batch of 2 samples leaves on each of 4 stages of make_model(), in
+#: float32: the stage's input (the Linear's) and its Tanh's output (Tanh saves it); the last
+#: stage the Linear's input and cross-entropy's log-probabilities (2 x 5), targets (2 int64) and
+#: total weight (one float32).
+LAST = 4 * 2 * (16 + 5) + 8 * 2 + 4
+PER_MICROBATCH = [4 * 2 * (12 + 16), 4 * 2 * (16 + 16), 4 * 2 * (16 + 16), LAST]
+
+
+@pytest.mark.timeout(200)
+def test_activation_bytes_in_flight_per_stage_1f1b_against_gpipe(cluster):
+    m, p = 8, 4
+    assert even_stages(7, p) == [(0, 2), (2, 4), (4, 6), (6, 7)]  # what PER_MICROBATCH assumes
+    for name in SCHEDULES:
+        got = [r["peak_bytes"] for r in cluster.run(_train, p, name, m, 1, timeout=120)]
+        want = [in_flight_formula(name, p, m, s) * PER_MICROBATCH[s] for s in range(p)]
+        assert got == want, name
 
 
 @pytest.mark.timeout(200)

@@ -1,4 +1,4 @@
-"""Checkpoint and resume of sharded runs (ZeRO stages 1-3) on 3 real engines.
+"""Checkpoint and resume of sharded runs (ZeRO stages 1-3) on 3 real engines (and 2 and 4).
 
 Each rank keeps only its shard of Adam's state (stage 3: of the weights too), so a checkpoint keeps
 the whole weights (rank 0's after the allgather; stage 3: gathered for the file) and every rank's
@@ -6,6 +6,8 @@ shards; a run resumed on the same world size and
 stage equals the uninterrupted one bit for bit, mid-epoch too. The MLP's 9 610 values do not
 split evenly over 3 ranks (uneven shards). Resuming on another world size, another stage or a
 method that does not shard is refused before any engine is busy, naming what to run instead.
+On 2 and 4 engines (the MLP's values split evenly over 2, unevenly over 4) a resumed run equals
+the uninterrupted one too; one epoch there, to stay fast.
 """
 
 from __future__ import annotations
@@ -50,7 +52,7 @@ def _equal(a: dict, b: dict) -> bool:
 
 @pytest.fixture(scope="module")
 def cluster(shared_engines):
-    return shared_engines(3)  # from the session's pool (tests/conftest.py)
+    return shared_engines(4)  # from the session's pool (tests/conftest.py); runs name their N
 
 
 @pytest.mark.parametrize("stage", [1, 2, 3])
@@ -79,6 +81,33 @@ def test_a_sharded_run_resumed_mid_epoch_equals_the_uninterrupted_run(cluster, s
         _run(cluster, f"zero{other}", resume_from=mid)
     with pytest.raises(CheckpointError, match=rf"ZeRO stage {stage} cut in 3 shards: resume"):
         _run(cluster, "ring", resume_from=mid)
+
+
+@pytest.mark.parametrize("n", [2, 4])
+@pytest.mark.parametrize("stage", [1, 2, 3])
+def test_a_sharded_run_resumed_mid_epoch_equals_the_uninterrupted_run_on_2_and_4(
+    cluster, stage, n, tmp_path
+):
+    one_epoch = TrainConfig(**{**ADAM.__dict__, "num_epochs": 1})
+    full = _run(
+        cluster,
+        f"zero{stage}",
+        n=n,
+        config=one_epoch,
+        checkpoint=CheckpointConfig(tmp_path, 2, keep=10),
+    )
+    mid = tmp_path / "epoch0000-step000002.ckpt"
+    ckpt = load_checkpoint(mid, world_size=n)
+    assert ckpt["sharded"] == {"stage": stage, "world_size": n}
+    shards = [
+        sum(state["exp_avg"].numel() for state in r["optimizer_shard"]["state"].values())
+        for r in ckpt["ranks"]
+    ]
+    assert sum(shards) == 9610 and len(shards) == n
+    resumed = _run(cluster, f"zero{stage}", n=n, config=one_epoch, resume_from=mid)
+    assert resumed.replicas_equal
+    assert _equal(resumed.weights, full.weights)
+    assert len(resumed.records) == n * 2  # the 2 steps left of the epoch on each rank
 
 
 def test_a_whole_optimiser_state_is_not_resumed_sharded(cluster, tmp_path):

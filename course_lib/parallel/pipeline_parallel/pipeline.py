@@ -190,6 +190,26 @@ def pipeline_step(
     sends: list[Handle] = []
     intervals: list[Interval] = []
     peak, loss_sum, shape = 0, 0.0, None
+    # Activation bytes autograd saves in each micro-batch's forward (each storage once, the
+    # parameters left out): held until that micro-batch's backward (lecture 11).
+    params = {q.untyped_storage().data_ptr() for q in stage.parameters()}
+    saved: dict[int, int] = {}
+    peak_bytes = 0
+
+    def saving(i: int):
+        seen: set[tuple[int, int]] = set()
+        saved[i] = 0
+
+        def pack(t: torch.Tensor) -> torch.Tensor:
+            # a view counts its own bytes (a micro-batch is a view of the batch), each tensor once
+            key = (t.data_ptr(), t.nbytes)
+            if t.nbytes and key not in seen and t.untyped_storage().data_ptr() not in params:
+                seen.add(key)
+                saved[i] += t.nbytes
+            return t
+
+        return torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t)
+
     comm.barrier()
     t0 = time.perf_counter()
 
@@ -214,13 +234,14 @@ def pipeline_step(
                             shape = tuple(int(d) for d in head[1 : 1 + head[0]])
                         x = comm.recv(torch.empty(shape), s - 1, _TAG0 + 2 * i)
                     x.requires_grad_()  # so that backward gives dL/dx to send back
-                with timed("F", i):
+                with timed("F", i), saving(i):
                     out = stage(x)
                     if last:  # the loss of the batch is the mean of the micro-batch means
                         out = loss_fn(out, ys[i]) / m
                         loss_sum += out.item()
                 inputs[i], outputs[i] = x, out
                 peak = max(peak, len(inputs))
+                peak_bytes = max(peak_bytes, sum(saved[j] for j in inputs))
                 if not last:
                     with timed("send", i):
                         if i == 0:  # every schedule's first forward: announce the shape once
@@ -250,4 +271,4 @@ def pipeline_step(
             ) from exc
     with timed("send", -1):  # the last sends must have left before their buffers are freed
         wait_all(sends)
-    return (loss_sum if last else None), Timeline(intervals, p, [peak])
+    return (loss_sum if last else None), Timeline(intervals, p, [peak], [peak_bytes])

@@ -25,6 +25,8 @@ __all__ = [
     "Timeline",
     "bubble_formula",
     "gpipe_schedule",
+    "in_flight",
+    "in_flight_formula",
     "naive_schedule",
     "one_f_one_b_schedule",
     "plot_schedule",
@@ -73,6 +75,34 @@ def schedule(name: str, num_stages: int, num_microbatches: int, stage: int) -> l
     return SCHEDULES[name](num_stages, num_microbatches, stage)
 
 
+def in_flight(name: str, num_stages: int, num_microbatches: int) -> list[int]:
+    """Return, per stage, the most micro-batches whose activations it holds at once under ``name``.
+
+    Read from the action lists alone, without timing: a forward stores its micro-batch's
+    activations until that micro-batch's backward frees them (lecture 11: what 1F1B saves).
+    """
+    peaks = []
+    for s in range(num_stages):
+        held = peak = 0
+        for kind, _ in schedule(name, num_stages, num_microbatches, s):
+            held += 1 if kind == "F" else -1
+            peak = max(peak, held)
+        peaks.append(peak)
+    return peaks
+
+
+def in_flight_formula(name: str, num_stages: int, num_microbatches: int, stage: int) -> int:
+    """Return stage ``stage``'s micro-batches in flight at the peak: GPipe m, 1F1B min(p - s, m)."""
+    formulas = {
+        "naive": 1,
+        "gpipe": num_microbatches,
+        "1f1b": min(num_stages - stage, num_microbatches),
+    }
+    if name not in formulas:
+        raise ValueError(f"unknown schedule {name!r}: choose one of {', '.join(formulas)}")
+    return formulas[name]
+
+
 def bubble_formula(num_stages: int, num_microbatches: int) -> float:
     """Return GPipe's idle fraction for balanced stages, $(p-1)/(m+p-1)$ (Huang et al. 2019)."""
     return (num_stages - 1) / (num_microbatches + num_stages - 1)
@@ -96,12 +126,19 @@ class Timeline:
     intervals: list[Interval]
     num_stages: int
     peak_activations: list[int] = field(default_factory=list)
+    #: per stage, the most activation bytes autograd held at once (measured by ``pipeline_step``)
+    peak_activation_bytes: list[int] = field(default_factory=list)
 
     @classmethod
     def merge(cls, timelines: Sequence[Timeline]) -> Timeline:
         """Return one timeline of every stage from each rank's own (``pipeline_step`` results)."""
         intervals = [iv for t in timelines for iv in t.intervals]
-        return cls(intervals, len(timelines), [t.peak_activations[0] for t in timelines])
+        return cls(
+            intervals,
+            len(timelines),
+            [t.peak_activations[0] for t in timelines],
+            [b for t in timelines for b in t.peak_activation_bytes[:1]],
+        )
 
     @property
     def makespan(self) -> float:

@@ -23,6 +23,7 @@ and every rank's shards (:mod:`course_lib.checkpoint.state`), resumed on the sam
 
 from __future__ import annotations
 
+import inspect
 import time
 from typing import Any, ClassVar
 
@@ -52,7 +53,10 @@ def shard_optimizer(
             "TrainConfig(optimizer='adam' or 'sgd')"
         )
     group = optimizer.param_groups[0]
-    return cls(shards, **{k: group[k] for k in optimizer.defaults if k in group})
+    # only what the constructor takes: AdamW's defaults carry Adam's ``decoupled_weight_decay``,
+    # which AdamW's constructor refuses
+    accepted = inspect.signature(cls.__init__).parameters
+    return cls(shards, **{k: group[k] for k in optimizer.defaults if k in group and k in accepted})
 
 
 class ZeroExchange(GradientExchange):
