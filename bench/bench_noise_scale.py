@@ -14,8 +14,13 @@ computes every example's gradient. Two comparisons on 4 engines, the digits MLP,
    estimate at those weights. Printed: the EMA at the last step (what training shows) and the
    ratio of the mean estimates over all steps. Also at the initial weights.
 
-    .venv/bin/python bench/bench_noise_scale.py             # ~1-2 minutes on 2 cores
+With ``--live``: instead, what showing B_noise live costs: the same run (6 epochs of batch 64,
+138 steps) with ``progress=False`` and with ``progress=True`` (rank 0 sends its B_noise with
+its step count, at most 4 times a second), alternated, rank 0's median step time of each.
+
+    .venv/bin/python bench/bench_noise_scale.py             # ~2-3 minutes on 2 cores
     .venv/bin/python bench/bench_noise_scale.py --seeds 5 --epochs 8
+    .venv/bin/python bench/bench_noise_scale.py --live --seeds 5
 """
 
 from __future__ import annotations
@@ -83,6 +88,29 @@ def one_seed(cluster, seed: int, args) -> dict[str, float]:
     }
 
 
+def live_cost(cluster, seeds: int) -> None:
+    """Print rank 0's median step time with and without the live B_noise, runs alternated."""
+    times: dict[bool, list[float]] = {False: [], True: []}
+    shown = 0
+    for seed in range(seeds):
+        for progress in (False, True):
+            run = train_data_parallel(
+                cluster,
+                model=MLP,
+                dataset=load_digits,
+                config=TrainConfig(num_epochs=6, lr=0.05, momentum=0.9, batch_size=64, seed=seed),
+                method=NoiseScaleExchange(RingAllreduce()),
+                progress=progress,
+            )
+            times[progress] += [r["total_s"] for r in run.records if r["rank"] == 0][1:]
+            shown += len(run.published)
+    off, on = (statistics.median(times[p]) * 1e3 for p in (False, True))
+    print(
+        f"\n# rank 0's median step, {seeds} runs each, alternated: without the live B_noise "
+        f"{off:.2f} ms, with it {on:.2f} ms ({on / off - 1:+.0%}); {shown} values shown live"
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     """Start 4 engines, compare for each seed, print the table."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -90,10 +118,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batch", type=int, default=128, help="global batch (4 ranks)")
     parser.add_argument("--epochs", type=int, default=6, help="epochs measured at fixed weights")
     parser.add_argument("--train-epochs", type=int, default=3, help="epochs of training first")
+    parser.add_argument("--live", action="store_true", help="only the live display's cost")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
     cluster = start_cluster(n=4)
     try:
+        if args.live:
+            live_cost(cluster, args.seeds)
+            return 0
         rows = [one_seed(cluster, seed, args) for seed in range(args.seeds)]
     finally:
         cluster.stop()
