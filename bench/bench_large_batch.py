@@ -23,7 +23,7 @@ beside the MLP's; a short setting may be stored for it). ``--skip-optimizers`` l
 optimiser comparison.
 
     .venv/bin/python bench/bench_large_batch.py --model lenet --quick --max-steps 2000 \\
-        --skip-optimizers --store                          # ~10 minutes on one core
+        --skip-optimizers --store                          # 17 minutes here (loaded)
 """
 
 from __future__ import annotations
