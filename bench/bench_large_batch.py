@@ -16,6 +16,14 @@ The results go to ``bench/results/large_batch.json`` (or ``--json``); ``--store`
     .venv/bin/python bench/bench_large_batch.py            # ~2 minutes on one core
     .venv/bin/python bench/bench_large_batch.py --store    # the same, replacing lecture 12's copy
     .venv/bin/python bench/bench_large_batch.py --quick    # ~30 s, fewer sizes and lrs
+
+``--model lenet`` sweeps the small CNN for digits (LeNet on 8 x 8 images) instead; its results
+go to ``bench/results/large_batch_lenet.json`` (``--store``: ``bench/stored/large_batch_lenet.json``,
+beside the MLP's; a short setting may be stored for it). ``--skip-optimizers`` leaves out the
+optimiser comparison.
+
+    .venv/bin/python bench/bench_large_batch.py --model lenet --quick --max-steps 2000 \\
+        --skip-optimizers --store                          # 17 minutes here (loaded)
 """
 
 from __future__ import annotations
@@ -40,7 +48,7 @@ from course_lib.data.digits import load_digits  # noqa: E402
 from course_lib.parallel.large_batch.critical_batch import fit_steps_model, tune_batch  # noqa: E402
 from course_lib.parallel.large_batch.noise_scale import direct_noise_scale  # noqa: E402
 from course_lib.training.loop import seed_everything  # noqa: E402
-from course_lib.training.models import MLP  # noqa: E402
+from course_lib.training.models import MLP, build_model  # noqa: E402
 
 STORED = ROOT / "bench" / "stored" / "large_batch.json"  # tracked: lecture 12 shows it
 RESULTS = ROOT / "bench" / "results" / "large_batch.json"  # ignored by git: any run's
@@ -55,10 +63,10 @@ OPTIMIZER_GRIDS = {
 }
 
 
-def noise_scale_at(target: float | None, seed: int = 0) -> float:
+def noise_scale_at(target: float | None, seed: int = 0, model: str = "mlp") -> float:
     """Return the direct B_noise at initialisation (``target`` None) or where batch 32 reaches it."""
     seed_everything(seed)
-    net = MLP()
+    net = MLP() if model == "mlp" else build_model(model)
     if target is not None:  # train with a safe small batch until the target, then measure there
         X, y = load_digits().tensors
         X_test, y_test = load_digits(train=False).tensors
@@ -77,12 +85,15 @@ def noise_scale_at(target: float | None, seed: int = 0) -> float:
 def sweep_batches(batches: list[int], lrs: list[float], seeds: list[int], args) -> list[dict]:
     """Print and return, per batch size, the tuned lr and steps to the target per seed (SGD)."""
     print(
-        f"steps to test accuracy {args.target} (MLP, digits, SGD momentum 0.9, {len(seeds)} seeds)"
+        f"steps to test accuracy {args.target} ({args.model}, digits, SGD momentum 0.9, "
+        f"{len(seeds)} seeds)"
     )
     print(f"{'batch':>6} {'best lr':>8} {'median':>7} {'min':>6} {'max':>6}   steps per seed")
     rows = []
     for batch in batches:
-        best = tune_batch(batch, lrs, seeds, target=args.target, max_steps=args.max_steps)
+        best = tune_batch(
+            batch, lrs, seeds, target=args.target, max_steps=args.max_steps, model=args.model
+        )
         if best is None:
             print(f"{batch:>6}  no lr in the grid reached the target on every seed")
             continue
@@ -109,6 +120,7 @@ def compare_optimizers(batch: int, seeds: list[int], args) -> list[dict]:
             max_steps=args.max_steps,
             optimizer=name,
             momentum=momentum,
+            model=args.model,
         )
         row = {"optimizer": name, "momentum": momentum, "grid": grid}
         if best is None:
@@ -132,9 +144,17 @@ def main() -> None:
     parser.add_argument("--optimizer-batch", type=int, default=512, help="batch of the comparison")
     parser.add_argument("--json", type=Path, help=f"write the results here (default {RESULTS})")
     parser.add_argument("--store", action="store_true", help=f"write them to {STORED} (tracked)")
+    parser.add_argument("--model", choices=("mlp", "lenet"), default="mlp")
+    parser.add_argument("--skip-optimizers", action="store_true", help="no optimiser comparison")
     args = parser.parse_args()
-    if args.store and (args.quick or args.json):
-        parser.error("--store keeps lecture 12's copy of the full sweep: drop --quick and --json")
+    stored_path, results_path = STORED, RESULTS
+    if args.model != "mlp":
+        stored_path = STORED.with_name(f"large_batch_{args.model}.json")
+        results_path = RESULTS.with_name(f"large_batch_{args.model}.json")
+    if args.store and args.json:
+        parser.error("--store writes lecture 12's copy: drop --json")
+    if args.store and args.model == "mlp" and (args.quick or args.skip_optimizers):
+        parser.error("--store keeps lecture 12's copy of the full MLP sweep: drop --quick")
     torch.set_num_threads(1)  # one core: the machine is shared
     batches = [8, 32, 128, 512] if args.quick else [4, 8, 16, 32, 64, 128, 256, 512, 1024]
     lrs = (
@@ -146,22 +166,28 @@ def main() -> None:
     s_min, b_crit = fit_steps_model(
         [r["batch"] for r in rows], [statistics.median(r["steps"]) for r in rows]
     )
-    b_start, b_target = noise_scale_at(None), noise_scale_at(args.target)
+    b_start = noise_scale_at(None, model=args.model)
+    b_target = noise_scale_at(args.target, model=args.model)
     print(f"fit S = S_min (1 + B_crit/B): S_min = {s_min:.1f} steps, B_crit = {b_crit:.0f}")
     print(
         f"B_noise measured directly: {b_start:.0f} at initialisation, {b_target:.0f} at the target"
     )
-    optimizers = compare_optimizers(args.optimizer_batch, seeds, args)
+    optimizers = (
+        [] if args.skip_optimizers else compare_optimizers(args.optimizer_batch, seeds, args)
+    )
     seconds = time.perf_counter() - start
     print(f"({seconds:.0f} s)")
-    out = STORED if args.store else (args.json or RESULTS)
+    out = stored_path if args.store else (args.json or results_path)
     out.parent.mkdir(parents=True, exist_ok=True)
     stored = {
         "command": " ".join(["python bench/bench_large_batch.py", *sys.argv[1:]]),
         "date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
         "machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores",
         "seconds": round(seconds),
-        "model": "MLP(64, (128,), 10) on digits (1500 train / 297 test), one process",
+        "model": (
+            "MLP(64, (128,), 10)" if args.model == "mlp" else "LeNet(image_size=8), the small CNN"
+        )
+        + " on digits (1500 train / 297 test), one process",
         "target": args.target,
         "max_steps": args.max_steps,
         "seeds": seeds,

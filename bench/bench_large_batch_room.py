@@ -3,10 +3,13 @@
 Two questions of lecture 12, answered with real TCP over shaped links (one engine per PC, the
 digits MLP, SGD with momentum 0.9, the test accuracy checked after every epoch):
 
-1. **Batch ramp-up against a fixed batch** (Smith et al. 2018; source 000's first idea): the same
-   starting batch and learning rate, the batch doubled at the given epochs instead of keeping
-   it. Fewer steps per epoch are fewer exchanges per epoch; printed per scheme: epochs, steps
-   (= exchanges) and seconds of training to the target, median [min–max] over the seeds.
+1. **Batch ramp-up against a fixed batch** (Smith et al. 2018; source 000's first idea): the
+   same starting batch and learning rate, the batch doubled at the given epochs, against the
+   batch kept with the lr kept (the kit's first baseline) and against the batch kept with the
+   lr *halved* at the same epochs (``StepDecay``: Smith et al.'s baseline, the same schedule of
+   SGD's noise scale lr/B). Fewer steps per epoch are fewer exchanges per epoch; printed per
+   scheme: exchanges per epoch, epochs, steps (= exchanges) and seconds of training to the
+   target, median [min–max] over the seeds.
 2. **How many PCs** (Goyal et al. 2017): a fixed batch per PC, so the global batch grows with
    the PCs, and the learning rate scaled linearly with a warm-up of one epoch. More PCs make
    each step's compute shorter per sample but add an exchange; past the critical batch they
@@ -20,6 +23,7 @@ Training seconds are the sum of the epochs' training time (evaluation not counte
 
     .venv/bin/python bench/bench_large_batch_room.py                      # ~4 minutes
     .venv/bin/python bench/bench_large_batch_room.py --rate 100mbit --seeds 5
+    .venv/bin/python bench/bench_large_batch_room.py --part 1           # ramp-up only
 """
 
 from __future__ import annotations
@@ -39,7 +43,7 @@ from course_lib.data.digits import load_digits  # noqa: E402
 from course_lib.parallel.data_parallel.train import train_data_parallel  # noqa: E402
 from course_lib.training.batch_schedules import BatchRampUp  # noqa: E402
 from course_lib.training.loop import TrainConfig  # noqa: E402
-from course_lib.training.lr_schedules import LinearScalingWarmup  # noqa: E402
+from course_lib.training.lr_schedules import LinearScalingWarmup, StepDecay  # noqa: E402
 
 COMM_NAME = "room_comm"
 FIT_SIZES = [2**13, 2**15, 2**17, 2**19, 2**21]  # 8 KB .. 2 MB: the latency and the rate
@@ -60,7 +64,12 @@ def to_target(cluster, config: TrainConfig, world_size: int) -> dict:
     )
     history = result.history
     reached = history.epochs_to_reach("test_accuracy", config.target)
+    per_epoch: dict[int, int] = {}
+    for r in result.records:
+        if r["rank"] == 0:
+            per_epoch[r["epoch"]] = per_epoch.get(r["epoch"], 0) + 1
     return {
+        "exchanges_per_epoch": [per_epoch[e] for e in sorted(per_epoch)],
         "epochs": reached,
         "steps": len(history.step_times) if reached else None,
         "seconds": sum(e["epoch_time"] for e in history.epochs) if reached else None,
@@ -86,13 +95,18 @@ def spread(values: list) -> str:
 
 def ramp_up_vs_fixed(cluster, args) -> None:
     """Part 1: the same start, a batch doubled at ``args.milestones`` against a fixed one."""
-    schemes = {
-        f"fixed batch {args.batch}": None,
-        f"ramp-up x2 at epochs {args.milestones}": BatchRampUp(milestones=args.milestones),
+    ms = args.milestones
+    schemes = {  # label: (batch schedule, lr schedule): two separate runs, never both at once
+        f"fixed batch {args.batch}, lr kept": (None, None),
+        f"fixed batch, lr /2 at epochs {ms}": (None, StepDecay(milestones=ms, factor=2)),
+        f"batch x2 at epochs {ms}, lr kept": (BatchRampUp(milestones=ms), None),
     }
     print(f"\n# 1. ramp-up vs fixed batch, {args.pcs} PCs, target {args.target:.0%}", flush=True)
-    print(f"{'scheme':<32} {'epochs':>16} {'steps (exchanges)':>22} {'seconds':>22}")
-    for label, schedule in schemes.items():
+    print(
+        f"{'scheme':<36} {'exchanges/epoch':>16} {'epochs':>14} {'steps (exchanges)':>20} "
+        f"{'seconds':>22}"
+    )
+    for label, (batch_schedule, lr_schedule) in schemes.items():
         runs = [
             to_target(
                 cluster,
@@ -103,15 +117,18 @@ def ramp_up_vs_fixed(cluster, args) -> None:
                     momentum=0.9,
                     seed=seed,
                     target=args.target,
-                    batch_schedule=schedule,
+                    batch_schedule=batch_schedule,
+                    lr_schedule=lr_schedule,
                 ),
                 args.pcs,
             )
             for seed in range(args.seeds)
         ]
+        per_epoch = max((r["exchanges_per_epoch"] for r in runs), key=len)
         print(
-            f"{label:<32} {spread([r['epochs'] for r in runs]):>16} "
-            f"{spread([r['steps'] for r in runs]):>22} {spread([r['seconds'] for r in runs]):>22}",
+            f"{label:<36} {'/'.join(map(str, dict.fromkeys(per_epoch))):>16} "
+            f"{spread([r['epochs'] for r in runs]):>14} "
+            f"{spread([r['steps'] for r in runs]):>20} {spread([r['seconds'] for r in runs]):>22}",
             flush=True,
         )
 
@@ -198,6 +215,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--milestones", type=int, nargs="+", default=[3, 5])
     parser.add_argument("--per-pc", type=int, default=32, help="part 2's batch per PC")
     parser.add_argument("--lr", type=float, default=0.05)
+    parser.add_argument("--part", type=int, choices=(1, 2), help="run only part 1 or part 2")
     args = parser.parse_args(argv)
     args.milestones = tuple(args.milestones)
     if args.pcs < 2:
@@ -213,9 +231,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"cannot build an emulated room here: {reason}", file=sys.stderr)
         return 2
     with room_cluster(args.pcs, args.rate) as cluster:
-        link = room_link(cluster)
-        ramp_up_vs_fixed(cluster, args)
-        pcs_to_target(cluster, args, link)
+        if args.part != 1:
+            link = room_link(cluster)
+        if args.part != 2:
+            ramp_up_vs_fixed(cluster, args)
+        if args.part != 1:
+            pcs_to_target(cluster, args, link)
     print("\n(every figure measured in this run on a shared machine, except the predicted column)")
     return 0
 

@@ -18,8 +18,8 @@ from course_lib.parallel.data_parallel.reference import (
 )
 from course_lib.parallel.data_parallel.train import train_data_parallel
 from course_lib.training.batch_schedules import BatchRampUp
-from course_lib.training.loop import TrainConfig, fit
-from course_lib.training.lr_schedules import LinearScalingWarmup
+from course_lib.training.loop import TrainConfig, fit, make_optimizer
+from course_lib.training.lr_schedules import LinearScalingWarmup, StepDecay
 from course_lib.training.models import MLP
 
 pytestmark = pytest.mark.timeout(600)
@@ -48,6 +48,54 @@ def test_fit_trains_each_epoch_with_the_scheduled_batch():
     history = fit(net, small_digits(), config, progress=False, device="cpu")
     assert batches == [64] * 4 + [128] * 2 + [256]  # 4, then 2, then 1 step per epoch
     assert len(history.step_times) == 7
+
+
+def test_step_decay_divides_the_lr_where_the_ramp_multiplies_the_batch():
+    """Smith et al.'s baseline: the same milestones and factor, on the lr instead of the batch."""
+    decay, ramp = StepDecay(milestones=(3, 5), factor=2), BatchRampUp(milestones=(3, 5))
+    assert [decay.factor_at(e) for e in range(1, 8)] == [ramp.factor_at(e) for e in range(1, 8)]
+    lrs = [decay.lr_at(t, base_lr=0.1, batch_size=64, steps_per_epoch=2) for t in range(10)]
+    assert lrs == pytest.approx([0.1] * 4 + [0.05] * 4 + [0.025] * 2)
+
+
+def test_fit_trains_each_epoch_with_the_decayed_lr_at_the_fixed_batch():
+    config = TrainConfig(
+        num_epochs=3, lr=0.08, batch_size=64, lr_schedule=StepDecay(milestones=(2, 3), factor=4)
+    )
+    net, batches, lrs = MLP(), [], []
+    net.register_forward_pre_hook(
+        lambda m, args: batches.append(len(args[0])) if m.training else None
+    )
+    optimizer = make_optimizer(net, config)
+    optimizer.register_step_pre_hook(lambda opt, *_: lrs.append(opt.param_groups[0]["lr"]))
+    fit(net, small_digits(), config, optimizer=optimizer, progress=False, device="cpu")
+    assert batches == [64] * 12  # 4 steps in every epoch: the batch stays
+    assert lrs == pytest.approx([0.08] * 4 + [0.02] * 4 + [0.005] * 4)
+
+
+@pytest.mark.parametrize(
+    "make, match",
+    [
+        (lambda: StepDecay(milestones=(3,), factor=1), "factor must be a number > 1"),
+        (lambda: StepDecay(milestones=(4, 2)), "increasing epoch numbers"),
+        (lambda: StepDecay(milestones=(1,)), "decay at epoch 1 is no decay"),
+        (
+            lambda: TrainConfig(num_epochs=3, lr_schedule=StepDecay(milestones=(2, 5))),
+            r"milestones \[5\].*num_epochs=3.*train for 5 epochs",
+        ),
+        (
+            lambda: TrainConfig(
+                num_epochs=3,
+                batch_schedule=BatchRampUp(milestones=(2,)),
+                lr_schedule=StepDecay(milestones=(2,)),
+            ),
+            "not both",
+        ),
+    ],
+)
+def test_bad_decays_are_refused_with_the_fix(make, match):
+    with pytest.raises(ValueError, match=match):
+        make()
 
 
 @pytest.mark.parametrize(
@@ -103,6 +151,8 @@ def test_ramp_on_engines_equals_one_process_and_exchanges_less(shared_engines):
     assert result.replicas_equal
     assert weights_match(result.weights, want), max_weight_difference(result.weights, want)
     assert len(result.records) == 2 * (8 + 4 + 2)
+    epochs = [r["epoch"] for r in result.records if r["rank"] == 0]
+    assert epochs == [1] * 8 + [2] * 4 + [3] * 2  # each record in the epoch it trained in
     plain = train_one_process(
         MLP, small_digits, TrainConfig(**{**CONFIG.__dict__, "batch_schedule": None})
     )

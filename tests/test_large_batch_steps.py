@@ -44,3 +44,10 @@ def test_tune_batch_keeps_the_fastest_lr_that_reaches_the_target_on_every_seed()
     assert tune_batch(256, [1e4], seeds=[0], target=0.9, max_steps=50) is None
     lamb = tune_batch(256, [0.03], seeds=[0], target=0.9, max_steps=300, optimizer="lamb")
     assert lamb is not None  # the layer-wise optimisers are reachable by name
+
+
+def test_the_small_cnn_is_swept_the_same_way():
+    """``model="lenet"``: the small CNN for digits, the same batches and the same exact count."""
+    steps = steps_to_target(256, 0.32, seed=0, target=0.5, max_steps=100, model="lenet")
+    assert steps is not None and steps < 100
+    assert steps_to_target(256, 0.32, 0, target=0.5, max_steps=steps - 1, model="lenet") is None

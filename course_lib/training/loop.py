@@ -23,7 +23,7 @@ from torch.utils.data import DataLoader, Dataset, Sampler
 from course_lib import checkpoint as ckpt_lib
 from course_lib.training.batch_schedules import BatchRampUp
 from course_lib.training.layerwise import LAMB, LARS
-from course_lib.training.lr_schedules import LinearScalingWarmup
+from course_lib.training.lr_schedules import LinearScalingWarmup, StepDecay
 
 __all__ = [
     "OPTIMIZERS",
@@ -61,9 +61,9 @@ class TrainConfig:
     #: stop criterion "target accuracy reached").
     target: float | None = None
     target_metric: str = "test_accuracy"
-    #: A learning-rate schedule (lecture 12), e.g. ``LinearScalingWarmup``: ``fit`` sets the
-    #: optimiser's lr to ``lr_schedule.lr_at(step, base_lr=lr, ...)`` before every step.
-    lr_schedule: LinearScalingWarmup | None = None
+    #: A learning-rate schedule (lecture 12), ``LinearScalingWarmup`` or ``StepDecay``: ``fit``
+    #: sets the optimiser's lr to ``lr_schedule.lr_at(step, base_lr=lr, ...)`` before every step.
+    lr_schedule: LinearScalingWarmup | StepDecay | None = None
     #: A batch schedule (lecture 12), e.g. ``BatchRampUp``: epoch ``e`` trains with batches of
     #: ``batch_size * batch_schedule.factor_at(e)``.
     batch_schedule: BatchRampUp | None = None

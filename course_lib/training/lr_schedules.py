@@ -17,6 +17,11 @@ reference batch and the warm-up. ``fit`` sets every parameter group's ``lr`` to
 :meth:`LinearScalingWarmup.lr_at` before each optimiser step, with the run's *global* batch (in
 data parallelism: the per-rank batch times the number of ranks), so a data-parallel run follows
 the same learning rates as one process training on the whole global batch.
+
+:class:`StepDecay` is the baseline of Smith et al. (2018): the learning rate divided by
+``factor`` at the start of each epoch in ``milestones``, at a fixed batch. ``BatchRampUp`` with
+the same milestones and factor keeps the lr and multiplies the batch instead: the same schedule
+of SGD's noise scale $\\epsilon N / B$, in fewer steps.
 """
 
 from __future__ import annotations
@@ -25,7 +30,7 @@ import math
 import warnings
 from dataclasses import dataclass
 
-__all__ = ["LinearScalingWarmup", "linear_scaled_lr"]
+__all__ = ["LinearScalingWarmup", "StepDecay", "linear_scaled_lr"]
 
 
 def linear_scaled_lr(base_lr: float, batch_size: int, reference_batch: int) -> float:
@@ -121,3 +126,49 @@ class LinearScalingWarmup:
         if step >= warm:
             return peak
         return base_lr + (peak - base_lr) * step / warm
+
+
+@dataclass(frozen=True)
+class StepDecay:
+    """Divide the learning rate by ``factor`` at the start of each epoch in ``milestones`` (from 1).
+
+    The fixed-batch schedule Smith et al. (2018) replace by ``BatchRampUp(milestones, factor)``:
+    epoch ``e`` trains at ``lr / factor ** (milestones <= e)``. Invalid values raise ValueError.
+    """
+
+    milestones: tuple[int, ...] = ()
+    factor: float = 2.0
+
+    def __post_init__(self) -> None:
+        if not (isinstance(self.factor, int | float) and self.factor > 1):
+            raise ValueError(
+                f"factor must be a number > 1 (the lr is divided by it), got {self.factor!r}"
+            )
+        ms = tuple(self.milestones)
+        if not ms or any(not isinstance(m, int) for m in ms) or list(ms) != sorted(set(ms)):
+            raise ValueError(
+                f"milestones must be increasing epoch numbers, e.g. (3, 5), got {self.milestones!r}"
+            )
+        if ms[0] < 2:
+            raise ValueError(
+                f"milestone {ms[0]}: a decay at epoch 1 is no decay; start with lr / "
+                f"{self.factor} instead, or decay from epoch 2 on"
+            )
+        object.__setattr__(self, "milestones", ms)
+
+    def check(self, num_epochs: int, steps_per_epoch: int | None = None) -> None:
+        """Raise ValueError naming the fix when a milestone lies after the last epoch."""
+        late = [m for m in self.milestones if m > num_epochs]
+        if late:
+            raise ValueError(
+                f"milestones {late} come after the last epoch (num_epochs={num_epochs}): the "
+                f"lr would never decay there; drop them or train for {max(late)} epochs"
+            )
+
+    def factor_at(self, epoch: int) -> float:
+        """Return by how much epoch ``epoch`` (from 1) divides the starting learning rate."""
+        return self.factor ** sum(epoch >= m for m in self.milestones)
+
+    def lr_at(self, step: int, *, base_lr: float, batch_size: int, steps_per_epoch: int) -> float:
+        """Return the learning rate of optimiser step ``step`` (from 0; ``batch_size`` unused)."""
+        return base_lr / self.factor_at(step // steps_per_epoch + 1)

@@ -96,6 +96,11 @@ class StepRecorder:
             self._t0 = time.time()
             self._bytes = self._counters()  # traffic between steps (a checkpoint's) is not theirs
 
+    @property
+    def current(self) -> tuple[int, dict[str, Any]]:
+        """Return the step under way (from 0) and the notes its exchange has written so far."""
+        return len(self.records), self._timeline.notes
+
     def grad_hook(self, net: nn.Module) -> None:
         """The loop's gradient hook: mark the end of backward (and any straggler's sleep), wait,
         exchange."""

@@ -82,14 +82,31 @@ def engine_alive(cluster: Any, eid: int) -> bool:
     return True
 
 
-def _show_progress(bar: Any, data: dict[str, Any], label: str) -> Any:
-    """Create or advance the notebook's bar from what rank 0 published; return the bar."""
+def _show_progress(
+    bar: Any,
+    data: dict[str, Any],
+    label: str,
+    live_labels: dict[str, str] | None = None,
+    published: list[dict[str, Any]] | None = None,
+) -> Any:
+    """Create or advance the notebook's bar from what rank 0 published; return the bar.
+
+    Values rank 0 sent along (``data["live"]``, e.g. the noise scale) go on the bar's line as
+    ``live_labels`` names them and, once per step, into ``published``.
+    """
     if "steps_total" not in data:
         return bar
     if bar is None:
         from tqdm.auto import tqdm
 
         bar = tqdm(total=data["steps_total"], desc=label, unit="step", leave=False, mininterval=0)
+    live = data.get("live")
+    if live and (published is None or not published or published[-1]["step"] != live["step"]):
+        if published is not None:
+            published.append(dict(live))
+        labels = live_labels or {}
+        shown = [f"{labels.get(k, k)} {v:.4g}" for k, v in live.items() if k != "step"]
+        bar.set_postfix_str(f"step {live['step']}: " + ", ".join(shown), refresh=False)
     bar.update(data["steps_done"] - bar.n)
     return bar
 
@@ -101,12 +118,20 @@ def first_error_line(exc: BaseException) -> str:
 
 
 def run_on_engines(
-    cluster: Any, ids: list[int], fn: Any, args: tuple, timeout: float, progress: str = ""
+    cluster: Any,
+    ids: list[int],
+    fn: Any,
+    args: tuple,
+    timeout: float,
+    progress: str = "",
+    live_labels: dict[str, str] | None = None,
+    published: list[dict[str, Any]] | None = None,
 ) -> list[Any]:
     """Run ``fn`` on the engines ``ids``; turn deaths, errors and hangs into DataParallelError.
 
     ``progress``: a label; when given, a bar (tqdm: a widget in Jupyter) follows the steps that
-    rank 0 publishes while it trains (``replica.StepsPublished``).
+    rank 0 publishes while it trains (``replica.StepsPublished``), with the values it sends
+    along (``live_labels`` names them); each one seen is appended to ``published``.
     """
     import ipyparallel as ipp
 
@@ -116,16 +141,17 @@ def run_on_engines(
     bar = None
     try:
         while time.monotonic() < deadline:
-            cluster.client.wait(pending, timeout=0.5)  # returns early once all are done
+            # returns early once all are done; a bar polls faster, to catch what rank 0 sends
+            cluster.client.wait(pending, timeout=0.1 if progress else 0.5)
             if progress:
-                bar = _show_progress(bar, pending[0].data, progress)
+                bar = _show_progress(bar, pending[0].data, progress, live_labels, published)
             waiting = [r for r, p in enumerate(pending) if not p.ready()]
             gone = [r for r in waiting if not engine_alive(cluster, ids[r])]
             if len(gone) == len(waiting):  # all done, or all that are not done are dead
                 break
         if progress and pending[0].ready():  # its last count may follow the result: wait for it
             pending[0].wait_for_output(timeout=5)
-            bar = _show_progress(bar, pending[0].data, progress)
+            bar = _show_progress(bar, pending[0].data, progress, live_labels, published)
     finally:
         if bar is not None:
             bar.close()

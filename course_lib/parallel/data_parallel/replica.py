@@ -11,7 +11,7 @@ import copy
 import os
 import socket
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -159,6 +159,8 @@ class StepsPublished:
 
     ipyparallel delivers what a running task publishes to its ``AsyncResult.data`` at once, while
     the engine is still busy (a query would wait behind the task); at most 4 messages a second.
+    ``live``: values of the step just done to send along (the exchange's ``live_notes``, e.g.
+    the noise scale), as ``{"step": k, note: value, ...}``; taking them costs a dict look-up.
     """
 
     def __init__(self, total: int) -> None:
@@ -167,12 +169,15 @@ class StepsPublished:
         self.publish = publish_data
         self.total, self.done, self.sent = total, 0, 0.0
 
-    def step(self) -> None:
+    def step(self, live: Callable[[], dict[str, Any]] | None = None) -> None:
         """Count one finished step; publish the count if a quarter second has passed."""
         self.done += 1
         now = time.monotonic()
         if now - self.sent >= 0.25 or self.done >= self.total:
-            self.publish({"steps_done": self.done, "steps_total": self.total})
+            message: dict[str, Any] = {"steps_done": self.done, "steps_total": self.total}
+            if live is not None:
+                message["live"] = live()
+            self.publish(message)
             self.sent = now
 
 
@@ -228,8 +233,15 @@ def engine_train(spec: RunSpec) -> dict[str, Any]:
     progress = StepsPublished(config.num_epochs * sampler.steps - done_before)
 
     def grad_hook(module: nn.Module) -> None:
+        # fit set the sampler to this epoch (from 0): counting steps would miscount epochs
+        # whose batch a BatchRampUp has grown
+        recorder.epoch = sampler.epoch + 1
         recorder.grad_hook(module)
-        progress.step()
+        progress.step(live_values if exchange.live_notes else None)
+
+    def live_values() -> dict[str, Any]:
+        step, notes = recorder.current
+        return {"step": step, **{k: notes[k] for k in exchange.live_notes if k in notes}}
 
     try:
         history = fit(
@@ -249,8 +261,6 @@ def engine_train(spec: RunSpec) -> dict[str, Any]:
     finally:
         recorder.detach()
         exchange.detach()
-    for record in recorder.records:
-        record["epoch"] = (done_before + record["step"]) // sampler.steps + 1
     weights = {name: p.detach().numpy().copy() for name, p in net.named_parameters()}
     trainable = [p for p in net.parameters() if p.requires_grad]
     return {

@@ -62,6 +62,9 @@ class DataParallelResult:
     flag_bytes: int = 0
     #: ``{rank: Straggler}`` of the run: those ranks were slowed down on purpose (emulated).
     stragglers: dict[int, Straggler] = field(default_factory=dict)
+    #: What rank 0 sent to the progress bar while it trained (``progress=True`` and a method
+    #: with ``live_notes``): ``{"step": k, note: value}``, the values of record ``k`` as shown.
+    published: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def history(self) -> History:
@@ -193,7 +196,8 @@ def train_data_parallel(
         resume_from: a checkpoint file or folder (its newest): continue that run, bit for bit on
             the same world size (mid-epoch too), on another one only from an epoch boundary
             (:mod:`course_lib.parallel.data_parallel.checkpointing` says which methods allow it).
-        progress: show a bar of rank 0's steps while the engines train (for long notebook cells).
+        progress: show a bar of rank 0's steps while the engines train (for long notebook cells),
+            with the method's ``live_notes`` (the noise scale of ``NoiseScaleExchange``).
         options: the method's settings, e.g. ``bucket_bytes=4096`` for ``bucketed``.
     """
     ids = select_engines(cluster, world_size)
@@ -230,7 +234,17 @@ def train_data_parallel(
         resumed_at,
     )
     label = f"{exchange.name} on {n} engines" if progress else ""
-    results = run_on_engines(cluster, ids, replica.engine_train, (spec,), timeout, label)
+    published: list[dict[str, Any]] = []
+    results = run_on_engines(
+        cluster,
+        ids,
+        replica.engine_train,
+        (spec,),
+        timeout,
+        label,
+        exchange.live_notes,
+        published,
+    )
     weights = results[0]["weights"]
     diffs = [
         max(float(np.abs(r["weights"][k] - w).max(initial=0.0)) for k, w in weights.items())
@@ -250,4 +264,5 @@ def train_data_parallel(
         gradient_bytes=results[0]["param_bytes"],
         flag_bytes=results[0]["flag_bytes"],
         stragglers=slow,
+        published=published,
     )

@@ -156,6 +156,10 @@ class GradientExchange(ByValue):
     #: The collective whose alpha-beta cost one step pays (``cost_model.alpha_beta.predict``'s
     #: names); None where the cost model has none for this method.
     cost_collective: ClassVar[str | None] = None
+    #: Notes of a step's record that the notebook's progress bar shows while the run trains
+    #: (``{note: label}``, e.g. ``{"noise_scale": "B_noise"}``): rank 0 publishes them with its
+    #: step count (``train_data_parallel(progress=True)``; ``result.published`` keeps them).
+    live_notes: ClassVar[dict[str, str]] = {}
     #: Where the method waits for every rank: ``"exchange"`` (after backward) or ``"after_step"``.
     sync_point: str = "exchange"
 

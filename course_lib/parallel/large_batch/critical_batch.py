@@ -23,7 +23,7 @@ from torch import nn
 
 from course_lib.data.digits import load_digits
 from course_lib.training.loop import TrainConfig, make_optimizer, seed_everything
-from course_lib.training.models import MLP
+from course_lib.training.models import MLP, build_model
 
 __all__ = ["TunedBatch", "fit_steps_model", "predicted_steps", "steps_to_target", "tune_batch"]
 
@@ -37,16 +37,18 @@ def steps_to_target(
     max_steps: int = 3000,
     optimizer: str = "sgd",
     momentum: float = 0.9,
+    model: str = "mlp",
 ) -> int | None:
     """Return the optimiser steps until digits' test accuracy first reaches ``target`` (None: never).
 
     The MLP on scikit-learn's digits, global batches of ``batch`` drawn without replacement
     (full batches only), the optimiser ``optimizer`` (a ``TrainConfig.optimizer`` name; SGD and
-    LARS use ``momentum``). The test accuracy is measured after every step (not counted as a
-    step); a loss that turns inf or nan ends the run as a miss.
+    LARS use ``momentum``); ``model`` a name of ``KNOWN_MODELS`` that takes digits' 1 x 8 x 8
+    images: "mlp" or "lenet" (the small CNN for digits). The test accuracy is measured after
+    every step (not counted as a step); a loss that turns inf or nan ends the run as a miss.
     """
     seed_everything(seed)
-    net = MLP()
+    net = MLP() if model == "mlp" else build_model(model)
     X, y = load_digits().tensors
     X_test, y_test = load_digits(train=False).tensors
     if not 1 <= batch <= len(X):
@@ -98,7 +100,11 @@ def tune_batch(
     """
     best: TunedBatch | None = None
     for lr in lrs:
-        steps = [steps_to_target(batch, lr, s, **options) for s in seeds]  # type: ignore[arg-type]
+        steps = []
+        for seed in seeds:  # one miss rules the lr out: the other seeds need not run
+            steps.append(steps_to_target(batch, lr, seed, **options))  # type: ignore[arg-type]
+            if steps[-1] is None:
+                break
         if any(s is None for s in steps):
             continue
         tuned = TunedBatch(batch, lr, tuple(int(s) for s in steps))  # type: ignore[arg-type]

@@ -20,11 +20,14 @@ Batches drawn without replacement from a finite set of ``n`` examples (an epoch'
 leave tr(Σ) unbiased up to n/(n-1) but make |𝒢|² low by tr(Σ)/(n-1): on digits (n = 1500,
 B_noise ≈ 80) the ratio reads about 5 % high.
 :func:`direct_noise_scale` is the reference: the same quantity from many small batches in one
-process at fixed weights.
+process at fixed weights. The allreduce's value is a moving average over the last steps, whose
+weights differ when the run trains: :func:`noise_scale_at_fixed_weights` compares the two like for
+like, the engines measuring at weights that do not move (the learning rate ~0).
 """
 
 from __future__ import annotations
 
+import copy
 import math
 import time
 from collections.abc import Callable
@@ -45,7 +48,13 @@ from course_lib.parallel.exchanges.base import (
     unflatten_into_grads,
 )
 
-__all__ = ["NoiseScaleExchange", "direct_noise_scale", "noise_estimates", "noise_scale_curve"]
+__all__ = [
+    "NoiseScaleExchange",
+    "direct_noise_scale",
+    "noise_estimates",
+    "noise_scale_at_fixed_weights",
+    "noise_scale_curve",
+]
 
 
 def noise_estimates(
@@ -79,6 +88,7 @@ class NoiseScaleExchange(GradientExchange):
         "its moving averages live on the engines, not in rank 0's weights"
     )
     sends_presence_flags: ClassVar[bool] = True
+    live_notes: ClassVar[dict[str, str]] = {"noise_scale": "B_noise"}  # shown as training runs
 
     def __init__(self, inner: FlatExchange | None = None, smoothing: float = 0.9) -> None:
         inner = inner if inner is not None else _builtin()
@@ -220,3 +230,60 @@ def direct_noise_scale(
     trace = batch_size * (n - 1) / (n - batch_size) * float(np.mean(deviations))
     grad_sq = float(full.square().sum())
     return {"grad_sq": grad_sq, "trace": trace, "noise_scale": trace / grad_sq}
+
+
+def noise_scale_at_fixed_weights(
+    cluster: Any,
+    net: nn.Module,
+    dataset: Dataset | Callable[[], Dataset],
+    *,
+    batch_size: int = 128,
+    epochs: int = 4,
+    smoothing: float = 0.95,
+    seed: int = 0,
+    world_size: int | None = None,
+    progress: bool = False,
+) -> dict[str, Any]:
+    """Measure $B_{noise}$ of ``net``'s weights from the allreduce and directly; return both.
+
+    The engines run ``epochs`` epochs of global batch ``batch_size`` with
+    :class:`NoiseScaleExchange` at a learning rate of 1e-12: far below float32's resolution of
+    the weights, so every step's gradient is taken at ``net``'s weights (checked:
+    ``weights_moved`` is the largest change). The direct estimate
+    (:func:`direct_noise_scale`, per-example gradients: ``batch_size=1``, no sampling noise) is
+    taken at the same weights in this process. Returned: ``allreduce`` (the EMA ratio at the last
+    step: what training shows), ``allreduce_mean`` (mean tr(Σ) over mean |G|² of all steps),
+    ``direct``, ``steps``, ``weights_moved`` and the run (``result``).
+    """
+    from course_lib.parallel.data_parallel.train import train_data_parallel
+    from course_lib.parallel.exchanges.base import RingAllreduce
+    from course_lib.training.loop import TrainConfig
+
+    config = TrainConfig(num_epochs=epochs, lr=1e-12, batch_size=batch_size, seed=seed)
+    result = train_data_parallel(
+        cluster,
+        model=net,
+        dataset=dataset,
+        config=config,
+        method=NoiseScaleExchange(RingAllreduce(), smoothing=smoothing),
+        world_size=world_size,
+        progress=progress,
+        comm_timeout=60,
+        timeout=600,
+    )
+    mine = sorted((r for r in result.records if r["rank"] == 0), key=lambda r: r["step"])
+    before = dict(net.named_parameters())
+    moved = max(
+        float(np.abs(result.weights[k] - p.detach().numpy()).max()) for k, p in before.items()
+    )
+    data = dataset() if callable(dataset) and not isinstance(dataset, Dataset) else dataset
+    direct = direct_noise_scale(copy.deepcopy(net), data, batch_size=1)
+    return {
+        "allreduce": mine[-1]["noise_scale"],
+        "allreduce_mean": float(np.mean([r["noise_trace"] for r in mine]))
+        / float(np.mean([r["noise_grad_sq"] for r in mine])),
+        "direct": direct["noise_scale"],
+        "steps": len(mine),
+        "weights_moved": moved,
+        "result": result,
+    }
