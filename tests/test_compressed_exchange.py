@@ -153,8 +153,13 @@ def test_per_tensor_qsgd_keeps_replicas_equal(cluster):
         granularity="tensor",
     )
     assert result.replicas_equal and len(result.records) == 2 * 10
-    # 4 tensors: one int8 level per value and one norm each, plus a header per tensor.
-    assert _notes(result, "bytes_compressed") == {MLP_BYTES // 4 + 4 * 4}
+    # 4 tensors (64x128, 128, 128x10, 10 values): at s = 4, ceil(log2 9) = 4 bits a value,
+    # packed, and one float32 norm per bucket of 512 values (16 + 1 + 3 + 1 buckets).
+    sizes = (64 * 128, 128, 128 * 10, 10)
+    assert sum(sizes) == MLP_BYTES // 4
+    want = sum(-(-n * 4 // 8) + 4 * -(-n // 512) for n in sizes)
+    assert want == 4889  # the format of issue 23; levels as int8 and one norm a tensor was 9626
+    assert _notes(result, "bytes_compressed") == {want}
 
 
 def test_corrupt_payload_is_a_clear_error_and_the_engines_survive(cluster):

@@ -328,6 +328,7 @@ def test_error_messages_name_what_is_wrong():
         (lambda: make_compressor("topk", k=5), "has no setting k: it takes ratio, seed"),
         (lambda: make_compressor("float16", levels=3), "it takes no settings"),
         (lambda: make_compressor("qsgd", levels=300), "1..127 levels"),
+        (lambda: make_compressor("qsgd", bucket=0), "values per norm must be an integer >= 1"),
         (lambda: make_compressor("threshold", threshold=-1), "finite t >= 0"),
         (lambda: make_compressor("int8", rounding="up"), "'truncate'"),
         (lambda: make_compressor("sign", scale="max"), "EF-signSGD"),
