@@ -33,6 +33,7 @@ NAMES = [
     "A4_local_sgd_gossip",
     "A5_compression",
     "A6_model_pipeline",
+    "A8_choosing_a_strategy",
 ]
 
 WRONG_LOSS = """

@@ -1,7 +1,7 @@
-"""Which assignments the grader judges itself (A1-A6), and their probe specs.
+"""Which assignments the grader judges itself (A1-A6, A8), and their probe specs.
 
 Kept apart from :mod:`course_lib.grading.probes.core`, which the specs build on, so that the
-imports run one way: ``registry`` -> ``a1`` ... ``a6`` -> ``core``.
+imports run one way: ``registry`` -> ``a1`` ... ``a8`` -> ``core``.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from course_lib.grading.probes.a3 import a3_spec
 from course_lib.grading.probes.a4 import a4_spec
 from course_lib.grading.probes.a5 import a5_spec
 from course_lib.grading.probes.a6 import a6_spec
+from course_lib.grading.probes.a8 import a8_spec
 from course_lib.grading.probes.core import ProbeSpec
 
 __all__ = ["CONVERTED", "probe_spec"]
@@ -29,6 +30,7 @@ CONVERTED: dict[str, Callable[[], ProbeSpec]] = {
     "A4": a4_spec,
     "A5": a5_spec,
     "A6": a6_spec,
+    "A8": a8_spec,
 }
 
 
