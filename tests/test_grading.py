@@ -56,6 +56,7 @@ ASSIGNMENTS = [
     "A5_compression",
     "A6_model_pipeline",
     "A7_zero_stage2",
+    "A8_choosing_a_strategy",
 ]
 # Generous per cell: A2's set-up cell starts 4 engines (11 s on a quiet machine). No test here
 # expects a timeout under these limits, so a generous limit costs nothing.
@@ -291,11 +292,16 @@ def test_grader_parses_python_one_thread_at_a_time():
     assert not errors, errors
 
 
+KEY_NAMES = {"A8_choosing_a_strategy": {"check_halo_messages"}}  # A8 has no cluster
+
+
 def test_guard_lets_ordinary_answers_through():
     for name in ASSIGNMENTS:
         source = _source(name)
         protected = protected_names(source)
-        assert {"check_sgd_momentum", "cluster"} & protected and "verdict" in protected
+        # what the check cells use and no answer defines: A1's checks, A2-A6's cluster, A8's checks
+        expected = KEY_NAMES.get(name, {"check_sgd_momentum", "cluster"})
+        assert expected & protected and "verdict" in protected
         forbidden = source.metadata["course"]["forbidden_imports"]
         for cell in source.cells:
             if answer_id(cell):
@@ -661,6 +667,7 @@ def test_a5_source_answers_get_their_points_and_a_stub_loses_its_own_and_its_use
 
 A6_FULL = {"A6.1": 2.0, "A6.2": 3.0, "A6.3": 3.0, "A6.4": 2.0}
 A7_FULL = {"A7.1": 3.0, "A7.2": 2.0, "A7.3": 2.0, "A7.4": 3.0}
+A8_FULL = {"A8.1": 5.0, "A8.2": 5.0}
 
 
 @pytest.mark.slow
@@ -670,13 +677,14 @@ A7_FULL = {"A7.1": 3.0, "A7.2": 2.0, "A7.3": 2.0, "A7.4": 3.0}
         ("A5", "A5_compression", A5_FULL),
         ("A6", "A6_model_pipeline", A6_FULL),
         ("A7", "A7_zero_stage2", A7_FULL),
+        ("A8", "A8_choosing_a_strategy", A8_FULL),
     ],
-    ids=["a5", "a6", "a7"],
+    ids=["a5", "a6", "a7", "a8"],
 )
 def test_graded_by_the_grader_source_full_stub_nothing_each_mistake_only_its_exercise(
     assignment, name, full
 ):
-    # Judged outside the kernel (course_lib.grading.probes.a5 / a6 / a7), on a fresh seed per run.
+    # Judged outside the kernel (course_lib.grading.probes.a5 / a6 / a7 / a8), on a fresh seed per run.
     from course_lib.grading.attacks import submissions
     from course_lib.grading.probes.registry import probe_spec
 

@@ -24,7 +24,7 @@ nothing outside a throwaway folder; elsewhere, the notebook runs unisolated and 
 says so. Whatever a run leaves behind dies with the sandbox, or is killed by the run's mark
 (:mod:`course_lib.grading.runner`); nothing the kernel wrote is read.
 
-For the assignments in :data:`course_lib.grading.probes.registry.CONVERTED` (A1-A7), the verdict is not the
+For the assignments in :data:`course_lib.grading.probes.registry.CONVERTED` (A1-A8), the verdict is not the
 kernel's at all: the check cells become probes that return the answers' results as data, and
 the grader runs the checks in its own process (:mod:`course_lib.grading.probes.core`); the kernel
 then runs without the kit and without the packages the assignment forbids (torch).

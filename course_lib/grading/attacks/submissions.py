@@ -1,6 +1,6 @@
 """The attack classes' submissions: an instructor source with given answers, outputs cleared.
 
-Also the typical wrong answers and the in-kernel attacks on A5, A6 and A7 that the fairness and
+Also the typical wrong answers and the in-kernel attacks on A5, A6 and A7 (and A8's typical mistakes) that the fairness and
 attack tests grade (each edits the instructor's answer; the reason names the mistake).
 """
 
@@ -20,6 +20,7 @@ __all__ = [
     "A6_MISTAKES",
     "A7_ATTACKS",
     "A7_MISTAKES",
+    "A8_MISTAKES",
     "edit_answer",
     "write_submission",
 ]
@@ -105,6 +106,22 @@ A6_MISTAKES = [
         "        optimizer.zero_grad()",
         "        pass",
         "so zero them before each step (zero_grad())",
+    ),
+]
+
+#: A8's typical mistakes, each local to its exercise (as :data:`A5_MISTAKES`).
+A8_MISTAKES = [
+    (  # the halo's gradients never sent back
+        "A8.1",
+        "    backward = [(dst, src, nbytes) for src, dst, nbytes in forward]\n",
+        "    backward = []\n",
+        "no backward messages",
+    ),
+    (  # a worse move accepted with exp(+beta delta): always
+        "A8.2",
+        "math.exp(-beta *",
+        "math.exp(beta *",
+        "accepting with exp(+beta delta)",
     ),
 ]
 

@@ -1,7 +1,7 @@
-"""Which assignments the grader judges itself (A1-A7), and their probe specs.
+"""Which assignments the grader judges itself (A1-A8), and their probe specs.
 
 Kept apart from :mod:`course_lib.grading.probes.core`, which the specs build on, so that the
-imports run one way: ``registry`` -> ``a1`` ... ``a7`` -> ``core``.
+imports run one way: ``registry`` -> ``a1`` ... ``a8`` -> ``core``.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from course_lib.grading.probes.a4 import a4_spec
 from course_lib.grading.probes.a5 import a5_spec
 from course_lib.grading.probes.a6 import a6_spec
 from course_lib.grading.probes.a7 import a7_spec
+from course_lib.grading.probes.a8 import a8_spec
 from course_lib.grading.probes.core import ProbeSpec
 
 __all__ = ["CONVERTED", "probe_spec"]
@@ -31,6 +32,7 @@ CONVERTED: dict[str, Callable[[], ProbeSpec]] = {
     "A5": a5_spec,
     "A6": a6_spec,
     "A7": a7_spec,
+    "A8": a8_spec,
 }
 
 
