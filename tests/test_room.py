@@ -231,6 +231,10 @@ def test_instructor_doctor_command_lists_every_pc(lab: Lab) -> None:
             "lab",
             "--engines",
             "4",
+            # A busy engine is the doctor's own test (test_doctor.py); here every engine must be
+            # listed, and at a load of 15 on 2 cores a ping through the room took over 5 s.
+            "--timeout",
+            "60",
         ],
         env=lab.instructor_env(),
         capture_output=True,

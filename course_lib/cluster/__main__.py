@@ -47,7 +47,7 @@ def _doctor(args: argparse.Namespace) -> int:
     from course_lib.cluster.launch import connect_cluster
 
     with connect_cluster(profile=args.profile, connection_file=args.file, n=args.engines) as cl:
-        report = cl.doctor()
+        report = cl.doctor(timeout=args.timeout)
         print(report)
         if not (args.network or args.heatmap):
             return 0 if report.ok else 1
@@ -247,6 +247,12 @@ def main(argv: list[str] | None = None, prog: str = "python -m course_lib.cluste
     doc.add_argument("--profile", help="profile of the running cluster (the lab's: lab)")
     doc.add_argument("--file", help="its ipcontroller-client.json, instead of a profile")
     doc.add_argument("--engines", type=int, default=None, help="engines to wait for")
+    doc.add_argument(
+        "--timeout",
+        type=float,
+        default=5.0,
+        help="seconds an engine has to answer a trivial call before it is reported unreachable",
+    )
     doc.add_argument(
         "--network",
         action="store_true",
