@@ -17,13 +17,14 @@ forward pass. :func:`recomputation_cost` measures both.
 from __future__ import annotations
 
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-__all__ = ["ActivationMemory", "activation_memory", "recomputation_cost"]
+__all__ = ["ActivationMemory", "SavedBytes", "activation_memory", "recomputation_cost"]
 
 
 @dataclass(frozen=True)
@@ -69,36 +70,68 @@ def _forward(net: nn.Module, x: torch.Tensor, segments: int) -> tuple[torch.Tens
     return runs[-1](h), kept
 
 
+class SavedBytes:
+    """Counts the bytes autograd saves for backward, each storage once, parameters left out.
+
+    Use :meth:`hooks` as a context around a forward (or call :meth:`pack` from one): ``total`` is
+    then the activation bytes that forward leaves for backward, ``per_module`` the same by the
+    name in ``current`` when each storage was first saved. The parameters' storages are looked
+    up at each save (a stage-3 unit's flat buffer is allocated again for every forward).
+    """
+
+    def __init__(self, params: Iterable[torch.Tensor]) -> None:
+        self.params = list(params)
+        self.seen: set[int] = set()
+        self.per_module: dict[str, int] = {}
+        self.current = "input"
+
+    @property
+    def total(self) -> int:
+        """Bytes saved so far."""
+        return sum(self.per_module.values())
+
+    def pack(self, t: torch.Tensor) -> torch.Tensor:
+        """The pack hook: count ``t``'s storage unless already counted or a parameter's."""
+        storage = t.untyped_storage()
+        key = storage.data_ptr()
+        if storage.nbytes() and key not in self.seen:
+            if key not in {p.untyped_storage().data_ptr() for p in self.params}:
+                self.seen.add(key)
+                self.per_module[self.current] = (
+                    self.per_module.get(self.current, 0) + storage.nbytes()
+                )
+        return t
+
+    def hooks(self) -> torch.autograd.graph.saved_tensors_hooks:
+        """Return the ``saved_tensors_hooks`` context that counts with :meth:`pack`."""
+        return torch.autograd.graph.saved_tensors_hooks(self.pack, _unpack)
+
+
+def _unpack(t: torch.Tensor) -> torch.Tensor:
+    return t
+
+
 def activation_memory(net: nn.Module, x: torch.Tensor, segments: int = 0) -> ActivationMemory:
     """Measure the activation bytes one forward of ``net`` on ``x`` leaves for backward.
 
     ``segments`` > 0 checkpoints ``net`` (an ``nn.Sequential``) in that many segments: only each
     segment's input is kept (``kept_bytes``), the rest is recomputed during backward.
     """
-    params = {p.untyped_storage().data_ptr() for p in net.parameters()}
-    seen: set[int] = set()
-    per_module: dict[str, int] = {}
-    current = ["input"]
+    counter = SavedBytes(net.parameters())
     names = {id(m): name for name, m in net.named_modules() if name}
 
-    def pack(t: torch.Tensor) -> torch.Tensor:
-        storage = t.untyped_storage()
-        key = storage.data_ptr()
-        if storage.nbytes() and key not in seen and key not in params:
-            seen.add(key)
-            per_module[current[0]] = per_module.get(current[0], 0) + storage.nbytes()
-        return t
-
     def enter(module: nn.Module, args: object) -> None:
-        current[0] = names.get(id(module), current[0])
+        counter.current = names.get(id(module), counter.current)
 
     handles = [m.register_forward_pre_hook(enter) for m in net.modules() if id(m) in names]
     try:
-        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        with counter.hooks():
             out, kept = _forward(net, x, segments)
     finally:
         for handle in handles:
             handle.remove()
+    seen = counter.seen
+    per_module = counter.per_module
     kept_bytes = 0
     for t in kept:
         key = t.untyped_storage().data_ptr()

@@ -84,7 +84,7 @@ class Zero3(Zero2):
         with torch.no_grad():
             unit.flat.copy_(torch.from_numpy(buf))
         unit.gathered = True
-        self.ledger.sample(settled=False)
+        self.ledger.sample(settled=False, buffers=[torch.from_numpy(buf)])  # the ring's buffer
 
     def _before(self, units: list[FlatUnit]) -> Any:
         def gather_units(module: nn.Module, args: Any) -> None:

@@ -10,18 +10,55 @@ stage-3 parameter whose storage was released counts 0). A step's ledger keeps tw
   8 Psi + 8 Psi/N, stage 2 4 Psi + 12 Psi/N, stage 3 16 Psi/N;
 * *in flight*: sampled also inside backward (full-size gradients of a bucket not yet
   reduce-scattered, a stage-3 unit gathered for its layer): the transient part on top.
+
+Beside the model state (``LEDGER_KEYS``, what the formulas count) each step also records
+(``EXTRA_KEYS``), each at its own peak:
+
+* ``ledger_activation_bytes``: what autograd saved for backward during the model's forward,
+  counted at the end of forward (their peak) by :class:`~.activations.SavedBytes`, the same
+  pack hook :func:`~.activations.activation_memory` uses (the loss's own saved tensors, outside
+  the model's forward, are not in it);
+* ``ledger_comm_bytes``: the exchange's own buffers (a flat gradient buffer, a gathered unit's
+  receive buffer) that are not the storage of a parameter, gradient or optimiser state, the
+  most held at once; the communicator's internal buffers are not in it;
+* ``ledger_rss_bytes``: the process's resident memory (``/proc/self/statm``), the highest seen
+  at the ledger's sampling points. What it holds beyond the counted parts is the Python
+  interpreter, torch's libraries, the allocator's caches and the communicator's buffers.
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterable
 from typing import Any
 
 import torch
 
-__all__ = ["LEDGER_KEYS", "Ledger", "formula_bytes", "held_bytes", "state_bytes_per_value"]
+from course_lib.parallel.sharded.activations import SavedBytes
+
+__all__ = [
+    "EXTRA_KEYS",
+    "LEDGER_KEYS",
+    "Ledger",
+    "formula_bytes",
+    "held_bytes",
+    "rss_bytes",
+    "state_bytes_per_value",
+]
 
 LEDGER_KEYS = ("ledger_params_bytes", "ledger_grads_bytes", "ledger_optimizer_bytes")
+EXTRA_KEYS = ("ledger_activation_bytes", "ledger_comm_bytes", "ledger_rss_bytes")
+
+
+def rss_bytes() -> int:
+    """Return this process's resident memory in bytes (``/proc/self/statm``, else psutil)."""
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except OSError:  # not Linux
+        import psutil
+
+        return int(psutil.Process().memory_info().rss)
 
 
 def held_bytes(tensors: Iterable[torch.Tensor | None], seen: set[int]) -> int:
@@ -70,10 +107,33 @@ class Ledger:
     ) -> None:
         self.params, self.shards, self.optimizer = params, shards, optimizer
         self.settled: dict[str, int] = {}
-        self.in_flight = 0
+        self.in_flight = self.activations = self.comm = self.rss = 0
+        self.saved: SavedBytes | None = None
+        self._saving: Any = None
 
-    def sample(self, settled: bool) -> None:
-        """Count what is held now; ``settled``: a moment the formulas describe."""
+    def watch_forward(self, net: torch.nn.Module) -> list[Any]:
+        """Count what ``net``'s every forward saves for backward; return the hooks' handles."""
+
+        def start(module: torch.nn.Module, args: Any) -> None:
+            self.saved = SavedBytes(net.parameters())
+            self._saving = self.saved.hooks()
+            self._saving.__enter__()
+
+        def stop(module: torch.nn.Module, args: Any, output: Any) -> None:
+            if self._saving is not None:
+                self._saving.__exit__(None, None, None)
+                self._saving = None
+                self.activations = max(self.activations, self.saved.total)
+                self.rss = max(self.rss, rss_bytes())
+
+        return [
+            net.register_forward_pre_hook(start),
+            net.register_forward_hook(stop, always_call=True),
+        ]
+
+    def sample(self, settled: bool, buffers: Iterable[torch.Tensor] = ()) -> None:
+        """Count what is held now; ``settled``: a moment the formulas describe; ``buffers``: the
+        exchange's own buffers held now (a view of a parameter or gradient is not counted)."""
         seen: set[int] = set()
         row = {
             "ledger_params_bytes": held_bytes(list(self.params) + list(self.shards), seen),
@@ -81,6 +141,8 @@ class Ledger:
             "ledger_optimizer_bytes": held_bytes(self._state_tensors(), seen),
         }
         total = sum(row.values())
+        self.comm = max(self.comm, held_bytes(buffers, seen))
+        self.rss = max(self.rss, rss_bytes())
         self.in_flight = max(self.in_flight, total)
         if settled and total >= sum(self.settled.values()):
             self.settled = row
@@ -96,9 +158,12 @@ class Ledger:
         ]
 
     def close(self) -> dict[str, int]:
-        """Return this step's settled peak by kind and the in-flight peak; start a new step."""
+        """Return this step's settled peak by kind, the in-flight peak and the ``EXTRA_KEYS``
+        peaks; start a new step."""
         out = dict(self.settled)
         out["ledger_settled_bytes"] = sum(self.settled.values())
         out["ledger_in_flight_bytes"] = self.in_flight
+        out.update(zip(EXTRA_KEYS, (self.activations, self.comm, self.rss), strict=True))
         self.settled, self.in_flight = {}, 0
+        self.activations = self.comm = self.rss = 0
         return out

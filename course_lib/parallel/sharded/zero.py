@@ -85,6 +85,7 @@ class ZeroExchange(GradientExchange):
             unit.flatten_parameters()
         self.shards = [self._shard_of(u) for u in self.units] if self.stage else []
         self.ledger = Ledger(self.params, self.shards)
+        self.handles.extend(self.ledger.watch_forward(net))  # activations, counted as saved
         self.bucket_records: list[dict[str, Any]] = []
         self.reduced = 0
         return net
@@ -133,6 +134,7 @@ class ZeroExchange(GradientExchange):
         flat = unit.flat_grads()
         for p in unit.params:
             p.grad = None
+        self.ledger.sample(settled=False, buffers=[flat])  # the exchange's own buffer
         ring_reduce_scatter(self.comm, flat.numpy())
         self.shards[unit.index].grad = flat[unit.chunk(self.comm.rank)] / self.comm.world_size
         self.reduced += 1
@@ -156,6 +158,7 @@ class ZeroExchange(GradientExchange):
             unit = self.units[0]
             if self.stage == 0:
                 flat = unit.flat_grads()
+                self.ledger.sample(settled=False, buffers=[flat])
                 ring_allreduce(comm, flat.numpy())
                 flat /= comm.world_size
                 for p, part in zip(
