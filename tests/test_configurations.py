@@ -120,3 +120,14 @@ def test_predicted_values_sent():
     assert predict_values_sent("gossip", 100, 5, 10, 1) == 20 * 100  # P = 5: always two
     with pytest.raises(ValueError, match="sparse"):
         predict_values_sent("gossip_sparse", 100, 4, 10)
+
+
+def test_local_sgd_counts_the_flags_its_gradient_gossip_sends():
+    # Period 1 with gossip is source 001's Algorithm 2: the gradient gossip sends a presence
+    # flag per tensor beside the values, which row_from_result leaves out of the values.
+    from course_lib.parallel.exchanges.local_sgd import LocalSGD
+
+    assert LocalSGD(1, "gossip").flag_bytes(4) == 16
+    assert LocalSGD(1, "gossip_sparse").flag_bytes(4) == 16
+    assert LocalSGD(16, "gossip").flag_bytes(4) == 0  # averages weights: no flags
+    assert LocalSGD(1, "allreduce").flag_bytes(4) == 0

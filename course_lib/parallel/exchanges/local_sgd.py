@@ -112,6 +112,10 @@ class LocalSGD(GradientExchange):
         """True at the steps that average with an allreduce: every ``period``-th (gossip: never)."""
         return self.averaging == "allreduce" and (step + 1) % self.period == 0
 
+    def flag_bytes(self, tensors: int) -> int:
+        """Return the presence flags' bytes: gradient gossip (period 1) sends them, weights none."""
+        return 0 if self.gradient_gossip is None else self.gradient_gossip.flag_bytes(tensors)
+
     def _averages_at(self, step: int) -> bool:
         return self.gradient_gossip is None and (step + 1) % self.period == 0
 
