@@ -19,7 +19,32 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["BatchRampUp"]
+__all__ = ["BatchRampUp", "check_milestones_reached", "checked_milestones"]
+
+
+def checked_milestones(milestones: tuple[int, ...], at_epoch_1: str) -> tuple[int, ...]:
+    """Return ``milestones`` as a tuple, or raise ValueError: increasing epochs from 2 on.
+
+    ``at_epoch_1`` is the reason a milestone at epoch 1 is refused, with its fix.
+    """
+    ms = tuple(milestones)
+    if not ms or any(not isinstance(m, int) for m in ms) or list(ms) != sorted(set(ms)):
+        raise ValueError(
+            f"milestones must be increasing epoch numbers, e.g. (3, 5), got {milestones!r}"
+        )
+    if ms[0] < 2:
+        raise ValueError(f"milestone {ms[0]}: {at_epoch_1}")
+    return ms
+
+
+def check_milestones_reached(milestones: tuple[int, ...], num_epochs: int, what: str) -> None:
+    """Raise ValueError naming the fix when a milestone lies after the last epoch (``what``: why)."""
+    late = [m for m in milestones if m > num_epochs]
+    if late:
+        raise ValueError(
+            f"milestones {late} come after the last epoch (num_epochs={num_epochs}): the "
+            f"{what} there; drop them or train for {max(late)} epochs"
+        )
 
 
 @dataclass(frozen=True)
@@ -35,26 +60,16 @@ class BatchRampUp:
                 f"factor must be an integer >= 2 (an integer keeps a global batch that splits "
                 f"over the ranks splitting), got {self.factor!r}"
             )
-        ms = tuple(self.milestones)
-        if not ms or any(not isinstance(m, int) for m in ms) or list(ms) != sorted(set(ms)):
-            raise ValueError(
-                f"milestones must be increasing epoch numbers, e.g. (3, 5), got {self.milestones!r}"
-            )
-        if ms[0] < 2:
-            raise ValueError(
-                f"milestone {ms[0]}: a ramp at epoch 1 is no ramp; start with "
-                f"batch_size * {self.factor} instead, or ramp from epoch 2 on"
-            )
+        ms = checked_milestones(
+            self.milestones,
+            f"a ramp at epoch 1 is no ramp; start with batch_size * {self.factor} instead, "
+            "or ramp from epoch 2 on",
+        )
         object.__setattr__(self, "milestones", ms)
 
     def check(self, num_epochs: int) -> None:
         """Raise ValueError naming the fix when a milestone lies after the last epoch."""
-        late = [m for m in self.milestones if m > num_epochs]
-        if late:
-            raise ValueError(
-                f"milestones {late} come after the last epoch (num_epochs={num_epochs}): the "
-                f"batch would never grow there; drop them or train for {max(late)} epochs"
-            )
+        check_milestones_reached(self.milestones, num_epochs, "batch would never grow")
 
     def factor_at(self, epoch: int) -> int:
         """Return how many times the starting batch epoch ``epoch`` (from 1) uses."""

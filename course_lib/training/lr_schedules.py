@@ -30,6 +30,8 @@ import math
 import warnings
 from dataclasses import dataclass
 
+from course_lib.training.batch_schedules import check_milestones_reached, checked_milestones
+
 __all__ = ["LinearScalingWarmup", "StepDecay", "linear_scaled_lr"]
 
 
@@ -144,26 +146,16 @@ class StepDecay:
             raise ValueError(
                 f"factor must be a number > 1 (the lr is divided by it), got {self.factor!r}"
             )
-        ms = tuple(self.milestones)
-        if not ms or any(not isinstance(m, int) for m in ms) or list(ms) != sorted(set(ms)):
-            raise ValueError(
-                f"milestones must be increasing epoch numbers, e.g. (3, 5), got {self.milestones!r}"
-            )
-        if ms[0] < 2:
-            raise ValueError(
-                f"milestone {ms[0]}: a decay at epoch 1 is no decay; start with lr / "
-                f"{self.factor} instead, or decay from epoch 2 on"
-            )
+        ms = checked_milestones(
+            self.milestones,
+            f"a decay at epoch 1 is no decay; start with lr / {self.factor} instead, "
+            "or decay from epoch 2 on",
+        )
         object.__setattr__(self, "milestones", ms)
 
     def check(self, num_epochs: int, steps_per_epoch: int | None = None) -> None:
         """Raise ValueError naming the fix when a milestone lies after the last epoch."""
-        late = [m for m in self.milestones if m > num_epochs]
-        if late:
-            raise ValueError(
-                f"milestones {late} come after the last epoch (num_epochs={num_epochs}): the "
-                f"lr would never decay there; drop them or train for {max(late)} epochs"
-            )
+        check_milestones_reached(self.milestones, num_epochs, "lr would never decay")
 
     def factor_at(self, epoch: int) -> float:
         """Return by how much epoch ``epoch`` (from 1) divides the starting learning rate."""
