@@ -15,6 +15,7 @@ import traceback
 
 import numpy as np
 import torch
+from launch import LEAVE_WITHOUT_FINALIZE  # this script's folder is first on sys.path
 
 from course_lib import collectives as C
 from course_lib.collectives.ring_pipelined import ring_allreduce_pipelined
@@ -250,6 +251,24 @@ def suite_p2p_timeout(comm) -> dict:
     return seen
 
 
+def suite_leave_unevenly(comm) -> dict:
+    """Rank 0 writes its result, then outlives the others by 2 s (tests the launcher).
+
+    The others leave with os._exit as soon as every result is written, so mpiexec kills rank 0
+    in its sleep: the race that a loaded machine plays on the errors and timeouts suites.
+    """
+    result = {"world_size": comm.world_size}
+    if comm.rank == 0:
+        result_dir = os.environ["COMM_RESULT_DIR"]
+        with open(os.path.join(result_dir, "rank0.json"), "w") as f:
+            f.write(json.dumps({"rank": 0, **result}))
+        deadline = time.time() + 30
+        while len(os.listdir(result_dir)) < comm.world_size and time.time() < deadline:
+            time.sleep(0.05)
+        time.sleep(2.0)
+    return result
+
+
 def suite_ready(comm) -> dict:
     """Only join the world (used to test the launcher)."""
     return {"world_size": comm.world_size}
@@ -394,7 +413,7 @@ def main() -> None:
         with open(os.path.join(os.environ["COMM_RESULT_DIR"], f"rank{comm.rank}.json"), "w") as f:
             f.write(text)
         code = 0
-        if suite not in ("errors", "timeouts", "p2p_timeout"):
+        if suite not in LEAVE_WITHOUT_FINALIZE:
             comm.timeout = 60.0
             comm.barrier()
             if backend == "mpi":
