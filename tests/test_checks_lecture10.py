@@ -8,6 +8,7 @@ from lecture10_answers import my_1f1b, my_balance
 from lecture_notebooks import notebook_function
 
 from course_lib.checks.lecture10 import check_balance, check_one_f_one_b
+from course_lib.parallel.pipeline_parallel.interleaved import Interleaved1F1B
 from course_lib.parallel.pipeline_parallel.pipeline import balance_stages, even_stages
 from course_lib.parallel.pipeline_parallel.schedule import one_f_one_b_schedule, schedule
 
@@ -25,7 +26,13 @@ def test_answer_passes_and_notebook_stub_fails(check, answer, name):
 
 
 def test_the_library_is_refused():
-    for delegate in (one_f_one_b_schedule, lambda p, m, s: schedule("1f1b", p, m, s)):
+    # Interleaved1F1B(1) is plain 1F1B: it must not slip past the refusal either
+    delegates = (
+        one_f_one_b_schedule,
+        lambda p, m, s: schedule("1f1b", p, m, s),
+        Interleaved1F1B(1),
+    )
+    for delegate in delegates:
         verdict = check_one_f_one_b(delegate, verbose=False)
         assert not verdict and "schedule.one_f_one_b_schedule, which answers" in verdict.detail
     verdict = check_balance(lambda costs, p: balance_stages(costs, p), verbose=False)

@@ -4,13 +4,16 @@ Stage s runs layers ``bounds[s]`` of an ``nn.Sequential``; in each step the batc
 micro-batches, activations go forward to stage s+1 and activation gradients come back to stage
 s-1 through the Communicator (source 001's layer parallelism). The order of forwards and
 backwards on each stage is a schedule from :mod:`course_lib.parallel.pipeline_parallel.schedule`
-(naive, GPipe, 1F1B); every stage accumulates its parameters' gradients over the m micro-batches,
-so one step equals one full-batch step of the whole model in one process.
+(naive, GPipe, 1F1B) or a schedule object such as ``Interleaved1F1B``, whose ranks each hold v
+model chunks (chunk c of rank s is stage $cp + s$ of $pv$, and the last rank hands chunk c's
+output round to rank 0's chunk c + 1); every stage accumulates its parameters' gradients over
+the m micro-batches, so one step equals one full-batch step of the whole model in one process.
 
 Messages: each activation / gradient is sent with ``isend`` and waited for at the end of the
 step, so two neighbours that both send (one forward, one backward, as in 1F1B) never deadlock.
-The first activation of a step is preceded by its shape (8 int64, 64 bytes); later micro-batches
-have the same shape, and a gradient has its activation's shape. Activations are float32.
+The first activation of a step across each boundary is preceded by its shape (8 int64, 64
+bytes); later micro-batches have the same shape, and a gradient has its activation's shape.
+Activations are float32.
 """
 
 from __future__ import annotations
@@ -26,7 +29,15 @@ from torch import nn
 
 from course_lib.comm.buffers import chunk_bounds
 from course_lib.comm.communicator import Communicator, Handle, wait_all
-from course_lib.parallel.pipeline_parallel.schedule import SCHEDULES, Interval, Timeline, schedule
+from course_lib.parallel.pipeline_parallel.schedule import (
+    SCHEDULES,
+    Interval,
+    ScheduleFn,
+    Timeline,
+    action_chunk,
+    num_chunks,
+    schedule,
+)
 
 __all__ = [
     "PipelineSettings",
@@ -38,7 +49,9 @@ __all__ = [
     "split_stages",
 ]
 
-_SHAPE_TAG, _TAG0 = 90, 100  # forward of micro-batch i on tag 100 + 2i, its backward on 101 + 2i
+# The forward of micro-batch i out of chunk c on tag 100 + 2(cm + i), its backward on 101 + 2(cm + i)
+# (c the sending chunk); chunk c's shape header on tag 90 + c.
+_SHAPE_TAG, _TAG0, _MAX_CHUNKS = 90, 100, 10
 
 
 class PipelineStageError(RuntimeError):
@@ -51,15 +64,21 @@ class PipelineStageError(RuntimeError):
 
 @dataclass(frozen=True)
 class PipelineSettings:
-    """How one step is pipelined: the schedule and how many micro-batches cut the batch."""
+    """How one step is pipelined: the schedule and how many micro-batches cut the batch.
 
-    schedule: str = "1f1b"
+    ``schedule`` is a name of :data:`SCHEDULES` or a schedule object (``Interleaved1F1B(v)``).
+    """
+
+    schedule: str | ScheduleFn = "1f1b"
     num_microbatches: int = 4
     batch_size: int = 32
 
     def __post_init__(self) -> None:
-        if self.schedule not in SCHEDULES:
-            raise ValueError(f"unknown schedule {self.schedule!r}: choose one of {list(SCHEDULES)}")
+        if not callable(self.schedule) and self.schedule not in SCHEDULES:
+            raise ValueError(
+                f"unknown schedule {self.schedule!r}: choose one of {list(SCHEDULES)} or a "
+                "schedule object such as Interleaved1F1B(2)"
+            )
         m, n = self.num_microbatches, self.batch_size
         if m < 1 or n < 1 or n % m:
             divisors = [d for d in range(1, n + 1) if n % d == 0] if n >= 1 else []
@@ -67,13 +86,28 @@ class PipelineSettings:
                 f"{m} micro-batches do not divide a batch of {n}: choose num_microbatches among "
                 f"the divisors of the batch size {divisors}, or change the batch size"
             )
-        if m > 4000:
-            raise ValueError(f"{m} micro-batches exceed the 4000 that message tags allow")
+        v = self.num_chunks
+        if v > _MAX_CHUNKS:
+            raise ValueError(f"{v} model chunks exceed the {_MAX_CHUNKS} that message tags allow")
+        if m * v > 4000:
+            raise ValueError(
+                f"{m} micro-batches x {v} chunks exceed the 4000 that message tags allow"
+            )
 
     @property
     def microbatch_size(self) -> int:
         """Return the samples per micro-batch."""
         return self.batch_size // self.num_microbatches
+
+    @property
+    def num_chunks(self) -> int:
+        """Return the model chunks each rank holds (1 unless the schedule interleaves)."""
+        return num_chunks(self.schedule)
+
+    @property
+    def label(self) -> str:
+        """Return the schedule's name for messages."""
+        return getattr(self.schedule, "name", str(self.schedule))
 
 
 def _check_stages(num_layers: int, num_stages: int) -> None:
@@ -163,7 +197,7 @@ def split_stages(model: nn.Sequential, bounds: Sequence[tuple[int, int]]) -> lis
 
 
 def pipeline_step(
-    stage: nn.Module,
+    stage: nn.Module | Sequence[nn.Module],
     comm: Communicator,
     settings: PipelineSettings,
     X: torch.Tensor | None = None,
@@ -172,12 +206,15 @@ def pipeline_step(
 ) -> tuple[float | None, Timeline]:
     """Run one pipelined forward and backward of a batch; every rank of ``comm`` calls it.
 
-    Rank s holds ``stage`` s of ``comm.world_size``. Stage 0 passes the batch ``X``, the last
-    stage the targets ``y``. Gradients are accumulated into ``stage``'s parameters (zero them
-    before, step the optimiser after). Returns the batch's mean loss (last stage; None on the
-    others) and this rank's measured timeline (seconds since a common barrier).
+    Rank s holds ``stage`` s of ``comm.world_size`` (with v chunks, a list of v modules: chunk
+    c is stage $cp + s$ of the model cut in $pv$, e.g. ``split_stages(model, even_stages(L,
+    p * v))[s::p]``). Rank 0 passes the batch ``X``, the last rank the targets ``y``. Gradients
+    are accumulated into the stage's parameters (zero them before, step the optimiser after).
+    Returns the batch's mean loss (last rank; None on the others) and this rank's measured
+    timeline (seconds since a common barrier).
     """
-    s, p, m = comm.rank, comm.world_size, settings.num_microbatches
+    s, p, m, v = comm.rank, comm.world_size, settings.num_microbatches, settings.num_chunks
+    chunks = _chunks(stage, v, p)
     first, last = s == 0, s == p - 1
     for name, value, needed in (("X", X, first), ("y", y, last)):
         if needed and (value is None or value.shape[0] != settings.batch_size):
@@ -185,27 +222,30 @@ def pipeline_step(
             raise ValueError(f"stage {s} needs {name} of {settings.batch_size} samples, got {got}")
     xs = X.chunk(m) if first else None
     ys = y.chunk(m) if last else None
-    inputs: dict[int, torch.Tensor] = {}  # micro-batch -> (input, output) kept for backward
-    outputs: dict[int, torch.Tensor] = {}
+    prev, nxt = (s - 1) % p, (s + 1) % p  # chunk c's neighbours; round the ring between chunks
+    # (micro-batch, chunk) -> the input and output kept for its backward
+    inputs: dict[tuple[int, int], torch.Tensor] = {}
+    outputs: dict[tuple[int, int], torch.Tensor] = {}
     sends: list[Handle] = []
     intervals: list[Interval] = []
-    peak, loss_sum, shape = 0, 0.0, None
+    shapes: dict[int, tuple[int, ...]] = {}  # chunk -> the shape of its input
+    peak, loss_sum = 0, 0.0
     # Activation bytes autograd saves in each micro-batch's forward (each storage once, the
     # parameters left out): held until that micro-batch's backward (lecture 11).
-    params = {q.untyped_storage().data_ptr() for q in stage.parameters()}
-    saved: dict[int, int] = {}
+    params = {q.untyped_storage().data_ptr() for c in chunks for q in c.parameters()}
+    saved: dict[tuple[int, int], int] = {}
     peak_bytes = 0
 
-    def saving(i: int):
+    def saving(key: tuple[int, int]):
         seen: set[tuple[int, int]] = set()
-        saved[i] = 0
+        saved[key] = 0
 
         def pack(t: torch.Tensor) -> torch.Tensor:
             # a view counts its own bytes (a micro-batch is a view of the batch), each tensor once
-            key = (t.data_ptr(), t.nbytes)
-            if t.nbytes and key not in seen and t.untyped_storage().data_ptr() not in params:
-                seen.add(key)
-                saved[i] += t.nbytes
+            ptr = (t.data_ptr(), t.nbytes)
+            if t.nbytes and ptr not in seen and t.untyped_storage().data_ptr() not in params:
+                seen.add(ptr)
+                saved[key] += t.nbytes
             return t
 
         return torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t)
@@ -214,61 +254,84 @@ def pipeline_step(
     t0 = time.perf_counter()
 
     @contextmanager
-    def timed(kind: str, i: int):
+    def timed(kind: str, i: int, c: int):
         start = time.perf_counter() - t0
         yield
-        intervals.append(Interval(s, kind, i, start, time.perf_counter() - t0))
+        intervals.append(Interval(s, kind, i, start, time.perf_counter() - t0, c))
 
     def send(tensor: torch.Tensor, dst: int, tag: int) -> None:
         sends.append(comm.isend(tensor.detach().contiguous(), dst, tag))
 
-    for kind, i in schedule(settings.schedule, p, m, s):
+    for action in schedule(settings.schedule, p, m, s):
+        kind, i, c = action[0], action[1], action_chunk(action)
+        k = c * p + s  # the model's stage this chunk holds
+        begins, ends = k == 0, k == p * v - 1
         try:
             if kind == "F":
-                if first:
+                if begins:
                     x = xs[i]
                 else:
-                    with timed("recv", i):
-                        if shape is None:  # the first activation of the step brings its shape
-                            head = comm.recv(np.zeros(8, np.int64), s - 1, _SHAPE_TAG)
-                            shape = tuple(int(d) for d in head[1 : 1 + head[0]])
-                        x = comm.recv(torch.empty(shape), s - 1, _TAG0 + 2 * i)
+                    sender = (k - 1) // p  # the chunk that sends it (c, or c - 1 on rank 0)
+                    with timed("recv", i, c):
+                        if c not in shapes:  # the first activation brings its shape
+                            head = comm.recv(np.zeros(8, np.int64), prev, _SHAPE_TAG + sender)
+                            shapes[c] = tuple(int(d) for d in head[1 : 1 + head[0]])
+                        x = comm.recv(torch.empty(shapes[c]), prev, _TAG0 + 2 * (sender * m + i))
                     x.requires_grad_()  # so that backward gives dL/dx to send back
-                with timed("F", i), saving(i):
-                    out = stage(x)
-                    if last:  # the loss of the batch is the mean of the micro-batch means
+                with timed("F", i, c), saving((i, c)):
+                    out = chunks[c](x)
+                    if ends:  # the loss of the batch is the mean of the micro-batch means
                         out = loss_fn(out, ys[i]) / m
                         loss_sum += out.item()
-                inputs[i], outputs[i] = x, out
+                inputs[i, c], outputs[i, c] = x, out
                 peak = max(peak, len(inputs))
-                peak_bytes = max(peak_bytes, sum(saved[j] for j in inputs))
-                if not last:
-                    with timed("send", i):
+                peak_bytes = max(peak_bytes, sum(saved[key] for key in inputs))
+                if not ends:
+                    with timed("send", i, c):
                         if i == 0:  # every schedule's first forward: announce the shape once
                             head = np.zeros(8, np.int64)
                             head[0], head[1 : 1 + out.dim()] = out.dim(), out.shape
-                            send(torch.from_numpy(head), s + 1, _SHAPE_TAG)
-                        send(out, s + 1, _TAG0 + 2 * i)
+                            send(torch.from_numpy(head), nxt, _SHAPE_TAG + c)
+                        send(out, nxt, _TAG0 + 2 * (c * m + i))
             else:
-                out, x, grad = outputs.pop(i), inputs.pop(i), None
-                if not last:
-                    with timed("recv", i):
-                        grad = comm.recv(torch.empty_like(out), s + 1, _TAG0 + 2 * i + 1)
-                with timed("B", i):
+                out, x, grad = outputs.pop((i, c)), inputs.pop((i, c)), None
+                if not ends:
+                    sender = (k + 1) // p  # the chunk that sends it (c, or c + 1 on rank p - 1)
+                    with timed("recv", i, c):
+                        tag = _TAG0 + 2 * (sender * m + i) + 1
+                        grad = comm.recv(torch.empty_like(out), nxt, tag)
+                with timed("B", i, c):
                     if out.requires_grad:  # False only on a first stage without parameters
                         out.backward(grad)
-                if not first:
-                    with timed("send", i):
-                        send(x.grad, s - 1, _TAG0 + 2 * i + 1)
+                if not begins:
+                    with timed("send", i, c):
+                        send(x.grad, prev, _TAG0 + 2 * (c * m + i) + 1)
         except Exception as exc:  # name the stage and micro-batch; neighbours time out
             what = "forward" if kind == "F" else "backward"
+            where = f" of chunk {c}" if v > 1 else ""
             raise PipelineStageError(
-                f"stage {s} (rank {s} of {p}) failed in the {what} pass of micro-batch {i} "
-                f"({settings.schedule}, m={m}): {type(exc).__name__}: {exc}",
+                f"stage {s} (rank {s} of {p}) failed in the {what} pass of micro-batch {i}"
+                f"{where} ({settings.label}, m={m}): {type(exc).__name__}: {exc}",
                 s,
                 kind,
                 i,
             ) from exc
-    with timed("send", -1):  # the last sends must have left before their buffers are freed
+    with timed("send", -1, 0):  # the last sends must have left before their buffers are freed
         wait_all(sends)
     return (loss_sum if last else None), Timeline(intervals, p, [peak], [peak_bytes])
+
+
+def _chunks(stage: nn.Module | Sequence[nn.Module], v: int, p: int) -> list[nn.Module]:
+    """Return the rank's model chunks as a list: ``[stage]`` without interleaving."""
+    if v == 1:
+        return [stage]
+    if isinstance(stage, nn.Module) and not isinstance(stage, nn.ModuleList):
+        raise ValueError(
+            f"an interleaved schedule with {v} chunks needs a list of {v} modules per rank "
+            f"(chunk c = stage c*p + rank), got one {type(stage).__name__}"
+        )
+    if len(stage) != v:
+        raise ValueError(f"the schedule has {v} chunks per rank, but this rank got {len(stage)}")
+    if p < 2:
+        raise ValueError("interleaving needs at least 2 ranks: with one, use the plain schedules")
+    return list(stage)
