@@ -47,7 +47,6 @@ import math
 from course_lib.comm.stats import CommStats
 
 __all__ = [
-    "BACKEND_ALGORITHMS",
     "MPICH_ALLREDUCE_SHORT",
     "collective_wire_bytes",
     "collectives_wire_bytes",
@@ -58,13 +57,6 @@ __all__ = [
 MPICH_ALLREDUCE_SHORT = 2048
 _MPICH_BCAST_SHORT = 12288  # MPIR_CVAR_BCAST_SHORT_MSG_SIZE
 _MPICH_BCAST_MIN_PROCS = 8  # MPIR_CVAR_BCAST_MIN_PROCS
-
-#: What each backend's built-in collectives run, in words (for tables and notebooks).
-BACKEND_ALGORITHMS = {
-    "gloo": "gloo: ring allreduce and allgather, tree broadcast; reduce_scatter = an allreduce",
-    "mpi": "MPICH: allreduce by recursive doubling up to 2048 B, Rabenseifner above; "
-    "ring / Bruck / doubling allgather; binomial or scatter + allgather broadcast",
-}
 
 
 def _ring_allreduce(nbytes: float, n: int) -> float:
