@@ -18,6 +18,12 @@ BACKENDS = [
 ]
 
 
+@pytest.fixture(params=BACKENDS)
+def backend(request) -> str:
+    """One test body for every backend."""
+    return request.param
+
+
 @pytest.mark.parametrize("n", [2, 3, 4, 6, 8])
 def test_the_formulas(n):
     s = 40_000  # bytes, above every MPICH short-message threshold but the broadcast's at N >= 8
@@ -84,9 +90,3 @@ def test_a_builtin_puts_on_the_wire_what_the_from_scratch_algorithm_sends(backen
             assert derived == pytest.approx(ring), (numel, derived, ring)
     derived = [r["allgather_250"][0] for r in results]
     assert derived == [r["allgather_250"][1] for r in results] == [(n - 1) * 1000] * n
-
-
-@pytest.fixture(params=BACKENDS)
-def backend(request) -> str:
-    """One test body for every backend."""
-    return request.param
