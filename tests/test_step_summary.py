@@ -18,6 +18,7 @@ def local_sgd_like_records(steps: int = 9, period: int = 4, nbytes: int = 4000) 
         rec["total_s"] = rec["compute_s"] + rec["sync_s"]
         rec["bytes_sent"] = rec["bytes_received"] = 0
         rec["collective_bytes"] = nbytes if averages else 0
+        rec["wire_bytes"] = 1.5 * nbytes if averages else 0  # a ring allreduce on 4 ranks
         records.append(rec)
     return records
 
@@ -32,6 +33,8 @@ def test_the_median_hides_periodic_averaging_and_the_mean_shows_it():
     assert mean["compute_s"] == pytest.approx(0.010) and mean["steps"] == 8
     assert "sync" not in format_table([median]) and "sync" in format_table([mean])
     assert f"{4000 * 2 / 8 / 1e3:9.1f}" in format_table([mean])
+    assert mean["wire_bytes"] == pytest.approx(1.5 * 4000 * 2 / 8)
+    assert f"{1.5 * 4000 * 2 / 8 / 1e3:9.1f}" in format_table([mean]).splitlines()[2]
 
 
 def test_an_unknown_statistic_is_refused():

@@ -21,6 +21,7 @@ from course_lib.comm.emulated_link import GIGABIT, EmulatedLink, emulate
 from course_lib.comm.rendezvous import RendezvousError
 from course_lib.comm.setup import BACKENDS, free_port, make_communicator, setup_communicators
 from course_lib.comm.stats import CommStats, PeerStats
+from course_lib.comm.wire import collective_wire_bytes, wire_bytes
 
 __all__ = [
     "BACKENDS",
@@ -37,9 +38,11 @@ __all__ = [
     "RendezvousError",
     "as_flat_array",
     "chunk_bounds",
+    "collective_wire_bytes",
     "emulate",
     "free_port",
     "make_communicator",
     "setup_communicators",
     "wait_all",
+    "wire_bytes",
 ]

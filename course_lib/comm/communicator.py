@@ -313,9 +313,7 @@ class Communicator(ABC):
         self._agree(name, arr, dtype_name(buf), code, deadline)
         out = self._builtin(name, buf, arr, deadline, **kw)
         self._after_collective(name, arr.nbytes * (self.world_size if name == "allgather" else 1))
-        stat = self.stats.collective(name)
-        stat.calls, stat.bytes = stat.calls + 1, stat.bytes + arr.nbytes
-        stat.seconds += time.perf_counter() - t0
+        self.stats.collective(name).add(arr.nbytes, time.perf_counter() - t0)
         return out
 
     def _agree(self, name: str, arr: np.ndarray, dname: str, code: int, deadline: float) -> None:

@@ -1,4 +1,9 @@
-"""Lecture 3: Counters of messages, bytes and seconds, per peer and per built-in collective."""
+"""Lecture 3: Counters of messages, bytes and seconds, per peer and per built-in collective.
+
+Point-to-point bytes are what a rank put on the wire; a built-in collective's bytes are the
+buffer handed to it, which its algorithm moves several times or in parts:
+:func:`course_lib.comm.wire.wire_bytes` turns both into the bytes on this rank's link.
+"""
 
 from __future__ import annotations
 
@@ -20,11 +25,23 @@ class PeerStats:
 
 @dataclass
 class CollectiveStats:
-    """Calls of one built-in collective and the buffer bytes handed to it."""
+    """Calls of one built-in collective and the buffer bytes handed to it (not its wire bytes).
+
+    ``sizes`` counts the calls per buffer size: a backend picks its algorithm by size (MPICH's
+    allreduce: recursive doubling up to 2 KiB), so the wire bytes need each call's size.
+    """
 
     calls: int = 0
     bytes: int = 0
     seconds: float = 0.0
+    sizes: dict[int, int] = field(default_factory=dict)
+
+    def add(self, nbytes: int, seconds: float = 0.0) -> None:
+        """Count one call that was handed ``nbytes`` and took ``seconds``."""
+        self.calls += 1
+        self.bytes += nbytes
+        self.seconds += seconds
+        self.sizes[nbytes] = self.sizes.get(nbytes, 0) + 1
 
 
 @dataclass
@@ -66,5 +83,7 @@ class CommStats:
         """Return plain dicts (easy to send back from an engine and print)."""
         return {
             "peers": {r: vars(p).copy() for r, p in sorted(self.peers.items())},
-            "collectives": {n: vars(c).copy() for n, c in self.collectives.items()},
+            "collectives": {
+                n: {**vars(c), "sizes": dict(c.sizes)} for n, c in self.collectives.items()
+            },
         }

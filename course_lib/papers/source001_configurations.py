@@ -10,7 +10,8 @@ a row of figures, and prints and plots the rows beside the source's conclusions:
     print(configurations_table(rows)); plot_configurations(rows); print(compare_with_paper(rows))
 
 **Values sent** (per rank, whole run) are float32 weights or gradients on the wire: gossip's
-messages as sent; an allreduce counted as a ring moves it, $2(N-1)/N$ of the vector per rank;
+messages as sent; an allreduce as its backend's algorithm moves it (the step records'
+``wire_bytes``, :mod:`course_lib.comm.wire`: gloo's ring, $2(N-1)/N$ of the vector per rank);
 sparse gossip the values it sent to each partner (their int32 indices and counts are in
 ``bytes``, not in ``values``). The presence flags that gradient gossip sends beside the values
 (one per tensor, so that a tensor no partner has a gradient for stays untouched) are in
@@ -119,8 +120,9 @@ def row_from_result(result: Any, number: int) -> dict[str, Any]:
     ``acc``: test accuracy after the last epoch, mean over the replicas (they differ under
     Local-SGD and gossip); ``total``: rank 0's training time (evaluation passes included);
     ``comm``: communication seconds per rank (exchange + averaging); ``sync``: ``comm`` plus
-    waiting, as source 001 defines it; ``bytes``: bytes sent per rank (allreduce: bytes handed
-    to the backend); ``values``: float32 values on the wire per rank (see the module's note).
+    waiting, as source 001 defines it; ``bytes``: bytes each rank put on the wire (the records'
+    ``wire_bytes``: point-to-point as sent, an allreduce by its backend's algorithm);
+    ``values``: float32 values on the wire per rank (see the module's note).
     """
     conf = _check_number(number)
     n, records = result.world_size, result.records
@@ -128,9 +130,11 @@ def row_from_result(result: Any, number: int) -> dict[str, Any]:
     comm = per_rank("comm_s") + per_rank("sync_s")
     steps = [r for r in records if r["rank"] == 0]
     end = max(v[1] for k, v in steps[-1].items() if k.endswith("_at"))
-    sent = per_rank("bytes_sent") + per_rank("collective_bytes")
-    if conf.averaging == "allreduce":  # a ring moves 2(N-1)/N of the vector per rank
-        values = per_rank("collective_bytes") / 4 * 2 * (n - 1) / n
+    wired = all("wire_bytes" in r for r in records)  # records made before wire bytes: a ring
+    ring = per_rank("bytes_sent") + per_rank("collective_bytes") * 2 * (n - 1) / n
+    sent = per_rank("wire_bytes") if wired else ring
+    if conf.averaging == "allreduce":  # all it sends is the weights, by the backend's algorithm
+        values = sent / 4
     elif conf.averaging == "gossip":  # each message: the gradient, then its presence flags
         gradient, flags = getattr(result, "gradient_bytes", 0), getattr(result, "flag_bytes", 0)
         values = per_rank("bytes_sent") / 4 * (gradient / (gradient + flags) if flags else 1.0)

@@ -28,6 +28,7 @@ from course_lib.comm import (
     emulate,
     make_communicator,
 )
+from course_lib.comm.wire import collectives_wire_bytes
 from course_lib.cost_model.alpha_beta import LinkModel, predict
 
 ALLREDUCES = [C.ring_allreduce, C.star_allreduce, C.allreduce_naive, C.recursive_doubling_allreduce]
@@ -152,6 +153,33 @@ def suite_counters(comm) -> dict:
     comm.allreduce(np.ones(n, np.float32))
     assert comm.stats.collectives["allreduce"].calls == 1 and comm.stats.bytes_sent == 0
     out["ring_fraction"] = out["ring"][0] / (4 * n)  # measured: bytes this rank sent / buffer
+    return out
+
+
+def suite_wire(comm) -> dict:
+    """Each built-in's derived wire bytes beside a from-scratch algorithm's counted bytes."""
+    p, out = comm.world_size, {}
+    # 1000 elements (a multiple of 2 and 4: every ring chunk equal), 1001 (unequal chunks),
+    # 12 (48 bytes: MPICH's short allreduce, recursive doubling)
+    for numel in (1000, 1001, 12):
+        for name, builtin, scratch in [
+            ("allreduce", comm.allreduce, C.ring_allreduce),
+            ("allreduce_doubling", comm.allreduce, C.recursive_doubling_allreduce),
+        ]:
+            comm.stats.reset()
+            builtin(np.ones(numel, np.float32))
+            derived = collectives_wire_bytes(comm.stats, p, comm.backend)
+            comm.stats.reset()
+            scratch(comm, np.ones(numel, np.float32))
+            out[f"{name}_{numel}"] = [derived, comm.stats.bytes_sent]
+    # allgather: the built-in gathers 250 floats per rank, the ring fills a buffer of p * 250
+    comm.stats.reset()
+    comm.allgather(np.ones(250, np.float32))
+    derived = collectives_wire_bytes(comm.stats, p, comm.backend)
+    comm.stats.reset()
+    C.ring_allgather(comm, np.ones(250 * p, np.float32))
+    out["allgather_250"] = [derived, comm.stats.bytes_sent]
+    comm.stats.reset()
     return out
 
 

@@ -3,9 +3,14 @@
 On every engine a :class:`StepRecorder` hooks into the loop (a forward pre-hook, the gradient
 hook, the optimiser's step hooks) and writes one plain dict per step: seconds of forward +
 backward (``compute``), of waiting for the slowest rank (``wait``), of communication after
-backward (``comm``) and of the optimiser (``step``); bytes sent and received point-to-point and
-bytes handed to built-in collectives (from the communicator's counters); and the wall-clock
-start and end of each phase and of each bucket's communication, for a timeline.
+backward (``comm``) and of the optimiser (``step``); bytes sent and received point-to-point,
+bytes handed to built-in collectives (``collective_bytes``: buffer bytes, not what travelled),
+and ``wire_bytes``, what this rank put on the link: the point-to-point bytes sent plus each
+built-in collective's wire bytes from its backend's algorithm
+(:func:`course_lib.comm.wire.wire_bytes`: a gloo ring allreduce of ``S`` bytes counts
+$2\frac{N-1}{N}S$, as the kit's own ring, counted message by message, sends); and the
+wall-clock start and end of each phase and of each bucket's communication, for a timeline.
+``wire_bytes`` is the one byte count to compare schemes by, whatever carries them.
 
 Waiting is timed only where the method waits for every rank (the exchange's ``sync_point`` and
 ``synchronises_at``: every step for bulk-synchronous methods, every ``p``-th step before
@@ -32,12 +37,16 @@ import torch
 from torch import nn
 
 from course_lib.comm.communicator import Communicator
+from course_lib.comm.wire import wire_bytes
 from course_lib.parallel.data_parallel.stragglers import Straggler, slow_down
 from course_lib.parallel.exchanges.base import GradientExchange, StepTimeline
 
-__all__ = ["PHASES", "StepRecorder", "summarize_steps", "format_table"]
+__all__ = ["BYTE_KEYS", "PHASES", "StepRecorder", "format_table", "summarize_steps"]
 
 PHASES = ("compute", "wait", "comm", "step", "sync")
+#: A step record's byte counts: point-to-point sent / received, buffer handed to built-in
+#: collectives, and on the wire (sent + the collectives' wire bytes).
+BYTE_KEYS = ("bytes_sent", "bytes_received", "collective_bytes", "wire_bytes")
 
 
 class StepRecorder:
@@ -85,10 +94,11 @@ class StepRecorder:
         """Count bytes from now on (call after resetting the communicator's stats)."""
         self._bytes = self._counters()
 
-    def _counters(self) -> tuple[int, int, int]:
-        stats = self.comm.stats
+    def _counters(self) -> tuple[float, ...]:
+        stats, comm = self.comm.stats, self.comm
         collective = sum(c.bytes for c in stats.collectives.values())
-        return stats.bytes_sent, stats.bytes_received, collective
+        wire = wire_bytes(stats, comm.world_size, comm.backend)
+        return stats.bytes_sent, stats.bytes_received, collective, wire
 
     def _on_forward(self, module: nn.Module, args: Any) -> None:
         if module.training:  # evaluation passes run in eval mode and are not steps
@@ -141,7 +151,7 @@ class StepRecorder:
             self._wait(timeline)
         self.exchange.after_step(self.comm, self.net, step, timeline)
         now = self._counters()
-        sent, received, collective = (a - b for a, b in zip(now, self._bytes, strict=True))
+        sent, received, collective, wire = (a - b for a, b in zip(now, self._bytes, strict=True))
         self._bytes = now
         record: dict[str, Any] = {"rank": self.comm.rank, "epoch": self.epoch, "step": step}
         for phase in PHASES:
@@ -151,6 +161,7 @@ class StepRecorder:
         last_end = max(end for _, end in timeline.phases.values())
         record["total_s"] = last_end - timeline.phases["compute"][0]
         record.update(bytes_sent=sent, bytes_received=received, collective_bytes=collective)
+        record["wire_bytes"] = wire
         record.update(timeline.notes)
         record["buckets"] = list(timeline.buckets)
         self.records.append(record)
@@ -196,23 +207,32 @@ def summarize_steps(
         row: dict[str, Any] = {"rank": rank, "steps": len(mine)}
         for key in [f"{p}_s" for p in PHASES] + ["total_s"]:
             row[key] = average(r[key] for r in mine)
-        for key in ("bytes_sent", "bytes_received", "collective_bytes"):
+        for key in BYTE_KEYS:
             row[key] = average(r[key] for r in mine)
         rows.append(row)
     return rows
 
 
 def format_table(rows: list[dict[str, Any]]) -> str:
-    """Return ``rows`` of :func:`summarize_steps` as a fixed-width text table (ms and kB)."""
+    """Return ``rows`` of :func:`summarize_steps` as a fixed-width text table (ms and kB).
+
+    Bytes: point-to-point sent and received (``p2p``), buffers handed to built-in collectives
+    (``handed``, not what travelled) and ``wire``, what the rank put on the link: p2p sent plus
+    the built-ins' wire bytes from their backend's algorithm (:mod:`course_lib.comm.wire`).
+    """
     synced = any(r["sync_s"] > 0 for r in rows)  # only methods that average weights after steps
     head = f"{'rank':>4} {'compute':>9} {'wait':>8} {'comm':>8} {'step':>8} "
     head += f"{'sync':>8} " if synced else ""
-    head += f"{'total':>9} {'sent kB':>9} {'recv kB':>9} {'coll. kB':>9}"
+    head += f"{'total':>9} {'p2p sent':>9} {'p2p recv':>9} {'handed':>9} {'wire kB':>9}"
     lines = [head, "-" * len(head)]
     for r in rows:
         ms = [1e3 * r[k] for k in ("compute_s", "wait_s", "comm_s", "step_s", "sync_s", "total_s")]
-        kb = [r[k] / 1e3 for k in ("bytes_sent", "bytes_received", "collective_bytes")]
+        kb = [r[k] / 1e3 for k in BYTE_KEYS]
         line = f"{r['rank']:>4} {ms[0]:>7.2f}ms {ms[1]:>6.2f}ms {ms[2]:>6.2f}ms {ms[3]:>6.2f}ms "
         line += f"{ms[4]:>6.2f}ms " if synced else ""
-        lines.append(line + f"{ms[5]:>7.2f}ms {kb[0]:>9.1f} {kb[1]:>9.1f} {kb[2]:>9.1f}")
+        lines.append(line + f"{ms[5]:>7.2f}ms" + "".join(f" {v:>9.1f}" for v in kb))
+    lines.append(
+        "kB per step; handed: buffers given to built-in collectives; "
+        "wire: p2p sent + the built-ins' bytes on the link"
+    )
     return "\n".join(lines)

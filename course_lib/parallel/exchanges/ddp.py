@@ -116,7 +116,6 @@ class DDPExchange(GradientExchange):
         for record in sorted(self._records, key=lambda r: r["start"]):
             timeline.buckets.append(record)
             for name, nbytes in record.get("wire", [("allreduce", record["nbytes"])]):
-                stat = comm.stats.collective(name)  # what travelled: compressed buckets less
-                stat.calls, stat.bytes = stat.calls + 1, stat.bytes + nbytes
+                comm.stats.collective(name).add(nbytes)  # what travelled: compressed less
         self._records.clear()
         timeline.mark("comm", now)
