@@ -577,6 +577,17 @@ def allgather_doubling(comm, x):
     return x
 """,
 }
+# The source's A2.1 without its power-of-two check (the check is the first statement after the
+# names).
+NO_VALUE_ERROR = re.sub(
+    r"\n    if p & \(p - 1\):\n        raise ValueError\([^\n]*\)",
+    "",
+    next(c.source for c in _source("A2_rabenseifner_allreduce").cells if answer_id(c) == "A2.1"),
+)
+NO_VALUE_ERROR_REASON = (
+    "on 3 ranks (not a power of two) rank 0 returned; raise ValueError when comm.world_size is "
+    "not a power of two, before any message"
+)
 RING_REASON = (
     r"FAIL \(rank 0 sent to ranks \[1\] and received from \[3\]; "
     r"its partners are r XOR 2\^k = \[1, 2\], exchange with each one both ways\)"
@@ -600,6 +611,12 @@ def test_a2_source_passes_stub_fails_and_ring_transcription_fails_on_partners(mo
     assert _points(rows) == dict.fromkeys(A2_FULL, 0.0), rows
     for row in rows:
         assert re.fullmatch(RING_REASON, row.reason), row.reason
+    # A2.1 without its ValueError: right on 4 ranks, so only A2.1 is lost (A2.3 calls it on 4).
+    rows = grade_notebook(
+        "no_check", "A2", source, _with_answer(source, "A2.1", NO_VALUE_ERROR), LIMITS
+    )
+    assert _points(rows) == dict(A2_FULL, **{"A2.1": 0.0}), rows
+    assert rows[0].reason == f"FAIL ({NO_VALUE_ERROR_REASON})", rows[0].reason
 
 
 def _run_processes(ipython_dir: Path) -> dict[int, str]:
@@ -865,6 +882,10 @@ def test_a2_checks_pass_rabenseifner_and_fail_the_ring_built_ins_and_whole_buffe
     ), got
     got = verdict(check_rabenseifner_allreduce, forgets_a_rank)
     assert re.match(r"FAIL size 10: the result on rank \d is wrong", got), got
+    no_check: dict = {"np": np, "chunk_bounds": chunk_bounds}
+    exec(NO_VALUE_ERROR, no_check)
+    got = verdict(check_reduce_scatter_halving, no_check["reduce_scatter_halving"])
+    assert got == f"FAIL {NO_VALUE_ERROR_REASON}", got
 
 
 # -- a class -------------------------------------------------------------------------------------
