@@ -1,6 +1,6 @@
 """A1's checks (no kernel): the instructor's answers pass; stubs, the library's plain versions
-(``scratch.py``: cross-entropy without smoothing, SGD without momentum) and the tempting wrong
-answers fail, and the first failing case names what is wrong."""
+(``scratch.py``: cross-entropy without smoothing, SGD without momentum, a convolution's forward
+only) and the tempting wrong answers fail, and the first failing case names what is wrong."""
 
 from __future__ import annotations
 
@@ -10,7 +10,11 @@ import nbformat
 import numpy as np
 import pytest
 
-from course_lib.checks.assignments.a1 import check_sgd_momentum, check_smoothed_cross_entropy
+from course_lib.checks.assignments.a1 import (
+    check_conv2d_backward,
+    check_sgd_momentum,
+    check_smoothed_cross_entropy,
+)
 from course_lib.grading import answer_id
 from course_lib.training import scratch
 
@@ -46,6 +50,7 @@ def _stub(*args):
     [
         (check_smoothed_cross_entropy, "A1.1", "smoothed_cross_entropy"),
         (check_sgd_momentum, "A1.2", "sgd_momentum"),
+        (check_conv2d_backward, "A1.3", "conv2d_backward"),
     ],
 )
 def test_solution_passes_and_stub_gets_nothing(check, exercise, name):
@@ -163,5 +168,58 @@ def test_a1_2_fails_each_tempting_mistake(mistake):
     edits, reason = MOMENTUM_MISTAKES[mistake]
     fn = _define(_mutant("A1.2", *edits), "sgd_momentum")
     verdict = check_sgd_momentum(fn, verbose=False)
+    assert not verdict.passed and verdict.points == 0
+    assert verdict.detail.startswith(reason), verdict
+
+
+def test_the_librarys_convolution_is_a_forward_only():
+    # Lecture 2's conv2d_naive, handed in as A1.3: it returns Y, not (dX, dK, db).
+    def forward(X, K, dY, stride, padding):
+        return scratch.conv2d_naive(X[None], K, np.zeros(len(K)), stride, padding)[0]
+
+    got = check_conv2d_backward(forward, verbose=False)
+    assert not got.passed and got.detail == "conv2d_backward must return a tuple (dX, dK, db)"
+
+
+CONV_MISTAKES = {
+    "overlapping windows overwrite dX": (
+        [("dXp[:, rows, cols] += ", "dXp[:, rows, cols] = ")],
+        "dX (3x3 kernel, stride 1, padding 0) is right where one window reads a pixel and wrong "
+        "where windows overlap",
+    ),
+    "the padded dX returned": (
+        [("return dXp[:, padding : padding + h, padding : padding + w], dK, db",
+          "return dXp, dK, db")],
+        "dX (3x2 kernel, stride 1, padding 1) has the padded shape (2, 8, 7): the padding is not",
+    ),
+    "dK flipped": (
+        [("* Xp[None, :, rows, cols]", "* Xp[None, :, rows, cols][..., ::-1, ::-1]")],
+        "dK (2x2 kernel, stride 2, padding 0) is flipped",
+    ),
+    "db the mean over positions": (
+        [("db = dY.sum(axis=(1, 2))", "db = dY.mean(axis=(1, 2))")],
+        "db (2x2 kernel, stride 2, padding 0) is the mean of dY over the output positions",
+    ),
+    "stride ignored": (
+        [("slice(i * stride, i * stride + kh)", "slice(i, i + kh)"),
+         ("slice(j * stride, j * stride + kw)", "slice(j, j + kw)")],
+        "dX (2x2 kernel, stride 2, padding 0) differs from the reference",
+    ),
+    "dK from the unpadded X": (
+        [("* Xp[None, :, rows, cols]", "* X[None, :, rows, cols]")],
+        "3x2 kernel, stride 1, padding 1: ValueError",
+    ),
+    "dK of one window only": (
+        [("dK += dY", "dK = dY")],
+        "dK (2x2 kernel, stride 2, padding 0) holds the last window's share only",
+    ),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("mistake", sorted(CONV_MISTAKES))
+def test_a1_3_fails_each_tempting_mistake(mistake):
+    edits, reason = CONV_MISTAKES[mistake]
+    fn = _define(_mutant("A1.3", *edits), "conv2d_backward")
+    verdict = check_conv2d_backward(fn, verbose=False)
     assert not verdict.passed and verdict.points == 0
     assert verdict.detail.startswith(reason), verdict

@@ -210,3 +210,30 @@ def test_a6_checks_pass_the_source_and_fail_stubs_and_the_usual_mistakes(cluster
     for check, fns, pattern in expected:
         got = _run(check, *fns, cluster=cluster)
         assert re.fullmatch(pattern, got), (pattern, got)
+
+
+# The notebook's closing cells: the order of the student's own step, recorded on the engines,
+# then simulated (they must not show the library's GPipe whatever the student wrote).
+CLOSING = [
+    c.source
+    for c in nbformat.read(SOURCE, as_version=4).cells
+    if c.cell_type == "code" and ("my_passes" in c.source or "bubble_formula" in c.source)
+]
+
+
+@pytest.mark.slow
+def test_a6_closing_cells_simulate_the_schedule_the_student_wrote(cluster):
+    assert len(CLOSING) == 2
+    naive = _define(dict(ANSWERS, **{"A6.3": NAIVE_SCHEDULE}))
+    for namespace, bubbles, held in (
+        (SOLUTION, {1: 2 / 3, 2: 1 / 2, 4: 1 / 3, 8: 1 / 5}, {m: [m] * 3 for m in (1, 2, 4, 8)}),
+        (naive, dict.fromkeys((1, 2, 4, 8), 2 / 3), dict.fromkeys((1, 2, 4, 8), [1, 1, 1])),
+    ):
+        ns = dict(namespace, cluster=cluster)
+        for code in CLOSING:
+            exec(code, ns)
+        timelines = ns["timelines"]
+        assert {m: round(float(t.bubble_fraction), 6) for m, t in timelines.items()} == {
+            m: round(b, 6) for m, b in bubbles.items()
+        }
+        assert {m: t.peak_activations for m, t in timelines.items()} == held

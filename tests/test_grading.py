@@ -184,7 +184,7 @@ FORGED_VERDICT = (
     ("code", "found"),
     [
         (FORGED_VERDICT, "line 1 rebinds check_smoothed_cross_entropy"),
-        ("def check_conv2d_layer(f):\n    pass", "rebinds check_conv2d_layer"),
+        ("def check_conv2d_backward(f):\n    pass", "rebinds check_conv2d_backward"),
         ("print = lambda *args: None", "rebinds print"),
         ("def f():\n    global verdict\n    verdict = 1", "line 2 rebinds verdict"),
         ("cluster = None", "rebinds cluster"),  # the A2 checks run on it
@@ -228,7 +228,9 @@ def test_guard_names_what_an_answer_does_to_the_checks(code, found):
 
 
 def test_each_assignment_forbids_its_own_imports():
-    conv_with_torch = "import torch\n\ndef conv2d_layer(x, w, b):\n    return torch.conv2d(x, w, b)"
+    conv_with_torch = (
+        "import torch\n\ndef conv2d_backward(x, w, b):\n    return torch.conv2d(x, w, b)"
+    )
     ring_from_mpi = "def ring_allreduce(comm, x):\n    from mpi4py import MPI\n    return x"
     a1, a2 = _source("A1_sgd_conv"), _source("A2_rabenseifner_allreduce")
     assert (
@@ -333,18 +335,25 @@ def test_instructor_source_a1_gets_full_points():
     assert all(row.reason == "PASS" for row in rows)
 
 
-def test_a1_3_fails_a_conv_that_swaps_the_kernel_height_and_width():
-    from course_lib.checks.assignments.a1 import check_conv2d_layer
+# A1.3's usual mistake: overlapping windows overwrite each other's share of dX.
+A1_3_OVERWRITES = (
+    "dXp[:, rows, cols] += np.tensordot",
+    "dXp[:, rows, cols] = np.tensordot",
+)
 
-    cell = next(c.source for c in _source("A1_sgd_conv").cells if "def conv2d_layer" in c.source)
-    solution = "\n".join(line for line in cell.splitlines() if "###" not in line)
-    swapped = solution.replace("c_out, _, kh, kw = K.shape", "c_out, _, kw, kh = K.shape")
-    assert swapped != solution
-    for code, passes in ((solution, True), (swapped, False)):
-        namespace = {"np": np}
-        exec(code, namespace)
-        verdict = check_conv2d_layer(namespace["conv2d_layer"], verbose=False)
-        assert verdict.passed is passes, verdict
+
+def test_a1_3_typical_mistake_loses_a1_3_only_with_its_reason():
+    source = _source("A1_sgd_conv")
+    answer = next(c.source for c in source.cells if answer_id(c) == "A1.3")
+    assert A1_3_OVERWRITES[0] in answer
+    submission = _with_answer(source, "A1.3", answer.replace(*A1_3_OVERWRITES))
+    rows = grade_notebook("overwrites", "A1", source, submission, LIMITS)
+    assert _points(rows) == dict(A1_FULL, **{"A1.3": 0.0}), rows
+    reason = next(r.reason for r in rows if r.exercise == "A1.3")
+    assert reason.startswith(
+        "FAIL (dX (3x3 kernel, stride 1, padding 0) is right where one window reads a pixel and "
+        "wrong where windows overlap"
+    ), reason
 
 
 def test_released_stub_a1_fails_every_check():
@@ -577,6 +586,17 @@ def allgather_doubling(comm, x):
     return x
 """,
 }
+# The source's A2.1 without its power-of-two check (the check is the first statement after the
+# names).
+NO_VALUE_ERROR = re.sub(
+    r"\n    if p & \(p - 1\):\n        raise ValueError\([^\n]*\)",
+    "",
+    next(c.source for c in _source("A2_rabenseifner_allreduce").cells if answer_id(c) == "A2.1"),
+)
+NO_VALUE_ERROR_REASON = (
+    "on 3 ranks (not a power of two) rank 0 returned; raise ValueError when comm.world_size is "
+    "not a power of two, before any message"
+)
 RING_REASON = (
     r"FAIL \(rank 0 sent to ranks \[1\] and received from \[3\]; "
     r"its partners are r XOR 2\^k = \[1, 2\], exchange with each one both ways\)"
@@ -600,6 +620,12 @@ def test_a2_source_passes_stub_fails_and_ring_transcription_fails_on_partners(mo
     assert _points(rows) == dict.fromkeys(A2_FULL, 0.0), rows
     for row in rows:
         assert re.fullmatch(RING_REASON, row.reason), row.reason
+    # A2.1 without its ValueError: right on 4 ranks, so only A2.1 is lost (A2.3 calls it on 4).
+    rows = grade_notebook(
+        "no_check", "A2", source, _with_answer(source, "A2.1", NO_VALUE_ERROR), LIMITS
+    )
+    assert _points(rows) == dict(A2_FULL, **{"A2.1": 0.0}), rows
+    assert rows[0].reason == f"FAIL ({NO_VALUE_ERROR_REASON})", rows[0].reason
 
 
 def _run_processes(ipython_dir: Path) -> dict[int, str]:
@@ -865,6 +891,10 @@ def test_a2_checks_pass_rabenseifner_and_fail_the_ring_built_ins_and_whole_buffe
     ), got
     got = verdict(check_rabenseifner_allreduce, forgets_a_rank)
     assert re.match(r"FAIL size 10: the result on rank \d is wrong", got), got
+    no_check: dict = {"np": np, "chunk_bounds": chunk_bounds}
+    exec(NO_VALUE_ERROR, no_check)
+    got = verdict(check_reduce_scatter_halving, no_check["reduce_scatter_halving"])
+    assert got == f"FAIL {NO_VALUE_ERROR_REASON}", got
 
 
 # -- a class -------------------------------------------------------------------------------------

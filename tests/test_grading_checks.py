@@ -148,7 +148,7 @@ def _verdicts_in_process(submission: nbformat.NotebookNode) -> list[str]:
     checks = [
         ("A1.1", a1.check_smoothed_cross_entropy, "smoothed_cross_entropy"),
         ("A1.2", a1.check_sgd_momentum, "sgd_momentum"),
-        ("A1.3", a1.check_conv2d_layer, "conv2d_layer"),
+        ("A1.3", a1.check_conv2d_backward, "conv2d_backward"),
     ]
     lines = []
     for exercise, check, name in checks:

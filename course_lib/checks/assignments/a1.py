@@ -1,11 +1,13 @@
-"""Checks of assignment A1 (label smoothing, SGD with momentum, a convolution layer from scratch).
+"""Checks of assignment A1 (label smoothing, SGD with momentum, a convolution's backward pass).
 
 Each check compares the student's NumPy code with torch (``F.cross_entropy`` with
-``label_smoothing``, ``torch.optim.SGD``, ``F.conv2d``) on fixed seeds, so its verdict line is
-the same on every run. The grader runs these same checks in its own process
+``label_smoothing``, ``torch.optim.SGD``, autograd through ``F.conv2d``) on fixed seeds, so its
+verdict line is the same on every run. The grader runs these same checks in its own process
 (:mod:`course_lib.grading.probes.a1`): the sandboxed kernel only calls the answer on the inputs
 below (``*_inputs(seed)``, the grader picks the seed) and returns the results as data. The
-library's ``training/scratch.py`` (plain cross-entropy, plain SGD) answers none of A1.1 and A1.2.
+library's ``training/scratch.py`` (plain cross-entropy, plain SGD, convolution forward only)
+answers none of them: lecture 2 builds the convolution's forward, and torch computed its
+gradients; A1.3 asks for the backward pass (dX, dK, db), which the course never shows.
 """
 
 from __future__ import annotations
@@ -21,8 +23,8 @@ from course_lib.checks.verdict import Verdict, assert_close, run_check
 __all__ = [
     "check_smoothed_cross_entropy",
     "check_sgd_momentum",
-    "check_conv2d_layer",
-    "conv2d_inputs",
+    "check_conv2d_backward",
+    "conv2d_backward_inputs",
     "sgd_inputs",
     "smoothed_cross_entropy_inputs",
     "torch_loss_and_grad",
@@ -221,52 +223,127 @@ def check_sgd_momentum(sgd_momentum: Callable, *, verbose: bool = True, seed: in
     return run_check("A1.2", "sgd_momentum", body, max_points=A1_POINTS["A1.2"], verbose=verbose)
 
 
-def conv2d_inputs(seed: int = 0) -> list[dict]:
-    """A1.3's cases: {X, K, bias, stride, padding}; ``seed`` 0 is the notebook's."""
+def conv2d_backward_inputs(seed: int = 0) -> list[dict]:
+    """A1.3's cases: {X, K, dY, stride, padding}; ``seed`` 0 is the notebook's."""
     rng = np.random.default_rng(303 + seed)
-    # (c_in, c_out, h, w, kh, kw, stride, padding): non-square images and kernels, so a
-    # layer that swaps kh and kw (or h and w) fails; strides 1 to 3, paddings 0 to 2.
+    # (c_in, c_out, h, w, kh, kw, stride, padding), in the order that names the usual mistakes:
+    # windows that tile the image; overlapping windows (dX must add their shares); padding (dX
+    # drops it, dK sees it); stride 2 with pixels no window reaches; all at once, non-square.
     shapes = [
+        (1, 1, 6, 6, 2, 2, 2, 0),
         (1, 1, 5, 5, 3, 3, 1, 0),
-        (3, 4, 8, 7, 3, 1, 1, 1),
-        (2, 3, 9, 10, 2, 3, 2, 0),
-        (2, 2, 7, 6, 1, 3, 2, 2),
-        (1, 2, 11, 9, 4, 2, 3, 1),
+        (2, 3, 6, 5, 3, 2, 1, 1),
+        (2, 2, 8, 7, 3, 1, 2, 0),
+        (3, 2, 9, 10, 4, 2, 3, 1),
     ]
     cases = []
     for c_in, c_out, h, w, kh, kw, stride, padding in shapes:
-        X = rng.normal(size=(c_in, h, w))
-        K = rng.normal(size=(c_out, c_in, kh, kw))
-        bias = rng.normal(size=c_out)
-        cases.append({"X": X, "K": K, "bias": bias, "stride": stride, "padding": padding})
+        h_out = (h + 2 * padding - kh) // stride + 1
+        w_out = (w + 2 * padding - kw) // stride + 1
+        cases.append(
+            {
+                "X": rng.normal(size=(c_in, h, w)),
+                "K": rng.normal(size=(c_out, c_in, kh, kw)),
+                "dY": rng.normal(size=(c_out, h_out, w_out)),
+                "stride": stride,
+                "padding": padding,
+            }
+        )
     return cases
 
 
-def check_conv2d_layer(conv2d_layer: Callable, *, verbose: bool = True, seed: int = 0) -> Verdict:
-    """A1.3: ``conv2d_layer(X, K, bias, stride, padding)`` for X (C_in, H, W), K (C_out, C_in, kh, kw)."""
+def _torch_conv2d_backward(X, K, dY, stride: int, padding: int) -> tuple:
+    """Return torch autograd's (dX, dK, db) of ``conv2d(X, K, b, stride, padding)`` for ``dY``."""
+    Xt, Kt = torch.tensor(X, requires_grad=True), torch.tensor(K, requires_grad=True)
+    bt = torch.zeros(K.shape[0], dtype=torch.float64, requires_grad=True)
+    F.conv2d(Xt[None], Kt, bt, stride, padding).backward(torch.tensor(dY)[None])
+    return Xt.grad.numpy(), Kt.grad.numpy(), bt.grad.numpy()
+
+
+def _windows_per_pixel(X, K, stride: int, padding: int) -> np.ndarray:
+    """Return how many of the forward's windows read each pixel of ``X`` (0 outside them all)."""
+    _, h, w = X.shape
+    kh, kw = K.shape[2:]
+    count = np.zeros((h + 2 * padding, w + 2 * padding), dtype=int)
+    for i in range(0, h + 2 * padding - kh + 1, stride):
+        for j in range(0, w + 2 * padding - kw + 1, stride):
+            count[i : i + kh, j : j + kw] += 1
+    return count[padding : padding + h, padding : padding + w]
+
+
+def _judge_dX(where: str, got, want, X, K, stride: int, padding: int) -> None:
+    """Raise AssertionError naming dX's mistake: the padding kept, overlaps overwritten."""
+    got = np.asarray(got)
+    padded = (X.shape[0], X.shape[1] + 2 * padding, X.shape[2] + 2 * padding)
+    if padding and got.shape == padded:
+        raise AssertionError(
+            f"dX ({where}) has the padded shape {got.shape}: the padding is not an input, cut "
+            f"it off to X's shape {want.shape}"
+        )
+    if got.shape == want.shape and got.dtype.kind in "fiu":
+        wrong = ~np.isclose(got, want, rtol=1e-6, atol=1e-8)
+        shared = np.broadcast_to(_windows_per_pixel(X, K, stride, padding) > 1, want.shape)
+        if wrong.any() and shared[wrong].all():
+            raise AssertionError(
+                f"dX ({where}) is right where one window reads a pixel and wrong where windows "
+                "overlap: a pixel read by several windows gets the sum of their gradients "
+                "(add with +=, do not overwrite)"
+            )
+    assert_close(f"dX ({where})", got, want)
+
+
+def _judge_dK(where: str, got, want, X, dY, stride: int, padding: int) -> None:
+    """Raise AssertionError naming dK's mistake: a flipped kernel, one window's share only."""
+    if got.shape == want.shape and np.allclose(got, want[..., ::-1, ::-1]):
+        raise AssertionError(
+            f"dK ({where}) is flipped: the forward is a cross-correlation (the kernel is not "
+            "flipped), so neither is its gradient"
+        )
+    kh, kw = want.shape[2:]
+    i, j = (dY.shape[1] - 1) * stride, (dY.shape[2] - 1) * stride
+    window = np.pad(X, ((0, 0), (padding, padding), (padding, padding)))[:, i : i + kh, j : j + kw]
+    if got.shape == want.shape and np.allclose(got, dY[:, -1, -1, None, None, None] * window):
+        raise AssertionError(
+            f"dK ({where}) holds the last window's share only: every output position adds "
+            "dY[o, i, j] times its window (+=)"
+        )
+    assert_close(f"dK ({where})", got, want)
+
+
+def check_conv2d_backward(
+    conv2d_backward: Callable, *, verbose: bool = True, seed: int = 0
+) -> Verdict:
+    """A1.3: ``conv2d_backward(X, K, dY, stride, padding) -> (dX, dK, db)`` against torch autograd."""
 
     def body() -> str:
-        cases = conv2d_inputs(seed)
+        cases = conv2d_backward_inputs(seed)
         for case in cases:
-            X, K, bias = case["X"], case["K"], case["bias"]
+            X, K, dY = case["X"], case["K"], case["dY"]
             stride, padding = case["stride"], case["padding"]
             kh, kw = K.shape[2:]
-            want = F.conv2d(
-                torch.tensor(X)[None], torch.tensor(K), torch.tensor(bias), stride, padding
-            )[0].numpy()
+            where = f"{kh}x{kw} kernel, stride {stride}, padding {padding}"
+            want_dX, want_dK, want_db = _torch_conv2d_backward(X, K, dY, stride, padding)
             try:
-                got = conv2d_layer(X.copy(), K.copy(), bias.copy(), stride, padding)
-            except (ValueError, IndexError) as exc:  # e.g. kh and kw swapped: shapes disagree
+                got = conv2d_backward(X.copy(), K.copy(), dY.copy(), stride, padding)
+            except (ValueError, IndexError) as exc:  # e.g. a window sliced past the padding
+                raise AssertionError(f"{where}: {type(exc).__name__}: {exc}") from None
+            if not isinstance(got, tuple) or len(got) != 3:
+                raise AssertionError("conv2d_backward must return a tuple (dX, dK, db)")
+            dX, dK, db = got
+            _judge_dX(where, dX, want_dX, X, K, stride, padding)
+            dK = np.asarray(dK)
+            _judge_dK(where, dK, want_dK, X, dY, stride, padding)
+            db = np.asarray(db)
+            if db.shape == want_db.shape and np.allclose(db * dY[0].size, want_db):
                 raise AssertionError(
-                    f"{kh}x{kw} kernel, stride {stride}, padding {padding}: "
-                    f"{type(exc).__name__}: {exc}"
-                ) from None
-            assert_close(
-                f"output ({kh}x{kw} kernel, stride {stride}, padding {padding})", got, want
-            )
+                    f"db ({where}) is the mean of dY over the output positions: the bias is "
+                    "added at every position, so its gradient is their sum"
+                )
+            assert_close(f"db ({where})", db, want_db)
         return (
-            f"equal to torch's conv2d in {len(cases)} cases of channels, non-square kernels, "
-            "stride and padding"
+            f"dX, dK and db equal to torch's autograd of conv2d in {len(cases)} cases: "
+            "overlapping windows, padding, strides 1 to 3, non-square kernels"
         )
 
-    return run_check("A1.3", "conv2d_layer", body, max_points=A1_POINTS["A1.3"], verbose=verbose)
+    name = "conv2d_backward"
+    return run_check("A1.3", name, body, max_points=A1_POINTS["A1.3"], verbose=verbose)

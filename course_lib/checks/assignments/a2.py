@@ -12,6 +12,12 @@ the check also reads the communicator's per-peer counters: no built-in collectiv
 rank ``r`` may talk only to its partners ``r XOR 2^k``, and to each partner it must send exactly
 the bytes the algorithm sends there (:func:`rabenseifner_bytes_sent`; Thakur, Rabenseifner &
 Gropp 2005, "Optimization of collective communication operations in MPICH").
+
+A2.1 also asks for a ``ValueError`` when the world size is not a power of two (the halving
+pairs ``r`` with ``r XOR d``, which does not exist on 3 ranks; MPICH folds the extra ranks in
+first). The check runs the answer on a real 3-rank communicator (a subgroup of the engines'):
+every rank must raise ``ValueError`` before it sends anything
+(:func:`judge_not_power_of_two`).
 """
 
 from __future__ import annotations
@@ -27,6 +33,7 @@ __all__ = [
     "check_allgather_doubling",
     "check_rabenseifner_allreduce",
     "check_reduce_scatter_halving",
+    "judge_not_power_of_two",
     "judge_rank",
     "rabenseifner_bytes_sent",
     "rabenseifner_partners",
@@ -34,6 +41,7 @@ __all__ = [
 
 A2_POINTS = {"A2.1": 3.0, "A2.2": 2.0, "A2.3": 3.0}
 A2_SIZES = (10, 1001, 4096)  # uneven chunks (3, 3, 2, 2 on 4 ranks), not divisible, even
+NOT_POWER_OF_TWO = "not_power_of_two"  # A2.1's last case: the answer on the first 3 ranks
 
 
 def rabenseifner_partners(rank: int, world_size: int) -> list[int]:
@@ -137,16 +145,69 @@ def judge_rank(
     return ""
 
 
+def judge_not_power_of_two(rank: int, world_size: int, raised: str, messages: int) -> str:
+    """Return "" or what is wrong with one rank of A2.1 run on ``world_size`` (not 2^k) ranks.
+
+    ``raised``: the name of the exception the answer raised there ("" if it returned);
+    ``messages``: the messages it sent and the collectives it called before that.
+    Shared by the kernel-side check and the grader's (:mod:`course_lib.grading.probes.a2`).
+    """
+    if raised == "ValueError" and not messages:
+        return ""
+    if raised == "ValueError":  # e.g. the communicator's own "peer out of range", mid-algorithm
+        return (
+            f"on {world_size} ranks rank {rank} sent {messages} messages before its ValueError; "
+            "check that comm.world_size is a power of two before the first message"
+        )
+    what = f"raised {raised}" if raised else "returned"
+    return (
+        f"on {world_size} ranks (not a power of two) rank {rank} {what}; raise ValueError "
+        "when comm.world_size is not a power of two, before any message"
+    )
+
+
+def run_not_power_of_two(comm: Any, fn: Callable) -> tuple[int, str, int]:
+    """Run ``fn`` on a communicator of this engine's first ``world_size - 1`` ranks.
+
+    Every rank of ``comm`` must call it (making the subgroup is collective). Returns
+    (rank in the subgroup or -1 outside it, the exception's name or "", messages sent and
+    collectives called there).
+    """
+    import numpy as np
+
+    sub = comm.subgroup(list(range(comm.world_size - 1)))
+    if sub is None:
+        return -1, "", 0
+    raised = ""
+    try:
+        fn(sub, np.zeros(10, dtype=np.float32))
+    except Exception as exc:  # noqa: BLE001 - any exception is data for the judge
+        raised = type(exc).__name__
+    stats = sub.stats
+    messages = sum(s.messages_sent for s in stats.peers.values())
+    messages += sum(c.calls for name, c in stats.collectives.items() if name != "barrier")
+    return sub.rank, raised, messages
+
+
 def _run_case(fn: Callable, kind: str, size: int, dtype: str, comm_name: str) -> str:
     """Run on an engine: call the student's ``fn`` on this rank's input; return "" or what is wrong."""
     import numpy as np
     from IPython import get_ipython
 
-    from course_lib.checks.assignments.a2 import judge_rank
+    from course_lib.checks.assignments.a2 import (
+        judge_not_power_of_two,
+        judge_rank,
+        run_not_power_of_two,
+    )
     from course_lib.comm.buffers import chunk_bounds
 
     comm = get_ipython().user_ns[comm_name]
     rank, world_size = comm.rank, comm.world_size
+    if kind == NOT_POWER_OF_TWO:
+        sub_rank, raised, messages = run_not_power_of_two(comm, fn)
+        if sub_rank < 0:
+            return ""
+        return judge_not_power_of_two(sub_rank, world_size - 1, raised, messages)
     rng = np.random.default_rng([size, rank])
     x = rng.integers(-8, 9, size).astype(dtype)
     reference = np.asarray(comm.allreduce(x.copy())).reshape(-1)
@@ -178,6 +239,13 @@ def _check(
                 results = cluster.run(_run_case, fn, kind, size, dtype, comm_name, timeout=60)
                 for why in results:
                     assert not why, why
+        if kind == "reduce_scatter":  # A2.1 also raises ValueError unless N is a power of two
+            for why in cluster.run(_run_case, fn, NOT_POWER_OF_TWO, 0, "", comm_name, timeout=60):
+                assert not why, why
+            return (
+                f"{world_size} ranks, partners r XOR 2^k, {len(A2_SIZES)} sizes, float32 and "
+                f"float64; ValueError on {world_size - 1} ranks"
+            )
         return f"{world_size} ranks, partners r XOR 2^k, {len(A2_SIZES)} sizes, float32 and float64"
 
     return run_check(exercise, name, body, max_points=A2_POINTS[exercise], verbose=verbose)

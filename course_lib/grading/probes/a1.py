@@ -53,10 +53,10 @@ def a1_spec() -> ProbeSpec:
                 _SGD_SETUP,
             ),
             "A1.3": ExerciseProbe(
-                a1.conv2d_inputs,
-                'conv2d_layer(case["X"].copy(), case["K"].copy(), case["bias"].copy(), '
+                a1.conv2d_backward_inputs,
+                'conv2d_backward(case["X"].copy(), case["K"].copy(), case["dY"].copy(), '
                 'case["stride"], case["padding"])',
-                a1.check_conv2d_layer,
+                a1.check_conv2d_backward,
             ),
         },
     )

@@ -4,7 +4,11 @@ The kernel pushes the answer to its engines and has each rank call it on inputs 
 grader's seed; each rank returns what the answer returned, the built-in collectives it called
 and its communicator's per-peer counters (messages each way, bytes sent), as data. The grader
 re-derives the right sums from the seed and judges each rank with
-:func:`course_lib.checks.assignments.a2.judge_rank`, in its own process. The kernel sees the parts of the
+:func:`course_lib.checks.assignments.a2.judge_rank`, in its own process. A2.1's last case runs
+the answer on a real communicator of the first 3 of the 4 ranks (not a power of two): each rank
+returns the name of the exception the answer raised there and the messages it sent first, and
+the grader asks for a ``ValueError`` before any message
+(:func:`course_lib.checks.assignments.a2.judge_not_power_of_two`). The kernel sees the parts of the
 kit the engines need (``comm``, ``cluster``, ...) but not ``course_lib.checks``.
 
 Not closed: the counters are still counted inside the student's processes (the engines), so an
@@ -31,6 +35,18 @@ _ENGINE_SETUP = """\
 
         comm = get_ipython().user_ns["comm"]
         rank, p = comm.rank, comm.world_size
+        if kind == "not_power_of_two":  # on a real communicator of p - 1 ranks: a ValueError
+            sub = comm.subgroup(list(range(p - 1)))  # every rank calls it; None outside
+            if sub is None:
+                return -1, p - 1, "", 0
+            raised = ""
+            try:
+                fn(sub, np.zeros(size, dtype=dtype))
+            except Exception as exc:
+                raised = type(exc).__name__
+            sent = sum(s.messages_sent for s in sub.stats.peers.values())
+            sent += sum(c.calls for n, c in sub.stats.collectives.items() if n != "barrier")
+            return sub.rank, p - 1, raised, sent
         make = lambda r: np.random.default_rng([seed, size, r]).integers(-8, 9, size)
         x = make(rank).astype(dtype)
         if kind == "allgather":  # on entry rank r holds only its own (finished) chunk
@@ -59,20 +75,44 @@ _EXERCISES = {  # exercise: (function, kind)
 
 
 def a2_inputs(kind: str, seed: int) -> list[dict]:
-    """A2's cases: every size of ``A2_SIZES`` in float32 and float64, on the grader's seed."""
-    from course_lib.checks.assignments.a2 import A2_SIZES
+    """A2's cases: every size of ``A2_SIZES`` in float32 and float64, on the grader's seed;
+    A2.1's last case runs the answer on 3 ranks, where it must raise ``ValueError``."""
+    from course_lib.checks.assignments.a2 import A2_SIZES, NOT_POWER_OF_TWO
 
-    return [
+    cases = [
         {"kind": kind, "size": size, "dtype": dtype, "seed": seed}
         for size in A2_SIZES
         for dtype in ("float32", "float64")
     ]
+    if kind == "reduce_scatter":
+        cases.append({"kind": NOT_POWER_OF_TWO, "size": 10, "dtype": "float32", "seed": seed})
+    return cases
+
+
+def _judge_not_power_of_two(ranks: Any) -> int:
+    """Raise AssertionError unless every rank of the 3-rank run raised ValueError unsent."""
+    from course_lib.checks.assignments.a2 import judge_not_power_of_two
+
+    if not isinstance(ranks, list) or not ranks:
+        raise AssertionError("the engines returned no result")
+    members = [r for r in ranks if isinstance(r, tuple) and len(r) == 4 and int(r[0]) >= 0]
+    world_size = len(ranks) - 1
+    if sorted(int(r[0]) for r in members) != list(range(world_size)):
+        raise AssertionError("the engines' results do not come one from each rank")
+    for rank, p, raised, sent in members:
+        raised = raised if isinstance(raised, str) else "<not a name>"
+        why = judge_not_power_of_two(int(rank), int(p), raised, int(np.asarray(sent)))
+        if why:
+            raise AssertionError(why)
+    return world_size
 
 
 def _judge_case(case: dict, ranks: Any) -> int:
     """Raise AssertionError with the first rank's problem; return the world size."""
-    from course_lib.checks.assignments.a2 import judge_rank
+    from course_lib.checks.assignments.a2 import NOT_POWER_OF_TWO, judge_rank
 
+    if case["kind"] == NOT_POWER_OF_TWO:
+        return _judge_not_power_of_two(ranks) + 1
     if not isinstance(ranks, list) or not ranks:
         raise AssertionError("the engines returned no result")
     world_size = int(ranks[0][1])
@@ -117,9 +157,10 @@ def _check(exercise: str, name: str, kind: str):
             world_size = 0
             for case in a2_inputs(kind, seed):
                 world_size = _judge_case(case, answer(case))
+            more = f"; ValueError on {world_size - 1} ranks" if kind == "reduce_scatter" else ""
             return (
                 f"{world_size} ranks, partners r XOR 2^k, {len(A2_SIZES)} sizes, "
-                "float32 and float64"
+                f"float32 and float64{more}"
             )
 
         return run_check(exercise, name, body, max_points=A2_POINTS[exercise], verbose=verbose)
