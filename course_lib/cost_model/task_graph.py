@@ -8,7 +8,9 @@ input box is cut out of the boxes the producer's workers hold; what is not local
 the backward pass the gradients travel back, summed where several workers used the same input).
 Collectives are expanded into their point-to-point messages (:mod:`course_lib.cost_model.messages`):
 ring allreduces of the weight gradients of split-by-sample operators, of the partial sums of a
-row-parallel layer, of the input gradient of a column layer fed by a replicated one. The graph is built in segments (an operator's tasks, an edge's transfers), cached by the
+row-parallel layer, of the input gradient of a column layer fed by a replicated one; with ``zero``
+(ZeRO, :mod:`course_lib.cost_model.sharding`) the gradients' reduce-scatters and the weights'
+allgathers instead. The graph is built in segments (an operator's tasks, an edge's transfers), cached by the
 configurations they depend on, so a strategy that differs in one operator rebuilds only its
 neighbourhood: the first half of the delta simulation.
 """
@@ -22,6 +24,14 @@ from course_lib.cost_model.alpha_beta import LinkModel
 from course_lib.cost_model.configs import ParallelConfig, check_strategy, in_boxes, out_boxes
 from course_lib.cost_model.messages import Network, Task, message, network, ring_allreduce_tasks
 from course_lib.cost_model.operators import BYTES, Operator, OperatorGraph
+from course_lib.cost_model.sharding import (
+    ZeroConfig,
+    check_zero,
+    ring_pass_done,
+    ring_pass_tasks,
+    zero_schedule,
+    zero_state_bytes,
+)
 
 __all__ = ["LABEL_BYTES", "SYNCS", "TaskGraphBuilder"]
 
@@ -64,7 +74,8 @@ class TaskGraphBuilder:
     ``"per_operator"`` (a ring per operator as soon as its backward ends, overlapping the rest
     of the backward pass, as DDP's buckets do) or ``"after_backward"`` (one ring of every such
     gradient per group of workers after the whole backward pass, as the kit's plain ``ring``
-    exchange and ``hybrid_step`` do).
+    exchange and ``hybrid_step`` do). ``zero``: a :class:`~course_lib.cost_model.sharding.ZeroConfig`
+    for ZeRO's sharded data parallelism (every operator split by samples), None for none.
     """
 
     def __init__(
@@ -74,6 +85,7 @@ class TaskGraphBuilder:
         costs,
         link: LinkModel | Network,
         sync: str = "per_operator",
+        zero: ZeroConfig | None = None,
     ) -> None:
         if world_size < 1:
             raise ValueError(f"world_size must be >= 1, got {world_size}")
@@ -81,6 +93,9 @@ class TaskGraphBuilder:
             raise ValueError(f"unknown sync {sync!r}; choose one of {SYNCS}")
         self.graph, self.world_size, self.costs, self.sync = graph, world_size, costs, sync
         self.link = network(link)
+        self.zero = zero
+        self._zero = zero_schedule(graph, zero) if zero else {"forward": {}, "backward": {}}
+        self._zero_devices: tuple[int, ...] = tuple(range(world_size))
         self._edges: dict = {}
         self._nodes: dict = {}
         self._costs: dict = {}
@@ -222,8 +237,11 @@ class TaskGraphBuilder:
                         tasks.append(message(tid, k, d, LABEL_BYTES * rows, [], link))
                         label_ready[d].append(tid)
         held = {d: BYTES * _volume(b, b) for d, b in out_boxes(op, cfg, g.batch)}
+        gather_f, wait_b = self._zero["forward"].get(i), self._zero["backward"].get(i)
         for d in cfg.devices:
             preds = fwd_ready.get(d, []) + label_ready[d]
+            if gather_f:  # ZeRO-3: this layer's weights gathered first
+                preds.append(ring_pass_done(gather_f, self._zero_devices, d))
             tasks.append(Task(_fid(i, d), ("worker", d), fwd, tuple(preds), memory=held[d]))
         if cfg.split == "row" and cfg.degree > 1:
             more, _ = ring_allreduce_tasks(
@@ -236,8 +254,10 @@ class TaskGraphBuilder:
             tasks += more
         for d in cfg.devices:
             preds = [_fid(i, d)] + list(bwd_ready.get(d, []))
+            if wait_b:  # ZeRO: the collective the engine's thread ran just before
+                preds.append(ring_pass_done(wait_b, self._zero_devices, d))
             tasks.append(Task(_bid(i, d), ("worker", d), bwd, tuple(preds), memory=-held[d]))
-        if _synced(op, cfg) and self.sync == "per_operator":
+        if _synced(op, cfg) and self.sync == "per_operator" and not self.zero:
             more, _ = ring_allreduce_tasks(
                 f"{i:03d}G",
                 cfg.devices,
@@ -253,15 +273,41 @@ class TaskGraphBuilder:
         """Return the tasks of ``strategy`` by id (segments reused from earlier builds)."""
         if check:
             check_strategy(self.graph, strategy, self.world_size)
+        if self.zero:
+            devices = check_zero(self.graph, strategy)
+            if devices != self._zero_devices:
+                self._zero_devices = devices
+                self.clear()
         if len(self._nodes) + len(self._edges) > CACHE_LIMIT:  # a long search: start afresh
             self.clear()
         tasks = {}
         for i in range(len(self.graph.ops)):
             for t in self._edge(i, strategy)[0] + self._node(i, strategy):
                 tasks[t.id] = t
-        if self.sync == "after_backward":
+        if self.zero:
+            for t in self._zero_tasks():
+                tasks[t.id] = t
+        elif self.sync == "after_backward":
             for t in self._sync_after_backward(strategy):
                 tasks[t.id] = t
+        return tasks
+
+    def _zero_tasks(self) -> list[Task]:
+        """Return ZeRO's ring passes, each worker issuing them one after another."""
+        devs, ops, tasks, prev = self._zero_devices, range(len(self.graph.ops)), [], None
+        for after, coll in self._zero["order"]:
+            start = {}
+            for d in devs:
+                if after is None:
+                    start[d] = []
+                elif after[1] == "all":
+                    start[d] = [_bid(i, d) for i in ops]
+                else:
+                    start[d] = [(_fid if after[0] == "F" else _bid)(after[1], d)]
+                if prev is not None:
+                    start[d].append(ring_pass_done(prev, devs, d))
+            tasks += ring_pass_tasks(coll.tag, devs, coll.numel, coll.phase, start, self.link)
+            prev = coll.tag
         return tasks
 
     def _sync_after_backward(self, strategy) -> list[Task]:
@@ -277,6 +323,12 @@ class TaskGraphBuilder:
             tag = "S" + "-".join(map(str, devs))
             tasks += ring_allreduce_tasks(tag, devs, nbytes, backward, self.link)[0]
         return tasks
+
+    def state_bytes(self, strategy, optimizer_bytes: int = 0) -> dict[int, float]:
+        """Return each worker's model state: weights, gradients, ``optimizer_bytes`` per value."""
+        if self.zero:
+            return zero_state_bytes(self.graph, self.zero, self._zero_devices, optimizer_bytes)
+        return {d: b * (2 + optimizer_bytes / BYTES) for d, b in self.param_bytes(strategy).items()}
 
     def param_bytes(self, strategy) -> dict[int, float]:
         """Return the parameter bytes each worker holds under ``strategy`` (weights only)."""

@@ -1,9 +1,9 @@
-"""Lecture 13: A few of the simulator's strategies run for real on the engines, timed phase by phase.
+"""Lecture 13: The simulator's strategies run for real on the engines, timed phase by phase.
 
 The execution simulator (:mod:`course_lib.cost_model.simulator`, source 003) predicts a step
-time; this module measures one. Four strategies of a kit model (a chain: convolutions, flatten,
-dense layers), each run by the kit's own parallel code, each with the configuration tuple the
-simulator reads (:func:`strategy_configs`):
+time; this module measures one. Strategies of a kit model (a chain: convolutions, flatten,
+dense layers), each run by the kit's own parallel code, each with the configuration tuple
+(:func:`strategy_configs`) and simulator options (:func:`simulator_options`) the simulator reads:
 
 - ``one worker``: rank 0 computes everything; the others only hand it their samples;
 - ``data parallel``: every rank its own samples, then one ring allreduce of all the gradients
@@ -13,12 +13,19 @@ simulator reads (:func:`strategy_configs`):
   (:func:`~course_lib.parallel.model_parallel.hybrid.hybrid_step`, lecture 9);
 - ``pipeline``: two stages, everything before the first dense layer on rank 0, the rest on
   rank 1, one micro-batch (:func:`~course_lib.parallel.pipeline_parallel.pipeline.pipeline_step`,
-  lecture 10).
+  lecture 10);
+- ``zero1``, ``zero2``, ``zero3``: data parallelism with ZeRO's sharding (lecture 11, the kit's
+  own :mod:`~course_lib.parallel.sharded.zero` exchanges): reduce-scatter, the shard's update,
+  allgather; stage 3 gathers each layer's weights before its forward and its backward.
 
 As in the simulator, every rank starts a step holding its own ``B/N`` samples and labels (it
 loaded them): a strategy that computes them elsewhere moves them first, inside the step. A
 step's time is the slowest rank's, from a barrier; each rank also records its phases
 ``(start, end, what)`` in seconds since that barrier, for a timeline beside the simulator's.
+With ``lr > 0`` every step ends with an optimiser step on what each rank holds, and
+:func:`whole_weights` puts the ranks' pieces back together: every strategy is the same
+computation, so they equal :func:`one_process_weights` (the test's reference). ZeRO's step
+always includes its update (the allgather of the updated shards follows it).
 """
 
 from __future__ import annotations
@@ -27,12 +34,23 @@ import time
 from contextlib import contextmanager
 from typing import Any
 
+import numpy as np
+
 from course_lib.cost_model.configs import ParallelConfig, data_parallel, expert_hybrid
 from course_lib.cost_model.operators import OperatorGraph
 
-__all__ = ["STRATEGIES", "run_strategy", "strategy_configs"]
+__all__ = [
+    "OPTIMIZERS",
+    "STRATEGIES",
+    "one_process_weights",
+    "run_strategy",
+    "simulator_options",
+    "strategy_configs",
+    "whole_weights",
+]
 
-STRATEGIES = ("one worker", "data parallel", "hybrid", "pipeline")
+STRATEGIES = ("one worker", "data parallel", "hybrid", "pipeline", "zero1", "zero2", "zero3")
+OPTIMIZERS = ("sgd", "adam")
 _SAMPLES_TAG, _LABELS_TAG = 8113, 8114  # clear of the collectives' 8100-8112 and the probe's 8117
 
 
@@ -49,7 +67,7 @@ def strategy_configs(
     """Return the simulator's configuration of every operator under strategy ``name``."""
     if name not in STRATEGIES:
         raise ValueError(f"unknown strategy {name!r}; choose one of {STRATEGIES}")
-    if name == "data parallel":
+    if name == "data parallel" or name.startswith("zero"):
         return data_parallel(graph, world_size)
     if name == "hybrid":
         return expert_hybrid(graph, world_size)
@@ -59,6 +77,22 @@ def strategy_configs(
         raise ValueError(f"the pipeline here has two stages: run it on 2 engines, not {world_size}")
     cut = _first_dense(graph)
     return tuple(ParallelConfig("replicate", (0 if i < cut else 1,)) for i in range(len(graph)))
+
+
+def simulator_options(name: str, bucket_bytes: int = 1 << 16) -> dict[str, Any]:
+    """Return the ``Simulator`` keywords that model how strategy ``name`` runs here.
+
+    Every strategy sums replicated gradients after the backward pass (the kit's ring exchange,
+    ``hybrid_step``); the ZeRO strategies add their stage and stage 2's bucket size.
+    """
+    if name not in STRATEGIES:
+        raise ValueError(f"unknown strategy {name!r}; choose one of {STRATEGIES}")
+    out: dict[str, Any] = {"sync": "after_backward"}
+    if name.startswith("zero"):
+        from course_lib.cost_model.sharding import ZeroConfig
+
+        out["zero"] = ZeroConfig(int(name[-1]), bucket_bytes)
+    return out
 
 
 _PIPELINE_PHASES = {"F": "forward", "B": "backward", "send": "send", "recv": "receive"}
@@ -99,33 +133,140 @@ def _gather_at(comm, dst: int, own, what: str, note):
     return torch.cat(parts)
 
 
+def _problem(model: str, batch: int, seed: int):
+    """Return (graph, net, X, y): the model seeded with ``seed`` and its random global batch."""
+    import torch
+
+    from course_lib.training.models import build_model
+    from course_lib.training.operator_graphs import kit_graph
+
+    graph = kit_graph(model, batch)
+    torch.manual_seed(seed)
+    net = build_model(model)  # kit_graph(model) above: a chain the simulator knows
+    X = torch.randn(batch, *graph.input_shape)
+    y = torch.randint(0, net[-1].out_features, (batch,))
+    return graph, net, X, y
+
+
+def _optimizer(kind: str, params, lr: float):
+    import torch
+
+    if kind not in OPTIMIZERS:
+        raise ValueError(f"unknown optimizer {kind!r}; choose one of {OPTIMIZERS}")
+    params = list(params)
+    return torch.optim.SGD(params, lr) if kind == "sgd" else torch.optim.Adam(params, lr)
+
+
+def one_process_weights(
+    model: str, batch: int, steps: int, seed: int = 0, lr: float = 0.05, optimizer: str = "sgd"
+) -> dict[str, np.ndarray]:
+    """Return the weights one process reaches in ``1 + steps`` steps on :func:`run_strategy`'s batch."""
+    from torch import nn
+
+    _, net, X, y = _problem(model, batch, seed)
+    opt = _optimizer(optimizer, net.parameters(), lr)
+    for _ in range(steps + 1):
+        opt.zero_grad(set_to_none=True)
+        nn.functional.cross_entropy(net(X), y).backward()
+        opt.step()
+    return {k: v.detach().numpy().copy() for k, v in net.state_dict().items()}
+
+
+def _pieces(name: str, net, parts, rank: int, first_dense: int) -> list[tuple]:
+    """Return what this rank holds as ``(name in net, dim, start, stop, values)`` (dim -1: whole)."""
+    from course_lib.parallel.model_parallel.tensor_parallel import (
+        ColumnParallelLinear,
+        RowParallelLinear,
+    )
+
+    def whole(module, offset: int) -> list[tuple]:
+        out = []
+        for key, v in module.state_dict().items():
+            index, rest = key.split(".", 1)
+            out.append((f"{int(index) + offset}.{rest}", -1, 0, 0, v.detach().numpy().copy()))
+        return out
+
+    if name == "one worker":
+        return whole(net, 0) if rank == 0 else []
+    if name == "pipeline":
+        return whole(parts, 0 if rank == 0 else first_dense)
+    if name != "hybrid":
+        return whole(net, 0)
+    out = whole(parts.convs, 0)
+    head_at = len(parts.convs)
+    for j, layer in enumerate(parts.head):
+        key = str(head_at + j)
+        if isinstance(layer, ColumnParallelLinear):
+            a, b = layer.out_bounds[rank]
+            for what in ("weight", "bias"):
+                out.append((f"{key}.{what}", 0, a, b, getattr(layer, what).detach().numpy().copy()))
+        elif isinstance(layer, RowParallelLinear):
+            a, b = layer.in_bounds[rank]
+            out.append((f"{key}.weight", 1, a, b, layer.weight.detach().numpy().copy()))
+            out.append((f"{key}.bias", -1, 0, 0, layer.bias.detach().numpy().copy()))
+    return out
+
+
+def whole_weights(model: str, runs: list[dict[str, Any]]) -> tuple[dict[str, np.ndarray], float]:
+    """Return the model's weights put together from every rank's pieces, and the largest
+    difference between two ranks' copies of one value (0.0: the replicas agree bit for bit)."""
+    from course_lib.training.models import build_model
+
+    shapes = {k: tuple(v.shape) for k, v in build_model(model).state_dict().items()}
+    out = {k: np.full(s, np.nan, np.float32) for k, s in shapes.items()}
+    worst = 0.0
+    for run in runs:
+        for key, dim, a, b, values in run.get("weights", []):
+            index = (slice(None),) * dim + (slice(a, b),) if dim >= 0 else (slice(None),)
+            target = out[key][index]
+            held = ~np.isnan(target)
+            if held.any():
+                worst = max(worst, float(np.abs(target[held] - values[held]).max()))
+            out[key][index] = values
+    missing = [k for k, v in out.items() if np.isnan(v).any()]
+    if missing:
+        raise ValueError(f"no rank holds all of {missing}: were the runs made with lr > 0?")
+    return out, worst
+
+
 def run_strategy(
-    name: str, comm_name: str, model: str, batch: int, steps: int = 5, seed: int = 0
+    name: str,
+    comm_name: str,
+    model: str,
+    batch: int,
+    steps: int = 5,
+    seed: int = 0,
+    *,
+    lr: float = 0.0,
+    optimizer: str = "sgd",
+    bucket_bytes: int = 1 << 16,
 ) -> dict[str, Any]:
     """Run 1 warm-up + ``steps`` steps of strategy ``name``; every engine calls it.
 
-    A step is what the simulator models: forward, backward and the exchanges, no optimiser
-    step. ``model`` is ``mlp``, ``lenet`` or ``small_cnn``, on random inputs. Returns this
+    A step is what the simulator models: forward, backward and the exchanges; with ``lr > 0``
+    (and always for ZeRO) an optimiser step (``optimizer``: ``sgd`` or ``adam``) on what this
+    rank holds. ``model`` is ``mlp``, ``lenet`` or ``small_cnn``, on random inputs. Returns this
     rank's wall seconds per step (from a barrier; warm-up excluded), the phases of its last
-    step, and the bytes it sent in that step (the communicator's counter).
+    step, the bytes and messages it sent in that step (the communicator's counters), its
+    pieces of the weights after the run (when it updated them) and, for ZeRO, the memory
+    ledger of its last step (``course_lib.parallel.sharded.ledger``).
     """
     import torch
     from IPython import get_ipython
     from torch import nn
 
     from course_lib.collectives.ring import ring_allreduce
+    from course_lib.parallel.exchanges.base import StepTimeline
     from course_lib.parallel.model_parallel.hybrid import HybridCNN, hybrid_step
     from course_lib.parallel.pipeline_parallel.pipeline import (
         PipelineSettings,
         pipeline_step,
         split_stages,
     )
-    from course_lib.training.models import build_model
-    from course_lib.training.operator_graphs import kit_graph
 
     comm = get_ipython().user_ns[comm_name]
     p, r = comm.world_size, comm.rank
-    graph = kit_graph(model, batch)
+    graph, net, X, y = _problem(model, batch, seed)
     strategy_configs(name, graph, p)  # bad names and world sizes fail here, on every rank
     if name == "hybrid" and not any(op.kind == "conv2d" for op in graph.ops):
         raise ValueError(f"the hybrid runs a CNN's convolutions data parallel; {model} has none")
@@ -133,20 +274,27 @@ def run_strategy(
         raise ValueError(
             f"a batch of {batch} does not split over {p} engines; use a multiple of {p}"
         )
-    torch.manual_seed(seed)
-    net = build_model(model)  # kit_graph(model) above: a chain the simulator knows
-    X = torch.randn(batch, *graph.input_shape)
-    y = torch.randint(0, net[-1].out_features, (batch,))
     own = slice(r * batch // p, (r + 1) * batch // p)
     X_own, y_own = X[own].contiguous(), y[own].contiguous()  # what this rank loaded
-    hybrid = HybridCNN(net, comm) if name == "hybrid" else None
-    if name == "pipeline":
-        cut = _first_dense(graph)
-        stage = split_stages(net, [(0, cut), (cut, len(net))])[r]
-    walls, clock, sent = [], None, 0
+    zero = name.startswith("zero")
+    updates = lr > 0 or zero
+    parts, exchange, cut = net, None, _first_dense(graph) if name == "pipeline" else 0
+    if name == "hybrid":
+        parts = HybridCNN(net, comm)
+    elif name == "pipeline":
+        parts = split_stages(net, [(0, cut), (cut, len(net))])[r]
+    elif zero:
+        from course_lib.parallel.exchanges.registry import make_exchange
+
+        exchange = make_exchange(name, bucket_bytes=bucket_bytes)
+        exchange.attach(comm, net)
+    opt = _optimizer(optimizer, parts.parameters(), lr) if updates else None
+    if zero:
+        opt = exchange.wrap_optimizer(comm, opt)
+    walls, clock, sent, messages, ledger = [], None, 0, 0, {}
     for step in range(steps + 1):
         comm.barrier()
-        clock, before = _Phases(), comm.stats.bytes_sent
+        clock, before = _Phases(), (comm.stats.bytes_sent, comm.stats.messages_sent)
         note = clock.note
         net.zero_grad(set_to_none=True)
         if name == "one worker":
@@ -163,21 +311,53 @@ def run_strategy(
             with note("backward"):
                 loss.backward()
             with note("allreduce"):
-                flat = torch.cat([q.grad.reshape(-1) for q in net.parameters()])
-                ring_allreduce(comm, flat)  # a sum of means: divide by p before a step
+                grads = [q.grad for q in net.parameters()]
+                flat = torch.cat([g.reshape(-1) for g in grads])
+                ring_allreduce(comm, flat)  # a sum of means: divide by p for the global mean
+                offset = 0
+                for g in grads:
+                    g.copy_(flat[offset : offset + g.numel()].view_as(g) / p)
+                    offset += g.numel()
         elif name == "hybrid":
             with note("hybrid step"):
-                hybrid_step(hybrid, X_own, y_own)
-        else:  # two-stage pipeline: stage 0 needs every sample, stage 1 every label
+                hybrid_step(parts, X_own, y_own)
+        elif name == "pipeline":  # two stages: stage 0 needs every sample, stage 1 every label
             Xa = _gather_at(comm, 0, X_own, "samples", note)
             ya = _gather_at(comm, 1, y_own, "labels", note)
             start = clock.now()
-            _, timeline = pipeline_step(stage, comm, PipelineSettings("naive", 1, batch), Xa, ya)
+            _, timeline = pipeline_step(parts, comm, PipelineSettings("naive", 1, batch), Xa, ya)
             for iv in timeline.intervals:  # seconds since pipeline_step's own barrier
                 what = _PIPELINE_PHASES.get(iv.kind, iv.kind)
                 clock.items.append((start + iv.start, start + iv.end, what))
+        else:  # ZeRO: stages 2-3 reduce-scatter inside backward, stage 3 gathers around layers
+            marks = StepTimeline()
+            with note("forward"):
+                loss = nn.functional.cross_entropy(net(X_own), y_own)
+            with note("backward"):
+                loss.backward()
+            with note("reduce-scatter"):
+                exchange.exchange(comm, net, marks)
+        if opt is not None:
+            with note("update"):
+                opt.step()
+        if zero:
+            with note("allgather"):
+                exchange.after_step(comm, net, step, marks)
+            ledger = {k: v for k, v in marks.notes.items() if k.startswith("ledger_")}
         wall = clock.now()
-        sent = comm.stats.bytes_sent - before
+        sent = comm.stats.bytes_sent - before[0]
+        messages = comm.stats.messages_sent - before[1]
         if step:  # the first step warms up buffers and connections
             walls.append(wall)
-    return {"walls": walls, "phases": sorted(clock.items), "bytes_sent": sent}
+    if zero:
+        exchange.detach()  # stage 3: every unit gathered again, the whole weights on every rank
+    out = {
+        "walls": walls,
+        "phases": sorted(clock.items),
+        "bytes_sent": sent,
+        "messages_sent": messages,
+        "ledger": ledger,
+    }
+    if updates:
+        out["weights"] = _pieces(name, net, parts, r, cut)
+    return out
