@@ -14,6 +14,10 @@ dense layers), each run by the kit's own parallel code, each with the configurat
 - ``pipeline``: two stages, everything before the first dense layer on rank 0, the rest on
   rank 1, one micro-batch (:func:`~course_lib.parallel.pipeline_parallel.pipeline.pipeline_step`,
   lecture 10);
+- ``attribute``: every layer before the Flatten split by image height (source 003's attribute
+  dimension: halo rows exchanged before each convolution, their gradients sent back), the
+  bands gathered, the dense head replicated on every rank
+  (:mod:`course_lib.parallel.model_parallel.spatial`);
 - ``zero1``, ``zero2``, ``zero3``: data parallelism with ZeRO's sharding (lecture 11, the kit's
   own :mod:`~course_lib.parallel.sharded.zero` exchanges): reduce-scatter, the shard's update,
   allgather; stage 3 gathers each layer's weights before its forward and its backward.
@@ -49,7 +53,16 @@ __all__ = [
     "whole_weights",
 ]
 
-STRATEGIES = ("one worker", "data parallel", "hybrid", "pipeline", "zero1", "zero2", "zero3")
+STRATEGIES = (
+    "one worker",
+    "data parallel",
+    "hybrid",
+    "pipeline",
+    "attribute",
+    "zero1",
+    "zero2",
+    "zero3",
+)
 OPTIMIZERS = ("sgd", "adam")
 _SAMPLES_TAG, _LABELS_TAG = 8113, 8114  # clear of the collectives' 8100-8112 and the probe's 8117
 
@@ -73,6 +86,13 @@ def strategy_configs(
         return expert_hybrid(graph, world_size)
     if name == "one worker":
         return tuple(ParallelConfig("replicate", (0,)) for _ in graph.ops)
+    if name == "attribute":
+        every = tuple(range(world_size))
+        flat = next(i for i, op in enumerate(graph.ops) if op.kind == "flatten")
+        return tuple(
+            ParallelConfig("attribute" if i < flat else "replicate", every)
+            for i in range(len(graph))
+        )
     if world_size != 2:
         raise ValueError(f"the pipeline here has two stages: run it on 2 engines, not {world_size}")
     cut = _first_dense(graph)
@@ -190,6 +210,8 @@ def _pieces(name: str, net, parts, rank: int, first_dense: int) -> list[tuple]:
         return whole(net, 0) if rank == 0 else []
     if name == "pipeline":
         return whole(parts, 0 if rank == 0 else first_dense)
+    if name == "attribute":
+        return whole(parts.convs, 0) + whole(parts.head, parts.flat)
     if name != "hybrid":
         return whole(net, 0)
     out = whole(parts.convs, 0)
@@ -258,6 +280,7 @@ def run_strategy(
     from course_lib.collectives.ring import ring_allreduce
     from course_lib.parallel.exchanges.base import StepTimeline
     from course_lib.parallel.model_parallel.hybrid import HybridCNN, hybrid_step
+    from course_lib.parallel.model_parallel.spatial import HeightSplitCNN, height_split_step
     from course_lib.parallel.pipeline_parallel.pipeline import (
         PipelineSettings,
         pipeline_step,
@@ -268,8 +291,8 @@ def run_strategy(
     p, r = comm.world_size, comm.rank
     graph, net, X, y = _problem(model, batch, seed)
     strategy_configs(name, graph, p)  # bad names and world sizes fail here, on every rank
-    if name == "hybrid" and not any(op.kind == "conv2d" for op in graph.ops):
-        raise ValueError(f"the hybrid runs a CNN's convolutions data parallel; {model} has none")
+    if name in ("hybrid", "attribute") and not any(op.kind == "conv2d" for op in graph.ops):
+        raise ValueError(f"the {name} strategy splits a CNN's convolutions; {model} has none")
     if batch % p:
         raise ValueError(
             f"a batch of {batch} does not split over {p} engines; use a multiple of {p}"
@@ -281,6 +304,8 @@ def run_strategy(
     parts, exchange, cut = net, None, _first_dense(graph) if name == "pipeline" else 0
     if name == "hybrid":
         parts = HybridCNN(net, comm)
+    elif name == "attribute":
+        parts = HeightSplitCNN(net, graph, comm)
     elif name == "pipeline":
         parts = split_stages(net, [(0, cut), (cut, len(net))])[r]
     elif zero:
@@ -321,6 +346,9 @@ def run_strategy(
         elif name == "hybrid":
             with note("hybrid step"):
                 hybrid_step(parts, X_own, y_own)
+        elif name == "attribute":
+            with note("height-split step"):
+                height_split_step(parts, X_own, y_own)
         elif name == "pipeline":  # two stages: stage 0 needs every sample, stage 1 every label
             Xa = _gather_at(comm, 0, X_own, "samples", note)
             ya = _gather_at(comm, 1, y_own, "labels", note)
