@@ -16,12 +16,11 @@ from course_lib.cost_model.op_costs import FlopsCosts
 from course_lib.cost_model.simulator import Simulator
 from course_lib.parallel.strategy_runs import (
     STRATEGIES,
-    one_process_weights,
     run_strategy,
     simulator_options,
     strategy_configs,
-    whole_weights,
 )
+from course_lib.parallel.strategy_weights import one_process_weights, whole_weights
 from course_lib.training.operator_graphs import kit_graph
 
 SHAPE_HEADER = 64  # pipeline_step's first message of a step: 8 int64

@@ -27,8 +27,9 @@ loaded them): a strategy that computes them elsewhere moves them first, inside t
 step's time is the slowest rank's, from a barrier; each rank also records its phases
 ``(start, end, what)`` in seconds since that barrier, for a timeline beside the simulator's.
 With ``lr > 0`` every step ends with an optimiser step on what each rank holds, and
-:func:`whole_weights` puts the ranks' pieces back together: every strategy is the same
-computation, so they equal :func:`one_process_weights` (the test's reference). ZeRO's step
+:func:`~course_lib.parallel.strategy_weights.whole_weights` puts the ranks' pieces back together:
+every strategy is the same computation, so they equal
+:func:`~course_lib.parallel.strategy_weights.one_process_weights` (the test's reference). ZeRO's step
 always includes its update (the allgather of the updated shards follows it).
 """
 
@@ -38,20 +39,10 @@ import time
 from contextlib import contextmanager
 from typing import Any
 
-import numpy as np
-
 from course_lib.cost_model.configs import ParallelConfig, data_parallel, expert_hybrid
 from course_lib.cost_model.operators import OperatorGraph
 
-__all__ = [
-    "OPTIMIZERS",
-    "STRATEGIES",
-    "one_process_weights",
-    "run_strategy",
-    "simulator_options",
-    "strategy_configs",
-    "whole_weights",
-]
+__all__ = ["STRATEGIES", "run_strategy", "simulator_options", "strategy_configs"]
 
 STRATEGIES = (
     "one worker",
@@ -63,7 +54,6 @@ STRATEGIES = (
     "zero2",
     "zero3",
 )
-OPTIMIZERS = ("sgd", "adam")
 _SAMPLES_TAG, _LABELS_TAG = 8113, 8114  # clear of the collectives' 8100-8112 and the probe's 8117
 
 
@@ -153,104 +143,6 @@ def _gather_at(comm, dst: int, own, what: str, note):
     return torch.cat(parts)
 
 
-def _problem(model: str, batch: int, seed: int):
-    """Return (graph, net, X, y): the model seeded with ``seed`` and its random global batch."""
-    import torch
-
-    from course_lib.training.models import build_model
-    from course_lib.training.operator_graphs import kit_graph
-
-    graph = kit_graph(model, batch)
-    torch.manual_seed(seed)
-    net = build_model(model)  # kit_graph(model) above: a chain the simulator knows
-    X = torch.randn(batch, *graph.input_shape)
-    y = torch.randint(0, net[-1].out_features, (batch,))
-    return graph, net, X, y
-
-
-def _optimizer(kind: str, params, lr: float):
-    import torch
-
-    if kind not in OPTIMIZERS:
-        raise ValueError(f"unknown optimizer {kind!r}; choose one of {OPTIMIZERS}")
-    params = list(params)
-    return torch.optim.SGD(params, lr) if kind == "sgd" else torch.optim.Adam(params, lr)
-
-
-def one_process_weights(
-    model: str, batch: int, steps: int, seed: int = 0, lr: float = 0.05, optimizer: str = "sgd"
-) -> dict[str, np.ndarray]:
-    """Return the weights one process reaches in ``1 + steps`` steps on :func:`run_strategy`'s batch."""
-    from torch import nn
-
-    _, net, X, y = _problem(model, batch, seed)
-    opt = _optimizer(optimizer, net.parameters(), lr)
-    for _ in range(steps + 1):
-        opt.zero_grad(set_to_none=True)
-        nn.functional.cross_entropy(net(X), y).backward()
-        opt.step()
-    return {k: v.detach().numpy().copy() for k, v in net.state_dict().items()}
-
-
-def _pieces(name: str, net, parts, rank: int, first_dense: int) -> list[tuple]:
-    """Return what this rank holds as ``(name in net, dim, start, stop, values)`` (dim -1: whole)."""
-    from course_lib.parallel.model_parallel.tensor_parallel import (
-        ColumnParallelLinear,
-        RowParallelLinear,
-    )
-
-    def whole(module, offset: int) -> list[tuple]:
-        out = []
-        for key, v in module.state_dict().items():
-            index, rest = key.split(".", 1)
-            out.append((f"{int(index) + offset}.{rest}", -1, 0, 0, v.detach().numpy().copy()))
-        return out
-
-    if name == "one worker":
-        return whole(net, 0) if rank == 0 else []
-    if name == "pipeline":
-        return whole(parts, 0 if rank == 0 else first_dense)
-    if name == "attribute":
-        return whole(parts.convs, 0) + whole(parts.head, parts.flat)
-    if name != "hybrid":
-        return whole(net, 0)
-    out = whole(parts.convs, 0)
-    head_at = len(parts.convs)
-    for j, layer in enumerate(parts.head):
-        key = str(head_at + j)
-        if isinstance(layer, ColumnParallelLinear):
-            a, b = layer.out_bounds[rank]
-            for what in ("weight", "bias"):
-                out.append((f"{key}.{what}", 0, a, b, getattr(layer, what).detach().numpy().copy()))
-        elif isinstance(layer, RowParallelLinear):
-            a, b = layer.in_bounds[rank]
-            out.append((f"{key}.weight", 1, a, b, layer.weight.detach().numpy().copy()))
-            out.append((f"{key}.bias", -1, 0, 0, layer.bias.detach().numpy().copy()))
-    return out
-
-
-def whole_weights(model: str, runs: list[dict[str, Any]]) -> tuple[dict[str, np.ndarray], float]:
-    """Return the model's weights put together from every rank's pieces, and the largest
-    difference between two ranks' copies of one value (0.0: the replicas agree bit for bit)."""
-    from course_lib.training.models import build_model
-
-    shapes = {k: tuple(v.shape) for k, v in build_model(model).state_dict().items()}
-    out = {k: np.full(s, np.nan, np.float32) for k, s in shapes.items()}
-    worst = 0.0
-    for run in runs:
-        for key, dim, a, b, values in run.get("weights", []):
-            index = (slice(None),) * dim + (slice(a, b),) if dim >= 0 else (slice(None),)
-            target = out[key][index]
-            held = ~np.isnan(target)
-            if held.any():
-                worst = max(worst, float(np.abs(target[held] - values[held]).max()))
-            out[key][index] = values
-    missing = [k for k, v in out.items() if np.isnan(v).any()]
-    if missing:
-        raise ValueError(f"no rank holds all of {missing}: were the runs made with lr > 0?")
-    return out, worst
-
-
 def run_strategy(
     name: str,
     comm_name: str,
@@ -286,10 +178,11 @@ def run_strategy(
         pipeline_step,
         split_stages,
     )
+    from course_lib.parallel.strategy_weights import make_optimizer, pieces, problem
 
     comm = get_ipython().user_ns[comm_name]
     p, r = comm.world_size, comm.rank
-    graph, net, X, y = _problem(model, batch, seed)
+    graph, net, X, y = problem(model, batch, seed)
     strategy_configs(name, graph, p)  # bad names and world sizes fail here, on every rank
     if name in ("hybrid", "attribute") and not any(op.kind == "conv2d" for op in graph.ops):
         raise ValueError(f"the {name} strategy splits a CNN's convolutions; {model} has none")
@@ -313,7 +206,7 @@ def run_strategy(
 
         exchange = make_exchange(name, bucket_bytes=bucket_bytes)
         exchange.attach(comm, net)
-    opt = _optimizer(optimizer, parts.parameters(), lr) if updates else None
+    opt = make_optimizer(optimizer, parts.parameters(), lr) if updates else None
     if zero:
         opt = exchange.wrap_optimizer(comm, opt)
     walls, clock, sent, messages, ledger = [], None, 0, 0, {}
@@ -387,5 +280,5 @@ def run_strategy(
         "ledger": ledger,
     }
     if updates:
-        out["weights"] = _pieces(name, net, parts, r, cut)
+        out["weights"] = pieces(name, net, parts, r, cut)
     return out
