@@ -93,11 +93,11 @@ def check_config(op: Operator, cfg: ParallelConfig, batch: int, world_size: int)
     ):
         raise ValueError(f"{op.name}: a {op.kind} has no columns to split; use sample or replicate")
     if split == "attribute" and (
-        op.kind not in ("conv2d", "maxpool", "relu") or len(op.out_shape) != 3
+        op.kind not in ("conv2d", "maxpool", "relu", "concat") or len(op.out_shape) != 3
     ):
         raise ValueError(
             f"{op.name}: an attribute (height) split needs an image operator "
-            f"(conv2d, maxpool, relu on images), not {op.kind}; use sample"
+            f"(conv2d, maxpool, relu or concat on images), not {op.kind}; use sample"
         )
     if split == "sample" and batch % n:
         raise ValueError(
@@ -156,7 +156,7 @@ def in_boxes(op: Operator, cfg: ParallelConfig, batch: int) -> list[tuple[int, B
         if cfg.split == "sample":
             box[0] = _part(batch, n, j)
         elif cfg.split == "row" or (
-            cfg.split == "column" and op.kind in ("relu", "maxpool", "flatten")
+            cfg.split == "column" and op.kind in ("relu", "maxpool", "flatten", "concat")
         ):
             box[1] = _part(op.in_shape[0], n, j)  # elementwise by channel: own channels only
         elif cfg.split == "attribute":

@@ -60,7 +60,7 @@ def shard_signature(op: Operator, cfg: ParallelConfig, batch: int) -> tuple:
     (_, box), n = in_boxes(op, cfg, batch)[0], cfg.degree
     sizes = tuple(b - a for a, b in box)
     width = op.out_shape[0]
-    if cfg.split == "column" and op.kind in ("linear", "conv2d"):
+    if cfg.split == "column" and op.kind in ("linear", "conv2d", "upconv"):
         width //= n
     return (op.kind, sizes[0], sizes[1:], width, op.attrs)
 
@@ -74,11 +74,18 @@ def _layer(kind: str, in_shape: tuple, width: int, attrs: tuple):
     if kind == "conv2d":
         k, p, s = attrs
         return nn.Conv2d(in_shape[0], width, k, padding=p, stride=s)
+    if kind == "upconv":
+        k, _, s = attrs
+        return nn.ConvTranspose2d(in_shape[0], width, k, stride=s)
     if kind == "maxpool":
         return nn.MaxPool2d(attrs[0], attrs[2])
+    if kind == "concat":
+        return lambda x: x * 1.0  # a copy of both inputs into one buffer
     if kind == "relu":
         return nn.ReLU()
-    return lambda x: torch.nn.functional.cross_entropy(x, torch.zeros(len(x), dtype=torch.long))
+    return lambda x: torch.nn.functional.cross_entropy(
+        x, torch.zeros((len(x), *x.shape[2:]), dtype=torch.long)
+    )
 
 
 def _time(signature: tuple, repeats: int, threads: int) -> tuple[float, float]:

@@ -4,10 +4,15 @@ The execution simulator (FlexFlow, source 003) never runs the model: it needs on
 what goes in and out (per-sample shapes), how much arithmetic it does and how many parameters it
 holds. A model is described by plain data, a list of layer tuples, so this layer-1 module knows
 no ``nn.Module``; :mod:`course_lib.training.operator_graphs` reads the kit's models into the same
-description. The graph is a chain (the kit's Sequential models and AlexNet are chains).
+description. Operators are listed in the order a forward pass runs them; each takes the previous
+one's output, except a ``concat``, which also takes an earlier operator's (a U-Net's skip
+connection): the graph is a chain with skips, a DAG.
 
 Layer tuples: ``("conv2d", out_channels, kernel, padding, stride)``, ``("relu",)``,
-``("maxpool", kernel, stride)``, ``("flatten",)``, ``("linear", out_features)``, ``("loss",)``.
+``("maxpool", kernel, stride)``, ``("flatten",)``, ``("linear", out_features)``,
+``("upconv", out_channels, kernel, stride)`` (a transposed convolution), ``("concat", j)`` (the
+output of operator ``j`` and the previous one's, joined by channels, ``j``'s first), and
+``("loss",)`` (cross-entropy over classes, or over every pixel's classes for an image).
 """
 
 from __future__ import annotations
@@ -22,7 +27,7 @@ __all__ = [
     "build_graph",
 ]
 
-KINDS = ("conv2d", "relu", "maxpool", "flatten", "linear", "loss")
+KINDS = ("conv2d", "relu", "maxpool", "flatten", "linear", "upconv", "concat", "loss")
 BYTES = 4  # float32 activations, gradients and parameters
 
 
@@ -30,7 +35,9 @@ BYTES = 4  # float32 activations, gradients and parameters
 class Operator:
     """One operator: kind, per-sample input and output shapes, parameters, forward FLOPs per sample.
 
-    ``attrs`` holds ``(kernel, padding, stride)`` for conv2d and maxpool, ``()`` otherwise.
+    ``attrs`` holds ``(kernel, padding, stride)`` for conv2d, maxpool and upconv, ``()``
+    otherwise; ``inputs`` the operators whose outputs it reads (``()``: the previous one, or the
+    graph's input for the first; a concat names two).
     """
 
     name: str
@@ -40,6 +47,7 @@ class Operator:
     params: int
     flops: float
     attrs: tuple[int, ...] = ()
+    inputs: tuple[int, ...] = ()
 
     @property
     def has_params(self) -> bool:
@@ -67,6 +75,10 @@ class OperatorGraph:
     def params(self) -> int:
         """Return the parameters of the whole model."""
         return sum(op.params for op in self.ops)
+
+    def producers(self, i: int) -> tuple[int, ...]:
+        """Return the operators whose outputs operator ``i`` reads (-1: the graph's input)."""
+        return self.ops[i].inputs or (i - 1,)
 
     def index(self, name: str) -> int:
         """Return the position of operator ``name``."""
@@ -102,6 +114,21 @@ def _next(kind: str, args: tuple, shape: tuple[int, ...], name: str) -> Operator
         out = (c_out, hh, _window(w, k, p, s, name))
         params = c_out * c * k * k + c_out
         return Operator(name, kind, shape, out, params, 2.0 * c * k * k * _prod(out), (k, p, s))
+    if kind == "upconv":
+        if len(shape) != 3:
+            raise ValueError(f"{name}: upconv needs a (C, H, W) input, got {shape}")
+        c_out, k, s = args
+        (c, h, w), out = shape, (c_out, (shape[1] - 1) * s + k, (shape[2] - 1) * s + k)
+        # every input pixel meets the whole kernel once: 2 c_in c_out k^2 per input pixel
+        return Operator(
+            name,
+            kind,
+            shape,
+            out,
+            c * c_out * k * k + c_out,
+            2.0 * c * c_out * k * k * h * w,
+            (k, 0, s),
+        )
     if kind == "maxpool":
         if len(shape) != 3:
             raise ValueError(f"{name}: maxpool needs a (C, H, W) input, got {shape}")
@@ -118,10 +145,24 @@ def _next(kind: str, args: tuple, shape: tuple[int, ...], name: str) -> Operator
     if kind == "flatten":
         return Operator(name, kind, shape, (_prod(shape),), 0, 0.0)
     if kind == "loss":
-        if len(shape) != 1:
-            raise ValueError(f"{name}: the loss needs (classes,) logits, got {shape}")
-        return Operator(name, kind, shape, (1,), 0, 3.0 * shape[0])  # softmax + log + pick
+        if len(shape) not in (1, 3):
+            raise ValueError(
+                f"{name}: the loss needs (classes,) or (classes, H, W) logits, got {shape}"
+            )
+        return Operator(name, kind, shape, (1,), 0, 3.0 * _prod(shape))  # softmax + log + pick
     raise ValueError(f"unknown layer kind {kind!r}; choose one of {KINDS}")
+
+
+def _concat(name: str, ops: list[Operator], args: tuple) -> Operator:
+    """Return the concat of operator ``args[0]``'s output and the last operator's, by channels."""
+    (j,), i = args, len(ops)
+    if not ops or not 0 <= j < i - 1:
+        raise ValueError(f"{name}: ('concat', j) joins an earlier operator j < {i - 1}, got {j}")
+    a, b = ops[j].out_shape, ops[-1].out_shape
+    if len(a) != 3 or a[1:] != b[1:]:
+        raise ValueError(f"{name}: cannot join {a} and {b} by channels: sizes must match")
+    shape = (a[0] + b[0], *a[1:])
+    return Operator(name, "concat", shape, shape, 0, 0.0, (), (j, i - 1))
 
 
 def build_graph(
@@ -134,7 +175,11 @@ def build_graph(
     for layer in layers:
         kind, args = layer[0], tuple(layer[1:])
         counts[kind] = counts.get(kind, 0) + 1
-        op = _next(kind, args, shape, f"{kind}{counts[kind]}")
+        name = f"{kind}{counts[kind]}"
+        if kind == "concat":
+            op = _concat(name, ops, args)
+        else:
+            op = _next(kind, args, shape, name)
         ops.append(op)
         shape = op.out_shape
     if not ops or ops[-1].kind != "loss":

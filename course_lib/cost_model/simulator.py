@@ -3,8 +3,9 @@
 FlexFlow's simulation: a task starts when its predecessors have ended and its device (a worker
 or a link) is free; the ready task with the earliest ready time goes first, ties by task id, so
 the result is deterministic. The step time is the last task's end. From the same run come a
-per-device timeline, each worker's bytes sent and its peak memory (weights, their gradients,
-and the activations kept from a forward shard until its backward shard ends).
+per-device timeline, each worker's bytes and messages sent and its peak memory (its model
+state: weights, their gradients and optimiser state, sharded under ZeRO; plus the activations
+kept from a forward shard until its backward shard ends).
 
 The delta simulation re-uses a previous run when a strategy changes in one operator: ready
 times never decrease in pop order, so every pop of the old run before (a) the first changed or
@@ -24,6 +25,7 @@ from course_lib.cost_model.alpha_beta import LinkModel
 from course_lib.cost_model.configs import ParallelConfig
 from course_lib.cost_model.messages import Network, Task
 from course_lib.cost_model.operators import OperatorGraph
+from course_lib.cost_model.sharding import ZeroConfig
 from course_lib.cost_model.task_graph import TaskGraphBuilder
 
 __all__ = ["Simulation", "Simulator", "simulate", "simulate_delta"]
@@ -40,6 +42,7 @@ class Simulation:
     ready: list[float]  # ready time of each task in ``order`` (non-decreasing)
     resumed_at: int = 0  # tasks taken from the previous run (delta), 0 for a full run
     param_bytes: dict[int, float] = field(default_factory=dict)
+    state_bytes: dict[int, float] = field(default_factory=dict)  # weights, grads, optimiser
 
     @property
     def step_time(self) -> float:
@@ -61,20 +64,31 @@ class Simulation:
                 out[t.src] += t.nbytes
         return dict(out)
 
+    def messages_sent(self) -> dict[int, int]:
+        """Return the point-to-point messages each worker sends in one step."""
+        out = defaultdict(int)
+        for t in self.tasks.values():
+            if t.device[0] == "link":
+                out[t.src] += 1
+        return dict(out)
+
     def peak_memory(self) -> dict[int, float]:
-        """Return each worker's peak bytes: weights and gradients, plus live activations."""
+        """Return each worker's peak bytes: its model state (:attr:`state_bytes`; without it
+        weights and gradients), plus live activations. A ZeRO stage's transient buffers (a
+        bucket's full gradients, a gathered layer) are not counted."""
         events = defaultdict(list)
         for tid, t in self.tasks.items():
             if t.device[0] == "worker" and t.memory:
                 # at equal times frees go first: a freed buffer can be reused at once
                 events[t.device[1]].append((self.end[tid], t.memory))
         peak = {}
-        for d in set(events) | set(self.param_bytes):
+        for d in set(events) | set(self.param_bytes) | set(self.state_bytes):
             live = top = 0.0
             for _, m in sorted(events[d]):
                 live += m
                 top = max(top, live)
-            peak[d] = 2 * self.param_bytes.get(d, 0.0) + top
+            state = self.state_bytes.get(d, 2 * self.param_bytes.get(d, 0.0))
+            peak[d] = state + top
         return peak
 
 
@@ -158,7 +172,10 @@ class Simulator:
     ``link``: one :class:`LinkModel` for every pair of workers, or a
     :class:`~course_lib.cost_model.messages.Network` that also says what a message occupies;
     ``sync``: when gradients of replicated weights are summed (see
-    :class:`~course_lib.cost_model.task_graph.TaskGraphBuilder`).
+    :class:`~course_lib.cost_model.task_graph.TaskGraphBuilder`); ``zero``: ZeRO's stage
+    (:class:`~course_lib.cost_model.sharding.ZeroConfig`) for a data-parallel strategy;
+    ``optimizer_bytes``: optimiser state per weight value in the memory count (Adam 8, SGD with
+    momentum 4, plain SGD 0).
     """
 
     def __init__(
@@ -168,19 +185,24 @@ class Simulator:
         costs,
         link: LinkModel | Network,
         sync: str = "per_operator",
+        zero: ZeroConfig | None = None,
+        optimizer_bytes: int = 0,
     ) -> None:
-        self.graph, self.world_size = graph, world_size
-        self.builder = TaskGraphBuilder(graph, world_size, costs, link, sync)
+        if optimizer_bytes < 0:
+            raise ValueError(f"optimizer_bytes must be >= 0 (Adam: 8), got {optimizer_bytes}")
+        self.graph, self.world_size, self.optimizer_bytes = graph, world_size, optimizer_bytes
+        self.builder = TaskGraphBuilder(graph, world_size, costs, link, sync, zero)
+
+    def _finish(self, sim: Simulation, strategy) -> Simulation:
+        sim.param_bytes = self.builder.param_bytes(strategy)
+        sim.state_bytes = self.builder.state_bytes(strategy, self.optimizer_bytes)
+        return sim
 
     def run(self, strategy: tuple[ParallelConfig, ...]) -> Simulation:
         """Return the full simulation of ``strategy`` (its task graph rebuilt from scratch)."""
         self.builder.clear()
-        sim = simulate(self.builder.build(tuple(strategy)))
-        sim.param_bytes = self.builder.param_bytes(strategy)
-        return sim
+        return self._finish(simulate(self.builder.build(tuple(strategy))), strategy)
 
     def delta(self, old: Simulation, strategy: tuple[ParallelConfig, ...]) -> Simulation:
         """Return the simulation of ``strategy`` re-using ``old`` and the cached segments."""
-        sim = simulate_delta(old, self.builder.build(tuple(strategy)))
-        sim.param_bytes = self.builder.param_bytes(strategy)
-        return sim
+        return self._finish(simulate_delta(old, self.builder.build(tuple(strategy))), strategy)

@@ -8,7 +8,9 @@ input box is cut out of the boxes the producer's workers hold; what is not local
 the backward pass the gradients travel back, summed where several workers used the same input).
 Collectives are expanded into their point-to-point messages (:mod:`course_lib.cost_model.messages`):
 ring allreduces of the weight gradients of split-by-sample operators, of the partial sums of a
-row-parallel layer, of the input gradient of a column layer fed by a replicated one. The graph is built in segments (an operator's tasks, an edge's transfers), cached by the
+row-parallel layer, of the input gradient of a column layer fed by a replicated one; with ``zero``
+(ZeRO, :mod:`course_lib.cost_model.sharding`) the gradients' reduce-scatters and the weights'
+allgathers instead. The graph is built in segments (an operator's tasks, an edge's transfers), cached by the
 configurations they depend on, so a strategy that differs in one operator rebuilds only its
 neighbourhood: the first half of the delta simulation.
 """
@@ -22,6 +24,14 @@ from course_lib.cost_model.alpha_beta import LinkModel
 from course_lib.cost_model.configs import ParallelConfig, check_strategy, in_boxes, out_boxes
 from course_lib.cost_model.messages import Network, Task, message, network, ring_allreduce_tasks
 from course_lib.cost_model.operators import BYTES, Operator, OperatorGraph
+from course_lib.cost_model.sharding import (
+    ZeroConfig,
+    check_zero,
+    ring_pass_done,
+    ring_pass_tasks,
+    zero_schedule,
+    zero_state_bytes,
+)
 
 __all__ = ["LABEL_BYTES", "SYNCS", "TaskGraphBuilder"]
 
@@ -64,7 +74,8 @@ class TaskGraphBuilder:
     ``"per_operator"`` (a ring per operator as soon as its backward ends, overlapping the rest
     of the backward pass, as DDP's buckets do) or ``"after_backward"`` (one ring of every such
     gradient per group of workers after the whole backward pass, as the kit's plain ``ring``
-    exchange and ``hybrid_step`` do).
+    exchange and ``hybrid_step`` do). ``zero``: a :class:`~course_lib.cost_model.sharding.ZeroConfig`
+    for ZeRO's sharded data parallelism (every operator split by samples), None for none.
     """
 
     def __init__(
@@ -74,6 +85,7 @@ class TaskGraphBuilder:
         costs,
         link: LinkModel | Network,
         sync: str = "per_operator",
+        zero: ZeroConfig | None = None,
     ) -> None:
         if world_size < 1:
             raise ValueError(f"world_size must be >= 1, got {world_size}")
@@ -81,37 +93,50 @@ class TaskGraphBuilder:
             raise ValueError(f"unknown sync {sync!r}; choose one of {SYNCS}")
         self.graph, self.world_size, self.costs, self.sync = graph, world_size, costs, sync
         self.link = network(link)
+        self.zero = zero
+        self._zero = zero_schedule(graph, zero) if zero else {"forward": {}, "backward": {}}
+        self._zero_devices: tuple[int, ...] = tuple(range(world_size))
+        self._consumers: dict[int, list[int]] = defaultdict(list)
+        self._offsets: dict[tuple[int, int], int] = {}
+        for i, op in enumerate(graph.ops):
+            offset = 0
+            for p in graph.producers(i):
+                self._consumers[p].append(i)
+                self._offsets[(p, i)] = offset if op.kind == "concat" else 0
+                offset += graph.ops[p].out_shape[0] if p >= 0 else 0
         self._edges: dict = {}
         self._nodes: dict = {}
         self._costs: dict = {}
 
-    # -- edges: op i-1 (or the input, i = 0) -> op i ------------------------------------------
-    def _producer(self, i: int, strategy) -> tuple[list, Callable]:
+    # -- edges: op p (the previous one, an earlier one for a concat, -1 the input) -> op i -------
+    def _producer(self, p: int, strategy) -> tuple[list, Callable]:
         """Return the producer's ``(worker, box)`` list and ``ready(worker) -> task ids``."""
         g = self.graph
-        if i == 0:  # every worker loads its own samples: the input is split by samples over all
+        if p < 0:  # every worker loads its own samples: the input is split by samples over all
             cfg = ParallelConfig("sample", tuple(range(self.world_size)))
             in_op = Operator("input", "input", (), g.input_shape, 0, 0.0)
             return out_boxes(in_op, cfg, g.batch), lambda d: []
-        op, cfg = g.ops[i - 1], strategy[i - 1]
+        op, cfg = g.ops[p], strategy[p]
         if cfg.split == "row" and cfg.degree > 1:  # the output exists after the allreduce
             n, devs = cfg.degree, cfg.devices
-            last = {
-                d: f"{i - 1:03d}Ys{2 * n - 3}:{devs[(k - 1) % n]}>{d}" for k, d in enumerate(devs)
-            }
+            last = {d: f"{p:03d}Ys{2 * n - 3}:{devs[(k - 1) % n]}>{d}" for k, d in enumerate(devs)}
             return out_boxes(op, cfg, g.batch), lambda d: [last[d]]
-        return out_boxes(op, cfg, g.batch), lambda d: [_fid(i - 1, d)]
+        return out_boxes(op, cfg, g.batch), lambda d: [_fid(p, d)]
 
-    def _edge(self, i: int, strategy):
-        key = (i, strategy[i - 1] if i else None, strategy[i])
+    def _edge(self, p: int, i: int, strategy):
+        key = (p, i, strategy[p] if p >= 0 else None, strategy[i])
         if key in self._edges:
             return self._edges[key]
         g, link = self.graph, self.link
         op, cfg = g.ops[i], strategy[i]
-        produced, ready = self._producer(i, strategy)
+        produced, ready = self._producer(p, strategy)
+        shift = self._offsets[(p, i)]  # where a concat puts this producer's channels
         holders = defaultdict(list)
         for d, box in produced:
+            if shift:
+                box = (box[0], (box[1][0] + shift, box[1][1] + shift), *box[2:])
             holders[box].append(d)
+        pre = f"{i:03d}" if p == i - 1 else f"{i:03d}k{p:03d}"  # task ids of this edge
         needs = in_boxes(op, cfg, g.batch)
         tasks, fwd_ready, bwd_ready = [], defaultdict(list), defaultdict(list)
         sends = defaultdict(float)  # (src, dst) -> bytes, one message per pair and direction
@@ -125,11 +150,11 @@ class TaskGraphBuilder:
                 else:
                     sends[(hs[j % len(hs)], c)] += BYTES * v
         for (src, dst), nbytes in sorted(sends.items()):
-            tid = f"{i:03d}xf:{src}>{dst}"
+            tid = f"{pre}xf:{src}>{dst}"
             tasks.append(message(tid, src, dst, nbytes, ready(src), link))
             fwd_ready[dst].append(tid)
-        if i > 0:
-            tasks += self._backward(i, cfg, holders, needs, bwd_ready)
+        if p >= 0:
+            tasks += self._backward(i, pre, cfg, holders, needs, bwd_ready)
         result = (
             tasks,
             {d: sorted(set(v)) for d, v in fwd_ready.items()},
@@ -138,8 +163,8 @@ class TaskGraphBuilder:
         self._edges[key] = result
         return result
 
-    def _backward(self, i, cfg, holders, needs, bwd_ready) -> list[Task]:
-        """Return the transfers that bring op i's input gradients back to op i-1's workers."""
+    def _backward(self, i, pre, cfg, holders, needs, bwd_ready) -> list[Task]:
+        """Return the transfers that bring op i's input gradients back to its producer's workers."""
         devs, link = cfg.devices, self.link
         if (
             len(holders) == 1
@@ -151,7 +176,7 @@ class TaskGraphBuilder:
             # replicated producer, every consumer used all of it: sum the partial gradients
             nbytes = BYTES * _volume(*(2 * [next(iter(holders))]))
             tasks, done = ring_allreduce_tasks(
-                f"{i:03d}E", devs, nbytes, {d: [_bid(i, d)] for d in devs}, link
+                f"{pre}E", devs, nbytes, {d: [_bid(i, d)] for d in devs}, link
             )
             for d in devs:
                 bwd_ready[d] += done[d]
@@ -173,7 +198,7 @@ class TaskGraphBuilder:
                         sends[(c, h)] += BYTES * v
         tasks = []
         for (src, dst), nbytes in sorted(sends.items()):
-            tid = f"{i:03d}xb:{src}>{dst}"
+            tid = f"{pre}xb:{src}>{dst}"
             tasks.append(message(tid, src, dst, nbytes, [_bid(i, src)], link))
             bwd_ready[dst].append(tid)
         return tasks
@@ -194,22 +219,28 @@ class TaskGraphBuilder:
         return self._costs[(i, cfg)]
 
     def _node(self, i: int, strategy):
-        last = len(self.graph.ops) - 1
+        g = self.graph
+        producers, consumers = g.producers(i), self._consumers[i]
         key = (
             i,
-            strategy[i - 1] if i else None,
+            tuple(strategy[p] if p >= 0 else None for p in producers),
             strategy[i],
-            strategy[i + 1] if i < last else None,
+            tuple(strategy[c] for c in consumers),
         )
         if key in self._nodes:
             return self._nodes[key]
-        g, link, cfg, op = self.graph, self.link, strategy[i], self.graph.ops[i]
-        _, fwd_ready, _ = self._edge(i, strategy)
-        bwd_ready = self._edge(i + 1, strategy)[2] if i < last else {}
+        link, cfg, op = self.link, strategy[i], g.ops[i]
+        fwd_ready, bwd_ready = defaultdict(list), defaultdict(list)
+        for p in producers:
+            for d, ids in self._edge(p, i, strategy)[1].items():
+                fwd_ready[d] += ids
+        for c in consumers:  # a skip connection's gradient comes back from two consumers
+            for d, ids in self._edge(i, c, strategy)[2].items():
+                bwd_ready[d] += ids
         fwd, bwd = self._cost(i, cfg)
         tasks, label_ready = [], defaultdict(list)
         if op.kind == "loss":  # labels come from the workers that loaded each sample
-            n_all = self.world_size
+            n_all, per_sample = self.world_size, _volume(*(2 * [[(0, s) for s in op.in_shape[1:]]]))
             for d, need in in_boxes(op, cfg, g.batch):
                 for k in range(n_all):
                     rows = max(
@@ -219,11 +250,14 @@ class TaskGraphBuilder:
                     )
                     if rows and k != d:
                         tid = f"{i:03d}l:{k}>{d}"
-                        tasks.append(message(tid, k, d, LABEL_BYTES * rows, [], link))
+                        tasks.append(message(tid, k, d, LABEL_BYTES * rows * per_sample, [], link))
                         label_ready[d].append(tid)
         held = {d: BYTES * _volume(b, b) for d, b in out_boxes(op, cfg, g.batch)}
+        gather_f, wait_b = self._zero["forward"].get(i), self._zero["backward"].get(i)
         for d in cfg.devices:
             preds = fwd_ready.get(d, []) + label_ready[d]
+            if gather_f:  # ZeRO-3: this layer's weights gathered first
+                preds.append(ring_pass_done(gather_f, self._zero_devices, d))
             tasks.append(Task(_fid(i, d), ("worker", d), fwd, tuple(preds), memory=held[d]))
         if cfg.split == "row" and cfg.degree > 1:
             more, _ = ring_allreduce_tasks(
@@ -236,8 +270,10 @@ class TaskGraphBuilder:
             tasks += more
         for d in cfg.devices:
             preds = [_fid(i, d)] + list(bwd_ready.get(d, []))
+            if wait_b:  # ZeRO: the collective the engine's thread ran just before
+                preds.append(ring_pass_done(wait_b, self._zero_devices, d))
             tasks.append(Task(_bid(i, d), ("worker", d), bwd, tuple(preds), memory=-held[d]))
-        if _synced(op, cfg) and self.sync == "per_operator":
+        if _synced(op, cfg) and self.sync == "per_operator" and not self.zero:
             more, _ = ring_allreduce_tasks(
                 f"{i:03d}G",
                 cfg.devices,
@@ -253,15 +289,44 @@ class TaskGraphBuilder:
         """Return the tasks of ``strategy`` by id (segments reused from earlier builds)."""
         if check:
             check_strategy(self.graph, strategy, self.world_size)
+        if self.zero:
+            devices = check_zero(self.graph, strategy)
+            if devices != self._zero_devices:
+                self._zero_devices = devices
+                self.clear()
         if len(self._nodes) + len(self._edges) > CACHE_LIMIT:  # a long search: start afresh
             self.clear()
         tasks = {}
         for i in range(len(self.graph.ops)):
-            for t in self._edge(i, strategy)[0] + self._node(i, strategy):
+            for p in self.graph.producers(i):
+                for t in self._edge(p, i, strategy)[0]:
+                    tasks[t.id] = t
+            for t in self._node(i, strategy):
                 tasks[t.id] = t
-        if self.sync == "after_backward":
+        if self.zero:
+            for t in self._zero_tasks():
+                tasks[t.id] = t
+        elif self.sync == "after_backward":
             for t in self._sync_after_backward(strategy):
                 tasks[t.id] = t
+        return tasks
+
+    def _zero_tasks(self) -> list[Task]:
+        """Return ZeRO's ring passes, each worker issuing them one after another."""
+        devs, ops, tasks, prev = self._zero_devices, range(len(self.graph.ops)), [], None
+        for after, coll in self._zero["order"]:
+            start = {}
+            for d in devs:
+                if after is None:
+                    start[d] = []
+                elif after[1] == "all":
+                    start[d] = [_bid(i, d) for i in ops]
+                else:
+                    start[d] = [(_fid if after[0] == "F" else _bid)(after[1], d)]
+                if prev is not None:
+                    start[d].append(ring_pass_done(prev, devs, d))
+            tasks += ring_pass_tasks(coll.tag, devs, coll.numel, coll.phase, start, self.link)
+            prev = coll.tag
         return tasks
 
     def _sync_after_backward(self, strategy) -> list[Task]:
@@ -277,6 +342,12 @@ class TaskGraphBuilder:
             tag = "S" + "-".join(map(str, devs))
             tasks += ring_allreduce_tasks(tag, devs, nbytes, backward, self.link)[0]
         return tasks
+
+    def state_bytes(self, strategy, optimizer_bytes: int = 0) -> dict[int, float]:
+        """Return each worker's model state: weights, gradients, ``optimizer_bytes`` per value."""
+        if self.zero:
+            return zero_state_bytes(self.graph, self.zero, self._zero_devices, optimizer_bytes)
+        return {d: b * (2 + optimizer_bytes / BYTES) for d, b in self.param_bytes(strategy).items()}
 
     def param_bytes(self, strategy) -> dict[int, float]:
         """Return the parameter bytes each worker holds under ``strategy`` (weights only)."""

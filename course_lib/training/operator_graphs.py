@@ -3,8 +3,9 @@
 :mod:`course_lib.cost_model.operators` describes a model by plain layer tuples (it sits below
 ``training`` and knows no ``nn.Module``); this module reads a Sequential model of
 :mod:`course_lib.training.models` (``MLP``, ``LeNet``, ``SmallCNN``) into those tuples, so the
-simulator sees exactly the layers the engines train. The U-Net is not a chain (its skip
-connections join branches) and is refused with that reason.
+simulator sees exactly the layers the engines train. The U-Net is not a chain: :func:`unet_layers`
+lists its operators in the order its forward runs them, each skip connection a ``concat`` of an
+encoder level's output with the upsampled map (source 000's segmentation network).
 """
 
 from __future__ import annotations
@@ -12,9 +13,9 @@ from __future__ import annotations
 from torch import nn
 
 from course_lib.cost_model.operators import OperatorGraph, build_graph
-from course_lib.training.models import MLP, LeNet, SmallCNN
+from course_lib.training.models import MLP, LeNet, SmallCNN, UNet
 
-__all__ = ["graph_of", "kit_graph", "layers_of"]
+__all__ = ["graph_of", "kit_graph", "layers_of", "unet_layers"]
 
 
 def _pair(v) -> int:
@@ -26,15 +27,38 @@ def _pair(v) -> int:
     return v
 
 
+def unet_layers(net: UNet) -> list[tuple]:
+    """Return the layer tuples of a kit ``UNet`` in forward order, ending with a per-pixel loss."""
+    out, skips = [], []
+    for i, block in enumerate(net.down):
+        if i:
+            out += _modules([net.pool])
+        out += _modules(block)
+        skips.append(len(out) - 1)  # the level's output: the skip connection's source
+    skips.pop()  # the bottom level feeds the decoder directly
+    for up, merge in zip(net.up, net.merge, strict=True):
+        out.append(("upconv", up.out_channels, _pair(up.kernel_size), _pair(up.stride)))
+        out.append(("concat", skips.pop()))  # torch.cat([skip, up(h)]): the skip's channels first
+        out += _modules(merge)
+    return out + _modules([net.head]) + [("loss",)]
+
+
 def layers_of(net: nn.Module) -> list[tuple]:
-    """Return the layer tuples of a Sequential ``net``, ending with the loss."""
+    """Return the layer tuples of a Sequential ``net`` (or a kit ``UNet``), ending with the loss."""
+    if isinstance(net, UNet):
+        return unet_layers(net)
     if not isinstance(net, nn.Sequential):
         raise ValueError(
             f"{type(net).__name__} is not a chain of layers (nn.Sequential); the "
-            "simulator's graphs are chains: use MLP, LeNet or SmallCNN"
+            "simulator reads chains and the kit's UNet: use MLP, LeNet, SmallCNN or UNet"
         )
+    return _modules(net) + [("loss",)]
+
+
+def _modules(modules) -> list[tuple]:
+    """Return the layer tuples of a sequence of modules (no loss)."""
     out = []
-    for m in net:
+    for m in modules:
         if isinstance(m, nn.Conv2d):
             out.append(
                 ("conv2d", m.out_channels, _pair(m.kernel_size), _pair(m.padding), _pair(m.stride))
@@ -52,7 +76,7 @@ def layers_of(net: nn.Module) -> list[tuple]:
                 f"no operator for {type(m).__name__}; the simulator knows Conv2d, "
                 "Linear, ReLU, MaxPool2d and Flatten"
             )
-    return out + [("loss",)]
+    return out
 
 
 def graph_of(
@@ -63,11 +87,13 @@ def graph_of(
 
 
 def kit_graph(name: str, batch: int) -> OperatorGraph:
-    """Return the graph of a kit model by name: ``mlp``, ``lenet`` (digits) or ``small_cnn``."""
+    """Return the graph of a kit model by name: ``mlp``, ``lenet`` (digits), ``small_cnn`` or
+    ``unet`` (64 x 64 tiles, the generated segmentation set's)."""
     models = {
         "mlp": (MLP, (1, 8, 8)),
         "lenet": (LeNet, (1, 8, 8)),
         "small_cnn": (SmallCNN, (3, 32, 32)),
+        "unet": (UNet, (3, 64, 64)),
     }
     if name not in models:
         raise ValueError(f"no graph for {name!r}; choose one of {sorted(models)}")
