@@ -52,6 +52,8 @@ __all__ = [
     "kit_digest",
     "kit_import_hint",
     "preflight",
+    "remember",
+    "remembered",
     "selfcheck_key",
 ]
 
@@ -283,7 +285,7 @@ def selfcheck_key(
     return hashlib.sha256(json.dumps(facts, sort_keys=True).encode()).hexdigest()
 
 
-def _remembered(cache: Path, key: str) -> bool:
+def remembered(cache: Path, key: str) -> bool:
     """Whether ``cache`` holds a passed self-check under ``key``; anything unreadable: no."""
     path = cache / f"{key}.json"
     try:
@@ -296,7 +298,7 @@ def _remembered(cache: Path, key: str) -> bool:
         return False
 
 
-def _remember(cache: Path, key: str, assignment: str, seconds: float) -> None:
+def remember(cache: Path, key: str, assignment: str, seconds: float) -> None:
     """Store a passed self-check under ``key``, atomically; a cache that cannot be written is skipped."""
     entry = {"key": key, "passed": True, "assignment": assignment, "seconds": round(seconds, 1)}
     try:
@@ -333,14 +335,14 @@ def preflight(
     cache = cache if sandbox is not None else None
     kit_sha = kit_digest() if cache is not None and wanted else ""
     keys = {a: selfcheck_key(sources[a], sandbox, kit_sha) for a in wanted} if kit_sha else {}
-    cached = tuple(a for a in wanted if cache is not None and _remembered(cache, keys[a]))
+    cached = tuple(a for a in wanted if cache is not None and remembered(cache, keys[a]))
 
     def check(assignment: str) -> float:
         began = time.perf_counter()
         _known_answers(sources[assignment], sandbox, cell_seconds)
         took = time.perf_counter() - began
         if cache is not None:
-            _remember(cache, keys[assignment], assignment, took)
+            remember(cache, keys[assignment], assignment, took)
         return took
 
     fresh = [a for a in wanted if a not in cached]
