@@ -1,4 +1,4 @@
-"""The grader checks itself before grading anyone (the kit job ``./kit grade``).
+"""No lecture (the grader). The grader checks itself before grading anyone (``./kit grade``).
 
 A grading machine that cannot run the checks would give every student 0 with an error that
 blames nobody. So before the first submission: the sandboxed kernel must start and import what
