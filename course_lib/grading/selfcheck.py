@@ -199,16 +199,20 @@ def _why_setup_failed(
 
 
 def _known_answers(
-    pristine: nbformat.NotebookNode, sandbox: SandboxLimits | None, seconds: float
+    assignment: str,
+    pristine: nbformat.NotebookNode,
+    sandbox: SandboxLimits | None,
+    seconds: float,
 ) -> None:
     """Grade the source's answers with one stubbed: the others PASS, the stub FAILs, or raise."""
     exercises = [check_id(c) for c in pristine.cells if check_id(c) is not None]
+    if not exercises:
+        return  # nothing is graded in it
     stubbed = exercises[-1]  # the last: no other exercise uses it
     known = copy.deepcopy(pristine)
     for cell in known.cells:
         if answer_id(cell) == stubbed:
             cell.source = stub_solution(cell.source, stubbed, UNGRADED_HINT)
-    assignment = pristine.metadata["course"]["assignment"]
     limits = GradingLimits(seconds, max(400.0, 4 * seconds))
     rows = grade_notebook("selfcheck", assignment, pristine, known, limits, sandbox=sandbox)
     for row in rows:
@@ -339,7 +343,7 @@ def preflight(
 
     def check(assignment: str) -> float:
         began = time.perf_counter()
-        _known_answers(sources[assignment], sandbox, cell_seconds)
+        _known_answers(assignment, sources[assignment], sandbox, cell_seconds)
         took = time.perf_counter() - began
         if cache is not None:
             remember(cache, keys[assignment], assignment, took)
