@@ -2,8 +2,10 @@
 
 Also ``./kit release``, ``./kit grade``, ``./kit check``; ``./kit grade --self-test`` runs
 ``selftest``: a small class with attackers, graded in the sandbox, and what held. Before grading,
-``grade`` checks the grading machine itself (:mod:`course_lib.grading.selfcheck`) and stops with
-one line, exit status 3, when it cannot grade.
+``grade`` checks the grading machine itself for every assignment among the submissions
+(:mod:`course_lib.grading.selfcheck`; a pass is remembered in the user's cache folder until the
+kit, the source, the versions or the sandbox settings change) and stops with one line, exit
+status 3, when it cannot grade.
 
 ``release`` writes the student notebooks and the solution-free checking copies
 (``assignments/checks``); ``check`` grades one notebook against the instructor's sources where
@@ -114,6 +116,17 @@ def _main(argv: list[str] | None = None) -> int:
         )
         p.add_argument("--total-timeout", type=float, default=600.0, help="seconds per notebook")
     gra.add_argument("--jobs", type=int, default=2, help="notebooks graded at once")
+    gra.add_argument(
+        "--self-check-cache",
+        type=Path,
+        default=None,
+        help="where passed self-checks are remembered (default: the user's cache folder)",
+    )
+    gra.add_argument(
+        "--fresh-self-check",
+        action="store_true",
+        help="check the grading machine for every assignment again, ignoring the cache",
+    )
     gra.add_argument("--no-sandbox", action="store_true", help="run the notebooks unisolated")
     gra.add_argument(
         "--require-sandbox",
@@ -157,14 +170,28 @@ def _main(argv: list[str] | None = None) -> int:
         sandbox, warning = _choose_sandbox(args)
         if sandbox is False:
             return 2
-        from course_lib.grading.selfcheck import GradingMachineError, preflight
+        from course_lib.grading.selfcheck import (
+            GradingMachineError,
+            assignments_to_grade,
+            default_cache,
+            preflight,
+        )
 
-        try:
-            seconds = preflight(load_sources(args.source), sandbox, max(args.cell_timeout, 120))
+        sources = load_sources(args.source)
+        cache = None if args.fresh_self_check else (args.self_check_cache or default_cache())
+        try:  # the assignments of this class, through the whole path, before anyone is graded
+            checked = preflight(
+                sources,
+                sandbox,
+                assignments_to_grade(args.submissions, sources),
+                max(args.cell_timeout, 120),
+                cache=cache,
+                jobs=args.jobs,
+            )
         except GradingMachineError as exc:
             print(f"grade: {exc}", file=sys.stderr)
             return 3
-        print(f"the grading machine checked itself in {seconds:.0f} s")
+        print(checked.summary(), flush=True)
         rows = grade_folder(
             args.submissions,
             args.source,

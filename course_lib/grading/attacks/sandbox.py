@@ -189,8 +189,9 @@ def write_attack_class(
 
 
 def self_test(keep: Path | None = None) -> int:
-    """Check the machine, grade a class of attackers and one per route past the guard; print
-    what held. 0: all held."""
+    """Check the machine (A1 and the engine assignments), grade a class of attackers, one per
+    route past the guard and one in-kernel verdict route per engine assignment; print what
+    held. 0: all held."""
     from course_lib.grading.grade import GradingLimits
     from course_lib.grading.gradebook import grade_folder
     from course_lib.grading.integrity import fingerprint
@@ -202,15 +203,17 @@ def self_test(keep: Path | None = None) -> int:
         return 1
     sources = kit_package().parent / "assignments" / "source"
     limits = SandboxLimits(processes=256, disk_mb=64)
+    from course_lib.grading.attacks.engines import ENGINE_ROUTES, grade_engine_routes
     from course_lib.grading.gradebook import load_sources
     from course_lib.grading.selfcheck import GradingMachineError, preflight
 
-    try:
-        seconds = preflight(load_sources(sources), limits)
+    engines = [route.assignment for route in ENGINE_ROUTES]
+    try:  # afresh: the self-test is what an instructor runs when in doubt about the machine
+        checked = preflight(load_sources(sources), limits, ["A1", *engines], jobs=2)
     except GradingMachineError as exc:
         print(f"selftest: {exc}")
         return 1
-    print(f"HELD  the grading machine checked itself ({seconds:.0f} s)")
+    print(f"HELD  {checked.summary()}")
     folder = Path(keep or tempfile.mkdtemp(prefix="grading-selftest-"))
     site = Path(sysconfig.get_paths()["purelib"])
     venv_before = fingerprint(site, hash_all=False)
@@ -252,6 +255,9 @@ def self_test(keep: Path | None = None) -> int:
     from course_lib.grading.attacks.verdict import grade_routes
 
     for ok, what in grade_routes(folder / "routes", sources):  # past the ast guard, and the host
+        held &= ok
+        print(f"{'HELD ' if ok else 'FAILED'} {what}")
+    for ok, what in grade_engine_routes(folder / "engine_routes", sources):  # one per A2-A7
         held &= ok
         print(f"{'HELD ' if ok else 'FAILED'} {what}")
     print("selftest: every attack held" if held else "selftest: SOME ATTACKS WENT THROUGH")
