@@ -56,7 +56,7 @@ ATTACKS = [
      "import pathlib\npathlib.Path({gradebook!r}).write_text('attacker_a,A1,A1.2,3,3,PASS\\n')\n"
      "pathlib.Path({feedback!r}).write_text('Total: 0 / 8 points\\n')\n", "FileNotFoundError"),
     ("attacker_a", "A1.3", "steal the solution from the instructor sources",
-     _COPY_ANSWER.format(path="{source}", exercise="A1.3", module="stolen", name="conv2d_layer"),
+     _COPY_ANSWER.format(path="{source}", exercise="A1.3", module="stolen", name="conv2d_backward"),
      "FileNotFoundError"),
     ("attacker_b", "A1.1", "write a .pth file into the venv's site-packages",
      "import pathlib\npathlib.Path({site!r}, 'zz_course_attack.pth').write_text('import os\\n')\n",
