@@ -37,9 +37,10 @@ def softmax(Z: np.ndarray) -> np.ndarray:
 
 
 def softmax_regression_loss(W: np.ndarray, b: np.ndarray, X: np.ndarray, y: np.ndarray) -> float:
-    """Return mean cross-entropy of logits X @ W + b against labels y."""
+    """Return mean cross-entropy of logits X @ W + b against labels y (inf once a run diverged)."""
     P = softmax(X @ W + b)
-    return float(-np.log(P[np.arange(len(y)), y]).mean())
+    with np.errstate(divide="ignore"):  # a probability that underflowed to 0 costs inf, silently
+        return float(-np.log(P[np.arange(len(y)), y]).mean())
 
 
 def softmax_regression_grad(
