@@ -24,6 +24,7 @@ from torch.utils.data import TensorDataset
 from course_lib.cluster import start_cluster
 from course_lib.data.digits import load_digits
 from course_lib.parallel.data_parallel.replica import GlobalBatchSampler
+from course_lib.parallel.data_parallel.timeline import bucket_overlap
 from course_lib.parallel.data_parallel.train import DataParallelError, train_data_parallel
 from course_lib.parallel.exchanges.base import trainable_parameters
 from course_lib.parallel.exchanges.buckets import bucket_layout
@@ -219,7 +220,28 @@ def test_buckets_are_launched_during_backward_in_order(cluster):
         starts = [b["start"] for b in buckets]
         assert starts == sorted(starts)
     assert result.plot_timeline() is not None and result.plot_breakdown() is not None
-    assert "sent kB" in result.table()
+    assert "p2p sent" in result.table()
+
+
+def test_ddp_buckets_start_inside_backward_and_the_timeline_shows_them(cluster):
+    result = _run(cluster, "ddp", 2)
+    for rec in result.records:
+        buckets = sorted(rec["buckets"], key=lambda b: b["index"])
+        assert buckets, rec  # DDP's first bucket holds up to 1 MB: here the whole net
+        forward_end, backward_end = rec["forward_end"], rec["compute_at"][1]
+        # Structural, not timing: DDP's hook runs inside loss.backward() (after the forward),
+        # in bucket order, and backward returns only once every bucket's allreduce is done.
+        assert rec["compute_at"][0] < forward_end <= buckets[0]["start"], rec
+        assert [b["start"] for b in buckets] == sorted(b["start"] for b in buckets)
+        assert all(b["start"] <= b["end"] <= backward_end for b in buckets), rec
+    rows = bucket_overlap(result.records, step=0)
+    assert {(r["rank"], r["bucket"]) for r in rows} == {
+        (rank, b["index"]) for rank in (0, 1) for b in result.records[0]["buckets"]
+    }
+    assert all(0 <= r["start_ms"] <= r["end_ms"] <= r["backward_ms"] for r in rows), rows
+    fig = result.plot_timeline(steps=(0, 1))
+    labels = fig.axes[0].get_legend_handles_labels()[1]
+    assert {"forward", "loss + backward", "bucket communication (one row a bucket)"} <= set(labels)
 
 
 def test_batch_that_does_not_split_is_refused_with_sizes_that_work(cluster):

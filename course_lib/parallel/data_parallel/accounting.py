@@ -9,7 +9,9 @@ and ``wire_bytes``, what this rank put on the link: the point-to-point bytes sen
 built-in collective's wire bytes from its backend's algorithm
 (:func:`course_lib.comm.wire.wire_bytes`: a gloo ring allreduce of ``S`` bytes counts
 $2\frac{N-1}{N}S$, as the kit's own ring, counted message by message, sends); and the
-wall-clock start and end of each phase and of each bucket's communication, for a timeline.
+wall-clock start and end of each phase and of each bucket's communication, for a timeline, and
+``forward_end``, when the module's forward returned (the loss and backward follow), which splits
+``compute`` into forward and backward on the timeline.
 ``wire_bytes`` is the one byte count to compare schemes by, whatever carries them.
 
 Waiting is timed only where the method waits for every rank (the exchange's ``sync_point`` and
@@ -75,12 +77,14 @@ class StepRecorder:
         self.epoch = 0
         self._timeline = StepTimeline()
         self._t0 = 0.0
+        self._forward_end = 0.0
         self._bytes = self._counters()
         self._handles: list[Any] = []
 
     def attach(self, module: nn.Module, optimizer: Any) -> None:
-        """Register the forward pre-hook on ``module`` and step hooks on ``optimizer``."""
+        """Register forward hooks on ``module`` and step hooks on ``optimizer``."""
         self._handles.append(module.register_forward_pre_hook(self._on_forward))
+        self._handles.append(module.register_forward_hook(self._on_forward_end))
         self._handles.append(optimizer.register_step_pre_hook(self._on_step_start))
         self._handles.append(optimizer.register_step_post_hook(self._on_step_end))
 
@@ -104,7 +108,12 @@ class StepRecorder:
         if module.training:  # evaluation passes run in eval mode and are not steps
             self._timeline = StepTimeline()
             self._t0 = time.time()
+            self._forward_end = 0.0
             self._bytes = self._counters()  # traffic between steps (a checkpoint's) is not theirs
+
+    def _on_forward_end(self, module: nn.Module, args: Any, output: Any) -> None:
+        if module.training:  # backward (after the loss) starts here: the timeline splits compute
+            self._forward_end = time.time()
 
     @property
     def current(self) -> tuple[int, dict[str, Any]]:
@@ -164,6 +173,7 @@ class StepRecorder:
         record["wire_bytes"] = wire
         record.update(timeline.notes)
         record["buckets"] = list(timeline.buckets)
+        record["forward_end"] = self._forward_end  # 0.0: the forward was not seen
         self.records.append(record)
         if self.measure_drift_every and (step + 1) % self.measure_drift_every == 0:
             record.update(self._measure_drift())

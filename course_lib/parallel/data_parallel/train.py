@@ -116,12 +116,14 @@ class DataParallelResult:
         slow = f"; {self.straggler_label}" if self.stragglers else ""
         return plot_breakdown(self.summary(), title=f"{self.method}: {self.label}{slow}")
 
-    def plot_timeline(self, steps: tuple[int, int] | None = None) -> Figure:
-        """Return a Gantt chart per rank of ``steps`` (default: the last two steps)."""
+    def plot_timeline(self, steps: tuple[int, int] | None = None, ax: Any = None) -> Figure:
+        """Return a Gantt chart per rank of ``steps`` (default: the last two steps), drawn into
+        ``ax`` when given."""
         from course_lib.parallel.data_parallel.timeline import plot_timeline
 
         slow = f"; {self.straggler_label}" if self.stragglers else ""
-        return plot_timeline(self.records, steps=steps, title=f"{self.method}: {self.label}{slow}")
+        title = f"{self.method}: {self.label}{slow}"
+        return plot_timeline(self.records, steps=steps, title=title, ax=ax)
 
     def __repr__(self) -> str:
         same = "equal" if self.replicas_equal else f"DIFFER by {self.max_replica_difference:.2e}"
