@@ -46,7 +46,7 @@ sys.path.insert(0, str(ROOT))
 
 from course_lib.comm.emulated_link import GIGABIT, EmulatedLink  # noqa: E402
 from course_lib.data import load_dataset  # noqa: E402
-from course_lib.papers.seeds import record  # noqa: E402
+from course_lib.papers.seeds import record, recorded  # noqa: E402
 from course_lib.papers.source000_table import (  # noqa: E402
     CONFIGS,
     format_side_by_side,
@@ -121,7 +121,7 @@ def report(rows: list[dict], title: str, plot: str | None, majority: float) -> N
 def run_seeds(cluster, link, args, configs) -> list[list[dict]]:
     """Run the table once per seed 0..``args.seeds``-1; return the rows, one list per seed."""
     runs = []
-    for seed in range(args.seeds):
+    for seed in range(args.first_seed, args.first_seed + args.seeds):
         args.loads.append(round(os.getloadavg()[0], 1))
         runs.append(run_table(cluster, link, args, configs, seed)[0])
     args.loads.append(round(os.getloadavg()[0], 1))
@@ -130,8 +130,14 @@ def run_seeds(cluster, link, args, configs) -> list[list[dict]]:
 
 def report_seeds(runs: list[list[dict]], title: str, args) -> None:
     """Print the seeds' spread and the goal judged from it; store the rows if asked."""
+    first = args.first_seed
+    if args.store and args.append and Path(args.store).exists():
+        before = recorded(args.store)
+        runs, first = before["runs"] + runs, 0
+        args.loads = before["load"] + args.loads
+        args.command = before["command"] + " ; " + args.command
     if len(runs) > 1:
-        print(f"\n# {title}, over seeds 0..{len(runs) - 1} (mean +- sd [min to max])")
+        print(f"\n# {title}, over seeds {first}..{first + len(runs) - 1} (mean +- sd [min to max])")
         print(seeds_side_by_side(runs))
         for line in goal_over_seeds(runs, args.majority):
             print(line)
@@ -141,7 +147,7 @@ def report_seeds(runs: list[list[dict]], title: str, args) -> None:
             runs,
             what=f"source 000's Table 2 re-measured: UNet(16, 4), {args.engines} engines, "
             f"{args.tiles} tiles of {args.tile_size}x{args.tile_size}, {args.epochs} epochs, "
-            f"seeds 0..{len(runs) - 1}; {title}",
+            f"seeds {first}..{first + len(runs) - 1}; {title}",
             when=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
             machine=f"{platform.node()}: {os.cpu_count()} cores, shared with other jobs",
             load=args.loads,
@@ -179,7 +185,13 @@ def main(argv: list[str] | None = None) -> int:
         default=1,
         help="seeds 0..N-1 in the regime (1 Gbit/s: seed 0); N >= 3 judges the goal",
     )
+    parser.add_argument("--first-seed", type=int, default=0, help="seeds K..K+N-1 (default 0)")
     parser.add_argument("--store", default=None, help="write the regime's rows here (JSON)")
+    parser.add_argument(
+        "--append",
+        action="store_true",
+        help="with --store: add these seeds' rows to the file's (same settings and --rate)",
+    )
     args = parser.parse_args(argv)
     args.loads = []
     if args.regime_only and args.rate is None:
@@ -199,7 +211,7 @@ def main(argv: list[str] | None = None) -> int:
     print(
         f"# source 000's Table 2 re-measured: UNet(16, 4), {args.engines} engines, "
         f"{args.tiles} tiles of {args.tile_size}x{args.tile_size}, global batch "
-        f"{2 * args.engines}, {args.epochs} epochs (Adam 3e-3, seeds 0..{args.seeds - 1}); measured on a shared "
+        f"{2 * args.engines}, {args.epochs} epochs (Adam 3e-3, seeds {args.first_seed}..{args.first_seed + args.seeds - 1}); measured on a shared "
         f"2-core machine (loaded); paper columns are source 000's Table 2 (6 PCs, GTX 1650); "
         f"the test tiles' majority class covers {100 * args.majority:.1f} % of the pixels"
     )

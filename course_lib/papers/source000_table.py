@@ -41,7 +41,7 @@ from typing import Any
 
 from matplotlib.figure import Figure
 
-from course_lib.papers.seeds import agreement, judge, paired, spread
+from course_lib.papers.seeds import judge, paired, spread
 from course_lib.parallel.data_parallel.train import DataParallelResult
 from course_lib.training.models import UNet
 
@@ -290,7 +290,7 @@ def seeds_side_by_side(runs: list[list[dict[str, Any]]]) -> str:
     each as mean +- sd [min to max].
     """
     base = _named(runs, "float32")
-    lines = [f"{'configuration':<14} {'epoch s':<30} {'x f32':<30} {'sync share %':<14} acc %"]
+    lines = [f"{'configuration':<14} {'epoch s':<38} {'x f32':<38} {'sync share %':<14} acc %"]
     for name in [r["name"] for r in runs[0]]:
         mine = _named(runs, name)
         epoch = spread([r["epoch_s"] for r in mine])
@@ -298,7 +298,7 @@ def seeds_side_by_side(runs: list[list[dict[str, Any]]]) -> str:
         share = spread([r["sync_s"] / r["epoch_s"] for r in mine], scale=100)
         acc = spread([r["accuracy"] for r in mine], scale=100)
         lines.append(
-            f"{name:<14} {epoch.format(2):<30} {speed.format(2):<30} "
+            f"{name:<14} {epoch.format(2):<38} {speed.format(2):<38} "
             f"{share.mean:>5.0f} +- {share.sd:<4.0f} {acc.format(1)}"
         )
     return "\n".join(lines)
@@ -337,10 +337,11 @@ def goal_over_seeds(runs: list[list[dict[str, Any]]], majority: float | None = N
             else:
                 verdict = "NOT RESOLVED"
             verdicts.append(f"{label}: {verdict}")
+        (s_lo, s_hi), (l_lo, l_hi) = speed.interval(), lost.interval()
         lines.append(
-            f"{name} over {speed.n} seeds: {speed.format(2)}x faster per epoch "
-            f"({agreement(speed, 2.0, math.inf)} of >= 2x); {lost.format(2)} points lost "
-            f"({agreement(lost, -math.inf, 1.0)} of <= 1)\n    " + "; ".join(verdicts)
+            f"{name}: {speed.format(2)}, times faster per epoch than float32 (95 % interval "
+            f"{s_lo:.2f} to {s_hi:.2f}); {lost.format(2)}, points lost (95 % interval "
+            f"{l_lo:.2f} to {l_hi:.2f})\n    " + "; ".join(verdicts)
         )
     return lines
 
