@@ -34,12 +34,14 @@ takes the share of the epoch it took in the source (68.7 of 97.0 s).
 
 from __future__ import annotations
 
+import math
 import statistics
 from dataclasses import dataclass, field
 from typing import Any
 
 from matplotlib.figure import Figure
 
+from course_lib.papers.seeds import judge, paired, spread
 from course_lib.parallel.data_parallel.train import DataParallelResult
 from course_lib.training.models import UNet
 
@@ -50,9 +52,11 @@ __all__ = [
     "PAPER_TABLE2",
     "Source000Config",
     "format_side_by_side",
+    "goal_over_seeds",
     "goal_verdicts",
     "plot_side_by_side",
     "regime_derivation",
+    "seeds_side_by_side",
     "source000_unet",
     "source_regime_rate",
     "table_row",
@@ -268,6 +272,76 @@ def goal_verdicts(rows: list[dict[str, Any]], majority: float | None = None) -> 
             f"goal ({r['name']}: {speedup:.2f}x faster per epoch than float32, "
             f"{lost:+.2f} points of accuracy lost; need >= 2x and <= 1): {goal}; "
             f"aim (>= 3x, <= 0.5): {aim}"
+        )
+    return lines
+
+
+def _named(runs: list[list[dict[str, Any]]], name: str) -> list[dict[str, Any]]:
+    try:
+        return [next(r for r in rows if r["name"] == name) for rows in runs]
+    except StopIteration:
+        raise ValueError(f"every seed's rows need the row {name!r}") from None
+
+
+def seeds_side_by_side(runs: list[list[dict[str, Any]]]) -> str:
+    """Return one line per format over seeds (one list of rows per seed, float32 in each).
+
+    Epoch seconds, speed-up against float32 (seed by seed), float32's sync share, accuracy:
+    each as mean +- sd [min to max].
+    """
+    base = _named(runs, "float32")
+    lines = [f"{'configuration':<14} {'epoch s':<38} {'x f32':<38} {'sync share %':<14} acc %"]
+    for name in [r["name"] for r in runs[0]]:
+        mine = _named(runs, name)
+        epoch = spread([r["epoch_s"] for r in mine])
+        speed = spread([b["epoch_s"] / r["epoch_s"] for b, r in zip(base, mine, strict=True)])
+        share = spread([r["sync_s"] / r["epoch_s"] for r in mine], scale=100)
+        acc = spread([r["accuracy"] for r in mine], scale=100)
+        lines.append(
+            f"{name:<14} {epoch.format(2):<38} {speed.format(2):<38} "
+            f"{share.mean:>5.0f} +- {share.sd:<4.0f} {acc.format(1)}"
+        )
+    return "\n".join(lines)
+
+
+def goal_over_seeds(runs: list[list[dict[str, Any]]], majority: float | None = None) -> list[str]:
+    """Return the goal's verdict per int8 + EF + lossless row, judged over seeds.
+
+    Per seed: the speed-up (float32's epoch over the row's) and the accuracy points lost (paired
+    by seed). Goal: >= 2x and <= 1 point; aim: >= 3x and <= 0.5. ``MET`` when both 95 %
+    intervals lie inside, ``NOT MET`` when one lies wholly outside, ``NOT RESOLVED`` otherwise.
+    While float32's mean accuracy has not beaten the ``majority`` class, accuracy is not checked.
+    """
+    base = _named(runs, "float32")
+    names = [r["name"] for r in runs[0] if r["name"] in ("int8+EF+zstd", "int8n+EF+zstd", "best")]
+    if not names:
+        return ["goal: not checked (needs float32 and an int8 + EF + lossless row)"]
+    base_acc = statistics.fmean(r["accuracy"] for r in base)
+    learned = majority is None or base_acc > majority + 0.005
+    lines = []
+    for name in names:
+        mine = _named(runs, name)
+        speed = spread([b["epoch_s"] / r["epoch_s"] for b, r in zip(base, mine, strict=True)])
+        lost = paired([r["accuracy"] for r in base], [r["accuracy"] for r in mine], scale=100)
+        verdicts = []
+        for label, least, most in (("goal (>= 2x, <= 1 point)", 2.0, 1.0),
+                                   ("aim (>= 3x, <= 0.5)", 3.0, 0.5)):  # fmt: skip
+            fast, close = judge(speed, least, math.inf), judge(lost, -math.inf, most)
+            if not learned:
+                verdict = f"speed {'MET' if fast == 'within' else fast.upper()}, accuracy NOT "
+                verdict += "CHECKED (float32 has not beaten the majority class: train longer)"
+            elif fast == "within" and close == "within":
+                verdict = "MET"
+            elif fast == "below" or close == "above":
+                verdict = "NOT MET"
+            else:
+                verdict = "NOT RESOLVED"
+            verdicts.append(f"{label}: {verdict}")
+        (s_lo, s_hi), (l_lo, l_hi) = speed.interval(), lost.interval()
+        lines.append(
+            f"{name}: {speed.format(2)}, times faster per epoch than float32 (95 % interval "
+            f"{s_lo:.2f} to {s_hi:.2f}); {lost.format(2)}, points lost (95 % interval "
+            f"{l_lo:.2f} to {l_hi:.2f})\n    " + "; ".join(verdicts)
         )
     return lines
 

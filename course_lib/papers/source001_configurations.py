@@ -20,6 +20,7 @@ sparse gossip the values it sent to each partner (their int32 indices and counts
 
 from __future__ import annotations
 
+import math
 import statistics
 from dataclasses import dataclass
 from functools import partial
@@ -27,14 +28,20 @@ from typing import Any
 
 from matplotlib.figure import Figure
 
+from course_lib.papers.seeds import agreement, judge, paired, spread
+
 __all__ = [
     "CONFIGURATIONS",
     "GRADIENT_THRESHOLD",
     "PAPER_CONCLUSIONS",
     "WEIGHT_THRESHOLD",
     "Configuration",
+    "SEED_CLAIMS",
+    "compare_seeds_with_paper",
     "compare_with_paper",
     "configurations_table",
+    "seed_claims",
+    "seeds_table",
     "plot_configurations",
     "predict_values_sent",
     "row_from_result",
@@ -268,6 +275,92 @@ def compare_with_paper(rows: list[dict[str, Any]], number: int = 9) -> str:
         f"values: {'more' if values_x > paper['comm_less_x'] else 'less'} than the paper's "
         f"~{paper['comm_less_x']:.0f}x; accuracy cost {where} the paper's {low:g}-{high:g} points"
     )
+
+
+#: The paper's claims judged over seeds: (what, configuration, compared with, figure, low, high).
+#: figure "cost": accuracy points lost against the compared one, seed by seed; "comm": its
+#: communication time divided by this one's. Two ranges are the kit's reading of words: "~2 %"
+#: as 1.5-2.5 points (the rounding of ~2), "almost nothing" as at most 1 point either way; "~40x"
+#: is read as reached at 40x or more.
+SEED_CLAIMS: tuple[tuple[str, int, int, str, float, float], ...] = (
+    ("best: 9 vs 1, accuracy cost (paper: 1-3 points)", 9, 1, "cost", 1.0, 3.0),
+    ("best: 9 vs 1, communication time less (paper: ~40x)", 9, 1, "comm", 40.0, math.inf),
+    ("Local-SGD(4), 4 vs 1, accuracy cost (paper: 2-4)", 4, 1, "cost", 2.0, 4.0),
+    ("Local-SGD(16), 7 vs 1, accuracy cost (paper: 2-4)", 7, 1, "cost", 2.0, 4.0),
+    ("Local-SGD(32), 10 vs 1, accuracy cost (paper: 2-4, more at large p)", 10, 1, "cost",
+     2.0, math.inf),
+    ("gossip, 2 vs 1, accuracy cost (paper: ~2)", 2, 1, "cost", 1.5, 2.5),
+    ("gossip, 2 vs 1, communication time less (paper: 2-5x)", 2, 1, "comm", 2.0, 5.0),
+    ("sparsification at p = 1, 3 vs 2, accuracy cost (paper: 1-2)", 3, 2, "cost", 1.0, 2.0),
+    ("sparsification at p = 4, 6 vs 5, accuracy cost (paper: almost nothing)", 6, 5, "cost",
+     -1.0, 1.0),
+    ("sparsification at p = 16, 9 vs 8, accuracy cost (paper: almost nothing)", 9, 8, "cost",
+     -1.0, 1.0),
+    ("sparsification at p = 1, 3 vs 2, communication time less (paper: 2-10x)", 3, 2, "comm",
+     2.0, 10.0),
+)  # fmt: skip
+
+
+def _by_number(runs: list[list[dict[str, Any]]], number: int) -> list[dict[str, Any]]:
+    try:
+        return [next(r for r in rows if r["number"] == number) for rows in runs]
+    except StopIteration:
+        raise ValueError(f"every seed's rows need configuration {number}") from None
+
+
+def seed_claims(runs: list[list[dict[str, Any]]]) -> list[dict[str, Any]]:
+    """Return each of :data:`SEED_CLAIMS` measured over ``runs`` (one list of rows per seed).
+
+    Each: ``what``, ``number`` / ``base`` / ``figure`` (as in the table), ``kit`` (a :class:`~course_lib.papers.seeds.Spread`, paired by seed),
+    ``low`` / ``high`` (the paper's range), ``where`` (:func:`~course_lib.papers.seeds.judge`)
+    and ``verdict`` (:func:`~course_lib.papers.seeds.agreement`).
+    """
+    claims = []
+    for what, k, base, figure, low, high in SEED_CLAIMS:
+        mine, theirs = _by_number(runs, k), _by_number(runs, base)
+        if figure == "cost":
+            kit = paired([r["acc"] for r in theirs], [r["acc"] for r in mine], scale=100)
+        else:
+            kit = spread(
+                [b["comm"] / max(r["comm"], 1e-12) for b, r in zip(theirs, mine, strict=True)]
+            )
+        claims.append(
+            {"what": what, "number": k, "base": base, "figure": figure, "kit": kit,
+             "low": low, "high": high,
+             "where": judge(kit, low, high), "verdict": agreement(kit, low, high)}
+        )  # fmt: skip
+    return claims
+
+
+def compare_seeds_with_paper(runs: list[list[dict[str, Any]]]) -> str:
+    """Return each claim of source 001 beside the kit's figure over seeds, with its verdict."""
+    lines = [f"over {len(runs)} seeds (mean +- sd [min to max]; verdict from the 95 % interval):"]
+    for c in seed_claims(runs):
+        unit = "points lost" if "cost" in c["what"] else "times less"
+        lines.append(f"  {c['what']}\n    kit ({unit}): {c['kit']} -> {c['verdict']}")
+    return "\n".join(lines)
+
+
+def seeds_table(runs: list[list[dict[str, Any]]]) -> str:
+    """Return one line per configuration: accuracy, values fewer and comm less, over seeds."""
+    lines = [
+        f"{'#':>2} {'p':>3} {'averaging':<14} {'test acc % (mean +- sd [min to max])':<40} "
+        f"{'fewer values':>12} {'fewer bytes':>11} {'comm less':>16}"
+    ]
+    base = _by_number(runs, 1)
+    for number in sorted({r["number"] for rows in runs for r in rows}):
+        mine = _by_number(runs, number)
+        acc = spread([r["acc"] for r in mine], scale=100)
+        fewer = spread(
+            [b["values"] / max(r["values"], 1e-12) for b, r in zip(base, mine, strict=True)]
+        )
+        less = spread([b["comm"] / max(r["comm"], 1e-12) for b, r in zip(base, mine, strict=True)])
+        nbytes = spread([b["bytes"] / max(r["bytes"], 1) for b, r in zip(base, mine, strict=True)])
+        lines.append(
+            f"{number:>2} {mine[0]['period']:>3} {mine[0]['averaging']:<14} "
+            f"{acc.format(1):<40} {fewer.mean:>11.1f}x {nbytes.mean:>10.1f}x {less.mean:>6.1f}x +- {less.sd:>4.1f}"
+        )
+    return "\n".join(lines)
 
 
 def plot_configurations(rows: list[dict[str, Any]]) -> Figure:
