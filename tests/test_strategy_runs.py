@@ -94,3 +94,45 @@ def test_every_strategy_trains_the_weights_one_process_trains(cluster, name, opt
     assert relative_error(want, start) > 1e-3  # the steps moved the weights
     err = relative_error(got, want)
     assert err <= RTOL, f"{name}: {err:.2e} from one process"
+
+
+def test_engine_costs_time_each_shard_on_the_engines_as_many_at_once_as_its_workers(
+    cluster, tmp_path
+):
+    # The fix of the scoreboard's 1 Gbit/s rows: a shard is timed on the engines, on as many
+    # at once as its configuration spans (one worker: 1; data parallel, the replicated head of
+    # the attribute split: 2), cached under the place and found again without timing.
+    from course_lib.cost_model.configs import ParallelConfig
+    from course_lib.cost_model.engine_costs import EngineCosts
+    from course_lib.cost_model.op_costs import shard_signature
+
+    graph = kit_graph("lenet", 32)
+    names = ("one worker", "data parallel", "attribute")
+    configs = [strategy_configs(n, graph, 2) for n in names]
+    costs = EngineCosts("test engines", tmp_path / "costs.json", repeats=2)
+    with pytest.raises(RuntimeError, match="measure"):
+        costs(graph.ops[0], configs[0][0], graph.batch)
+    wanted = {
+        (shard_signature(op, cfg, graph.batch), cfg.degree)
+        for strategy in configs
+        for op, cfg in zip(graph.ops, strategy, strict=True)
+        if op.kind != "flatten"
+    }
+    signatures_only = {sig for sig, _ in wanted}
+    assert len(wanted) > len(signatures_only)  # the same shard alone and two at once: two keys
+    assert costs.measure(cluster, "comm", graph, configs) == len(wanted)
+    assert "on 2 engines (test engines)" in costs.machine
+    values = {}
+    for strategy in configs:
+        for op, cfg in zip(graph.ops, strategy, strict=True):
+            fwd, bwd = values[(op.name, cfg)] = costs(op, cfg, graph.batch)
+            assert (fwd > 0 and bwd > 0) or op.kind == "flatten"
+    again = EngineCosts("test engines", tmp_path / "costs.json", repeats=2)
+    assert again.measure(cluster, "comm", graph, configs) == 0  # all cached
+    for strategy in configs:
+        for op, cfg in zip(graph.ops, strategy, strict=True):
+            assert again(op, cfg, graph.batch) == values[(op.name, cfg)]
+    assert again.measure(cluster, "comm", graph, configs, refresh=True) == len(wanted)
+    linear = next(op for op in graph.ops if op.kind == "linear")
+    with pytest.raises(KeyError, match="pass its strategy to measure"):
+        again(linear, ParallelConfig("column", (0, 1)), graph.batch)

@@ -20,7 +20,9 @@ dense layers), each run by the kit's own parallel code, each with the configurat
   (:mod:`course_lib.parallel.model_parallel.spatial`);
 - ``zero1``, ``zero2``, ``zero3``: data parallelism with ZeRO's sharding (lecture 11, the kit's
   own :mod:`~course_lib.parallel.sharded.zero` exchanges): reduce-scatter, the shard's update,
-  allgather; stage 3 gathers each layer's weights before its forward and its backward.
+  allgather; stage 3 gathers each layer's weights before its forward and its backward;
+  ``zero2/16K`` and ``zero2/1M``: stage 2 with 16 KiB or 1 MiB gradient buckets (the others use
+  ``bucket_bytes``, 64 KiB by default).
 
 As in the simulator, every rank starts a step holding its own ``B/N`` samples and labels (it
 loaded them): a strategy that computes them elsewhere moves them first, inside the step. A
@@ -53,7 +55,12 @@ STRATEGIES = (
     "zero1",
     "zero2",
     "zero3",
+    "zero2/16K",
+    "zero2/1M",
 )
+#: ZeRO-2 with another gradient bucket than the run's ``bucket_bytes``: more, smaller messages
+#: (16 KiB) or fewer, larger ones (1 MiB); the simulator's units follow (``ZeroConfig``).
+_BUCKETS = {"zero2/16K": 1 << 14, "zero2/1M": 1 << 20}
 _SAMPLES_TAG, _LABELS_TAG = 8113, 8114  # clear of the collectives' 8100-8112 and the probe's 8117
 
 
@@ -101,7 +108,7 @@ def simulator_options(name: str, bucket_bytes: int = 1 << 16) -> dict[str, Any]:
     if name.startswith("zero"):
         from course_lib.cost_model.sharding import ZeroConfig
 
-        out["zero"] = ZeroConfig(int(name[-1]), bucket_bytes)
+        out["zero"] = ZeroConfig(int(name[4]), _BUCKETS.get(name, bucket_bytes))
     return out
 
 
@@ -204,7 +211,7 @@ def run_strategy(
     elif zero:
         from course_lib.parallel.exchanges.registry import make_exchange
 
-        exchange = make_exchange(name, bucket_bytes=bucket_bytes)
+        exchange = make_exchange(name[:5], bucket_bytes=_BUCKETS.get(name, bucket_bytes))
         exchange.attach(comm, net)
     opt = make_optimizer(optimizer, parts.parameters(), lr) if updates else None
     if zero:
