@@ -36,7 +36,7 @@ from course_lib.cost_model.messages import Network
 from course_lib.cost_model.op_costs import MeasuredCosts
 from course_lib.cost_model.simulator import Simulator
 from course_lib.parallel.strategy_runs import (
-    STRATEGIES,
+    ALL_STRATEGIES,
     run_strategy,
     simulator_options,
     strategy_configs,
@@ -97,7 +97,7 @@ def one_rate(mbit: float, batches, steps: int, models, room: bool, cached: bool)
     for model in models:  # the old way: every shard timed in this process, one at a time
         for batch in batches:
             graph = kit_graph(model, batch)
-            for name in STRATEGIES:
+            for name in ALL_STRATEGIES:
                 for op, cfg in zip(graph.ops, strategy_configs(name, graph, 2), strict=True):
                     solo(op, cfg, batch)
     place = f"room {mbit:g} Mbit/s" if room else "local engines"
@@ -109,13 +109,13 @@ def one_rate(mbit: float, batches, steps: int, models, room: bool, cached: bool)
         for model in models:
             for batch in batches:
                 graph = kit_graph(model, batch)
-                configs = [strategy_configs(name, graph, 2) for name in STRATEGIES]
+                configs = [strategy_configs(name, graph, 2) for name in ALL_STRATEGIES]
                 engines.measure(cluster, "comm", graph, configs, refresh=not cached)
         load_timed = os.getloadavg()[0]
         for model in models:
             for batch in batches:
                 graph = kit_graph(model, batch)
-                for name in STRATEGIES:
+                for name in ALL_STRATEGIES:
                     if name in ("hybrid", "attribute") and model == "mlp":
                         continue  # no convolutions to split
                     configs, options = strategy_configs(name, graph, 2), simulator_options(name)

@@ -15,7 +15,7 @@ from course_lib.cost_model.alpha_beta import LinkModel
 from course_lib.cost_model.op_costs import FlopsCosts
 from course_lib.cost_model.simulator import Simulator
 from course_lib.parallel.strategy_runs import (
-    STRATEGIES,
+    ALL_STRATEGIES,
     run_strategy,
     simulator_options,
     strategy_configs,
@@ -35,7 +35,7 @@ def cluster(shared_engines):
     return cl
 
 
-@pytest.mark.parametrize("name", STRATEGIES)
+@pytest.mark.parametrize("name", ALL_STRATEGIES)
 @pytest.mark.parametrize("model, batch", [("mlp", 16), ("lenet", 32), ("small_cnn", 8)])
 def test_a_strategy_sends_the_simulators_bytes(cluster, name, model, batch):
     if name in ("hybrid", "attribute") and model == "mlp":
@@ -74,7 +74,7 @@ def relative_error(got, want) -> float:
 
 
 @pytest.mark.parametrize(
-    "name, optimizer", [(n, "sgd") for n in STRATEGIES] + [("zero2", "adam"), ("zero3", "adam")]
+    "name, optimizer", [(n, "sgd") for n in ALL_STRATEGIES] + [("zero2", "adam"), ("zero3", "adam")]
 )
 def test_every_strategy_trains_the_weights_one_process_trains(cluster, name, optimizer):
     # The same computation (source 003): after 1 + 3 updates on the same global batch, the
