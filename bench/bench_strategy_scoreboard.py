@@ -1,21 +1,27 @@
 """Lecture 13's scoreboard: predicted vs measured step time of every strategy the kit runs, at two link rates.
 
-For each emulated link rate (default 1 Gbit/s and 100 Mbit/s, 50 us, gloo on 2 local engines;
-EMULATED, as ``course_lib.comm.EmulatedLink`` says), alpha and beta are calibrated on the kit's
-ring at a few sizes (as notebook 13 does), then every strategy of
-:mod:`course_lib.parallel.strategy_runs` (one worker, data parallel, hybrid, pipeline, ZeRO 1-3)
-runs 1 warm-up + ``--steps`` steps of SmallCNN at each batch, and the simulator predicts it from
-operator costs measured once on this machine (``MeasuredCosts``, cached) and the calibrated link
-(``nic`` topology, gradients summed after backward; ZeRO's own passes). Printed per rate: every
-row (predicted, measured median of the slowest rank, error, MB sent per step), the median
-|error| (all rows, and rows sending >= 1 MB a step), Spearman's rank correlation, which strategy
-the simulator picks and how it fares when measured; then the what-if (does the best strategy
-change with the rate, predicted and measured) and markdown rows for docs/measurements.md, with
-the machine's load beside them. ZeRO's measured step includes its optimiser step (SGD, lr 0:
-a few hundred microseconds here), which the simulator does not model.
+For each link rate (default 1 Gbit/s and 100 Mbit/s) on 2 engines with gloo: local engines over
+the kit's EMULATED link (``course_lib.comm.EmulatedLink``, 50 us), or with ``--room`` two PCs of
+the emulated room (real TCP between network namespaces, veth links shaped by ``tc``; needs
+root). Alpha and beta are calibrated on the kit's ring at a few sizes (as notebook 13 does);
+every operator shard the strategies need is timed *on the engines*, as many at once as its
+configuration spans (:class:`~course_lib.cost_model.engine_costs.EngineCosts`, re-timed each
+run unless ``--cached-costs``: the machine is shared and its load moves); then every strategy of
+:data:`~course_lib.parallel.strategy_runs.ALL_STRATEGIES` (one worker, data parallel, hybrid,
+pipeline, attribute split, ZeRO 1-3, ZeRO-2 with 16 KiB and 1 MiB buckets) runs 1 warm-up +
+``--steps`` steps of each model (SmallCNN and LeNet) at each batch, and the simulator predicts
+it twice: from the engine-timed shards and, for comparison, from shards timed one at a time in
+this process (``MeasuredCosts``, cached: the scoreboard's first version). Printed per rate:
+every row (both predictions, measured median of the slowest rank, errors, MB sent per step),
+median |error| (all rows, and rows sending >= 1 MB a step), Spearman's rank correlation (all
+rows, and per model and batch), which strategy each prediction picks and how it fares when
+measured; then the what-if (does the best strategy change with the rate, predicted and
+measured) and markdown rows, with the machine's load (start, after the shards were timed, end).
+ZeRO's measured step includes its optimiser step (SGD, lr 0), which the simulator does not model.
 
-    .venv/bin/python bench/bench_strategy_scoreboard.py                 # ~3 minutes on 2 cores
-    .venv/bin/python bench/bench_strategy_scoreboard.py --rates 1000 100 --batches 64 128
+    .venv/bin/python bench/bench_strategy_scoreboard.py                 # ~2 minutes on 2 cores
+    .venv/bin/python bench/bench_strategy_scoreboard.py --room          # ~3 minutes, as root
+    .venv/bin/python bench/bench_strategy_scoreboard.py --rates 1000 100 --models small_cnn
 """
 
 from __future__ import annotations
