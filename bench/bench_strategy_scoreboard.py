@@ -97,7 +97,25 @@ def _cluster(mbit: float, room: bool):
     return local()
 
 
-def one_rate(mbit: float, batches, steps: int, models, room: bool, cached: bool) -> dict:
+def _cases(models, batches):
+    """Yield (model, batch, strategy) of every scoreboard row."""
+    for model in models:
+        for batch in batches:
+            for name in ALL_STRATEGIES:
+                if name not in ("hybrid", "attribute") or model != "mlp":  # they split convs
+                    yield model, batch, name
+
+
+def one_rate(
+    mbit: float,
+    batches,
+    steps: int,
+    models,
+    room: bool,
+    cached: bool,
+    rounds: int = 1,
+    per_row: bool = True,
+) -> dict:
     """Calibrate, time the shards on the engines, run and predict every strategy at ``mbit``."""
     solo, rows = MeasuredCosts(repeats=15), []
     for model in models:  # the old way: every shard timed in this process, one at a time
@@ -118,24 +136,33 @@ def one_rate(mbit: float, batches, steps: int, models, room: bool, cached: bool)
                 configs = [strategy_configs(name, graph, 2) for name in ALL_STRATEGIES]
                 engines.measure(cluster, "comm", graph, configs, refresh=not cached)
         load_timed = os.getloadavg()[0]
-        for model in models:
-            for batch in batches:
-                graph = kit_graph(model, batch)
-                for name in ALL_STRATEGIES:
-                    if name in ("hybrid", "attribute") and model == "mlp":
-                        continue  # no convolutions to split
-                    configs, options = strategy_configs(name, graph, 2), simulator_options(name)
-                    before = Simulator(graph, 2, solo, link, **options).run(configs)
-                    after = Simulator(graph, 2, engines, link, **options).run(configs)
-                    runs = cluster.run(run_strategy, name, "comm", model, batch, steps, timeout=600)
-                    steps_max = [max(s) for s in zip(*(r["walls"] for r in runs), strict=True)]
-                    rows.append({
-                        "model": model, "strategy": name, "batch": batch,
-                        "predicted": after.step_time, "predicted_solo": before.step_time,
-                        "measured": statistics.median(steps_max),
-                        "sent": max(r["bytes_sent"] for r in runs),
-                        "sent_predicted": max(after.bytes_sent().values(), default=0.0),
-                    })  # fmt: skip
+        walls: dict[tuple, list[float]] = {}
+        sent: dict[tuple, int] = {}  # measured bytes a step (the communicator's counter)
+        predicted: dict[tuple, list[float]] = {}  # engine-timed, one per round
+        for _ in range(rounds):  # interleaved: every strategy sees the load of the whole run
+            for model, batch, name in _cases(models, batches):
+                graph, key = kit_graph(model, batch), (model, batch, name)
+                configs, options = strategy_configs(name, graph, 2), simulator_options(name)
+                if per_row:  # the CPU share of a shared machine moves within seconds
+                    engines.measure(cluster, "comm", graph, [configs], refresh=True)
+                sim = Simulator(graph, 2, engines, link, **options).run(configs)
+                predicted.setdefault(key, []).append(sim.step_time)
+                runs = cluster.run(run_strategy, name, "comm", model, batch, steps, timeout=600)
+                steps_max = [max(s) for s in zip(*(r["walls"] for r in runs), strict=True)]
+                walls.setdefault(key, []).extend(steps_max)
+                sent[key] = max(r["bytes_sent"] for r in runs)
+        for model, batch, name in _cases(models, batches):
+            graph, key = kit_graph(model, batch), (model, batch, name)
+            configs, options = strategy_configs(name, graph, 2), simulator_options(name)
+            before = Simulator(graph, 2, solo, link, **options).run(configs)
+            rows.append({
+                "model": model, "strategy": name, "batch": batch,
+                "predicted": statistics.median(predicted[key]),
+                "predicted_solo": before.step_time,
+                "measured": statistics.median(walls[key]),
+                "sent": sent[key],
+                "sent_predicted": max(before.bytes_sent().values(), default=0.0),
+            })  # fmt: skip
     return {
         "mbit": mbit,
         "place": "room (real TCP, tc-shaped veth)" if room else "emulated link",
@@ -229,6 +256,12 @@ def main() -> None:
     parser.add_argument("--rates", type=float, nargs="+", default=[1000.0, 100.0], help="Mbit/s")
     parser.add_argument("--batches", type=int, nargs="+", default=[64, 128])
     parser.add_argument("--steps", type=int, default=5)
+    parser.add_argument("--rounds", type=int, default=1, help="interleaved runs of every row")
+    parser.add_argument(
+        "--time-once",
+        action="store_true",
+        help="time the shards once per rate, not again right before each row",
+    )
     parser.add_argument("--models", nargs="+", default=["small_cnn", "lenet"])
     parser.add_argument("--room", action="store_true", help="2 PCs of the emulated room (root)")
     parser.add_argument(
@@ -246,7 +279,15 @@ def main() -> None:
     results = []
     for mbit in args.rates:
         results.append(
-            one_rate(mbit, args.batches, args.steps, args.models, args.room, args.cached_costs)
+            one_rate(
+                mbit,
+                args.batches,
+                args.steps,
+                args.models,
+                args.room,
+                args.cached_costs,
+                args.rounds,
+            )
         )
         if args.store:
             args.store.write_text(json.dumps(results, indent=1))
