@@ -136,3 +136,26 @@ def test_engine_costs_time_each_shard_on_the_engines_as_many_at_once_as_its_work
     linear = next(op for op in graph.ops if op.kind == "linear")
     with pytest.raises(KeyError, match="pass its strategy to measure"):
         again(linear, ParallelConfig("column", (0, 1)), graph.batch)
+
+
+def test_the_scoreboards_figures_come_from_its_rows():
+    # bench/bench_strategy_scoreboard.py's summary: median |error| (all rows, rows >= 1 MB),
+    # Spearman, and the pick (the least predicted) measured against the measured best.
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "bench" / "bench_strategy_scoreboard.py"
+    spec = importlib.util.spec_from_file_location("scoreboard", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    rows = [  # predicted, measured, bytes sent: "a" predicted best, "b" measured best
+        {"model": "m", "batch": 8, "strategy": "a", "predicted": 1.0, "measured": 1.2, "sent": 0},
+        {"model": "m", "batch": 8, "strategy": "b", "predicted": 1.1, "measured": 1.0, "sent": 2e6},
+        {"model": "m", "batch": 8, "strategy": "c", "predicted": 3.0, "measured": 4.0, "sent": 3e6},
+    ]
+    f = bench._figures(rows, "predicted")
+    assert f["median"] == pytest.approx(1 / 6)  # errors 1/6, 1/10, 1/4
+    assert f["median_1mb"] == pytest.approx((0.1 + 0.25) / 2)
+    assert f["rho"] == pytest.approx(0.5)  # predicted order a b c, measured b a c
+    pick, best, slower = f["picks"][("m", 8)]
+    assert (pick, best) == ("a", "b") and slower == pytest.approx(0.2)
