@@ -1,26 +1,33 @@
 """Lecture 13's scoreboard: predicted vs measured step time of every strategy the kit runs, at two link rates.
 
-For each emulated link rate (default 1 Gbit/s and 100 Mbit/s, 50 us, gloo on 2 local engines;
-EMULATED, as ``course_lib.comm.EmulatedLink`` says), alpha and beta are calibrated on the kit's
-ring at a few sizes (as notebook 13 does), then every strategy of
-:mod:`course_lib.parallel.strategy_runs` (one worker, data parallel, hybrid, pipeline, ZeRO 1-3)
-runs 1 warm-up + ``--steps`` steps of SmallCNN at each batch, and the simulator predicts it from
-operator costs measured once on this machine (``MeasuredCosts``, cached) and the calibrated link
-(``nic`` topology, gradients summed after backward; ZeRO's own passes). Printed per rate: every
-row (predicted, measured median of the slowest rank, error, MB sent per step), the median
-|error| (all rows, and rows sending >= 1 MB a step), Spearman's rank correlation, which strategy
-the simulator picks and how it fares when measured; then the what-if (does the best strategy
-change with the rate, predicted and measured) and markdown rows for docs/measurements.md, with
-the machine's load beside them. ZeRO's measured step includes its optimiser step (SGD, lr 0:
-a few hundred microseconds here), which the simulator does not model.
+For each link rate (default 1 Gbit/s and 100 Mbit/s) on 2 engines with gloo: local engines over
+the kit's EMULATED link (``course_lib.comm.EmulatedLink``, 50 us), or with ``--room`` two PCs of
+the emulated room (real TCP between network namespaces, veth links shaped by ``tc``; needs
+root). Alpha and beta are calibrated on the kit's ring at a few sizes (as notebook 13 does);
+every operator shard the strategies need is timed *on the engines*, as many at once as its
+configuration spans (:class:`~course_lib.cost_model.engine_costs.EngineCosts`, re-timed each
+run unless ``--cached-costs``: the machine is shared and its load moves); then every strategy of
+:data:`~course_lib.parallel.strategy_runs.ALL_STRATEGIES` (one worker, data parallel, hybrid,
+pipeline, attribute split, ZeRO 1-3, ZeRO-2 with 16 KiB and 1 MiB buckets) runs 1 warm-up +
+``--steps`` steps of each model (SmallCNN and LeNet) at each batch, and the simulator predicts
+it twice: from the engine-timed shards and, for comparison, from shards timed one at a time in
+this process (``MeasuredCosts``, cached: the scoreboard's first version). Printed per rate:
+every row (both predictions, measured median of the slowest rank, errors, MB sent per step),
+median |error| (all rows, and rows sending >= 1 MB a step), Spearman's rank correlation (all
+rows, and per model and batch), which strategy each prediction picks and how it fares when
+measured; then the what-if (does the best strategy change with the rate, predicted and
+measured) and markdown rows, with the machine's load (start, after the shards were timed, end).
+ZeRO's measured step includes its optimiser step (SGD, lr 0), which the simulator does not model.
 
-    .venv/bin/python bench/bench_strategy_scoreboard.py                 # ~3 minutes on 2 cores
-    .venv/bin/python bench/bench_strategy_scoreboard.py --rates 1000 100 --batches 64 128
+    .venv/bin/python bench/bench_strategy_scoreboard.py                 # ~2 minutes on 2 cores
+    .venv/bin/python bench/bench_strategy_scoreboard.py --room          # ~3 minutes, as root
+    .venv/bin/python bench/bench_strategy_scoreboard.py --rates 1000 100 --models small_cnn
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import statistics
@@ -30,11 +37,12 @@ from pathlib import Path
 import numpy as np
 
 from course_lib.cost_model.alpha_beta import LinkModel
+from course_lib.cost_model.engine_costs import EngineCosts
 from course_lib.cost_model.messages import Network
 from course_lib.cost_model.op_costs import MeasuredCosts
 from course_lib.cost_model.simulator import Simulator
 from course_lib.parallel.strategy_runs import (
-    STRATEGIES,
+    ALL_STRATEGIES,
     run_strategy,
     simulator_options,
     strategy_configs,
@@ -63,42 +71,105 @@ def spearman(a, b) -> float:
     return float(np.corrcoef(*ranks)[0, 1])
 
 
-def one_rate(mbit: float, batches, steps: int, model: str) -> dict:
-    """Calibrate, run and predict every strategy on an emulated link of ``mbit`` Mbit/s."""
+def _cluster(mbit: float, room: bool):
+    """Return a context manager of 2 engines: local over the emulated link, or a room's 2 PCs."""
     from course_lib.cluster import start_cluster
     from course_lib.comm import EmulatedLink, setup_communicators
 
-    emulated = EmulatedLink(bandwidth=mbit * 1e6 / 8, latency=50e-6)
-    costs, rows = MeasuredCosts(repeats=15), []
-    for batch in batches:  # time every shard before the engines start (cached for later runs)
-        graph = kit_graph(model, batch)
-        for name in STRATEGIES:
-            for op, cfg in zip(graph.ops, strategy_configs(name, graph, 2), strict=True):
-                costs(op, cfg, batch)
-    load_before = os.getloadavg()[0]
-    with start_cluster("local", 2, torch_threads=1) as cluster:
-        setup_communicators(cluster, backend="gloo", link=emulated, timeout=120)
-        alpha, beta = cluster.run(_calibrate, timeout=300)[0]
-        link = Network(LinkModel(alpha, beta), "nic")
+    if room:
+        from course_lib.cluster.room.cluster import room_cluster
+
+        @contextlib.contextmanager
+        def in_room():
+            with room_cluster(2, f"{mbit:g}mbit") as cluster:
+                setup_communicators(cluster, backend="gloo", timeout=120)
+                yield cluster
+
+        return in_room()
+
+    @contextlib.contextmanager
+    def local():
+        emulated = EmulatedLink(bandwidth=mbit * 1e6 / 8, latency=50e-6)
+        with start_cluster("local", 2, torch_threads=1) as cluster:
+            setup_communicators(cluster, backend="gloo", link=emulated, timeout=120)
+            yield cluster
+
+    return local()
+
+
+def _cases(models, batches):
+    """Yield (model, batch, strategy) of every scoreboard row."""
+    for model in models:
+        for batch in batches:
+            for name in ALL_STRATEGIES:
+                if name not in ("hybrid", "attribute") or model != "mlp":  # they split convs
+                    yield model, batch, name
+
+
+def one_rate(
+    mbit: float,
+    batches,
+    steps: int,
+    models,
+    room: bool,
+    cached: bool,
+    rounds: int = 1,
+    per_row: bool = True,
+) -> dict:
+    """Calibrate, time the shards on the engines, run and predict every strategy at ``mbit``."""
+    solo, rows = MeasuredCosts(repeats=15), []
+    for model in models:  # the old way: every shard timed in this process, one at a time
         for batch in batches:
             graph = kit_graph(model, batch)
-            for name in STRATEGIES:
-                sim = Simulator(graph, 2, costs, link, **simulator_options(name))
-                predicted = sim.run(strategy_configs(name, graph, 2))
+            for name in ALL_STRATEGIES:
+                for op, cfg in zip(graph.ops, strategy_configs(name, graph, 2), strict=True):
+                    solo(op, cfg, batch)
+    place = f"room {mbit:g} Mbit/s" if room else "local engines"
+    engines = EngineCosts(place, repeats=15)
+    load_before = os.getloadavg()[0]
+    with _cluster(mbit, room) as cluster:
+        alpha, beta = cluster.run(_calibrate, timeout=300)[0]
+        link = Network(LinkModel(alpha, beta), "nic")
+        for model in models:
+            for batch in batches:
+                graph = kit_graph(model, batch)
+                configs = [strategy_configs(name, graph, 2) for name in ALL_STRATEGIES]
+                engines.measure(cluster, "comm", graph, configs, refresh=not cached)
+        load_timed = os.getloadavg()[0]
+        walls: dict[tuple, list[float]] = {}
+        sent: dict[tuple, int] = {}  # measured bytes a step (the communicator's counter)
+        predicted: dict[tuple, list[float]] = {}  # engine-timed, one per round
+        for _ in range(rounds):  # interleaved: every strategy sees the load of the whole run
+            for model, batch, name in _cases(models, batches):
+                graph, key = kit_graph(model, batch), (model, batch, name)
+                configs, options = strategy_configs(name, graph, 2), simulator_options(name)
+                if per_row:  # the CPU share of a shared machine moves within seconds
+                    engines.measure(cluster, "comm", graph, [configs], refresh=True)
+                sim = Simulator(graph, 2, engines, link, **options).run(configs)
+                predicted.setdefault(key, []).append(sim.step_time)
                 runs = cluster.run(run_strategy, name, "comm", model, batch, steps, timeout=600)
                 steps_max = [max(s) for s in zip(*(r["walls"] for r in runs), strict=True)]
-                rows.append({
-                    "strategy": name, "batch": batch,
-                    "predicted": predicted.step_time, "measured": statistics.median(steps_max),
-                    "sent": max(r["bytes_sent"] for r in runs),
-                    "sent_predicted": max(predicted.bytes_sent().values(), default=0.0),
-                })  # fmt: skip
+                walls.setdefault(key, []).extend(steps_max)
+                sent[key] = max(r["bytes_sent"] for r in runs)
+        for model, batch, name in _cases(models, batches):
+            graph, key = kit_graph(model, batch), (model, batch, name)
+            configs, options = strategy_configs(name, graph, 2), simulator_options(name)
+            before = Simulator(graph, 2, solo, link, **options).run(configs)
+            rows.append({
+                "model": model, "strategy": name, "batch": batch,
+                "predicted": statistics.median(predicted[key]),
+                "predicted_solo": before.step_time,
+                "measured": statistics.median(walls[key]),
+                "sent": sent[key],
+                "sent_predicted": max(before.bytes_sent().values(), default=0.0),
+            })  # fmt: skip
     return {
         "mbit": mbit,
+        "place": "room (real TCP, tc-shaped veth)" if room else "emulated link",
         "alpha": alpha,
         "beta": beta,
         "rows": rows,
-        "load": (load_before, os.getloadavg()[0]),
+        "load": (load_before, load_timed, os.getloadavg()[0]),
     }
 
 
@@ -106,42 +177,59 @@ def _pct(value: float | None) -> str:
     return "n/a" if value is None else f"{value:.0%}"
 
 
-def summarise(result: dict) -> dict:
-    """Print one rate's rows and return its summary figures."""
-    rows = result["rows"]
-    print(
-        f"\n{result['mbit']:g} Mbit/s emulated link; calibrated alpha "
-        f"{result['alpha'] * 1e6:.0f} us, {1 / result['beta'] / MB:.1f} MB/s; load "
-        f"{result['load'][0]:.1f} -> {result['load'][1]:.1f}"
-    )
-    print(
-        f"  {'strategy':14s} {'B':>4s} {'predicted':>10s} {'measured':>9s} {'error':>7s} {'MB sent':>8s}"
-    )
-    for r in rows:
-        r["error"] = (r["predicted"] - r["measured"]) / r["measured"]
-        print(
-            f"  {r['strategy']:14s} {r['batch']:4d} {r['predicted'] * 1e3:8.1f}ms "
-            f"{r['measured'] * 1e3:7.1f}ms {r['error']:+7.0%} {r['sent'] / MB:8.2f}"
-        )
-    errors = [abs(r["error"]) for r in rows]
-    big = [abs(r["error"]) for r in rows if r["sent"] >= MB]
-    rho = spearman([r["predicted"] for r in rows], [r["measured"] for r in rows])
+def _figures(rows: list[dict], key: str) -> dict:
+    """Return median |error|, its rows >= 1 MB, Spearman and the picks of prediction ``key``."""
+    errors = [abs(r[key] - r["measured"]) / r["measured"] for r in rows]
+    big = [e for e, r in zip(errors, rows, strict=True) if r["sent"] >= MB]
     out = {
         "median": statistics.median(errors),
         "median_1mb": statistics.median(big) if big else None,
+        "rho": spearman([r[key] for r in rows], [r["measured"] for r in rows]),
+        "rho_per": {},
+        "picks": {},
     }
-    out["rho"], out["picks"] = rho, {}
-    for batch in sorted({r["batch"] for r in rows}):
-        mine = [r for r in rows if r["batch"] == batch]
-        pick, best = min(mine, key=lambda r: r["predicted"]), min(mine, key=lambda r: r["measured"])
+    for model, batch in sorted({(r["model"], r["batch"]) for r in rows}):
+        mine = [r for r in rows if (r["model"], r["batch"]) == (model, batch)]
+        pick, best = min(mine, key=lambda r: r[key]), min(mine, key=lambda r: r["measured"])
         slower = (pick["measured"] - best["measured"]) / best["measured"]
-        out["picks"][batch] = (pick["strategy"], best["strategy"], slower)
-        print(f"  B={batch}: picks {pick['strategy']} (PREDICTED best), measured best "
-              f"{best['strategy']}; the pick measured {slower:.0%} slower than the best")  # fmt: skip
+        out["picks"][(model, batch)] = (pick["strategy"], best["strategy"], slower)
+        ranked = spearman([r[key] for r in mine], [r["measured"] for r in mine])
+        out["rho_per"][(model, batch)] = ranked
+    return out
+
+
+def summarise(result: dict) -> dict:
+    """Print one rate's rows and return its summary figures (engine-timed and solo-timed)."""
+    rows = result["rows"]
+    load = " -> ".join(f"{x:.1f}" for x in result["load"])
     print(
-        f"  median |error| {out['median']:.0%} ({len(rows)} rows); rows sending >= 1 MB: "
-        f"{_pct(out['median_1mb'])} ({len(big)} rows); Spearman {rho:.2f}"
+        f"\n{result['mbit']:g} Mbit/s, {result['place']}; calibrated alpha "
+        f"{result['alpha'] * 1e6:.0f} us, {1 / result['beta'] / MB:.1f} MB/s; load "
+        f"(start, shards timed, end) {load}"
     )
+    print(
+        f"  {'model':9s} {'strategy':13s} {'B':>4s} {'engines':>9s} {'solo':>9s} {'measured':>9s}"
+        f" {'error':>6s} {'solo err':>8s} {'MB sent':>8s}"
+    )
+    for r in rows:
+        r["error"] = (r["predicted"] - r["measured"]) / r["measured"]
+        r["error_solo"] = (r["predicted_solo"] - r["measured"]) / r["measured"]
+        print(
+            f"  {r['model']:9s} {r['strategy']:13s} {r['batch']:4d} {r['predicted'] * 1e3:7.1f}ms"
+            f" {r['predicted_solo'] * 1e3:7.1f}ms {r['measured'] * 1e3:7.1f}ms {r['error']:+6.0%}"
+            f" {r['error_solo']:+8.0%} {r['sent'] / MB:8.2f}"
+        )
+    out = {"after": _figures(rows, "predicted"), "before": _figures(rows, "predicted_solo")}
+    for when, label in (("after", "timed on the engines"), ("before", "timed solo (old)")):
+        f = out[when]
+        print(
+            f"  shards {label}: median |error| {f['median']:.0%} ({len(rows)} rows), rows >= 1 MB "
+            f"{_pct(f['median_1mb'])}; Spearman {f['rho']:.2f} (all rows), per model and batch "
+            + ", ".join(f"{m} B{b} {v:.2f}" for (m, b), v in f["rho_per"].items())
+        )
+        for (m, b), (pick, best, slower) in f["picks"].items():
+            print(f"    {m} B={b}: picks {pick} (PREDICTED best), measured best {best}; "
+                  f"the pick measured {slower:.0%} slower")  # fmt: skip
     return out
 
 
@@ -149,22 +237,16 @@ def markdown(results: list[dict], summaries: list[dict], steps: int) -> None:
     """Print the rows for docs/measurements.md's lecture 13 section."""
     print("\nmarkdown rows:")
     for res, s in zip(results, summaries, strict=True):
-        cells = "; ".join(
-            f"{r['strategy']} B{r['batch']} {r['predicted'] * 1e3:.1f}/{r['measured'] * 1e3:.1f} "
-            f"({r['error']:+.0%})"
-            for r in res["rows"]
-        )
+        a, b = s["after"], s["before"]
         picks = "; ".join(
-            f"B={b}: pick {p} (measured best {m}, pick {x:+.0%})"
-            for b, (p, m, x) in s["picks"].items()
+            f"{m} B{bt}: {p}, {x:+.0%} vs {best}" for (m, bt), (p, best, x) in a["picks"].items()
         )
+        load = " → ".join(f"{x:.1f}" for x in res["load"])
         print(
-            f"| SmallCNN on 2 engines, {res['mbit']:g} Mbit/s emulated link (alpha "
-            f"{res['alpha'] * 1e6:.0f} us, {1 / res['beta'] / MB:.1f} MB/s calibrated), "
-            f"{len(res['rows'])} strategies, 1 + {steps} steps, load {res['load'][0]:.1f} -> "
-            f"{res['load'][1]:.1f} | predicted/measured ms (error): {cells}. Median |error| "
-            f"{s['median']:.0%}, >= 1 MB rows {_pct(s['median_1mb'])}, Spearman {s['rho']:.2f}; "
-            f"{picks} | `.venv/bin/python bench/bench_strategy_scoreboard.py` |"
+            f"| {res['mbit']:g} Mbit/s, {res['place']} (α {res['alpha'] * 1e6:.0f} µs, "
+            f"{1 / res['beta'] / MB:.1f} MB/s), load {load} | {len(res['rows'])} | "
+            f"{a['median']:.0%} ({_pct(a['median_1mb'])}) | {b['median']:.0%} "
+            f"({_pct(b['median_1mb'])}) | {a['rho']:.2f} / {b['rho']:.2f} | {picks} |"
         )
 
 
@@ -174,23 +256,51 @@ def main() -> None:
     parser.add_argument("--rates", type=float, nargs="+", default=[1000.0, 100.0], help="Mbit/s")
     parser.add_argument("--batches", type=int, nargs="+", default=[64, 128])
     parser.add_argument("--steps", type=int, default=5)
-    parser.add_argument("--model", default="small_cnn")
+    parser.add_argument("--rounds", type=int, default=1, help="interleaved runs of every row")
+    parser.add_argument(
+        "--time-once",
+        action="store_true",
+        help="time the shards once per rate, not again right before each row",
+    )
+    parser.add_argument("--models", nargs="+", default=["small_cnn", "lenet"])
+    parser.add_argument("--room", action="store_true", help="2 PCs of the emulated room (root)")
+    parser.add_argument(
+        "--cached-costs", action="store_true", help="reuse engine-timed shards from the cache"
+    )
     parser.add_argument("--store", type=Path, help="write every row as JSON here")
     args = parser.parse_args()
+    if args.room:
+        from course_lib.cluster.room.build import room_unavailable_reason
+
+        reason = room_unavailable_reason()
+        if reason:
+            raise SystemExit(f"cannot build an emulated room here: {reason}")
     started = time.perf_counter()
-    results = [one_rate(m, args.batches, args.steps, args.model) for m in args.rates]
+    results = []
+    for mbit in args.rates:
+        results.append(
+            one_rate(
+                mbit,
+                args.batches,
+                args.steps,
+                args.models,
+                args.room,
+                args.cached_costs,
+                args.rounds,
+            )
+        )
+        if args.store:
+            args.store.write_text(json.dumps(results, indent=1))
     summaries = [summarise(r) for r in results]
     if len(results) > 1:
-        print("\nwhat-if (best strategy per rate, PREDICTED / MEASURED):")
-        for batch in args.batches:
+        print("\nwhat-if (best strategy per rate, PREDICTED (engine-timed) / MEASURED):")
+        for key in summaries[0]["after"]["picks"]:
             line = ", ".join(
-                f"{r['mbit']:g} Mbit/s: {s['picks'][batch][0]} / {s['picks'][batch][1]}"
+                f"{r['mbit']:g} Mbit/s: {s['after']['picks'][key][0]} / {s['after']['picks'][key][1]}"
                 for r, s in zip(results, summaries, strict=True)
             )
-            print(f"  B={batch}: {line}")
+            print(f"  {key[0]} B={key[1]}: {line}")
     markdown(results, summaries, args.steps)
-    if args.store:
-        args.store.write_text(json.dumps(results, indent=1))
     print(f"\n{time.perf_counter() - started:.0f} s")
 
 

@@ -15,7 +15,7 @@ from course_lib.cost_model.alpha_beta import LinkModel
 from course_lib.cost_model.op_costs import FlopsCosts
 from course_lib.cost_model.simulator import Simulator
 from course_lib.parallel.strategy_runs import (
-    STRATEGIES,
+    ALL_STRATEGIES,
     run_strategy,
     simulator_options,
     strategy_configs,
@@ -35,7 +35,7 @@ def cluster(shared_engines):
     return cl
 
 
-@pytest.mark.parametrize("name", STRATEGIES)
+@pytest.mark.parametrize("name", ALL_STRATEGIES)
 @pytest.mark.parametrize("model, batch", [("mlp", 16), ("lenet", 32), ("small_cnn", 8)])
 def test_a_strategy_sends_the_simulators_bytes(cluster, name, model, batch):
     if name in ("hybrid", "attribute") and model == "mlp":
@@ -74,7 +74,7 @@ def relative_error(got, want) -> float:
 
 
 @pytest.mark.parametrize(
-    "name, optimizer", [(n, "sgd") for n in STRATEGIES] + [("zero2", "adam"), ("zero3", "adam")]
+    "name, optimizer", [(n, "sgd") for n in ALL_STRATEGIES] + [("zero2", "adam"), ("zero3", "adam")]
 )
 def test_every_strategy_trains_the_weights_one_process_trains(cluster, name, optimizer):
     # The same computation (source 003): after 1 + 3 updates on the same global batch, the
@@ -94,3 +94,68 @@ def test_every_strategy_trains_the_weights_one_process_trains(cluster, name, opt
     assert relative_error(want, start) > 1e-3  # the steps moved the weights
     err = relative_error(got, want)
     assert err <= RTOL, f"{name}: {err:.2e} from one process"
+
+
+def test_engine_costs_time_each_shard_on_the_engines_as_many_at_once_as_its_workers(
+    cluster, tmp_path
+):
+    # The fix of the scoreboard's 1 Gbit/s rows: a shard is timed on the engines, on as many
+    # at once as its configuration spans (one worker: 1; data parallel, the replicated head of
+    # the attribute split: 2), cached under the place and found again without timing.
+    from course_lib.cost_model.configs import ParallelConfig
+    from course_lib.cost_model.engine_costs import EngineCosts
+    from course_lib.cost_model.op_costs import shard_signature
+
+    graph = kit_graph("lenet", 32)
+    names = ("one worker", "data parallel", "attribute")
+    configs = [strategy_configs(n, graph, 2) for n in names]
+    costs = EngineCosts("test engines", tmp_path / "costs.json", repeats=2)
+    with pytest.raises(RuntimeError, match="measure"):
+        costs(graph.ops[0], configs[0][0], graph.batch)
+    wanted = {
+        (shard_signature(op, cfg, graph.batch), cfg.degree)
+        for strategy in configs
+        for op, cfg in zip(graph.ops, strategy, strict=True)
+        if op.kind != "flatten"
+    }
+    signatures_only = {sig for sig, _ in wanted}
+    assert len(wanted) > len(signatures_only)  # the same shard alone and two at once: two keys
+    assert costs.measure(cluster, "comm", graph, configs) == len(wanted)
+    assert "on 2 engines (test engines)" in costs.machine
+    values = {}
+    for strategy in configs:
+        for op, cfg in zip(graph.ops, strategy, strict=True):
+            fwd, bwd = values[(op.name, cfg)] = costs(op, cfg, graph.batch)
+            assert (fwd > 0 and bwd > 0) or op.kind == "flatten"
+    again = EngineCosts("test engines", tmp_path / "costs.json", repeats=2)
+    assert again.measure(cluster, "comm", graph, configs) == 0  # all cached
+    for strategy in configs:
+        for op, cfg in zip(graph.ops, strategy, strict=True):
+            assert again(op, cfg, graph.batch) == values[(op.name, cfg)]
+    assert again.measure(cluster, "comm", graph, configs, refresh=True) == len(wanted)
+    linear = next(op for op in graph.ops if op.kind == "linear")
+    with pytest.raises(KeyError, match="pass its strategy to measure"):
+        again(linear, ParallelConfig("column", (0, 1)), graph.batch)
+
+
+def test_the_scoreboards_figures_come_from_its_rows():
+    # bench/bench_strategy_scoreboard.py's summary: median |error| (all rows, rows >= 1 MB),
+    # Spearman, and the pick (the least predicted) measured against the measured best.
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "bench" / "bench_strategy_scoreboard.py"
+    spec = importlib.util.spec_from_file_location("scoreboard", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    rows = [  # predicted, measured, bytes sent: "a" predicted best, "b" measured best
+        {"model": "m", "batch": 8, "strategy": "a", "predicted": 1.0, "measured": 1.2, "sent": 0},
+        {"model": "m", "batch": 8, "strategy": "b", "predicted": 1.1, "measured": 1.0, "sent": 2e6},
+        {"model": "m", "batch": 8, "strategy": "c", "predicted": 3.0, "measured": 4.0, "sent": 3e6},
+    ]
+    f = bench._figures(rows, "predicted")
+    assert f["median"] == pytest.approx(1 / 6)  # errors 1/6, 1/10, 1/4
+    assert f["median_1mb"] == pytest.approx((0.1 + 0.25) / 2)
+    assert f["rho"] == pytest.approx(0.5)  # predicted order a b c, measured b a c
+    pick, best, slower = f["picks"][("m", 8)]
+    assert (pick, best) == ("a", "b") and slower == pytest.approx(0.2)

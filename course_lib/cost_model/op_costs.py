@@ -22,7 +22,13 @@ from course_lib.cost_model.configs import ParallelConfig, in_boxes, shard_scale
 from course_lib.cost_model.operators import Operator
 from course_lib.data.paths import atomic_write_bytes, cache_dir
 
-__all__ = ["FlopsCosts", "MeasuredCosts", "machine_description", "shard_signature"]
+__all__ = [
+    "FlopsCosts",
+    "MeasuredCosts",
+    "machine_description",
+    "shard_signature",
+    "time_shard",
+]
 
 
 class FlopsCosts:
@@ -88,7 +94,7 @@ def _layer(kind: str, in_shape: tuple, width: int, attrs: tuple):
     )
 
 
-def _time(signature: tuple, repeats: int, threads: int) -> tuple[float, float]:
+def time_shard(signature: tuple, repeats: int, threads: int) -> tuple[float, float]:
     """Return median (forward, backward) seconds of one shard on ``threads``, after 2 warm-ups."""
     import torch
 
@@ -142,7 +148,7 @@ class MeasuredCosts:
         key = repr(signature)
         mine = self._table.setdefault(self.machine, {})
         if key not in mine:
-            mine[key] = list(_time(signature, self.repeats, self.threads))
+            mine[key] = list(time_shard(signature, self.repeats, self.threads))
             self.measured += 1
             atomic_write_bytes(self.path, json.dumps(self._table, indent=1).encode())
         fwd, bwd = mine[key]
