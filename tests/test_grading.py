@@ -593,6 +593,47 @@ NO_VALUE_ERROR = re.sub(
     "",
     next(c.source for c in _source("A2_rabenseifner_allreduce").cells if answer_id(c) == "A2.1"),
 )
+# A2.3's usual mistakes on 3 ranks, each right on 4 (so only A2.3 is lost): the source's answer
+# with the folded buffer never added, or the result never sent back; and a ring when N is not 2^k.
+_A2_3 = next(c.source for c in _source("A2_rabenseifner_allreduce").cells if answer_id(c) == "A2.3")
+FOLD_NOT_ADDED = _A2_3.replace("        x += incoming\n", "")
+NOT_SENT_BACK = _A2_3.replace("        comm.recv(x, r + 1)\n", "").replace(
+    "    if r < 2 * extra:\n        comm.send(x, r - 1)\n", ""
+)
+RING_ON_3 = """
+def rabenseifner_allreduce(comm, x):
+    r, p = comm.rank, comm.world_size
+    if p & (p - 1) == 0:
+        return allgather_doubling(comm, reduce_scatter_halving(comm, x))
+    bounds = chunk_bounds(len(x), p)  # not a power of two: the ring of lecture 3
+    for s in range(1, p):
+        (a, b), (c, d) = bounds[(r - s) % p], bounds[(r - s - 1) % p]
+        incoming = np.empty(d - c, dtype=x.dtype)
+        comm.sendrecv(x[a:b], (r + 1) % p, incoming, (r - 1) % p)
+        x[c:d] += incoming
+    for s in range(p, 2 * p - 1):
+        (a, b), (c, d) = bounds[(r - s) % p], bounds[(r - s - 1) % p]
+        comm.sendrecv(x[a:b], (r + 1) % p, x[c:d], (r - 1) % p)
+    return x
+"""
+FOLD_REASONS = {
+    "not_added": (
+        FOLD_NOT_ADDED,
+        "on 3 ranks the result on rank 0 misses the buffers of ranks [0]: each odd rank must add "
+        "its even partner's buffer before the halving",
+    ),
+    "not_sent_back": (
+        NOT_SENT_BACK,
+        "on 3 ranks rank 0 returned its own input; it sat out, so its partner rank 1 must send it "
+        "the result at the end",
+    ),
+    "ring_on_3": (
+        RING_ON_3,
+        "on 3 ranks rank 0 sent to ranks [1] and received from [2]; with MPICH's folding its "
+        "partners are [1] (fold first: with N' = 2, ranks [0] send their buffer to the next odd "
+        "rank and sit out, the other 2 run halving and doubling on comm.subgroup(...))",
+    ),
+}
 NO_VALUE_ERROR_REASON = (
     "on 3 ranks (not a power of two) rank 0 returned; raise ValueError when comm.world_size is "
     "not a power of two, before any message"
@@ -626,6 +667,11 @@ def test_a2_source_passes_stub_fails_and_ring_transcription_fails_on_partners(mo
     )
     assert _points(rows) == dict(A2_FULL, **{"A2.1": 0.0}), rows
     assert rows[0].reason == f"FAIL ({NO_VALUE_ERROR_REASON})", rows[0].reason
+    # A2.3's usual mistakes on 3 ranks: only A2.3 is lost, with a reason that names the mistake.
+    for name, (code, reason) in FOLD_REASONS.items():
+        rows = grade_notebook(name, "A2", source, _with_answer(source, "A2.3", code), LIMITS)
+        assert _points(rows) == dict(A2_FULL, **{"A2.3": 0.0}), (name, rows)
+        assert rows[2].reason == f"FAIL ({reason})", (name, rows[2].reason)
 
 
 def _run_processes(ipython_dir: Path) -> dict[int, str]:
@@ -895,6 +941,15 @@ def test_a2_checks_pass_rabenseifner_and_fail_the_ring_built_ins_and_whole_buffe
     exec(NO_VALUE_ERROR, no_check)
     got = verdict(check_reduce_scatter_halving, no_check["reduce_scatter_halving"])
     assert got == f"FAIL {NO_VALUE_ERROR_REASON}", got
+    # A2.3 on 3 ranks, folded: each usual mistake is right on 4 ranks and named on 3.
+    for name, (code, reason) in FOLD_REASONS.items():
+        mistake: dict = {"np": np, "chunk_bounds": chunk_bounds}
+        exec(code, mistake)
+        got = verdict(check_rabenseifner_allreduce, mistake["rabenseifner_allreduce"])
+        assert got == f"FAIL {reason}", (name, got)
+    # (the engines hold the source's answer again under its name, for later checks)
+    got = verdict(check_rabenseifner_allreduce, rabenseifner_allreduce)  # noqa: F821
+    assert got.endswith("float32 and float64; 3 ranks folded into 2"), got
 
 
 # -- a class -------------------------------------------------------------------------------------

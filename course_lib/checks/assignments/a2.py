@@ -18,6 +18,13 @@ pairs ``r`` with ``r XOR d``, which does not exist on 3 ranks; MPICH folds the e
 first). The check runs the answer on a real 3-rank communicator (a subgroup of the engines'):
 every rank must raise ``ValueError`` before it sends anything
 (:func:`judge_not_power_of_two`).
+
+A2.3 is the allreduce on any number of ranks, with MPICH's folding (Thakur, Rabenseifner &
+Gropp 2005, section 4.4): with ``N' = 2^floor(log2 N)`` and ``r = N - N'``, each even rank of the
+first ``2r`` sends its whole buffer to the next odd rank and sits out, the ``N'`` others run
+halving and doubling on a sub-communicator, and each odd rank sends the sum back. The check runs
+it on a real 3-rank communicator too, records the sub-communicators the answer makes there, and
+counts their traffic in the 3-rank numbering (:func:`folded_traffic`, :func:`judge_folded`).
 """
 
 from __future__ import annotations
@@ -33,6 +40,8 @@ __all__ = [
     "check_allgather_doubling",
     "check_rabenseifner_allreduce",
     "check_reduce_scatter_halving",
+    "folded_traffic",
+    "judge_folded",
     "judge_not_power_of_two",
     "judge_rank",
     "rabenseifner_bytes_sent",
@@ -42,6 +51,7 @@ __all__ = [
 A2_POINTS = {"A2.1": 3.0, "A2.2": 2.0, "A2.3": 3.0}
 A2_SIZES = (10, 1001, 4096)  # uneven chunks (3, 3, 2, 2 on 4 ranks), not divisible, even
 NOT_POWER_OF_TWO = "not_power_of_two"  # A2.1's last case: the answer on the first 3 ranks
+FOLDED = "folded"  # A2.3's cases on the first 3 ranks: folding, then halving and doubling
 
 
 def rabenseifner_partners(rank: int, world_size: int) -> list[int]:
@@ -73,6 +83,110 @@ def rabenseifner_bytes_sent(
         scatter, gather = block(partner, d), block(rank, d)
         sent[partner] = {"reduce_scatter": scatter, "allgather": gather}.get(kind, scatter + gather)
     return sent
+
+
+def folded_traffic(size: int, itemsize: int, rank: int, world_size: int) -> dict[int, tuple]:
+    """Return ``{partner: (messages each way, bytes sent)}`` of ``rank`` in the folded allreduce.
+
+    MPICH's folding (Thakur, Rabenseifner & Gropp 2005, section 4.4): ``N'`` is the largest power
+    of two <= N, ``r = N - N'``. Even rank ``q < 2r`` sends its buffer to ``q + 1`` and gets the
+    sum back (one whole buffer each way); the core (odd ranks below ``2r``, then every rank from
+    ``2r``; core rank ``q // 2`` or ``q - r``) runs halving and doubling on ``N'`` ranks.
+    """
+    half = 1 << (world_size.bit_length() - 1)
+    extra = world_size - half
+    whole = size * itemsize
+    if rank < 2 * extra and rank % 2 == 0:
+        return {rank + 1: (1, whole)}
+    core = rank // 2 if rank < 2 * extra else rank - extra
+    traffic = {
+        (2 * q + 1 if q < extra else q + extra): (2, nbytes)
+        for q, nbytes in rabenseifner_bytes_sent("allreduce", size, itemsize, core, half).items()
+    }
+    if rank < 2 * extra:
+        traffic[rank - 1] = (1, whole)
+    return traffic
+
+
+def judge_folded(
+    size: int,
+    dtype: str,
+    rank: int,
+    world_size: int,
+    inputs: list[Any],
+    got: Any,
+    raised: str,
+    builtin: list[str],
+    peers: dict[int, tuple[int, int, int]],
+) -> str:
+    """Return "" or what is wrong with one rank of A2.3 run on ``world_size`` (not 2^k) ranks.
+
+    ``inputs``: every rank's buffer; ``raised``: the exception's name ("" if it returned);
+    ``peers``: {peer: (messages sent, received, bytes sent)} over the communicator and the
+    sub-communicators the answer made, in its numbering. Shared by the kernel's check and the
+    grader's (:mod:`course_lib.grading.probes.a2`).
+    """
+    import numpy as np
+
+    n = world_size
+    half = 1 << (n.bit_length() - 1)
+    extra = n - half
+    folded = list(range(0, 2 * extra, 2))
+    plan = (
+        f"fold first: with N' = {half}, ranks {folded} send their buffer to the next odd rank "
+        f"and sit out, the other {half} run halving and doubling on comm.subgroup(...)"
+    )
+    if raised:
+        return f"on {n} ranks rank {rank} raised {raised}; {plan}"
+    builtin = sorted(name for name in builtin if name != "barrier")
+    if builtin:
+        names = " and ".join(f"comm.{name}" for name in builtin)
+        return f"on {n} ranks rank {rank} uses the built-in {names}; write it from send/recv"
+    sits_out = rank in folded
+    back = f"its partner rank {rank + 1} must send it the result at the end"
+    if got is None:
+        if sits_out:
+            return f"on {n} ranks rank {rank} returned None; it sat out, so {back}"
+        return f"on {n} ranks rank {rank} returned None; return the buffer"
+    inputs = [np.asarray(x).reshape(-1) for x in inputs]
+    reference = sum(inputs)
+    got = np.asarray(got).reshape(-1)
+    if got.shape != reference.shape or not np.array_equal(got, reference):
+        if sits_out and got.shape == reference.shape and np.array_equal(got, inputs[rank]):
+            return f"on {n} ranks rank {rank} returned its own input; it sat out, so {back}"
+        lost = reference - sum(inputs[q] for q in folded)
+        if got.shape == reference.shape and np.array_equal(got, lost):
+            return (
+                f"on {n} ranks the result on rank {rank} misses the buffers of ranks {folded}: "
+                "each odd rank must add its even partner's buffer before the halving"
+            )
+        wrong = int((got != reference).sum()) if got.shape == reference.shape else "all"
+        return f"size {size}: on {n} ranks the result on rank {rank} is wrong ({wrong} elements differ)"
+    want = folded_traffic(size, np.dtype(dtype).itemsize, rank, n)
+    partners = sorted(want)
+    sent_to = sorted(p for p, (sent, _, _) in peers.items() if sent)
+    received_from = sorted(p for p, (_, received, _) in peers.items() if received)
+    if sent_to != partners or received_from != partners:
+        return (
+            f"on {n} ranks rank {rank} sent to ranks {sent_to} and received from "
+            f"{received_from}; with MPICH's folding its partners are {partners} ({plan})"
+        )
+    for partner in partners:
+        messages, nbytes = want[partner]
+        sent, received, got_bytes = peers[partner]
+        what = "its whole buffer" if partner in folded or sits_out else "halving and doubling"
+        if got_bytes != nbytes:
+            return (
+                f"size {size}: on {n} ranks rank {rank} sent {got_bytes} bytes to rank {partner}, "
+                f"folding sends exactly {nbytes} there ({dtype}: {what})"
+            )
+        if sent != messages or received != messages:
+            return (
+                f"size {size}: on {n} ranks rank {rank} sent {sent} messages to rank {partner} "
+                f"and received {received}; folding exchanges exactly {messages} each way there "
+                f"({what})"
+            )
+    return ""
 
 
 def judge_rank(
@@ -189,14 +303,56 @@ def run_not_power_of_two(comm: Any, fn: Callable) -> tuple[int, str, int]:
     return sub.rank, raised, messages
 
 
+def run_folded(comm: Any, fn: Callable, x: Any) -> tuple[int, Any, str, list[str], dict]:
+    """Run ``fn`` on a communicator of this engine's first ``world_size - 1`` ranks, counting.
+
+    Every rank of ``comm`` must call it. The sub-communicators ``fn`` makes there are recorded, so
+    their traffic counts too, renumbered to the ``world_size - 1`` ranks. Returns (rank there or
+    -1 outside, what ``fn`` returned, the exception's name or "", built-ins called,
+    {peer: (messages sent, received, bytes sent)}).
+    """
+    import numpy as np
+
+    sub = comm.subgroup(list(range(comm.world_size - 1)))
+    if sub is None:
+        return -1, None, "", [], {}
+    made: list = []
+    subgroup = sub.subgroup
+
+    def recording(ranks: Any) -> Any:  # the answer's core: its counters are read afterwards
+        core = subgroup(ranks)
+        made.append(([int(q) for q in ranks], core))
+        return core
+
+    sub.subgroup = recording
+    got, raised = None, ""
+    try:
+        got = fn(sub, x)
+    except Exception as exc:  # noqa: BLE001 - any exception is data for the judge
+        raised = type(exc).__name__
+    builtin, peers = set(sub.stats.collectives), {}
+    for ranks, c in [(list(range(sub.world_size)), sub)] + made:
+        if c is None:
+            continue
+        builtin |= set(c.stats.collectives)
+        for q, s in c.stats.peers.items():
+            old = peers.get(ranks[q], (0, 0, 0))
+            new = (s.messages_sent, s.messages_received, s.bytes_sent)
+            peers[ranks[q]] = tuple(a + b for a, b in zip(old, new, strict=True))
+    got = None if got is None else np.asarray(got).reshape(-1).copy()
+    return sub.rank, got, raised, sorted(builtin), peers
+
+
 def _run_case(fn: Callable, kind: str, size: int, dtype: str, comm_name: str) -> str:
     """Run on an engine: call the student's ``fn`` on this rank's input; return "" or what is wrong."""
     import numpy as np
     from IPython import get_ipython
 
     from course_lib.checks.assignments.a2 import (
+        judge_folded,
         judge_not_power_of_two,
         judge_rank,
+        run_folded,
         run_not_power_of_two,
     )
     from course_lib.comm.buffers import chunk_bounds
@@ -208,6 +364,14 @@ def _run_case(fn: Callable, kind: str, size: int, dtype: str, comm_name: str) ->
         if sub_rank < 0:
             return ""
         return judge_not_power_of_two(sub_rank, world_size - 1, raised, messages)
+    if kind == FOLDED:  # every rank's input, so the judge can name a lost contribution
+        inputs = [np.random.default_rng([size, q]).integers(-8, 9, size) for q in range(3)]
+        inputs = [x.astype(dtype) for x in inputs]
+        x = inputs[rank].copy() if rank < 3 else np.zeros(size, dtype=dtype)
+        sub_rank, got, raised, builtin, peers = run_folded(comm, fn, x)
+        if sub_rank < 0:
+            return ""
+        return judge_folded(size, dtype, sub_rank, 3, inputs, got, raised, builtin, peers)
     rng = np.random.default_rng([size, rank])
     x = rng.integers(-8, 9, size).astype(dtype)
     reference = np.asarray(comm.allreduce(x.copy())).reshape(-1)
@@ -246,6 +410,17 @@ def _check(
                 f"{world_size} ranks, partners r XOR 2^k, {len(A2_SIZES)} sizes, float32 and "
                 f"float64; ValueError on {world_size - 1} ranks"
             )
+        if kind == "allreduce":  # A2.3 also runs on 3 ranks, folded
+            for size in A2_SIZES:
+                for dtype in ("float32", "float64"):
+                    for why in cluster.run(
+                        _run_case, fn, FOLDED, size, dtype, comm_name, timeout=60
+                    ):
+                        assert not why, why
+            return (
+                f"{world_size} ranks, partners r XOR 2^k, {len(A2_SIZES)} sizes, float32 and "
+                "float64; 3 ranks folded into 2"
+            )
         return f"{world_size} ranks, partners r XOR 2^k, {len(A2_SIZES)} sizes, float32 and float64"
 
     return run_check(exercise, name, body, max_points=A2_POINTS[exercise], verbose=verbose)
@@ -270,5 +445,5 @@ def check_allgather_doubling(
 def check_rabenseifner_allreduce(
     fn: Callable, cluster: Any, *, comm_name: str = "comm", verbose: bool = True
 ) -> Verdict:
-    """A2.3: ``fn(comm, x)`` returns the sum over ranks: halving reduce-scatter, doubling allgather."""
+    """A2.3: ``fn(comm, x)`` returns the sum over ranks on any N: folding, halving, doubling."""
     return _check("A2.3", "rabenseifner_allreduce", fn, cluster, "allreduce", comm_name, verbose)

@@ -8,7 +8,10 @@ re-derives the right sums from the seed and judges each rank with
 the answer on a real communicator of the first 3 of the 4 ranks (not a power of two): each rank
 returns the name of the exception the answer raised there and the messages it sent first, and
 the grader asks for a ``ValueError`` before any message
-(:func:`course_lib.checks.assignments.a2.judge_not_power_of_two`). The kernel sees the parts of the
+(:func:`course_lib.checks.assignments.a2.judge_not_power_of_two`). A2.3's last cases run the
+answer on the same 3 ranks, folded: the engines record the sub-communicators the answer makes
+there and return their counters too, renumbered to the 3 ranks, and the grader judges them with
+:func:`course_lib.checks.assignments.a2.judge_folded`. The kernel sees the parts of the
 kit the engines need (``comm``, ``cluster``, ...) but not ``course_lib.checks``.
 
 Not closed: the counters are still counted inside the student's processes (the engines), so an
@@ -48,6 +51,33 @@ _ENGINE_SETUP = """\
             sent += sum(c.calls for n, c in sub.stats.collectives.items() if n != "barrier")
             return sub.rank, p - 1, raised, sent
         make = lambda r: np.random.default_rng([seed, size, r]).integers(-8, 9, size)
+        if kind == "folded":  # the first p - 1 ranks, counting the subgroups the answer makes
+            sub = comm.subgroup(list(range(p - 1)))
+            if sub is None:
+                return -1, p - 1, None, "", [], []
+            made, subgroup = [], sub.subgroup
+            def recording(ranks):
+                core = subgroup(ranks)
+                made.append(([int(q) for q in ranks], core))
+                return core
+            sub.subgroup = recording
+            got, raised = None, ""
+            try:
+                got = fn(sub, make(sub.rank).astype(dtype))
+            except Exception as exc:
+                raised = type(exc).__name__
+            builtin, peers = set(), {{}}
+            for ranks, c in [(list(range(p - 1)), sub)] + made:
+                if c is None:
+                    continue
+                builtin |= set(c.stats.collectives)
+                for q, s in c.stats.peers.items():
+                    old = peers.get(ranks[q], [0, 0, 0])
+                    new = [s.messages_sent, s.messages_received, s.bytes_sent]
+                    peers[ranks[q]] = [a + b for a, b in zip(old, new)]
+            got = None if got is None else np.asarray(got).reshape(-1)
+            stats = [[q] + v for q, v in sorted(peers.items())]
+            return sub.rank, p - 1, got, raised, sorted(builtin), stats
         x = make(rank).astype(dtype)
         if kind == "allgather":  # on entry rank r holds only its own (finished) chunk
             lo, hi = chunk_bounds(size, p)[rank]
@@ -76,8 +106,9 @@ _EXERCISES = {  # exercise: (function, kind)
 
 def a2_inputs(kind: str, seed: int) -> list[dict]:
     """A2's cases: every size of ``A2_SIZES`` in float32 and float64, on the grader's seed;
-    A2.1's last case runs the answer on 3 ranks, where it must raise ``ValueError``."""
-    from course_lib.checks.assignments.a2 import A2_SIZES, NOT_POWER_OF_TWO
+    A2.1's last case runs the answer on 3 ranks, where it must raise ``ValueError``; A2.3's
+    last cases run it on 3 ranks, folded."""
+    from course_lib.checks.assignments.a2 import A2_SIZES, FOLDED, NOT_POWER_OF_TWO
 
     cases = [
         {"kind": kind, "size": size, "dtype": dtype, "seed": seed}
@@ -86,7 +117,39 @@ def a2_inputs(kind: str, seed: int) -> list[dict]:
     ]
     if kind == "reduce_scatter":
         cases.append({"kind": NOT_POWER_OF_TWO, "size": 10, "dtype": "float32", "seed": seed})
+    if kind == "allreduce":
+        cases += [dict(case, kind=FOLDED) for case in cases]
     return cases
+
+
+def _judge_folded(case: dict, ranks: Any) -> int:
+    """Raise AssertionError with the first problem of the 3-rank folded run; return 3."""
+    from course_lib.checks.assignments.a2 import judge_folded
+
+    if not isinstance(ranks, list) or not ranks:
+        raise AssertionError("the engines returned no result")
+    members = [r for r in ranks if isinstance(r, tuple) and len(r) == 6 and int(r[0]) >= 0]
+    world_size = len(ranks) - 1
+    if sorted(int(r[0]) for r in members) != list(range(world_size)):
+        raise AssertionError("the engines' results do not come one from each rank")
+    size, dtype, seed = case["size"], case["dtype"], case["seed"]
+    inputs = [
+        np.random.default_rng([seed, size, r]).integers(-8, 9, size).astype(dtype)
+        for r in range(world_size)
+    ]
+    for rank, p, got, raised, builtin, stats in sorted(members, key=lambda r: int(r[0])):
+        if got is not None and np.asarray(got).dtype.kind not in "biuf":
+            raise AssertionError(f"rank {int(rank)} returned {got}, not an array")
+        peers = {
+            int(q): (int(sent), int(received), int(nbytes)) for q, sent, received, nbytes in stats
+        }
+        raised = raised if isinstance(raised, str) else "<not a name>"
+        why = judge_folded(
+            size, dtype, int(rank), int(p), inputs, got, raised, [str(b) for b in builtin], peers
+        )
+        if why:
+            raise AssertionError(why)
+    return world_size
 
 
 def _judge_not_power_of_two(ranks: Any) -> int:
@@ -109,10 +172,12 @@ def _judge_not_power_of_two(ranks: Any) -> int:
 
 def _judge_case(case: dict, ranks: Any) -> int:
     """Raise AssertionError with the first rank's problem; return the world size."""
-    from course_lib.checks.assignments.a2 import NOT_POWER_OF_TWO, judge_rank
+    from course_lib.checks.assignments.a2 import FOLDED, NOT_POWER_OF_TWO, judge_rank
 
     if case["kind"] == NOT_POWER_OF_TWO:
         return _judge_not_power_of_two(ranks) + 1
+    if case["kind"] == FOLDED:
+        return _judge_folded(case, ranks) + 1
     if not isinstance(ranks, list) or not ranks:
         raise AssertionError("the engines returned no result")
     world_size = int(ranks[0][1])
@@ -157,7 +222,10 @@ def _check(exercise: str, name: str, kind: str):
             world_size = 0
             for case in a2_inputs(kind, seed):
                 world_size = _judge_case(case, answer(case))
-            more = f"; ValueError on {world_size - 1} ranks" if kind == "reduce_scatter" else ""
+            more = {
+                "reduce_scatter": f"; ValueError on {world_size - 1} ranks",
+                "allreduce": f"; {world_size - 1} ranks folded into {world_size // 2}",
+            }.get(kind, "")
             return (
                 f"{world_size} ranks, partners r XOR 2^k, {len(A2_SIZES)} sizes, "
                 f"float32 and float64{more}"
