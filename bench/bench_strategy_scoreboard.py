@@ -262,7 +262,9 @@ def main() -> None:
         action="store_true",
         help="time the shards once per rate, not again right before each row",
     )
-    parser.add_argument("--models", nargs="+", default=["small_cnn", "lenet"])
+    parser.add_argument(
+        "--models", nargs="+", default=["small_cnn", "lenet"], choices=["small_cnn", "lenet", "mlp"]
+    )
     parser.add_argument("--room", action="store_true", help="2 PCs of the emulated room (root)")
     parser.add_argument(
         "--cached-costs", action="store_true", help="reuse engine-timed shards from the cache"
