@@ -35,6 +35,7 @@ from typing import Any
 
 import nbformat
 
+from course_lib.data.paths import atomic_write_bytes
 from course_lib.grading.cells import UNGRADED_HINT, answer_id, check_id, stub_solution
 from course_lib.grading.grade import GradingLimits, grade_notebook
 from course_lib.grading.gradebook import assignment_of, find_submissions
@@ -307,14 +308,7 @@ def remember(cache: Path, key: str, assignment: str, seconds: float) -> None:
     entry = {"key": key, "passed": True, "assignment": assignment, "seconds": round(seconds, 1)}
     try:
         cache.mkdir(parents=True, exist_ok=True, mode=0o700)
-        fd, tmp = tempfile.mkstemp(dir=cache, suffix=".tmp")
-        try:
-            with os.fdopen(fd, "w", encoding="utf-8") as handle:
-                json.dump(entry, handle)
-            os.replace(tmp, cache / f"{key}.json")
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
+        atomic_write_bytes(cache / f"{key}.json", json.dumps(entry).encode())
     except OSError:
         pass  # remembering is an optimisation: the next run checks again
 
