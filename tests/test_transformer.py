@@ -141,7 +141,7 @@ def test_zero3_with_adam_on_the_transformer_equals_one_process(shared_engines):
         if name.endswith("attn.qkv.weight") or name.endswith("attn.qkv.bias"):
             assert np.abs(got[d : 2 * d] - w[d : 2 * d]).max() <= config.lr * 3, name
             got, w = np.delete(got, np.s_[d : 2 * d], 0), np.delete(w, np.s_[d : 2 * d], 0)
-        np.testing.assert_allclose(got, w, rtol=1e-5, atol=1e-5 * np.abs(w).max(), err_msg=name)
+        np.testing.assert_allclose(got, w, rtol=1e-5, atol=1e-6, err_msg=name)  # as zero2 above
     x = small_text().tensors[0]
     logits = {}
     for label, weights in (("zero3", result.weights), ("one process", reference)):
