@@ -1,5 +1,7 @@
 """float16 with dynamic loss scaling (lecture 11): the scaler decides as PyTorch's GradScaler does,
-skipped steps are recorded, and float16 training with float32 master weights matches float32."""
+skipped steps are recorded, and float16 training with float32 master weights matches float32;
+bfloat16 weights and gradients with float32 master weights and Adam state hold the 16 bytes per
+parameter that ZeRO's K = 12 accounting predicts, counted from the tensors."""
 
 from __future__ import annotations
 
@@ -10,7 +12,11 @@ import torch
 
 from course_lib.data.digits import load_digits
 from course_lib.parallel.sharded.loss_scaling import DynamicLossScaler, train_float16
-from course_lib.parallel.sharded.precision import train_autocast
+from course_lib.parallel.sharded.precision import (
+    mixed_precision_bytes,
+    train_autocast,
+    train_mixed_precision,
+)
 from course_lib.training.models import MLP
 
 
@@ -108,6 +114,34 @@ def test_float16_with_loss_scaling_trains_like_float32_and_shows_its_skips(digit
     )
     plain = train_float16(MLP, X, y, scaler=None, **run)
     assert plain["skipped"] == [] and set(plain["scales"]) == {1.0}
+
+
+def test_mixed_precision_holds_16_bytes_per_parameter_and_trains_like_float32(digits):
+    (X, y), test = digits
+    # lr 1e-4: Adam's steps are about 1e-4, below half of bfloat16's spacing (2^-8 relative) for
+    # most weights, so only a float32 master copy can accumulate them (Micikevicius et al. 2018).
+    run = dict(steps=60, lr=1e-4, test=test)
+    full = train_autocast(MLP, X, y, dtype=None, **run)
+    mixed = train_mixed_precision(MLP, X, y, **run)
+    psi = mixed["psi"]
+    assert psi == sum(p.numel() for p in MLP().parameters())
+    # Counted from the tensors held after backward: 2 + 2 + (4 + 8) bytes per parameter.
+    per_value = {kind: nbytes / psi for kind, nbytes in mixed["held"].items()}
+    assert per_value == {
+        "16-bit weights": 2,
+        "16-bit gradients": 2,
+        "float32 master weights": 4,
+        "Adam state (m, v)": 8,
+    }
+    assert sum(mixed["held"].values()) == mixed_precision_bytes(0, psi, 1) == 16 * psi
+    assert mixed["update_peak_bytes"] == 20 * psi  # + the float32 gradients, during the update
+    # It trains like float32 (the same batches, the same initial weights).
+    assert max(abs(a - b) for a, b in zip(mixed["losses"], full["losses"], strict=True)) < 0.01
+    assert abs(mixed["accuracy"] - full["accuracy"]) <= 0.01
+    # Without master weights: half the bytes, and Adam's small steps are rounded away.
+    bare = train_mixed_precision(MLP, X, y, master_weights=False, **run)
+    assert sum(bare["held"].values()) == 8 * psi
+    assert bare["losses"][-1] - full["losses"][-1] > 0.02  # measured: 0.051 behind after 60 steps
 
 
 @pytest.mark.parametrize(

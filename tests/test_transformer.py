@@ -1,5 +1,6 @@
 """The small decoder-only transformer and its offline text: parameters by the formula, causality,
-it learns, and sharded data parallelism (ZeRO stage 2) on 2 engines equals one process on it."""
+it learns, and sharded data parallelism on 2 engines equals one process on it: ZeRO stage 2 with
+SGD, stage 3 with Adam (with the ledger's bytes per rank against the formula)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from course_lib.data import load_dataset
 from course_lib.data.text import VOCAB, decode, encode, load_text, stdlib_text
 from course_lib.parallel.data_parallel.reference import train_one_process
 from course_lib.parallel.data_parallel.train import train_data_parallel
+from course_lib.parallel.sharded.ledger import LEDGER_KEYS, formula_bytes
 from course_lib.training.loop import TrainConfig
 from course_lib.training.models import build_model, param_count
 from course_lib.training.transformer import TinyGPT, block_collectives, gpt_param_count
@@ -105,3 +107,53 @@ def test_zero2_on_the_transformer_equals_one_process(shared_engines):
     assert result.replicas_equal
     for name, w in reference.items():
         np.testing.assert_allclose(result.weights[name], w, rtol=1e-5, atol=1e-6, err_msg=name)
+
+
+@pytest.mark.timeout(600)
+def test_zero3_with_adam_on_the_transformer_equals_one_process(shared_engines):
+    config = TrainConfig(num_epochs=1, batch_size=32, lr=3e-3, optimizer="adam", seed=4)
+    run = functools.partial(
+        train_data_parallel,
+        shared_engines(2),
+        model=small_gpt,
+        dataset=small_text,
+        config=config,
+        world_size=2,
+        comm_timeout=30,
+        timeout=300,
+    )
+    result, ddp = run(method="zero3"), run(method="zero0")
+    assert result.replicas_equal
+    # Against plain data parallelism on the same 2 ranks: one addition per value, in the same
+    # order whatever the units, and Adam's update is elementwise: bit for bit.
+    for name, w in ddp.weights.items():
+        assert np.array_equal(result.weights[name], w), name
+    # Against one process: two means of 16 instead of one of 32. The attention's keys get a
+    # gradient that is zero in exact arithmetic along every direction softmax ignores (a shift
+    # shared by all keys, e.g. the key bias), so rounding noise there is what Adam normalises:
+    # the key rows may move by up to lr per step apart (measured: 5e-5); every other value, and
+    # the function the weights compute, agree to float32 rounding (measured: 1.1e-6 relative
+    # outside the keys, 7e-7 in the logits).
+    reference = train_one_process(small_gpt, small_text, config)
+    d = 32  # small_gpt's width: qkv holds rows [query | key | value]
+    for name, w in reference.items():
+        got = result.weights[name]
+        if name.endswith("attn.qkv.weight") or name.endswith("attn.qkv.bias"):
+            assert np.abs(got[d : 2 * d] - w[d : 2 * d]).max() <= config.lr * 3, name
+            got, w = np.delete(got, np.s_[d : 2 * d], 0), np.delete(w, np.s_[d : 2 * d], 0)
+        np.testing.assert_allclose(got, w, rtol=1e-5, atol=1e-6, err_msg=name)  # as zero2 above
+    x = small_text().tensors[0]
+    logits = {}
+    for label, weights in (("zero3", result.weights), ("one process", reference)):
+        net = small_gpt()
+        net.load_state_dict({k: torch.as_tensor(v) for k, v in weights.items()})
+        with torch.no_grad():
+            logits[label] = net(x)
+    torch.testing.assert_close(logits["zero3"], logits["one process"], rtol=1e-5, atol=1e-5)
+    # The ledger: every rank holds 16 Psi / N bytes of model state (float32 Adam), within 5 %.
+    psi = sum(p.numel() for p in small_gpt().parameters())
+    want = formula_bytes(3, psi, 2)
+    assert len(result.records) == 3 * 2  # 3 steps of 32 on each of 2 ranks
+    for rec in result.records:
+        held = sum(rec[k] for k in LEDGER_KEYS)
+        assert abs(held - want) <= 0.05 * want, (rec["rank"], rec["step"], held, want)
