@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from course_lib.grading.attacks.submissions import A3_ATTACKS
 from course_lib.grading.attacks.verdict import ROUTES, write_route_class
 from course_lib.grading.grade import GradingLimits
 from course_lib.grading.gradebook import grade_folder
@@ -272,24 +273,8 @@ def test_a4_verdict_rebound_in_the_kernel_passed_there_and_gets_nothing_now(
 
 # A3.2: buckets from the first parameter (wrong), and check_bucket_layout replaced by one that
 # returns a forged verdict printing A3.2's PASS line; the kernel cannot even reach the judges now.
-A3_ATTACK = (
-    "import pkgutil, sys\ntry:\n"
-    "    checks = pkgutil.resolve_name('course_lib.checks.assignments.a3')\n"
-    "    V = pkgutil.resolve_name('course_lib.checks.verdict:Verdict')\n"
-    "    def _forged(fn, *, verbose=True):\n"
-    "        print({pass_line!r})\n"
-    "        return V('A3.2', 'bucket_layout', True, '', 2.0, 2.0, True)\n"
-    "    checks.check_bucket_layout = _forged\n"
-    "except Exception:\n    pass\n"
-    "def bucket_layout(sizes, bucket_bytes):\n"
-    "    if bucket_bytes < 1:\n        raise ValueError(bucket_bytes)\n"
-    "    buckets, current, nbytes = [], [], 0\n"
-    "    for i in range(len(sizes)):\n"
-    "        current.append(i)\n        nbytes += 4 * sizes[i]\n"
-    "        if nbytes >= bucket_bytes:\n"
-    "            buckets.append(current)\n            current, nbytes = [], 0\n"
-    "    if current:\n        buckets.append(current)\n    return buckets\n"
-)
+_PREFIX, _, _ANSWER, _ = A3_ATTACKS["A3.2"]  # shared with the self-test's engine route
+A3_ATTACK = _PREFIX + _ANSWER
 
 
 @pytest.mark.parametrize("graded_in", ["kernel", "grader"])

@@ -17,6 +17,7 @@ from pathlib import Path
 import nbformat
 
 from course_lib.grading.attacks.submissions import (
+    A3_ATTACKS,
     A5_ATTACKS,
     A6_ATTACKS,
     A7_ATTACKS,
@@ -63,22 +64,8 @@ ENGINE_ROUTES = [
                 "Verdict rebound by name; the built-in reduce-scatter", _REBIND_VERDICT, "",
                 "def reduce_scatter_halving(comm, x):\n    return comm.reduce_scatter(x)\n",
                 "uses the built-in comm.reduce_scatter"),
-    EngineRoute("A3", "A3_data_parallel", "A3.2",
-                "the check replaced by a forged verdict; buckets from the first parameter",
-                "import pkgutil\ntry:\n"
-                "    checks = pkgutil.resolve_name('course_lib.checks.assignments.a3')\n"
-                "    V = pkgutil.resolve_name('course_lib.checks.verdict:Verdict')\n"
-                "    def _forged(fn, *, verbose=True):\n        print({pass_line!r})\n"
-                "        return V('A3.2', 'bucket_layout', True, '', 2.0, 2.0, True)\n"
-                "    checks.check_bucket_layout = _forged\nexcept Exception:\n    pass\n", "",
-                "def bucket_layout(sizes, bucket_bytes):\n"
-                "    if bucket_bytes < 1:\n        raise ValueError(bucket_bytes)\n"
-                "    buckets, current, nbytes = [], [], 0\n    for i in range(len(sizes)):\n"
-                "        current.append(i)\n        nbytes += 4 * sizes[i]\n"
-                "        if nbytes >= bucket_bytes:\n"
-                "            buckets.append(current)\n            current, nbytes = [], 0\n"
-                "    if current:\n        buckets.append(current)\n    return buckets\n",
-                "start from the last parameter"),
+    _from("A3", "A3_data_parallel", "A3.2", A3_ATTACKS,
+          "the check replaced by a forged verdict; buckets from the first parameter"),
     EngineRoute("A4", "A4_local_sgd_gossip", "A4.1",
                 "Verdict.__str__ rebound by name; the plain mean", _REBIND_VERDICT, "",
                 "def weighted_average(comm, w, n):\n"

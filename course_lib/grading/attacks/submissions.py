@@ -14,6 +14,7 @@ import nbformat
 from course_lib.grading.cells import answer_id
 
 __all__ = [
+    "A3_ATTACKS",
     "A5_ATTACKS",
     "A5_MISTAKES",
     "A6_ATTACKS",
@@ -62,6 +63,29 @@ A5_MISTAKES = [
         "a uint32 index and a float32 value per kept value",
     ),
 ]
+
+#: The in-kernel route to A3's verdict that won points when the checks ran in the kernel: A3.2's
+#: check replaced by one that returns a forged verdict, beside buckets built from the first
+#: parameter (wrong). The whole answer is new (no solution text to edit).
+A3_ATTACKS = {
+    "A3.2": (
+        "import pkgutil\ntry:\n"
+        "    checks = pkgutil.resolve_name('course_lib.checks.assignments.a3')\n"
+        "    V = pkgutil.resolve_name('course_lib.checks.verdict:Verdict')\n"
+        "    def _forged(fn, *, verbose=True):\n        print({pass_line!r})\n"
+        "        return V('A3.2', 'bucket_layout', True, '', 2.0, 2.0, True)\n"
+        "    checks.check_bucket_layout = _forged\nexcept Exception:\n    pass\n",
+        "",
+        "def bucket_layout(sizes, bucket_bytes):\n"
+        "    if bucket_bytes < 1:\n        raise ValueError(bucket_bytes)\n"
+        "    buckets, current, nbytes = [], [], 0\n    for i in range(len(sizes)):\n"
+        "        current.append(i)\n        nbytes += 4 * sizes[i]\n"
+        "        if nbytes >= bucket_bytes:\n"
+        "            buckets.append(current)\n            current, nbytes = [], 0\n"
+        "    if current:\n        buckets.append(current)\n    return buckets\n",
+        "start from the last parameter",
+    ),
+}
 
 #: In-kernel routes to A5's verdicts that won points when the checks ran in the kernel:
 #: exercise -> (code before the answer, solution text, wrong text, reason of the right FAIL).
