@@ -119,6 +119,31 @@ def test_the_naive_schedule_issues_each_allgather_after_the_previous_forward(run
         assert not any(e.get("prefetch") for e in rec["events"])
 
 
+@pytest.mark.parametrize("prefetch", [True, False])
+def test_prefetching_holds_at_most_the_current_and_the_next_unit(pool, prefetch):
+    # Eight hidden layers of 64: units of 4 160 values but the last (650). Counted where units
+    # are requested (the training thread's bookkeeping, not a timing): gathered or on their way
+    # at once, the current module's and (prefetching, from step 1) the next one's.
+    from course_lib.training.models import MLP
+
+    def deep():
+        return MLP(64, (64,) * 8)
+
+    result = _run(pool, Zero3(prefetch=prefetch), 4, model=deep)
+    for rec in result.records:
+        want = 2 if prefetch and rec["step"] >= 1 else 1
+        assert rec["zero3_units_held_peak"] == want, (rec["rank"], rec["step"])
+        if rec["step"] == 0:
+            continue  # Adam's state is made by step 0's optimiser step
+        # ... and the ledger counts them: over the shards and Adam's state, at least one unit
+        # and its gradients (backward), at most three units (the current one, its gradients,
+        # the next one) and the shards' gradients
+        unit = 4 * 4160
+        extra = rec["ledger_in_flight_bytes"] - rec["ledger_params_bytes"]
+        extra -= rec["ledger_optimizer_bytes"]
+        assert 2 * unit <= extra <= want * unit + unit + rec["ledger_grads_bytes"], extra / unit
+
+
 class FailsOnRank1(Zero3):
     """Stage 3 whose communication thread fails on rank 1 at its 11th job: step 1's prefetch of
     the second unit (step 0 ran 9 jobs: 3 allgathers forward, 3 back, 3 reduce-scatters)."""

@@ -16,8 +16,9 @@ off the critical path, as FSDP does (Zhao et al. 2023, "PyTorch FSDP", sections 
 forward and backward prefetch): the first step records the order in which the modules run
 forward and backward; from then on, when a module's units are needed, the allgather of the
 next module's units in that order is queued too (depth 1), so it travels while this module
-computes. A rank then holds at most the current and the next module's units gathered, one unit
-more than without prefetching. Reduce-scatters are queued without waiting; ``exchange`` waits
+computes. A rank then holds at most the current and the next module's units gathered (or on
+their way), one unit more than without prefetching: each step's record notes the most at once
+(``zero3_units_held_peak``). Reduce-scatters are queued without waiting; ``exchange`` waits
 for them all before the optimiser step. ``prefetch=False`` waits for every collective where it
 is issued: each one on the critical path, the naive schedule, kept to compare against.
 """
@@ -87,6 +88,7 @@ class Zero3(Zero2):
         self.events: list[dict[str, Any]] = []  # this step's, for its record
         self.held: dict[int, torch.Tensor] = {}  # the exchange's own buffers, held now
         self.held_lock = threading.Lock()
+        self.held_peak = 0  # units gathered or queued at once, this step (deterministic)
         self.thread = CommThread(comm.rank, "zero3-comm")
         for unit in self.units:
             unit.free()
@@ -123,6 +125,7 @@ class Zero3(Zero2):
         """Queue ``unit``'s allgather unless it is gathered or queued (training thread only)."""
         if unit.index in self.pending or unit.gathered:
             return
+        self._count_held(extra=1)
         # The ring runs on a buffer of its own: a NumPy view of the flat buffer would pin its
         # storage (PyTorch then refuses to resize it), so the values are copied in afterwards.
         buf = torch.empty(unit.numel)
@@ -144,6 +147,11 @@ class Zero3(Zero2):
         if self.in_step:
             self.events.append({"kind": "allgather", "unit": unit.index, "for": why,
                                 "prefetch": prefetch, "job": job})  # fmt: skip
+
+    def _count_held(self, extra: int = 0) -> None:
+        """Note the most units gathered or on their way at once (only a request adds one)."""
+        held = sum(1 for u in self.units if u.gathered or u.index in self.pending) + extra
+        self.held_peak = max(self.held_peak, held)
 
     def _wait_for(self, unit: FlatUnit) -> None:
         """Return once ``unit``'s queued allgather (if any) has landed."""
@@ -255,7 +263,8 @@ class Zero3(Zero2):
                 event.update(issued=job.issued, start=job.start, end=job.end,
                              issued_at=job.issued_at, start_at=job.start_at, end_at=job.end_at)  # fmt: skip
         timeline.events.extend(self.events)
-        self.events = []
+        timeline.note("zero3_units_held_peak", self.held_peak)
+        self.events, self.held_peak = [], 0
         super().exchange(comm, net, timeline)
         timeline.mark("comm", start)  # the wait for the queue is this step's communication
 
