@@ -19,6 +19,7 @@ from test_sharded import ADAM, TiedFrozen, small_digits, uneven_mlp
 
 from course_lib.parallel.data_parallel.train import DataParallelError, train_data_parallel
 from course_lib.parallel.sharded import Zero3
+from course_lib.parallel.sharded.fsdp_unit import QUEUED_REDUCE_SCATTERS
 
 pytestmark = pytest.mark.timeout(900)
 
@@ -133,6 +134,10 @@ def test_prefetching_holds_at_most_the_current_and_the_next_unit(pool, prefetch)
     for rec in result.records:
         want = 2 if prefetch and rec["step"] >= 1 else 1
         assert rec["zero3_units_held_peak"] == want, (rec["rank"], rec["step"])
+        # reduce-scatters queued and not yet waited for (each holds a unit's gradients): at
+        # most QUEUED_REDUCE_SCATTERS, where without the bound all nine would be by the end
+        queued = QUEUED_REDUCE_SCATTERS if prefetch else 1
+        assert rec["zero3_reduce_scatters_queued_peak"] == queued, (rec["rank"], rec["step"])
         if rec["step"] == 0:
             continue  # Adam's state is made by step 0's optimiser step
         # ... and the ledger counts them: over the shards and Adam's state, at least one unit
@@ -142,6 +147,10 @@ def test_prefetching_holds_at_most_the_current_and_the_next_unit(pool, prefetch)
         extra = rec["ledger_in_flight_bytes"] - rec["ledger_params_bytes"]
         extra -= rec["ledger_optimizer_bytes"]
         assert 2 * unit <= extra <= want * unit + unit + rec["ledger_grads_bytes"], extra / unit
+        # the exchange's own buffers: receive buffers of the units on their way (at most 2) and
+        # the gradients of the reduce-scatters queued (at most QUEUED_REDUCE_SCATTERS)
+        most = (want + (QUEUED_REDUCE_SCATTERS if prefetch else 0)) * unit
+        assert unit <= rec["ledger_comm_bytes"] <= most, rec["ledger_comm_bytes"] / unit
 
 
 class FailsOnRank1(Zero3):

@@ -48,7 +48,7 @@ class CommJob:
     """
 
     label: str
-    fn: Callable[[], None]
+    fn: Callable[[], None] | None  # dropped once run
     done: threading.Event = field(default_factory=threading.Event)
     issued: int = -1
     start: int = -1
@@ -86,6 +86,7 @@ class CommThread:
                         f"{type(exc).__name__}: {exc}"
                     )
                     self.error.__cause__ = exc
+            job.fn = None  # its buffers go now, not when the job object does
             job.end, job.end_at = next_seq(), time.time()
             job.done.set()
 

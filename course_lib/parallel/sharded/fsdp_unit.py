@@ -18,15 +18,17 @@ forward and backward; from then on, when a module's units are needed, the allgat
 next module's units in that order is queued too (depth 1), so it travels while this module
 computes. A rank then holds at most the current and the next module's units gathered (or on
 their way), one unit more than without prefetching: each step's record notes the most at once
-(``zero3_units_held_peak``). Reduce-scatters are queued without waiting; ``exchange`` waits
-for them all before the optimiser step. ``prefetch=False`` waits for every collective where it
-is issued: each one on the critical path, the naive schedule, kept to compare against.
+(``zero3_units_held_peak``). Reduce-scatters are queued without waiting (at most
+``QUEUED_REDUCE_SCATTERS`` at once); ``exchange`` waits for them all before the optimiser
+step. ``prefetch=False`` waits for every collective where it is issued: each one on the
+critical path, the naive schedule, kept to compare against.
 """
 
 from __future__ import annotations
 
 import threading
 import time
+from collections import deque
 from typing import Any
 
 import torch
@@ -39,7 +41,10 @@ from course_lib.parallel.exchanges.comm_thread import CommJob, CommThread, next_
 from course_lib.parallel.sharded.units import FlatUnit
 from course_lib.parallel.sharded.zero import Zero2
 
-__all__ = ["Zero3"]
+__all__ = ["QUEUED_REDUCE_SCATTERS", "Zero3"]
+
+#: The most reduce-scatters queued at once (each holds one unit's whole gradients).
+QUEUED_REDUCE_SCATTERS = 2
 
 
 def _first_grad_tensor(output: Any) -> torch.Tensor | None:
@@ -85,6 +90,8 @@ class Zero3(Zero2):
         self.recording, self.in_step = True, False
         self.pending: dict[int, CommJob] = {}  # unit index -> its queued allgather
         self.jobs: list[CommJob] = []  # every job queued this step
+        self.scattering: deque[CommJob] = deque()  # reduce-scatters queued, oldest first
+        self.scatter_peak = 0  # the most of them not yet waited for, this step
         self.events: list[dict[str, Any]] = []  # this step's, for its record
         self.held: dict[int, torch.Tensor] = {}  # the exchange's own buffers, held now
         self.held_lock = threading.Lock()
@@ -221,6 +228,11 @@ class Zero3(Zero2):
     def _reduce_scatter(self, unit: FlatUnit) -> None:
         """Queue ``unit``'s reduce-scatter: this rank keeps its chunk of the mean (as stage 2)."""
         ready = time.time()
+        # Each queued one holds a unit's whole gradients: with backward faster than the link they
+        # would pile up to the whole model's. Wait for the oldest first, as FSDP's rate limiter
+        # bounds what runs ahead of the communication (Zhao et al. 2023, section 4).
+        while len(self.scattering) >= QUEUED_REDUCE_SCATTERS:
+            self.thread.wait(self.scattering.popleft(), self.comm.timeout + 30.0)
         flat = unit.flat_grads()
         for p in unit.params:
             p.grad = None
@@ -239,10 +251,12 @@ class Zero3(Zero2):
 
         job = self.thread.submit(reduce_scatter, f"the reduce-scatter of unit {unit.label}")
         self.jobs.append(job)
+        self.scattering.append(job)
+        self.scatter_peak = max(self.scatter_peak, len(self.scattering))
         if self.in_step:
             self.events.append({"kind": "reduce_scatter", "unit": unit.index, "job": job})
         if not self.prefetch:  # the naive schedule: every collective on the critical path
-            self.thread.wait(job, self.comm.timeout + 30.0)
+            self.thread.wait(self.scattering.pop(), self.comm.timeout + 30.0)
 
     def after_reduce(self, unit: FlatUnit) -> None:
         """Release the unit: backward has finished with it (all its gradients were produced)."""
@@ -254,6 +268,7 @@ class Zero3(Zero2):
         for job in self.jobs:
             self.thread.wait(job, comm.timeout + 30.0)
         self.jobs, self.pending = [], {}
+        self.scattering.clear()
         for unit in self.units:  # a prefetch that no module used this step (the graph changed)
             if unit.gathered:
                 unit.free()
@@ -264,7 +279,8 @@ class Zero3(Zero2):
                              issued_at=job.issued_at, start_at=job.start_at, end_at=job.end_at)  # fmt: skip
         timeline.events.extend(self.events)
         timeline.note("zero3_units_held_peak", self.held_peak)
-        self.events, self.held_peak = [], 0
+        timeline.note("zero3_reduce_scatters_queued_peak", self.scatter_peak)
+        self.events, self.held_peak, self.scatter_peak = [], 0, 0
         super().exchange(comm, net, timeline)
         timeline.mark("comm", start)  # the wait for the queue is this step's communication
 
