@@ -132,7 +132,8 @@ class Zero3(Zero2):
         """Queue ``unit``'s allgather unless it is gathered or queued (training thread only)."""
         if unit.index in self.pending or unit.gathered:
             return
-        self._count_held(extra=1)
+        if self.in_step:  # (a checkpoint's whole weights, between steps, are not a step's)
+            self._count_held(extra=1)
         # The ring runs on a buffer of its own: a NumPy view of the flat buffer would pin its
         # storage (PyTorch then refuses to resize it), so the values are copied in afterwards.
         buf = torch.empty(unit.numel)
