@@ -3,25 +3,35 @@
 Trains an MLP on digits (64-1024-1024-10: 1.13 M parameters, 4.5 MB of float32 gradients) with
 Adam for a few steps on 4 local engines over gloo, the link emulated as Gigabit (125 MB/s,
 50 us), with PyTorch DDP (``ddp``), ``zero0`` (the kit's ring allreduce, every rank the whole
-state), ``zero1``, ``zero2`` and ``zero3``. Prints per method the median step and its parts,
-the step as a ratio to DDP's and to ``zero0``'s, the bytes each rank sent per step against the
-auditor's formula, and the model-state bytes per rank from the ledger against the formula (the
-issue's aim for stage 3: <= 1.6x DDP's step with its allgathers overlapped; this stage 3 does
-not overlap them yet). ``--rounds R`` runs the methods in turn R times and takes the median of
-the rounds' medians. All local engines share this PC's cores: on 2 cores the compute is slowed
-by contention.
+state), ``zero1``, ``zero2``, ``zero3/inline`` (stage 3 waiting for each collective where it is
+issued: ``Zero3(prefetch=False)``) and ``zero3`` (the registered stage 3: the next module's
+allgather prefetched, reduce-scatters queued, all on one communication thread). Prints per
+method the median step and its parts, the step as a ratio to DDP's and to ``zero0``'s, the
+bytes each rank sent per step against the auditor's formula, and the model-state bytes per rank
+from the ledger against the formula. The issue's aim for stage 3 is <= 1.6x DDP's step with its
+allgathers overlapped; ``zero3/inline`` is the schedule before the overlap. Prefetching can
+only hide compute behind the one communication thread, and on this MLP that thread is the
+critical path: the 1024x1024 layer holds 93 % of the bytes, and its three passes (allgather for
+forward, again for backward, reduce-scatter) wait on its own compute and on each other, so the
+thread is busy nearly the whole step either way and prefetching gains little here; the step
+is set by how fast the kit's ring runs each collective. ``--batch`` (samples per engine) adds
+compute for it to hide behind. ``--rounds R`` runs the methods in turn R times and takes the
+median of the rounds' medians. All local engines share this PC's cores: on 2 cores the compute
+is slowed by contention, and so is the communication thread when it overlaps compute.
 
 ``--fit MB`` measures instead the largest model each scheme trains on the engines when a rank
 may hold at most MB megabytes of model state (the ledger's in-flight peak: parameters,
-gradients, Adam state, a gathered stage-3 unit; not activations): a deep MLP (``--depth``
-hidden layers, so that no one stage-3 unit is a large share) is run 2 steps at a small width
-to measure each scheme's bytes per parameter, the width that fits is derived from it, then
+gradients, Adam state, the stage-3 units gathered at once: the current module's and the next
+one's, prefetched; not activations): a deep MLP (``--depth`` hidden layers, so that no one
+stage-3 unit is a large share) is run 2 steps at a small width to measure each scheme's bytes
+per parameter, the width that fits is derived from it, then
 run 2 steps (Adam's state exists from the first step on) and narrowed until the ledger's peak is
 under the limit. ``--room`` times the methods in an emulated room instead (root): one engine
 per network namespace, real TCP over 1 Gbit/s shaped links, as ``bench_data_parallel.py --room``.
 
     .venv/bin/python bench/bench_sharded.py            # 4 engines, 8 steps
     .venv/bin/python bench/bench_sharded.py --engines 2 --steps 6 --rounds 3
+    .venv/bin/python bench/bench_sharded.py --rounds 3 --batch 64 --steps 5
     .venv/bin/python bench/bench_sharded.py --fit 64   # 64 MB of model state per engine
     .venv/bin/python bench/bench_sharded.py --room     # the emulated room (root)
 """
@@ -50,15 +60,23 @@ from course_lib.parallel.sharded.units import unit_sizes  # noqa: E402
 from course_lib.training.loop import TrainConfig  # noqa: E402
 from course_lib.training.models import MLP  # noqa: E402
 
-METHODS = ["ddp", "zero0", "zero1", "zero2", "zero3"]
+#: label -> (method, its options): stage 3 twice, without and with prefetching
+METHODS = {
+    "ddp": ("ddp", {}),
+    "zero0": ("zero0", {}),
+    "zero1": ("zero1", {}),
+    "zero2": ("zero2", {}),
+    "zero3/inline": ("zero3", {"prefetch": False}),
+    "zero3": ("zero3", {"prefetch": True}),
+}
 FIT_METHODS = {"zero0": "DDP (zero0)", "zero1": "ZeRO-1", "zero2": "ZeRO-2", "zero3": "ZeRO-3"}
 HIDDEN = (1024, 1024)
 BUCKET_BYTES = 1 << 20
 
 
-def run(cluster, method: str, model, batch: int, steps: int, link=GIGABIT):
+def run(cluster, method: str, model, batch: int, steps: int, link=GIGABIT, **options):
     """Train ``model`` ``steps`` steps of ``batch`` samples with ``method`` (``link=None``: as is)."""
-    options = {"bucket_bytes": BUCKET_BYTES} if method.startswith("zero") else {}
+    options = {"bucket_bytes": BUCKET_BYTES, **options} if method.startswith("zero") else {}
     config = TrainConfig(num_epochs=1, batch_size=batch, lr=1e-3, optimizer="adam", seed=0)
     return train_data_parallel(
         cluster,
@@ -73,9 +91,11 @@ def run(cluster, method: str, model, batch: int, steps: int, link=GIGABIT):
     )
 
 
-def step_times(cluster, n: int, steps: int, rounds: int, room: bool = False) -> None:
+def step_times(
+    cluster, n: int, steps: int, rounds: int, room: bool = False, per_engine: int = 16
+) -> None:
     """Run every method ``rounds`` times in turn on the emulated link (or the room); print them."""
-    batch = 16 * n
+    batch = per_engine * n
     model = partial(MLP, 64, HIDDEN)
     psi = sum(p.numel() for p in model().parameters())
     print(
@@ -85,14 +105,15 @@ def step_times(cluster, n: int, steps: int, rounds: int, room: bool = False) -> 
         f"median of {rounds} round(s); load average {os.getloadavg()[0]:.1f}"
     )
     head = (
-        f"{'method':>7} {'step ms':>8} {'comm ms':>8} {'sync ms':>8} {'x ddp':>6} {'x zero0':>8} "
+        f"{'method':>12} {'step ms':>8} {'comm ms':>8} {'sync ms':>8} {'x ddp':>6} {'x zero0':>8} "
     )
     print(head + f"{'sent MB':>8} {'formula':>8} {'state MB':>9} {'formula':>8}  rounds' ms")
     medians: dict[str, list[tuple[float, float, float]]] = {m: [] for m in METHODS}
     last = {}
     for _ in range(rounds):
-        for method in METHODS:
-            result = run(cluster, method, model, batch, steps, None if room else GIGABIT)
+        for method, (name, options) in METHODS.items():
+            link = None if room else GIGABIT
+            result = run(cluster, name, model, batch, steps, link, **options)
             rows = result.summary()
             medians[method].append(
                 tuple(
@@ -106,11 +127,11 @@ def step_times(cluster, n: int, steps: int, rounds: int, room: bool = False) -> 
         sync = statistics.median(t[2] for t in medians[method])
         result, rows = last[method], last[method].summary()
         sent = statistics.median(r["bytes_sent"] for r in rows) / 1e6
-        line = f"{method:>7} {1e3 * step[method]:>8.1f} {1e3 * comm:>8.1f} {1e3 * sync:>8.1f} "
+        line = f"{method:>12} {1e3 * step[method]:>8.1f} {1e3 * comm:>8.1f} {1e3 * sync:>8.1f} "
         line += f"{step[method] / step['ddp']:>6.2f} {step[method] / step['zero0']:>8.2f} "
         line += f"{sent:>8.2f} " if method != "ddp" else f"{'(gloo)':>8} "  # not counted p2p
         if method.startswith("zero"):
-            stage = int(method[-1])
+            stage = int(method[4])
             units = unit_sizes(model(), stage, n, BUCKET_BYTES)
             audit = audit_bytes(result.records, stage, units, n)
             formula = statistics.median(r["formula"] for r in audit) / 1e6
@@ -122,6 +143,21 @@ def step_times(cluster, n: int, steps: int, rounds: int, room: bool = False) -> 
             line += " " * 27
         rounds_ms = [1e3 * t[0] for t in medians[method]]
         print(line + f"  {min(rounds_ms):.0f}-{max(rounds_ms):.0f}", flush=True)
+    for method in ("zero3/inline", "zero3"):
+        print(
+            f"{method}: its communication thread busy {thread_busy(last[method]):.0%} of the step"
+        )
+
+
+def thread_busy(result) -> float:
+    """Return the median over steps (from step 1) and ranks of stage 3's communication thread's
+    busy share of the step: its jobs' run times (the step's events) over the step's time."""
+    shares = [
+        sum(e["end_at"] - e["start_at"] for e in r["events"] if "end_at" in e) / r["total_s"]
+        for r in result.records
+        if r["step"] >= 1
+    ]
+    return statistics.median(shares)
 
 
 def ledger_peak(cluster, method: str, width: int, depth: int, n: int) -> tuple[int, float]:
@@ -174,6 +210,12 @@ def main() -> None:
         "--rounds", type=int, default=1, help="run the methods in turn this many times"
     )
     parser.add_argument(
+        "--batch",
+        type=int,
+        default=16,
+        help="samples per engine per step (more: more compute for communication to hide behind)",
+    )
+    parser.add_argument(
         "--fit",
         type=float,
         metavar="MB",
@@ -188,18 +230,22 @@ def main() -> None:
         "1 Gbit/s shaped links (root, ip, tc, unshare)",
     )
     args = parser.parse_args()
+    if args.fit is None and args.batch * args.engines * args.steps > 1500:
+        parser.error(
+            "--batch x --engines x --steps must be at most 1500 (the digits' training set)"
+        )
     if args.room:
         from course_lib.cluster.room.cluster import room_cluster
 
         try:
             with room_cluster(args.engines, rate="1gbit") as cluster:
-                step_times(cluster, args.engines, args.steps, args.rounds, room=True)
+                step_times(cluster, args.engines, args.steps, args.rounds, True, args.batch)
         except RuntimeError as exc:
             raise SystemExit(f"--room: {exc}") from None
         return
     with start_cluster("local", args.engines) as cluster:
         if args.fit is None:
-            step_times(cluster, args.engines, args.steps, args.rounds)
+            step_times(cluster, args.engines, args.steps, args.rounds, False, args.batch)
         else:
             largest_fit(cluster, args.engines, args.fit, args.depth)
 

@@ -2,8 +2,9 @@
 as :func:`activation_memory`), the exchange's own communication buffers, and the process's
 resident memory beside them.
 
-One run per stage (0-3) of 2 steps of Adam on 2 engines, the model and data of
-``tests/test_sharded.py`` (1 375 trainable values in units of 975, 240 and 160).
+One run per stage (0-3; stage 3 also with ``prefetch=False``, key ``"3 inline"``) of 2 steps
+of Adam on 2 engines, the model and data of ``tests/test_sharded.py`` (1 375 trainable values in
+units of 975, 240 and 160).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from torch.utils.data import TensorDataset
 
 from course_lib.data.digits import load_digits
 from course_lib.parallel.data_parallel.train import train_data_parallel
+from course_lib.parallel.sharded import Zero3
 from course_lib.parallel.sharded.activations import activation_memory
 from course_lib.parallel.sharded.ledger import EXTRA_KEYS, LEDGER_KEYS, Ledger, rss_bytes
 from course_lib.parallel.sharded.units import unit_sizes
@@ -42,21 +44,23 @@ def uneven_mlp() -> nn.Module:
 
 @pytest.fixture(scope="module")
 def records(shared_engines):
-    """``{stage: every rank's step records}``, one run per stage."""
+    """``{stage: every rank's step records}``, one run per stage (and stage 3 not prefetching)."""
     pool = shared_engines(N)
+    methods = {stage: f"zero{stage}" for stage in range(4)}
+    methods["3 inline"] = Zero3(1024, prefetch=False)
     return {
         stage: train_data_parallel(
             pool,
             model=uneven_mlp,
             dataset=small_digits,
             config=ADAM,
-            method=f"zero{stage}",
+            method=method,
             world_size=N,
             comm_timeout=30,
             timeout=300,
-            bucket_bytes=1024,
+            **({"bucket_bytes": 1024} if isinstance(method, str) else {}),
         ).records
-        for stage in range(4)
+        for stage, method in methods.items()
     }
 
 
@@ -74,17 +78,27 @@ def test_activation_bytes_are_what_activation_memory_measures(records, stage):
         assert rec["ledger_activation_bytes"] == want.saved_bytes, rec["rank"]
 
 
-@pytest.mark.parametrize("stage", [0, 1, 2, 3])
+@pytest.mark.parametrize("stage", [0, 1, 2, "3 inline"])
 def test_comm_buffer_bytes_are_the_largest_flat_buffer(records, stage):
-    # Stages 0-1 flatten every gradient into one buffer; stage 2 one bucket, stage 3 one unit at
-    # a time (its gradients to reduce-scatter, or the ring's receive buffer for its weights).
-    want = 4 * max(unit_sizes(uneven_mlp(), stage, N, bucket_bytes=1024))
-    assert want == {0: 4 * PSI, 1: 4 * PSI, 3: 4 * 975}.get(stage, want)
+    # Stages 0-1 flatten every gradient into one buffer; stage 2 one bucket, stage 3 without
+    # prefetching one unit at a time (its gradients to reduce-scatter, or the ring's receive
+    # buffer for its weights).
+    want = 4 * max(unit_sizes(uneven_mlp(), int(str(stage)[0]), N, bucket_bytes=1024))
+    assert want == {0: 4 * PSI, 1: 4 * PSI, "3 inline": 4 * 975}.get(stage, want)
     for rec in records[stage]:
         assert rec["ledger_comm_bytes"] == want, rec["rank"]
 
 
-@pytest.mark.parametrize("stage", [0, 1, 2, 3])
+def test_prefetching_stage_3_holds_at_most_one_comm_buffer_per_unit(records):
+    # Queued, not waited for: the next unit's receive buffer and the gradients of units whose
+    # reduce-scatter has not run yet are held together. Never two buffers of one unit (its
+    # gradients exist only after its backward allgather landed): at most every unit's values
+    # once; at least the largest unit's (each step samples its allgather's buffer).
+    for rec in records[3]:
+        assert 4 * 975 <= rec["ledger_comm_bytes"] <= 4 * PSI, rec["rank"]
+
+
+@pytest.mark.parametrize("stage", [0, 1, 2, 3, "3 inline"])
 def test_resident_memory_holds_everything_counted(records, stage):
     for rec in records[stage]:
         counted = rec["ledger_in_flight_bytes"] + sum(

@@ -173,6 +173,8 @@ class StepRecorder:
         record["wire_bytes"] = wire
         record.update(timeline.notes)
         record["buckets"] = list(timeline.buckets)
+        if timeline.events:
+            record["events"] = list(timeline.events)
         record["forward_end"] = self._forward_end  # 0.0: the forward was not seen
         self.records.append(record)
         if self.measure_drift_every and (step + 1) % self.measure_drift_every == 0:

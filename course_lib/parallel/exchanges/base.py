@@ -64,10 +64,13 @@ class StepTimeline:
     backward: ``index``, ``nbytes``, ``ready`` (its gradients were all produced), ``start`` and
     ``end`` of its communication. ``notes`` holds numbers an exchange wants in the step's record
     (bytes before and after compression, seconds per stage, ...); they are added up per step.
+    ``events`` holds what else an exchange did, one dict each (stage 3: each unit's allgather
+    and each module's forward), in the record as ``events`` when there are any.
     """
 
     phases: dict[str, tuple[float, float]] = field(default_factory=dict)
     buckets: list[dict[str, Any]] = field(default_factory=list)
+    events: list[dict[str, Any]] = field(default_factory=list)
     notes: dict[str, float] = field(default_factory=dict)
 
     def mark(self, phase: str, start: float, end: float | None = None) -> None:

@@ -8,8 +8,10 @@ instead groups parameters into buckets of about ``bucket_bytes`` in *reverse* re
 gradient is accumulated, so communication of late layers overlaps backward of early ones.
 
 Here an autograd hook (``register_post_accumulate_grad_hook``) copies each gradient into its
-bucket's flat buffer; the last one of a bucket hands the bucket to a communication thread, which
-reduces buckets strictly in index order (the same order on every rank, so the collectives match).
+bucket's flat buffer; the last one of a bucket hands the bucket to a communication thread
+(:class:`~course_lib.parallel.exchanges.comm_thread.CommThread`, which runs its jobs in the order
+they came), in bucket index order (a bucket ready early waits for the ones before it): the
+same order on every rank, so the collectives match.
 Each bucket's allreduce is the kit's ring or recursive doubling, whichever the cost model
 predicts faster on the path measured at attach (``algorithm="auto"``, see
 :mod:`~course_lib.parallel.exchanges.bucket_choice`), or the backend's own. The ranks agree on the bucket
@@ -19,8 +21,6 @@ backward the loop waits for all buckets and copies the averaged slices back into
 
 from __future__ import annotations
 
-import queue
-import threading
 import time
 from typing import Any
 
@@ -29,7 +29,7 @@ from torch import nn
 
 from course_lib.collectives.ring import ring_allreduce
 from course_lib.collectives.tree import recursive_doubling_allreduce
-from course_lib.comm.communicator import CommTimeoutError, Communicator
+from course_lib.comm.communicator import Communicator
 from course_lib.parallel.exchanges.base import GradientExchange, StepTimeline, trainable_parameters
 from course_lib.parallel.exchanges.bucket_choice import (
     ALGORITHMS,
@@ -37,6 +37,7 @@ from course_lib.parallel.exchanges.bucket_choice import (
     choose_algorithms,
     measure_path,
 )
+from course_lib.parallel.exchanges.comm_thread import CommJob, CommThread
 
 __all__ = ["BucketedAllreduce", "bucket_layout"]
 
@@ -77,7 +78,7 @@ class _Bucket:
         self.algorithm = "ring"  # chosen at attach
         self.ready_at = self.start = self.end = 0.0
         self.launched_in_backward = False
-        self.done = threading.Event()
+        self.job: CommJob | None = None  # its allreduce, once handed to the thread
 
     def put(self, slot: int, grad: torch.Tensor | None) -> None:
         """Copy one gradient (zeros when None) into its slice of the flat buffer; set its flag."""
@@ -125,10 +126,9 @@ class BucketedAllreduce(GradientExchange):
         self.path = None  # the measured LinkModel when algorithm="auto"
         self.buckets: list[_Bucket] = []
         self._handles: list[Any] = []
-        self._queue: queue.Queue[int | None] | None = None  # made in attach: settings pickle
-        self._thread: threading.Thread | None = None
-        self._error: BaseException | None = None
-        self._algorithm_now = "ring"
+        self._thread: CommThread | None = None  # made in attach: settings pickle
+        self._ready: set[int] = set()  # buckets ready, waiting for an earlier one
+        self._next = 0  # the next bucket to hand to the thread
 
     def for_saved_run(self) -> BucketedAllreduce:
         """Return this exchange with the ring fixed when it would choose by timing ("auto").
@@ -155,9 +155,7 @@ class BucketedAllreduce(GradientExchange):
             bucket.algorithm = algorithm
             for slot, p in enumerate(bucket.params):
                 self._handles.append(p.register_post_accumulate_grad_hook(self._hook(bucket, slot)))
-        self._queue = queue.Queue()
-        self._thread = threading.Thread(target=self._communicate, name="bucket-comm", daemon=True)
-        self._thread.start()
+        self._thread = CommThread(comm.rank, "bucket-comm")
         return net
 
     def _hook(self, bucket: _Bucket, slot: int):
@@ -170,40 +168,31 @@ class BucketedAllreduce(GradientExchange):
         return on_grad_ready
 
     def _launch(self, bucket: _Bucket, in_backward: bool) -> None:
+        """Mark ``bucket`` ready; hand the thread every ready bucket next in index order."""
         bucket.ready_at = time.time()
         bucket.launched_in_backward = in_backward
-        self._queue.put(bucket.index)
+        self._ready.add(bucket.index)
+        while self._next in self._ready:
+            self._ready.discard(self._next)
+            ready = self.buckets[self._next]
+            ready.job = self._thread.submit(
+                lambda b=ready: self._reduce(b), f"the allreduce of bucket {ready.index}"
+            )
+            self._next = (self._next + 1) % len(self.buckets)
 
     # ---- the communication thread -------------------------------------------------------
-    def _communicate(self) -> None:
-        """Reduce buckets in index order as they become ready (every rank in the same order)."""
-        ready: set[int] = set()
-        next_index = 0
-        while True:
-            item = self._queue.get()
-            if item is None:
-                return
-            ready.add(item)
-            while next_index in ready:
-                ready.discard(next_index)
-                bucket = self.buckets[next_index]
-                try:
-                    bucket.start = time.time()
-                    if self._error is None:
-                        self._algorithm_now = bucket.algorithm
-                        self._allreduce(bucket.flat)
-                    bucket.end = time.time()
-                except BaseException as exc:  # noqa: BLE001 - handed to the training thread
-                    self._error = exc
-                bucket.done.set()
-                next_index = (next_index + 1) % len(self.buckets)
+    def _reduce(self, bucket: _Bucket) -> None:
+        """Average ``bucket`` in place, timing it (runs on the communication thread)."""
+        bucket.start = time.time()
+        self._allreduce(bucket.flat, bucket.algorithm)
+        bucket.end = time.time()
 
-    def _allreduce(self, flat: torch.Tensor) -> None:
-        """Average one bucket in place with its algorithm (runs on the communication thread)."""
+    def _allreduce(self, flat: torch.Tensor, algorithm: str) -> None:
+        """Average one bucket in place with ``algorithm`` (runs on the communication thread)."""
         buf = flat.numpy()
-        if self._algorithm_now == "ring":
+        if algorithm == "ring":
             ring_allreduce(self.comm, buf, eager=True)  # eager: sizes agreed at attach
-        elif self._algorithm_now == "doubling":
+        elif algorithm == "doubling":
             recursive_doubling_allreduce(self.comm, buf, eager=True)
         else:
             self.comm.allreduce(buf)
@@ -219,15 +208,8 @@ class BucketedAllreduce(GradientExchange):
                     bucket.put(slot, p.grad)
                 bucket.pending = 0
                 self._launch(bucket, in_backward=False)
-        limit = comm.timeout + 30.0
-        for bucket in self.buckets:
-            if not bucket.done.wait(limit):
-                raise CommTimeoutError(
-                    f"rank {comm.rank}: bucket {bucket.index} was not reduced within {limit:g} s; "
-                    "another rank stopped communicating (look at its error first)"
-                )
-        if self._error is not None:
-            raise self._error
+        for bucket in self.buckets:  # every rank's buckets, then any failure on the thread
+            self._thread.wait(bucket.job, comm.timeout + 30.0)
         for bucket in self.buckets:
             for slot, p in enumerate(bucket.params):
                 p.grad = bucket.take(slot)
@@ -242,7 +224,7 @@ class BucketedAllreduce(GradientExchange):
                     "launched_in_backward": bucket.launched_in_backward,
                 }
             )
-            bucket.done.clear()
+            bucket.job = None
             bucket.pending = len(bucket.params)
         timeline.mark("comm", start)
 
@@ -252,6 +234,5 @@ class BucketedAllreduce(GradientExchange):
             handle.remove()
         self._handles.clear()
         if self._thread is not None:
-            self._queue.put(None)
-            self._thread.join(timeout=5.0)
+            self._thread.close()
             self._thread = None

@@ -8,22 +8,46 @@ and once backward has produced all of the unit's gradients they are reduce-scatt
 2's hook) and the unit released. Each unit travels three times per step: 3(N-1)/N Psi values
 per rank, half as much again as DDP. A tied parameter is gathered with its unit by every module
 that uses it (more bytes than the formula; the formula assumes none).
+
+Every allgather and reduce-scatter runs on one communication thread
+(:class:`~course_lib.parallel.exchanges.comm_thread.CommThread`), in the order the training
+thread asks for them: the same order on every rank. The ranks agree on the units' sizes at
+attach, so each ring step posts its receive before the message comes ("eager", as the bucketed
+allreduce does), which saves a header's round trip per message. ``prefetch=True`` (the default) takes them
+off the critical path, as FSDP does (Zhao et al. 2023, "PyTorch FSDP", sections 3.3 and 4,
+forward and backward prefetch): the first step records the order in which the modules run
+forward and backward; from then on, when a module's units are needed, the allgather of the
+next module's units in that order is queued too (depth 1), so it travels while this module
+computes. A rank then holds at most the current and the next module's units gathered (or on
+their way), one unit more than without prefetching: each step's record notes the most at once
+(``zero3_units_held_peak``). Reduce-scatters are queued without waiting (at most
+``QUEUED_REDUCE_SCATTERS`` at once); ``exchange`` waits for them all before the optimiser
+step. ``prefetch=False`` waits for every collective where it is issued: each one on the
+critical path, the naive schedule, kept to compare against.
 """
 
 from __future__ import annotations
 
+import threading
+import time
+from collections import deque
 from typing import Any
 
-import numpy as np
 import torch
 from torch import nn
 
-from course_lib.collectives.ring import ring_allgather
+from course_lib.collectives.ring import ring_allgather, ring_reduce_scatter
 from course_lib.comm.communicator import Communicator
+from course_lib.parallel.exchanges.base import StepTimeline
+from course_lib.parallel.exchanges.bucket_choice import agree_on_layout
+from course_lib.parallel.exchanges.comm_thread import CommJob, CommThread, next_seq
 from course_lib.parallel.sharded.units import FlatUnit
 from course_lib.parallel.sharded.zero import Zero2
 
-__all__ = ["Zero3"]
+__all__ = ["QUEUED_REDUCE_SCATTERS", "Zero3"]
+
+#: The most reduce-scatters queued at once (each holds one unit's whole gradients).
+QUEUED_REDUCE_SCATTERS = 2
 
 
 def _first_grad_tensor(output: Any) -> torch.Tensor | None:
@@ -33,21 +57,51 @@ def _first_grad_tensor(output: Any) -> torch.Tensor | None:
 
 
 class Zero3(Zero2):
-    """ZeRO stage 3: + weights sharded, gathered module by module (the FSDP unit)."""
+    """ZeRO stage 3: + weights sharded, gathered module by module (the FSDP unit).
+
+    Args:
+        bucket_bytes: unused by stage 3 (its units are modules), accepted like every stage's.
+        prefetch: queue the next module's allgather when one is needed (overlapped), and
+            reduce-scatters without waiting; False: wait for each collective where it is issued.
+    """
 
     name, stage = "zero3", 3
     cost_collective = None  # three ring passes; the cost model has no such collective
 
+    def __init__(self, bucket_bytes: int = 1 << 16, prefetch: bool = True) -> None:
+        super().__init__(bucket_bytes)
+        if not isinstance(prefetch, bool):
+            raise ValueError(f"prefetch must be True or False, got {prefetch!r}")
+        self.prefetch = prefetch
+
+    # -- set-up -------------------------------------------------------------------------------
     def attach(self, comm: Communicator, net: nn.Module) -> nn.Module:
-        """Shard every unit, release the full weights, hook every module that holds weights."""
+        """Shard every unit, release the full weights, hook every module, start the thread."""
         super().attach(comm, net)
+        self.handles.append(net.register_forward_pre_hook(self._new_pass))  # before its units'
         owner = {id(p): u for u in self.units for p in u.params}
+        self.groups: list[list[FlatUnit]] = []  # per hooked module: the units it needs
         for module in net.modules():
             mine = [owner[id(p)] for p in module.parameters(recurse=False) if id(p) in owner]
-            units = list({u.index: u for u in mine}.values())
-            if units:
-                self.handles.append(module.register_forward_pre_hook(self._before(units)))
-                self.handles.append(module.register_forward_hook(self._after(units)))
+            if units := list({u.index: u for u in mine}.values()):
+                group = len(self.groups)
+                self.handles.append(module.register_forward_pre_hook(self._before(group)))
+                self.handles.append(module.register_forward_hook(self._after(group)))
+                self.groups.append(units)
+        self.order: dict[str, list[int]] = {"forward": [], "backward": []}  # recorded in step 1
+        self.cursor = {"forward": 0, "backward": 0}
+        self.recording, self.in_step = True, False
+        self.pending: dict[int, CommJob] = {}  # unit index -> its queued allgather
+        self.jobs: list[CommJob] = []  # every job queued this step
+        self.scattering: deque[CommJob] = deque()  # reduce-scatters queued, oldest first
+        self.scatter_peak = 0  # the most of them not yet waited for, this step
+        self.events: list[dict[str, Any]] = []  # this step's, for its record
+        self.held: dict[int, torch.Tensor] = {}  # the exchange's own buffers, held now
+        self.held_lock = threading.Lock()
+        self.held_peak = 0  # units gathered or queued at once, this step (deterministic)
+        if comm.world_size > 1:  # before any receive is posted eagerly
+            agree_on_layout(comm, [4 * u.numel for u in self.units])
+        self.thread = CommThread(comm.rank, "zero3-comm")
         for unit in self.units:
             unit.free()
         return net
@@ -58,57 +112,192 @@ class Zero3(Zero2):
         inner.course_whole_weights = self.whole_weights  # read by course_lib.checkpoint.state
         return inner
 
+    def _shard_of(self, unit: FlatUnit) -> nn.Parameter:
+        """This rank's chunk as a parameter of its own (the flat buffer is released between uses)."""
+        return nn.Parameter(unit.flat[unit.chunk(self.comm.rank)].detach().clone())
+
+    # -- the exchange's own buffers (counted by the ledger from both threads) -----------------
+    def _hold(self, buf: torch.Tensor) -> int:
+        key = next_seq()
+        with self.held_lock:
+            self.held[key] = buf
+        return key
+
+    def _release(self, key: int) -> None:
+        with self.held_lock:
+            del self.held[key]
+
+    def _sample(self) -> None:
+        with self.held_lock:
+            buffers = list(self.held.values())
+        self.ledger.sample(settled=False, buffers=buffers)
+
+    # -- allgathers ---------------------------------------------------------------------------
+    def _request(self, unit: FlatUnit, why: str, prefetch: bool) -> None:
+        """Queue ``unit``'s allgather unless it is gathered or queued (training thread only)."""
+        if unit.index in self.pending or unit.gathered:
+            return
+        if self.in_step:  # (a checkpoint's whole weights, between steps, are not a step's)
+            self._count_held(extra=1)
+        # The ring runs on a buffer of its own: a NumPy view of the flat buffer would pin its
+        # storage (PyTorch then refuses to resize it), so the values are copied in afterwards.
+        buf = torch.empty(unit.numel)
+        buf[unit.chunk(self.comm.rank)] = self.shards[unit.index].detach()
+        key = self._hold(buf)
+
+        def gather() -> None:  # on the communication thread
+            ring_allgather(self.comm, buf.numpy(), eager=True)  # sizes agreed
+            unit.allocate()
+            with torch.no_grad():  # grad mode is per thread
+                unit.flat.copy_(buf)
+            unit.gathered = True
+            self._sample()  # this unit and the one in use: the in-flight peak
+            self._release(key)
+
+        job = self.thread.submit(gather, f"the allgather of unit {unit.label}")
+        self.pending[unit.index] = job
+        self.jobs.append(job)
+        if self.in_step:
+            self.events.append({"kind": "allgather", "unit": unit.index, "for": why,
+                                "prefetch": prefetch, "job": job})  # fmt: skip
+
+    def _count_held(self, extra: int = 0) -> None:
+        """Note the most units gathered or on their way at once (only a request adds one)."""
+        held = sum(1 for u in self.units if u.gathered or u.index in self.pending) + extra
+        self.held_peak = max(self.held_peak, held)
+
+    def _wait_for(self, unit: FlatUnit) -> None:
+        """Return once ``unit``'s queued allgather (if any) has landed."""
+        job = self.pending.pop(unit.index, None)
+        if job is not None:
+            self.thread.wait(job, self.comm.timeout + 30.0)
+
+    def _need(self, group: int, why: str) -> None:
+        """Gather module ``group``'s units (``why``: forward or backward); queue the next's."""
+        for unit in self.groups[group]:
+            self._request(unit, why, prefetch=False)
+        if self.recording and self.in_step:
+            self.order[why].append(group)
+        elif self.prefetch:
+            order, at = self.order[why], self.cursor[why]
+            self.cursor[why] = at + 1
+            if at + 1 < len(order) and order[at] == group:  # as recorded: prefetch the next
+                for unit in self.groups[order[at + 1]]:
+                    self._request(unit, why, prefetch=True)
+        for unit in self.groups[group]:
+            self._wait_for(unit)
+
+    def _free(self, unit: FlatUnit) -> None:
+        self._wait_for(unit)  # a queued allgather of it lands before its memory goes
+        unit.free()
+
+    def _gather_all(self) -> None:
+        for unit in self.units:
+            self._request(unit, "whole", prefetch=False)
+        for unit in self.units:
+            self._wait_for(unit)
+
     def whole_weights(self) -> dict[str, torch.Tensor]:
         """Return the model's whole weights by name (every rank calls it: each unit allgathered)."""
-        for unit in self.units:
-            self.gather(unit)
+        self._gather_all()
         weights = {k: v.detach().clone() for k, v in self.net.state_dict().items()}
         for unit in self.units:
             unit.free()
         return weights
 
-    def _shard_of(self, unit: FlatUnit) -> nn.Parameter:
-        """This rank's chunk as a parameter of its own (the flat buffer is released between uses)."""
-        return nn.Parameter(unit.flat[unit.chunk(self.comm.rank)].detach().clone())
+    # -- hooks ----------------------------------------------------------------------------------
+    def _new_pass(self, module: nn.Module, args: Any) -> None:
+        self.cursor = {"forward": 0, "backward": 0}
+        self.in_step = module.training and torch.is_grad_enabled()
 
-    def gather(self, unit: FlatUnit) -> None:
-        """Allgather ``unit``'s weights from every rank's shard into its flat buffer."""
-        if unit.gathered:
-            return
-        # The ring runs on a NumPy buffer of its own: a NumPy view would pin the flat buffer's
-        # storage (PyTorch then refuses to resize it), so the values are copied in afterwards.
-        buf = np.empty(unit.numel, dtype=np.float32)
-        buf[unit.chunk(self.comm.rank)] = self.shards[unit.index].detach().numpy()
-        ring_allgather(self.comm, buf)
-        unit.allocate()
-        with torch.no_grad():
-            unit.flat.copy_(torch.from_numpy(buf))
-        unit.gathered = True
-        self.ledger.sample(settled=False, buffers=[torch.from_numpy(buf)])  # the ring's buffer
-
-    def _before(self, units: list[FlatUnit]) -> Any:
+    def _before(self, group: int) -> Any:
         def gather_units(module: nn.Module, args: Any) -> None:
-            for unit in units:
-                self.gather(unit)
+            self._need(group, "forward")
+            if self.in_step:
+                self.events.append({"kind": "forward", "group": group, "start": next_seq()})
 
         return gather_units
 
-    def _after(self, units: list[FlatUnit]) -> Any:
+    def _after(self, group: int) -> Any:
         def release_units(module: nn.Module, args: Any, output: Any) -> None:
-            for unit in units:
-                unit.free()
+            if self.in_step:
+                self.events.append({"kind": "forward_end", "group": group, "end": next_seq()})
+            for unit in self.groups[group]:
+                self._free(unit)
             out = _first_grad_tensor(output)
             if out is not None:  # backward reaches this module: gather its weights again first
-                out.register_hook(lambda grad: [self.gather(u) for u in units] and None)
+                out.register_hook(lambda grad: self._need(group, "backward"))
 
         return release_units
 
+    # -- reduce-scatters ----------------------------------------------------------------------
+    def _reduce_scatter(self, unit: FlatUnit) -> None:
+        """Queue ``unit``'s reduce-scatter: this rank keeps its chunk of the mean (as stage 2)."""
+        ready = time.time()
+        # Each queued one holds a unit's whole gradients: with backward faster than the link they
+        # would pile up to the whole model's. Wait for the oldest first, as FSDP's rate limiter
+        # bounds what runs ahead of the communication (Zhao et al. 2023, section 4).
+        while len(self.scattering) >= QUEUED_REDUCE_SCATTERS:
+            self.thread.wait(self.scattering.popleft(), self.comm.timeout + 30.0)
+        flat = unit.flat_grads()
+        for p in unit.params:
+            p.grad = None
+        key = self._hold(flat)
+        self._sample()
+        self.reduced += 1
+        unit.reduced = True
+
+        def reduce_scatter() -> None:  # on the communication thread
+            start = time.time()
+            ring_reduce_scatter(self.comm, flat.numpy(), eager=True)  # sizes agreed
+            self.shards[unit.index].grad = flat[unit.chunk(self.comm.rank)] / self.comm.world_size
+            self._release(key)
+            self.bucket_records.append({"index": unit.index, "nbytes": 4 * unit.numel,
+                                        "ready": ready, "start": start, "end": time.time()})  # fmt: skip
+
+        job = self.thread.submit(reduce_scatter, f"the reduce-scatter of unit {unit.label}")
+        self.jobs.append(job)
+        self.scattering.append(job)
+        self.scatter_peak = max(self.scatter_peak, len(self.scattering))
+        if self.in_step:
+            self.events.append({"kind": "reduce_scatter", "unit": unit.index, "job": job})
+        if not self.prefetch:  # the naive schedule: every collective on the critical path
+            self.thread.wait(self.scattering.pop(), self.comm.timeout + 30.0)
+
     def after_reduce(self, unit: FlatUnit) -> None:
         """Release the unit: backward has finished with it (all its gradients were produced)."""
-        unit.free()
+        self._free(unit)
+
+    def exchange(self, comm: Communicator, net: nn.Module, timeline: StepTimeline) -> None:
+        """Wait for every queued job (the reduce-scatters), then stage 2's checks."""
+        start = time.time()
+        for job in self.jobs:
+            self.thread.wait(job, comm.timeout + 30.0)
+        self.jobs, self.pending = [], {}
+        self.scattering.clear()
+        for unit in self.units:  # a prefetch that no module used this step (the graph changed)
+            if unit.gathered:
+                unit.free()
+        self.recording, self.in_step = False, False
+        for event in self.events:
+            if (job := event.pop("job", None)) is not None:
+                event.update(issued=job.issued, start=job.start, end=job.end,
+                             issued_at=job.issued_at, start_at=job.start_at, end_at=job.end_at)  # fmt: skip
+        timeline.events.extend(self.events)
+        timeline.note("zero3_units_held_peak", self.held_peak)
+        timeline.note("zero3_reduce_scatters_queued_peak", self.scatter_peak)
+        self.events, self.held_peak, self.scatter_peak = [], 0, 0
+        super().exchange(comm, net, timeline)
+        timeline.mark("comm", start)  # the wait for the queue is this step's communication
 
     def detach(self) -> None:
-        """Remove the hooks and gather every unit, leaving the whole model on every rank."""
+        """Remove the hooks, gather every unit (the whole model on every rank), stop the thread."""
         super().detach()
-        for unit in getattr(self, "units", []):
-            self.gather(unit)
+        if getattr(self, "thread", None) is None:
+            return
+        try:
+            if self.thread.error is None:  # after a failure the weights are not worth gathering
+                self._gather_all()
+        finally:
+            self.thread.close()
+            self.thread = None

@@ -29,6 +29,7 @@ Beside the model state (``LEDGER_KEYS``, what the formulas count) each step also
 from __future__ import annotations
 
 import os
+import threading
 from collections.abc import Iterable
 from typing import Any
 
@@ -110,6 +111,7 @@ class Ledger:
         self.in_flight = self.activations = self.comm = self.rss = 0
         self.saved: SavedBytes | None = None
         self._saving: Any = None
+        self._lock = threading.Lock()  # sample() runs on the training and communication threads
 
     def watch_forward(self, net: torch.nn.Module) -> list[Any]:
         """Count what ``net``'s every forward saves for backward; return the hooks' handles."""
@@ -134,6 +136,10 @@ class Ledger:
     def sample(self, settled: bool, buffers: Iterable[torch.Tensor] = ()) -> None:
         """Count what is held now; ``settled``: a moment the formulas describe; ``buffers``: the
         exchange's own buffers held now (a view of a parameter or gradient is not counted)."""
+        with self._lock:
+            self._sample(settled, buffers)
+
+    def _sample(self, settled: bool, buffers: Iterable[torch.Tensor]) -> None:
         seen: set[int] = set()
         row = {
             "ledger_params_bytes": held_bytes(list(self.params) + list(self.shards), seen),
@@ -160,6 +166,10 @@ class Ledger:
     def close(self) -> dict[str, int]:
         """Return this step's settled peak by kind, the in-flight peak and the ``EXTRA_KEYS``
         peaks; start a new step."""
+        with self._lock:
+            return self._close()
+
+    def _close(self) -> dict[str, int]:
         out = dict(self.settled)
         out["ledger_settled_bytes"] = sum(self.settled.values())
         out["ledger_in_flight_bytes"] = self.in_flight

@@ -12,6 +12,8 @@ Data parallelism keeps N copies of everything: weights, gradients and optimiser 
   as soon as backward has produced it, and its full-size gradients are freed.
 * ``zero3``: + weights sharded (FSDP): each module's unit is allgathered just before its
   forward and again before its backward, and freed after each; 3(N-1)/N Psi values per rank.
+  Its collectives run on one communication thread, the next module's allgather prefetched
+  while this one computes (``Zero3(prefetch=False)``: each waited for where it is issued).
 * ``zero0``: plain data parallelism (ring allreduce, every rank the whole optimiser) with the
   same memory ledger, the baseline of the comparison.
 

@@ -1,0 +1,193 @@
+"""Lecture 11's stage 3 with prefetching (FSDP's forward and backward prefetch) on real engines.
+
+Every collective of a step runs on one communication thread; from the second step on, the
+allgather of the next module's unit is queued when a module's unit is needed. Checked here:
+the weights are bitwise those of the naive schedule (``prefetch=False``), the order of events
+(numbered on both threads, never timed) shows the next unit's allgather issued before this
+module's forward has ended, and a failure on the communication thread surfaces on the training
+thread as an error naming the rank, not as a hang.
+"""
+
+from __future__ import annotations
+
+import itertools
+from typing import Any
+
+import numpy as np
+import pytest
+from test_sharded import ADAM, TiedFrozen, small_digits, uneven_mlp
+
+from course_lib.parallel.data_parallel.train import DataParallelError, train_data_parallel
+from course_lib.parallel.sharded import Zero3
+from course_lib.parallel.sharded.fsdp_unit import QUEUED_REDUCE_SCATTERS
+
+pytestmark = pytest.mark.timeout(900)
+
+
+@pytest.fixture(scope="module")
+def pool(shared_engines):
+    return shared_engines(4)  # from the session's pool (tests/conftest.py)
+
+
+def _run(pool, method, n: int, model=uneven_mlp, **kwargs: Any):
+    return train_data_parallel(
+        pool,
+        model=model,
+        dataset=small_digits,
+        config=ADAM,
+        method=method,
+        world_size=n,
+        comm_timeout=30,
+        timeout=300,
+        **kwargs,
+    )
+
+
+@pytest.fixture(scope="module")
+def runs(pool):
+    """``runs(prefetch, n, model)``: one run each, made once."""
+    done = {}
+
+    def run(prefetch: bool, n: int, model=uneven_mlp):
+        key = (prefetch, n, model.__name__)
+        if key not in done:
+            done[key] = _run(pool, Zero3(1024, prefetch=prefetch), n, model)
+        return done[key]
+
+    return run
+
+
+def test_the_registered_stage_3_prefetches():
+    assert Zero3().prefetch and not Zero3(prefetch=False).prefetch
+    with pytest.raises(ValueError, match="prefetch must be True or False"):
+        Zero3(prefetch="yes")
+
+
+@pytest.mark.parametrize("n, model", [(3, uneven_mlp), (4, uneven_mlp), (3, TiedFrozen)])
+def test_prefetching_gives_bitwise_the_weights_of_the_naive_schedule(runs, n, model):
+    # The same collectives on the same buffers, only issued earlier: the same bits.
+    inline, prefetched = runs(False, n, model), runs(True, n, model)
+    assert prefetched.replicas_equal and inline.replicas_equal
+    assert list(prefetched.weights) == list(inline.weights)
+    for name, want in inline.weights.items():
+        assert np.array_equal(prefetched.weights[name], want), name
+
+
+def _forward_order(record: dict[str, Any]) -> list[int]:
+    return [e["group"] for e in record["events"] if e["kind"] == "forward"]
+
+
+def _issued(record: dict[str, Any], unit: int, why: str) -> int:
+    (event,) = [
+        e
+        for e in record["events"]
+        if e["kind"] == "allgather" and e["unit"] == unit and e["for"] == why
+    ]
+    return event["issued"]
+
+
+def _late_records(result) -> list[dict[str, Any]]:
+    records = [r for r in result.records if r["step"] >= 1]  # step 0 records the order
+    assert len(records) == 3 * 3
+    return records
+
+
+def test_the_next_units_allgather_is_issued_before_this_modules_forward_ends(runs):
+    # uneven_mlp: modules 1, 3, 5 hold units 0, 1, 2 (one each), run forward in that order and
+    # backward in reverse. Numbers from one sequence shared by both threads order the events.
+    for rec in _late_records(runs(True, 3)):
+        assert _forward_order(rec) == [0, 1, 2]
+        ends = {e["group"]: e["end"] for e in rec["events"] if e["kind"] == "forward_end"}
+        scatters = {e["unit"]: e["issued"] for e in rec["events"] if e["kind"] == "reduce_scatter"}
+        for k in (0, 1):  # forward: unit k+1 is on its way while unit k computes
+            assert _issued(rec, k + 1, "forward") < ends[k], (rec["rank"], rec["step"], k)
+        for k in (2, 1):  # backward: unit k-1 is queued before unit k's gradients are ready
+            assert _issued(rec, k - 1, "backward") < scatters[k], (rec["rank"], rec["step"], k)
+        prefetched = [e["unit"] for e in rec["events"] if e.get("prefetch")]
+        assert prefetched == [1, 2, 1, 0]  # depth 1: the first unit of each pass is not
+        # the queue is one FIFO: the thread starts jobs in the order they were issued
+        jobs = sorted((e for e in rec["events"] if "issued" in e), key=lambda e: e["issued"])
+        assert [e["start"] for e in jobs] == sorted(e["start"] for e in jobs)
+
+
+def test_the_naive_schedule_issues_each_allgather_after_the_previous_forward(runs):
+    # The counter-example the test above rules out: without prefetching, unit k+1 is asked for
+    # only by its own module's pre-hook, after module k's forward has ended.
+    for rec in _late_records(runs(False, 3)):
+        ends = {e["group"]: e["end"] for e in rec["events"] if e["kind"] == "forward_end"}
+        for k in (0, 1):
+            assert _issued(rec, k + 1, "forward") > ends[k]
+        assert not any(e.get("prefetch") for e in rec["events"])
+
+
+@pytest.mark.parametrize("prefetch", [True, False])
+def test_prefetching_holds_at_most_the_current_and_the_next_unit(pool, prefetch):
+    # Eight hidden layers of 64: units of 4 160 values but the last (650). Counted where units
+    # are requested (the training thread's bookkeeping, not a timing): gathered or on their way
+    # at once, the current module's and (prefetching, from step 1) the next one's.
+    from course_lib.training.models import MLP
+
+    def deep():
+        return MLP(64, (64,) * 8)
+
+    result = _run(pool, Zero3(prefetch=prefetch), 4, model=deep)
+    for rec in result.records:
+        want = 2 if prefetch and rec["step"] >= 1 else 1
+        assert rec["zero3_units_held_peak"] == want, (rec["rank"], rec["step"])
+        # reduce-scatters queued and not yet waited for (each holds a unit's gradients): at
+        # most QUEUED_REDUCE_SCATTERS, where without the bound all nine would be by the end
+        queued = QUEUED_REDUCE_SCATTERS if prefetch else 1
+        assert rec["zero3_reduce_scatters_queued_peak"] == queued, (rec["rank"], rec["step"])
+        if rec["step"] == 0:
+            continue  # Adam's state is made by step 0's optimiser step
+        # ... and the ledger counts them: over the shards and Adam's state, at least one unit
+        # and its gradients (backward), at most three units (the current one, its gradients,
+        # the next one) and the shards' gradients
+        unit = 4 * 4160
+        extra = rec["ledger_in_flight_bytes"] - rec["ledger_params_bytes"]
+        extra -= rec["ledger_optimizer_bytes"]
+        assert 2 * unit <= extra <= want * unit + unit + rec["ledger_grads_bytes"], extra / unit
+        # the exchange's own buffers: receive buffers of the units on their way (at most 2) and
+        # the gradients of the reduce-scatters queued (at most QUEUED_REDUCE_SCATTERS)
+        most = (want + (QUEUED_REDUCE_SCATTERS if prefetch else 0)) * unit
+        assert unit <= rec["ledger_comm_bytes"] <= most, rec["ledger_comm_bytes"] / unit
+
+
+class FailsOnRank1(Zero3):
+    """Stage 3 whose communication thread fails on rank 1 at its 11th job: step 1's prefetch of
+    the second unit (step 0 ran 9 jobs: 3 allgathers forward, 3 back, 3 reduce-scatters)."""
+
+    def attach(self, comm, net):
+        net = super().attach(comm, net)
+        submit, count = self.thread.submit, itertools.count()
+
+        def submit_or_fail(fn, label):
+            if comm.rank == 1 and next(count) == 10:
+
+                def fn():
+                    raise OSError("injected: the link went down")
+
+            return submit(fn, label)
+
+        self.thread.submit = submit_or_fail
+        return net
+
+
+def test_a_failure_on_the_communication_thread_names_the_rank_and_does_not_hang(pool):
+    with pytest.raises(DataParallelError) as info:
+        train_data_parallel(
+            pool,
+            model=uneven_mlp,
+            dataset=small_digits,
+            config=ADAM,
+            method=FailsOnRank1(1024),
+            world_size=3,
+            comm_timeout=5,  # the other ranks' threads give up on rank 1 after 5 s
+            timeout=120,  # a hang would be reported as one after 120 s (not matched below)
+        )
+    text = str(info.value)
+    assert (
+        "rank 1: the allgather of unit module '3' failed on the communication thread: "
+        "OSError: injected: the link went down" in text
+    ), text
+    assert "hung" not in text, text
