@@ -36,7 +36,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from course_lib.collectives.ring import ring_allgather, ring_reduce_scatter
+from course_lib.collectives.ring import ring_allgather
 from course_lib.comm.communicator import Communicator
 from course_lib.parallel.exchanges.base import StepTimeline
 from course_lib.parallel.exchanges.bucket_choice import agree_on_layout
@@ -248,12 +248,8 @@ class Zero3(Zero2):
         unit.reduced = True
 
         def reduce_scatter() -> None:  # on the communication thread
-            start = time.time()
-            ring_reduce_scatter(self.comm, flat.numpy(), eager=True)  # sizes agreed
-            self.shards[unit.index].grad = flat[unit.chunk(self.comm.rank)] / self.comm.world_size
+            self._scatter_into_shard(unit, flat, ready, eager=True)  # sizes agreed at attach
             self._release(key)
-            self.bucket_records.append({"index": unit.index, "nbytes": 4 * unit.numel,
-                                        "ready": ready, "start": start, "end": time.time()})  # fmt: skip
 
         job = self.thread.submit(reduce_scatter, f"the reduce-scatter of unit {unit.label}")
         self.jobs.append(job)

@@ -132,20 +132,29 @@ class ZeroExchange(GradientExchange):
 
     def _reduce_scatter(self, unit: FlatUnit) -> None:
         """Reduce-scatter ``unit``'s gradients: keep this rank's chunk of the mean, free the rest."""
-        start = time.time()
+        ready = time.time()
         flat = unit.flat_grads()
         for p in unit.params:
             p.grad = None
         self.ledger.sample(settled=False, buffers=[flat])  # the exchange's own buffer
-        ring_reduce_scatter(self.comm, flat.numpy())
-        self.shards[unit.index].grad = flat[unit.chunk(self.comm.rank)] / self.comm.world_size
+        self._scatter_into_shard(unit, flat, ready)
         self.reduced += 1
         unit.reduced = True
+
+    def _scatter_into_shard(
+        self, unit: FlatUnit, flat: torch.Tensor, ready: float, eager: bool = False
+    ) -> None:
+        """Reduce-scatter ``flat`` (``unit``'s whole gradients) round the ring; this rank's chunk
+        of the mean becomes its shard's gradient; note the bucket's times (ready: since ``ready``).
+        ``eager``: the ranks agreed on the sizes, so receives are posted before messages come."""
+        start = time.time()
+        ring_reduce_scatter(self.comm, flat.numpy(), eager=eager)
+        self.shards[unit.index].grad = flat[unit.chunk(self.comm.rank)] / self.comm.world_size
         self.bucket_records.append(
             {
                 "index": unit.index,
                 "nbytes": 4 * unit.numel,
-                "ready": start,
+                "ready": ready,
                 "start": start,
                 "end": time.time(),
             }
