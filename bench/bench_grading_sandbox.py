@@ -6,7 +6,9 @@ per notebook, and the sandboxed / unisolated ratio of the medians (target: at mo
 Both runs include the integrity checks after each pair of notebooks, and both decide A1's
 verdicts in the grader (probes); sandboxed, A1's kernel has no torch and no kit. Then it times
 the grader's self-check (``course_lib.grading.selfcheck.preflight``), which ``./kit grade``
-runs once before the first student.
+runs once before the first student, and the reading of a sandbox's socket table that the bytes
+on the wire rest on (:mod:`course_lib.grading.wire_audit`: twice per probe cell of A2, A6.3-A6.4
+and A7).
 
     .venv/bin/python bench/bench_grading_sandbox.py                 # a class of 8, 1 round
     .venv/bin/python bench/bench_grading_sandbox.py --students 30   # a bigger class
@@ -94,7 +96,29 @@ def main() -> int:
         f"self-check before grading (every assignment's imports, A1 known answer and stub): "
         f"{checked.seconds:.1f} s"
     )
+    print(wire_audit_cost())
     return 0
+
+
+def wire_audit_cost(reads: int = 30) -> str:
+    """Time the socket table's reading (through ``nsenter``, as for a sandbox): the median."""
+    import os
+
+    from course_lib.grading.wire_audit import sockets, wire_problem_here
+
+    if wire_problem_here():
+        return f"bytes on the wire not audited here ({wire_problem_here()})"
+    netns = f"/proc/{os.getpid()}/ns/net"
+    seconds = []
+    for _ in range(reads):
+        started = time.perf_counter()
+        sockets(netns)
+        seconds.append(time.perf_counter() - started)
+    each = statistics.median(seconds) * 1000
+    return (
+        f"socket table read through nsenter: {each:.1f} ms (median of {reads}); "
+        f"about {2 * each:.0f} ms per audited probe cell"
+    )
 
 
 if __name__ == "__main__":

@@ -31,6 +31,7 @@ from course_lib.grading.gradebook import (
 )
 from course_lib.grading.release import release_all, release_checks
 from course_lib.grading.sandbox import SandboxLimits, sandbox_problem
+from course_lib.grading.wire_audit import wire_problem_here
 
 ROOT = Path(__file__).resolve().parents[2]
 SOURCES = ROOT / "assignments" / "source"
@@ -236,6 +237,13 @@ def _choose_sandbox(args: argparse.Namespace) -> tuple[SandboxLimits | None | bo
         except ValueError as exc:
             print(f"grade: {exc}", file=sys.stderr)
             return False, ""
+        unaudited = wire_problem_here()
+        if unaudited:  # the ranks' own counters then decide the byte checks (A2, A7) alone
+            print(
+                f"note: the bytes between engines are not counted on the wire ({unaudited}); "
+                "grade as root to hold the ranks' reported bytes against them",
+                file=sys.stderr,
+            )
         return limits, ""
     warning = (
         f"GRADED UNISOLATED ({problem}): answers ran with the grader's rights and could read "

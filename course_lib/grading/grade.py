@@ -157,15 +157,20 @@ def _stuck_cell(results: dict[int, tuple[str, str]]) -> tuple[int | None, str]:
     return None, ""
 
 
-def _captured(folder: Path) -> dict[int, str]:
-    """Return {cell number: stdout} of the probe cells, as nbval stored them (outside the sandbox)."""
+def _captured(folder: Path) -> dict[int, tuple[str, dict | None]]:
+    """Return {cell number: (stdout, wire)} of the probe cells, as nbval stored them (outside the sandbox)."""
     import json
 
     found = {}
     for path in folder.glob("probe-*.json"):
         try:
-            found[int(path.stem.removeprefix("probe-"))] = json.loads(path.read_text())["stdout"]
-        except (ValueError, KeyError, TypeError, OSError):
+            record = json.loads(path.read_text())
+            wire = record.get("wire")
+            found[int(path.stem.removeprefix("probe-"))] = (
+                str(record["stdout"]),
+                wire if isinstance(wire, dict) else None,
+            )
+        except (ValueError, KeyError, TypeError, AttributeError, OSError):
             continue
     return found
 
@@ -211,7 +216,7 @@ def grade_notebook(
     blocked = forbidden if spec is not None and spec.blocked else ()
     kit = spec is None or spec.kit
     kit_hidden = tuple(str(kit_package() / part) for part in spec.kit_hidden) if spec else ()
-    captured: dict[int, str] = {}
+    captured: dict[int, tuple[str, dict | None]] = {}
     answers, checks = _exercise_cells(pristine)
     points = {check_id(c): check_points(c) for c in pristine.cells if check_id(c) is not None}
     # exercise -> why its answer is not run
@@ -289,7 +294,7 @@ def grade_notebook(
         elif slow_setup is not None and number > slow_setup[0]:
             reason, outcome = slow_setup[1], "skipped"
         elif spec is not None and number in captured and outcome in ("passed", "failure"):
-            passed, reason = judge(spec, exercise, seed, captured[number])
+            passed, reason = judge(spec, exercise, seed, *captured[number])
             outcome = "passed" if passed else "failure"
             answer_outcome, answer_message = results.get(answer_cells.get(exercise, -1), ("", ""))
             if not passed and answer_outcome in ("failure", "error"):

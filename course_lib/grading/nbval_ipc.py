@@ -5,6 +5,9 @@ Unix sockets in the run's runtime folder (visible on both sides) connect them in
 (``COURSE_IPC=1``). With ``COURSE_PROBE_DIR`` set, the outputs of the grader's probe cells
 (:mod:`course_lib.grading.probes.core`) are stored there as JSON, by nbval, outside the sandbox: the
 grader reads them from a folder the kernel never sees, not from anything the kernel wrote.
+With ``COURSE_WIRE_AUDIT=1`` as well, each probe's record also holds the bytes the sandbox's
+processes sent each other while the cell ran, as the Linux kernel counted them
+(:mod:`course_lib.grading.wire_audit`), read from outside the sandbox.
 Loaded with ``-p course_lib.grading.nbval_ipc`` by :func:`course_lib.grading.runner.run_nbval`.
 """
 
@@ -18,6 +21,8 @@ import nbval.kernel
 import nbval.plugin
 from jupyter_client.manager import KernelManager
 from jupyter_core.paths import jupyter_runtime_dir
+
+from course_lib.grading import wire_audit
 
 __all__ = ["MAX_PROBE_CHARS", "IpcKernelManager"]
 
@@ -41,13 +46,40 @@ if os.environ.get("COURSE_IPC") == "1":
 _runtest = nbval.plugin.IPyNbCell.runtest
 
 
+def _kernel_netns(cell) -> str:
+    """The network namespace of the cell's kernel: that of the sandbox's first process."""
+    pid = cell.parent.kernel.km.provisioner.pid
+    return f"/proc/{int(pid)}/ns/net"
+
+
+def _wire_record(before: dict, netns: str) -> dict:
+    """The bytes between the sandbox's processes since ``before``, PIDs as the sandbox sees them."""
+    after = wire_audit.settled_sockets(netns)
+    moved = []
+    for (sender, receiver), nbytes in sorted(wire_audit.flows(before, after).items()):
+        moved.append([wire_audit.ancestry(sender), wire_audit.ancestry(receiver), nbytes])
+    return {"flows": moved}
+
+
 def _runtest_keeping_probes(self) -> None:
     """Run the cell as nbval does; for a probe cell, store its stdout for the grader."""
     folder = os.environ.get("COURSE_PROBE_DIR")
     probe = self.cell.get("metadata", {}).get("course", {}).get("probe") if folder else None
+    wire, before, netns = None, None, None
+    if probe and os.environ.get("COURSE_WIRE_AUDIT") == "1":
+        try:
+            netns = _kernel_netns(self)
+            before = wire_audit.sockets(netns)
+        except Exception as exc:  # recorded: the grader then fails the exercise, naming it
+            wire = {"error": f"the sockets could not be read before the cell: {exc}"[:300]}
     try:
         _runtest(self)
     finally:
+        if probe and before is not None:
+            try:
+                wire = _wire_record(before, netns)
+            except Exception as exc:
+                wire = {"error": f"the sockets could not be read after the cell: {exc}"[:300]}
         if probe:
             text, size = [], 0
             for out in getattr(self, "test_outputs", None) or []:
@@ -57,7 +89,10 @@ def _runtest_keeping_probes(self) -> None:
                     size += len(chunk)
             name = os.path.join(folder, f"probe-{self.cell_num}.json")
             with open(name, "w", encoding="utf-8") as handle:
-                json.dump({"exercise": str(probe), "stdout": "".join(text)}, handle)
+                record = {"exercise": str(probe), "stdout": "".join(text)}
+                if wire is not None:
+                    record["wire"] = wire
+                json.dump(record, handle)
 
 
 nbval.plugin.IPyNbCell.runtest = _runtest_keeping_probes

@@ -34,6 +34,7 @@ from course_lib.grading.sandbox import (
     kit_package,
     prepare_sandbox,
 )
+from course_lib.grading.wire_audit import wire_problem_here
 
 __all__ = ["CLUSTER_VARIABLE_PREFIX", "run_nbval", "stop_clusters"]
 
@@ -120,6 +121,7 @@ def run_nbval(
     if probes is not None:
         env["COURSE_PROBE_DIR"] = str(probes)
     env.pop("COURSE_IPC", None)
+    env.pop("COURSE_WIRE_AUDIT", None)
     shared = contextlib.nullcontext(False)
     run_dir = None
     if sandbox is not None:
@@ -128,6 +130,8 @@ def run_nbval(
         run_dir = Path(tempfile.mkdtemp(prefix="sandbox-"))
         env.update(prepare_sandbox(run_dir, sandbox, (*hidden, str(path.parent)), blocked, kit))
         env["COURSE_IPC"] = "1"
+        if wire_problem_here() is None:  # nbval counts the bytes between the sandbox's processes
+            env["COURSE_WIRE_AUDIT"] = "1"
         cmd += ["--nbval-kernel-name=" + kernel_name()]
         shared = host_tmpfs(run_dir / "runtime", RUNTIME_MB)
     with shared:

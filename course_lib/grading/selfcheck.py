@@ -44,6 +44,7 @@ from course_lib.grading.probes.core import convert_notebook
 from course_lib.grading.probes.registry import probe_spec
 from course_lib.grading.runner import run_nbval
 from course_lib.grading.sandbox import SandboxLimits, kit_package
+from course_lib.grading.wire_audit import wire_problem_here
 
 __all__ = [
     "GradingMachineError",
@@ -286,6 +287,7 @@ def selfcheck_key(
         "source": hashlib.sha256(nbformat.writes(pristine).encode()).hexdigest(),
         "versions": _versions(),
         "sandbox": dataclasses.asdict(sandbox),
+        "wire": wire_problem_here(),  # whether the bytes on the wire are audited, and why not
     }
     return hashlib.sha256(json.dumps(facts, sort_keys=True).encode()).hexdigest()
 

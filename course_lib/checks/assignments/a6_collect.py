@@ -7,7 +7,8 @@ The notebook's check cells send :func:`collect` to the engines and judge its dat
 (:mod:`course_lib.checks.assignments.a6_row_parallel`, :mod:`~course_lib.checks.assignments.a6_gpipe`);
 the grader ships this module's *source* to the graded engines (``course_lib.checks`` is hidden
 there) and judges the same data in its own process. So this module imports nothing from
-``course_lib.checks``. The counters are counted inside the student's processes.
+``course_lib.checks``. The counters are counted inside the student's processes (the grader
+also counts the GPipe exercises' bytes on the wire: :mod:`course_lib.grading.probes.wire`).
 """
 
 from __future__ import annotations
@@ -131,13 +132,10 @@ def recorded_stage(model: Any, rank: int, log: list[str]) -> Any:
 
 
 def _counters(comm: Any) -> tuple[list, np.ndarray]:
-    """Return the built-ins called but the barrier [(name, calls, bytes)], and the traffic
-    per peer [(peer, messages sent, bytes sent, messages received, bytes received)]."""
-    used = [
-        (str(n), int(c.calls), int(c.bytes))
-        for n, c in sorted(comm.stats.collectives.items())
-        if n != "barrier"
-    ]
+    """Return the built-ins called [(name, calls, bytes)] (the barrier too: it moves no data,
+    and the judges read past it, but its bytes are on the wire), and the traffic per peer
+    [(peer, messages sent, bytes sent, messages received, bytes received)]."""
+    used = [(str(n), int(c.calls), int(c.bytes)) for n, c in sorted(comm.stats.collectives.items())]
     p2p = [
         (int(p), s.messages_sent, s.bytes_sent, s.messages_received, s.bytes_received)
         for p, s in sorted(comm.stats.peers.items())
@@ -256,8 +254,8 @@ def case_seed(default: int, seed: int | None) -> int:
 
 
 def used_of(used: Any) -> dict[str, tuple[int, int]]:
-    """Return {collective: (calls, bytes)} from an engine's [(name, calls, bytes)]."""
-    return {str(n): (int(c), int(b)) for n, c, b in used}
+    """Return {collective: (calls, bytes)} from an engine's [(name, calls, bytes)], barrier aside."""
+    return {str(n): (int(c), int(b)) for n, c, b in used if str(n) != "barrier"}
 
 
 def p2p_of(p2p: Any) -> dict[int, tuple[int, int, int, int]]:

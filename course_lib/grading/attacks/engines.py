@@ -16,6 +16,7 @@ from pathlib import Path
 
 import nbformat
 
+from course_lib.grading.attacks.counters import FORGED_COUNTERS, WIRE_REASON
 from course_lib.grading.attacks.submissions import (
     A3_ATTACKS,
     A5_ATTACKS,
@@ -61,9 +62,8 @@ def _from(assignment: str, notebook: str, exercise: str, attacks: dict, what: st
 
 ENGINE_ROUTES = [
     EngineRoute("A2", "A2_rabenseifner_allreduce", "A2.1",
-                "Verdict rebound by name; the built-in reduce-scatter", _REBIND_VERDICT, "",
-                "def reduce_scatter_halving(comm, x):\n    return comm.reduce_scatter(x)\n",
-                "uses the built-in comm.reduce_scatter"),
+                "Verdict rebound; a built-in allreduce, the counters rewritten", _REBIND_VERDICT,
+                "", FORGED_COUNTERS[("A2", "A2.1")], WIRE_REASON),
     _from("A3", "A3_data_parallel", "A3.2", A3_ATTACKS,
           "the check replaced by a forged verdict; buckets from the first parameter"),
     EngineRoute("A4", "A4_local_sgd_gossip", "A4.1",

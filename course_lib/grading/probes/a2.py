@@ -14,9 +14,10 @@ there and return their counters too, renumbered to the 3 ranks, and the grader j
 :func:`course_lib.checks.assignments.a2.judge_folded`. The kernel sees the parts of the
 kit the engines need (``comm``, ``cluster``, ...) but not ``course_lib.checks``.
 
-Not closed: the counters are still counted inside the student's processes (the engines), so an
-answer that forges both the sums (with the built-in allreduce) and the counters it reports is
-not caught here; the ``ast`` guard (no private attributes) is the line there.
+The counters are counted inside the student's processes (the engines), so the grader also counts
+the bytes on the wire between the engines, outside the sandbox, and each exercise passes only if
+the two agree (:func:`a2_claims`, :mod:`course_lib.grading.probes.wire`): an answer that forges
+both the sums (with a built-in allreduce) and the counters it reports fails there.
 """
 
 from __future__ import annotations
@@ -27,10 +28,17 @@ import numpy as np
 
 from course_lib.checks.verdict import Verdict, run_check
 from course_lib.grading.probes.core import ExerciseProbe, ProbeSpec
+from course_lib.grading.probes.wire import Claims, ClaimsBuilder
 
-__all__ = ["a2_inputs", "a2_spec"]
+__all__ = ["a2_claims", "a2_inputs", "a2_spec"]
 
 _ENGINE_SETUP = """\
+    def named(c):  # the built-ins a communicator ran, a barrier once per call
+        return [n for n, s in c.stats.collectives.items() for _ in range(s.calls if n == "barrier" else 1)]
+
+    def barriers(names):  # a barrier's further calls (the first is among the names)
+        return ["barrier"] * max(names.count("barrier") - 1, 0)
+
     def engine_case(fn, kind, size, dtype, seed):
         import numpy as np
         from IPython import get_ipython
@@ -66,18 +74,18 @@ _ENGINE_SETUP = """\
                 got = fn(sub, make(sub.rank).astype(dtype))
             except Exception as exc:
                 raised = type(exc).__name__
-            builtin, peers = set(), {{}}
+            builtin, peers = [], {{}}
             for ranks, c in [(list(range(p - 1)), sub)] + made:
                 if c is None:
                     continue
-                builtin |= set(c.stats.collectives)
+                builtin += named(c)
                 for q, s in c.stats.peers.items():
                     old = peers.get(ranks[q], [0, 0, 0])
                     new = [s.messages_sent, s.messages_received, s.bytes_sent]
                     peers[ranks[q]] = [a + b for a, b in zip(old, new)]
             got = None if got is None else np.asarray(got).reshape(-1)
             stats = [[q] + v for q, v in sorted(peers.items())]
-            return sub.rank, p - 1, got, raised, sorted(builtin), stats
+            return sub.rank, p - 1, got, raised, sorted(set(builtin)) + barriers(builtin), stats
         x = make(rank).astype(dtype)
         if kind == "allgather":  # on entry rank r holds only its own (finished) chunk
             lo, hi = chunk_bounds(size, p)[rank]
@@ -86,7 +94,7 @@ _ENGINE_SETUP = """\
             x[lo:hi] = total[lo:hi]
         comm.stats.reset()
         got = fn(comm, x)
-        builtin = sorted(comm.stats.collectives)
+        builtin = sorted(set(named(comm))) + barriers(named(comm))
         stats = [[q, s.messages_sent, s.messages_received, s.bytes_sent]
                  for q, s in sorted(comm.stats.peers.items())]
         return rank, p, None if got is None else np.asarray(got).reshape(-1), builtin, stats
@@ -97,6 +105,9 @@ _CALL = (
     'cluster.run(engine_case, {name}, case["kind"], case["size"], case["dtype"], case["seed"],'
     " timeout=60)"
 )
+# The bytes a pair may carry beyond its reported payload and framing: A2.1's probe makes one
+# 3-rank subgroup, A2.3's folded cases 12 (about 600 B each on the pairs of rank 0, measured).
+_WIRE_SLACK = {"A2.1": 1024, "A2.2": 64, "A2.3": 8192}
 _EXERCISES = {  # exercise: (function, kind)
     "A2.1": ("reduce_scatter_halving", "reduce_scatter"),
     "A2.2": ("allgather_doubling", "allgather"),
@@ -236,6 +247,29 @@ def _check(exercise: str, name: str, kind: str):
     return check
 
 
+def a2_claims(cases: list) -> Claims:
+    """What the ranks reported sending, summed over the cases: {(rank, peer): (bytes, messages, barriers' bytes)}.
+
+    A rank's per-peer line is (peer, messages sent, messages received, bytes sent), and its
+    built-ins name a barrier once per call; the folded cases number their 3 ranks as the
+    engines' first 3, and the 3-rank ``ValueError`` case reports messages only (it must send none).
+    """
+    claims = ClaimsBuilder()
+    for ranks in cases:
+        for line in ranks:
+            if len(line) == 4:  # not a power of two: (rank, p, raised, messages sent)
+                if int(line[0]) >= 0 and int(np.asarray(line[3])):
+                    raise ValueError("messages without a peer")
+                continue
+            rank, world_size, builtin, stats = int(line[0]), int(line[1]), line[-2], line[-1]
+            if rank < 0:
+                continue
+            for peer, sent, _received, nbytes in stats:
+                claims.sent(rank, int(peer), int(nbytes), int(sent))
+            claims.barriers(rank, world_size, [str(b) for b in builtin].count("barrier"))
+    return claims.claims
+
+
 def a2_spec() -> ProbeSpec:
     """A2's probes: the engines run the answers, the grader judges every rank's data."""
     exercises = {}
@@ -245,6 +279,8 @@ def a2_spec() -> ProbeSpec:
             _CALL.format(name=name),
             _check(exercise, name, kind),
             _ENGINE_SETUP.format(name=name),
+            claims=a2_claims,
+            wire_slack=_WIRE_SLACK[exercise],
         )
     # The engines need the communicators (gloo runs on torch): torch stays importable, and the
     # kit is shown without its checks.

@@ -10,10 +10,12 @@ inputs from the same seed, computes the one-process reference with torch and jud
 with :func:`course_lib.checks.assignments.a6.a6_body`, the notebook's own judges, in its own
 process.
 
-Not closed: the counters and the order of a stage's passes are still counted inside the
-student's processes (the engines), so an answer that forges both the right numbers and the
-counters it reports is not caught here; the ``ast`` guard (no private attributes) is the line
-there. The engines talk over gloo, so ``torch.distributed`` stays importable (as in A2); the
+The counters are counted inside the student's processes (the engines), so for the GPipe
+exercises (A6.3, A6.4: point-to-point only) the grader also counts the bytes between the stages
+on the wire, outside the sandbox, and they must agree (:mod:`course_lib.grading.probes.wire`).
+Not closed: the row-parallel exercises' built-in collectives (whose bytes on the wire are gloo's
+algorithm's, not the buffer's) and the order of a stage's passes are still counted inside the
+engines; the ``ast`` guard (no private attributes) is the line there. The engines talk over gloo, so ``torch.distributed`` stays importable (as in A2); the
 guard still names it.
 """
 
@@ -25,6 +27,7 @@ from collections.abc import Callable
 
 from course_lib.checks.verdict import Verdict, run_check
 from course_lib.grading.probes.core import ExerciseProbe, ProbeSpec
+from course_lib.grading.probes.wire import p2p_claims
 
 __all__ = ["a6_spec"]
 
@@ -69,6 +72,14 @@ def _check(exercise: str, name: str) -> Callable[..., Verdict]:
     return check
 
 
+# Where a pipeline case's data holds the built-ins and the point-to-point rows (a6_collect's
+# _pipeline: loss, grads, used, p2p, log; _pipeline_training: used, p2p, weights).
+_CLAIMS = {
+    "A6.3": lambda cases: p2p_claims(cases, used_at=2, p2p_at=3),
+    "A6.4": lambda cases: p2p_claims(cases, used_at=0, p2p_at=1),
+}
+
+
 def a6_spec() -> ProbeSpec:
     """A6's probes: the engines run the answers, the grader judges every rank's data."""
     from course_lib.checks.assignments import a6, a6_collect
@@ -82,6 +93,7 @@ def a6_spec() -> ProbeSpec:
             f"run_case({fns}, case)",
             _check(exercise, name),
             setup,
+            claims=_CLAIMS.get(exercise),
         )
     # The engines' communicators run on torch.distributed (gloo): it stays importable, and the
     # kit is shown without its checks (the references).

@@ -10,9 +10,10 @@ rank's inputs from the same seed, redoes the ring's sums and torch's Adam in one
 judges every rank with :func:`course_lib.checks.assignments.a7.a7_body`, the notebook's own
 judge, in its own process.
 
-Not closed: the counters and the ledger are still counted inside the student's processes (the
-engines), so an answer that forges the right numbers, its counters and its state is not caught
-here; the ``ast`` guard (no private attributes, no import of the kit's ring) is the line there.
+The counters are counted inside the student's processes (the engines), so the grader also counts
+the bytes between the engines on the wire, outside the sandbox, and an exercise passes only if
+the two agree (:func:`a7_claims`, :mod:`course_lib.grading.probes.wire`). Not closed: the
+ledger (the bytes of state an answer keeps) is still measured inside the engines.
 """
 
 from __future__ import annotations
@@ -23,8 +24,9 @@ from collections.abc import Callable
 
 from course_lib.checks.verdict import Verdict, run_check
 from course_lib.grading.probes.core import ExerciseProbe, ProbeSpec
+from course_lib.grading.probes.wire import Claims, p2p_claims
 
-__all__ = ["a7_spec"]
+__all__ = ["a7_claims", "a7_spec"]
 
 _ENGINE_SETUP = """\
     import cloudpickle
@@ -67,6 +69,16 @@ def _check(exercise: str, name: str) -> Callable[..., Verdict]:
     return check
 
 
+def a7_claims(cases: list) -> Claims:
+    """What the ranks reported sending, summed over the cases: {(rank, peer): (bytes, messages, barriers' bytes)}.
+
+    Each rank's data ends with its built-ins [(name, calls, bytes)] and its point-to-point
+    counters, one row per peer: (peer, messages sent, bytes sent, messages received, bytes
+    received).
+    """
+    return p2p_claims(cases, used_at=-2, p2p_at=-1)
+
+
 def a7_spec() -> ProbeSpec:
     """A7's probes: the engines run the answers, the grader judges every rank's data."""
     from course_lib.checks.assignments.a7 import collect, judge
@@ -80,6 +92,7 @@ def a7_spec() -> ProbeSpec:
             f"run_case({fn}, case)",
             _check(exercise, name),
             setup,
+            claims=a7_claims,
         )
     # The engines' communicators run on torch.distributed (gloo): it stays importable, and the
     # kit is shown without its checks (the references).

@@ -28,6 +28,7 @@ import numpy as np
 
 from course_lib.checks.verdict import Verdict
 from course_lib.grading.cells import answer_id, check_id
+from course_lib.grading.probes.wire import PER_PAIR, PIDS_CODE, Claims, wire_problem
 
 __all__ = [
     "ExerciseProbe",
@@ -90,7 +91,7 @@ def _course_probe():
                         "line": tb[-1].lineno if tb else 0}})
             break  # the check stops at the first failure: spare the later cases' time
     print("{mark}" + json.dumps(out))
-
+{pids}
 
 _course_probe()
 del _course_probe
@@ -105,6 +106,10 @@ class ExerciseProbe:
     call: str  # a Python expression over ``case`` calling the answer
     check: Callable[..., Verdict]  # check(replayed_answer, verbose=False, seed=seed)
     setup: str = ""  # kernel code defined before the calls (indented 4)
+    # results -> {(sender rank, receiver rank): (bytes, messages)} the ranks reported, summed
+    # over the cases: held against the bytes on the wire (:mod:`course_lib.grading.probes.wire`)
+    claims: Callable[[list], Claims] | None = None
+    wire_slack: int = PER_PAIR  # bytes a pair may carry beyond them (subgroups made, ...)
 
 
 @dataclass(frozen=True)
@@ -154,6 +159,7 @@ def convert_notebook(
                 call=probe.call,
                 mark=MARK,
                 cases=encode_cases(probe.inputs(seed)),
+                pids=PIDS_CODE if probe.claims is not None else "",
             )
             cell.metadata.setdefault("course", {})["probe"] = exercise
             cell.outputs = []
@@ -241,10 +247,37 @@ def _replay(results: list) -> Callable:
     return answer
 
 
-def judge(spec: ProbeSpec, exercise: str, seed: int, stdout: str | None) -> tuple[bool, str]:
-    """Decide an exercise from its probe's output: (passed, reason), in the grader's process."""
+def _claims(probe: ExerciseProbe, results: list) -> Claims | None:
+    """What the ranks reported sending, or None when the results do not say it as data."""
+    try:
+        return probe.claims([_decode_value(r.get("value")) for r in results if isinstance(r, dict)])
+    except (AssertionError, TypeError, ValueError, KeyError, IndexError):
+        return None
+
+
+def judge(
+    spec: ProbeSpec,
+    exercise: str,
+    seed: int,
+    stdout: str | None,
+    wire: dict | None = None,
+) -> tuple[bool, str]:
+    """Decide an exercise from its probe's output: (passed, reason), in the grader's process.
+
+    ``wire``: the bytes nbval saw between the sandbox's processes during the probe (None when
+    not audited); an exercise that reports its bytes passes only if they agree with it.
+    """
     results = decode_results(stdout or "")
     if results is None:
         return False, "FAIL (the answer's results never reached the grader)"
-    verdict = spec.exercises[exercise].check(_replay(results), verbose=False, seed=seed)
-    return verdict.passed, "PASS" if verdict.passed else f"FAIL ({verdict.detail})"
+    probe = spec.exercises[exercise]
+    verdict = probe.check(_replay(results), verbose=False, seed=seed)
+    if not verdict.passed:
+        return False, f"FAIL ({verdict.detail})"
+    if probe.claims is not None and wire is not None:
+        claims = _claims(probe, results)
+        problem = "the ranks' byte counts are not data" if claims is None else None
+        problem = problem or wire_problem(claims, wire, stdout or "", probe.wire_slack)
+        if problem:
+            return False, f"FAIL ({problem})"
+    return True, "PASS"

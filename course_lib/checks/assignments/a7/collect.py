@@ -8,7 +8,8 @@ point-to-point traffic per peer), never the answer's objects. The notebook's che
 (:mod:`course_lib.checks.assignments.a7.judge`); the grader ships this module's *source* to
 the graded engines (``course_lib.checks`` is hidden there) and judges the same data in its own
 process. So this module imports nothing from ``course_lib.checks``. The counters and the
-ledger are counted inside the student's processes.
+ledger are counted inside the student's processes (the grader also counts the bytes on the
+wire: :mod:`course_lib.grading.probes.wire`).
 """
 
 from __future__ import annotations
@@ -104,13 +105,10 @@ def local_gradients(model: Any, X: Any, y: Any) -> list[Any]:
 
 
 def _counters(comm: Any) -> tuple[list, np.ndarray]:
-    """Return the built-ins called but the barrier [(name, calls, bytes)], and the traffic
-    per peer [(peer, messages sent, bytes sent, messages received, bytes received)]."""
-    used = [
-        (str(n), int(c.calls), int(c.bytes))
-        for n, c in sorted(comm.stats.collectives.items())
-        if n != "barrier"
-    ]
+    """Return the built-ins called [(name, calls, bytes)] (the barrier too: it moves no data,
+    and the judges read past it, but its bytes are on the wire), and the traffic per peer
+    [(peer, messages sent, bytes sent, messages received, bytes received)]."""
+    used = [(str(n), int(c.calls), int(c.bytes)) for n, c in sorted(comm.stats.collectives.items())]
     p2p = [
         (int(p), s.messages_sent, s.bytes_sent, s.messages_received, s.bytes_received)
         for p, s in sorted(comm.stats.peers.items())
@@ -217,8 +215,8 @@ def collect(comm: Any, fn: Any, case: dict) -> tuple:
 
 # -- what A7's judge shares: the engines' counters as dicts -----------------------------------
 def used_of(used: Any) -> dict[str, tuple[int, int]]:
-    """Return {collective: (calls, bytes)} from an engine's [(name, calls, bytes)]."""
-    return {str(n): (int(c), int(b)) for n, c, b in used}
+    """Return {collective: (calls, bytes)} from an engine's [(name, calls, bytes)], barrier aside."""
+    return {str(n): (int(c), int(b)) for n, c, b in used if str(n) != "barrier"}
 
 
 def p2p_of(p2p: Any) -> dict[int, tuple[int, int, int, int]]:

@@ -1,0 +1,66 @@
+"""No lecture (the grader). Answers that let a built-in collective do the work and rewrite the counters to hide it.
+
+A rank's communicator counts its messages and bytes in the student's own process, and the
+counters are public (``comm.stats``), so an answer can reset them after a built-in collective
+and write what the assignment's algorithm would have counted: the right numbers, the right
+partners, the right bytes, nothing built-in. The grader's judges, which read those counters,
+give it full marks; the bytes on the wire (:mod:`course_lib.grading.probes.wire`) do not agree
+and take them away. Each is written as a student would, and passes the ``ast`` guard.
+"""
+
+from __future__ import annotations
+
+__all__ = ["FORGED_COUNTERS", "WIRE_REASON"]
+
+#: The reason such an answer's FAIL must give (a regex).
+WIRE_REASON = r"bytes on the wire, but the ranks reported"
+
+_A2_1 = """
+def reduce_scatter_halving(comm, x):
+    r, p = comm.rank, comm.world_size
+    if p & (p - 1):
+        raise ValueError(f"recursive halving needs a power-of-two world size, not {p}")
+    total = comm.allreduce(x.copy())  # the built-in does the work...
+    comm.stats.reset()  # ...and the counters say recursive halving did
+    bounds = chunk_bounds(len(x), p)
+    lo, hi = 0, p
+    d = p // 2
+    while d >= 1:
+        mid = lo + d
+        keep, give = ((mid, hi), (lo, mid)) if r & d else ((lo, mid), (mid, hi))
+        a, b = bounds[give[0]][0], bounds[give[1] - 1][1]
+        c, e = bounds[keep[0]][0], bounds[keep[1] - 1][1]
+        peer = comm.stats.peer(r ^ d)
+        peer.messages_sent += 1
+        peer.messages_received += 1
+        peer.bytes_sent += (b - a) * x.itemsize
+        peer.bytes_received += (e - c) * x.itemsize
+        lo, hi = keep
+        d //= 2
+    x[:] = total
+    return x
+"""
+
+_A7_1 = """
+def reduce_scatter_mean(comm, flat):
+    r, n = comm.rank, comm.world_size
+    bounds = chunk_bounds(flat.numel(), n)
+    every = comm.allgather(flat.clone())  # the built-in brings every rank's bucket...
+    comm.stats.reset()  # ...and the counters say the ring did
+    lo, hi = bounds[r]
+    total = every[(r + 1) % n, lo:hi].clone()
+    for k in range(2, n + 1):  # summed in the ring's order, bit for bit: from rank r + 1 round
+        total += every[(r + k) % n, lo:hi]
+    for k in range(n - 1):
+        a, b = bounds[(r - k - 1) % n]
+        c, d = bounds[(r - k - 2) % n]
+        right, left = comm.stats.peer((r + 1) % n), comm.stats.peer((r - 1) % n)
+        right.messages_sent += 1
+        right.bytes_sent += (b - a) * 4
+        left.messages_received += 1
+        left.bytes_received += (d - c) * 4
+    return total / n
+"""
+
+#: (assignment, exercise) -> the whole answer cell.
+FORGED_COUNTERS = {("A2", "A2.1"): _A2_1, ("A7", "A7.1"): _A7_1}

@@ -1,0 +1,152 @@
+"""No lecture (the grader). The ranks' byte counts held against the bytes the Linux kernel saw on the wire.
+
+An exercise judged on who talked to whom and how many bytes (A2's halving and doubling, ...)
+is judged on the counts its ranks return, and those are counted in the student's processes. The
+grader therefore also counts the bytes itself, outside the sandbox, at the sockets
+(:mod:`course_lib.grading.wire_audit`, recorded by nbval around the probe cell), and asks that
+the two agree: every pair of ranks must have carried at least the payload the ranks reported,
+and no more than that plus the transport's framing for the messages reported, so an answer that
+rewrites its counters, sends what it does not report, or calls a built-in collective it hides,
+fails with the pair and both figures named.
+
+The probe cell's kernel code ends with one line naming each rank's process (the engines' PIDs,
+ordered by rank): the answer could change that line too, but only to another labelling of the
+same processes, since each rank's own traffic must still match what that rank reported.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import Any
+
+__all__ = [
+    "BARRIER_LEAST",
+    "BARRIER_MOST",
+    "PIDS_CODE",
+    "PIDS_MARK",
+    "Claims",
+    "ClaimsBuilder",
+    "decode_pids",
+    "p2p_claims",
+    "wire_problem",
+]
+
+PIDS_MARK = "COURSE-PIDS:"
+
+#: Kernel code (indented 4, inside the probe function) printing the engines' PIDs by rank.
+PIDS_CODE = f"""\
+    try:
+        import os as _os
+        print("{PIDS_MARK}" + json.dumps([int(p) for p in cluster.run(_os.getpid, timeout=20)]))
+    except Exception:
+        pass
+"""
+
+#: What gloo and the kit's header add to each point-to-point message: measured at 224 B from
+#: the sender and 96 B back from the receiver (any size, 3 and 4 engines), exactly; 8 B of headroom.
+PER_MESSAGE_SENT, PER_MESSAGE_RECEIVED = 232, 104
+#: A pair's allowance beyond that, for an exercise whose probe makes no new communicator.
+PER_PAIR = 64
+
+#: What a barrier puts on each pair, at least and at most: its agreement header (5 int64) to every
+#: peer, and gloo's own barrier; measured at 184-384 B a pair (2, 3 and 4 engines).
+BARRIER_LEAST, BARRIER_MOST = 40, 400
+
+#: (sender, receiver) -> (payload bytes, messages, bytes allowed beyond them: barriers)
+Claims = Mapping[tuple[int, int], tuple[int, int, int]]
+
+
+class ClaimsBuilder:
+    """Sums what the ranks reported, case by case, into :data:`Claims`."""
+
+    def __init__(self) -> None:
+        self.claims: dict[tuple[int, int], tuple[int, int, int]] = {}
+
+    def sent(self, rank: int, peer: int, nbytes: int, messages: int) -> None:
+        """Rank ``rank`` reported ``messages`` messages of ``nbytes`` bytes in all to ``peer``."""
+        old = self.claims.get((rank, peer), (0, 0, 0))
+        self.claims[(rank, peer)] = (old[0] + nbytes, old[1] + messages, old[2])
+
+    def barriers(self, rank: int, world_size: int, calls: int) -> None:
+        """Rank ``rank`` reported ``calls`` barriers: each must be on every pair, within bounds.
+
+        A barrier claimed but not called is short of its least bytes on some pair; the most
+        lets a claimed barrier cover a few hundred bytes of other traffic, no more.
+        """
+        for peer in range(world_size):
+            if peer != rank:
+                old = self.claims.get((rank, peer), (0, 0, 0))
+                least, spread = BARRIER_LEAST * calls, (BARRIER_MOST - BARRIER_LEAST) * calls
+                self.claims[(rank, peer)] = (old[0] + least, old[1], old[2] + spread)
+
+
+def p2p_claims(cases: list, used_at: int, p2p_at: int) -> Claims:
+    """Claims from cases whose ranks each return (rank, world size, data), ``data[used_at]``
+    the built-ins [(name, calls, bytes)] and ``data[p2p_at]`` rows of (peer, messages sent,
+    bytes sent, messages received, bytes received): the shape of A6's and A7's collectors."""
+    import numpy as np
+
+    claims = ClaimsBuilder()
+    for ranks in cases:
+        for rank, world_size, data in ranks:
+            rows = np.asarray(data[p2p_at], np.int64).reshape(-1, 5)
+            for peer, messages, nbytes, _got, _received in rows:
+                claims.sent(int(rank), int(peer), int(nbytes), int(messages))
+            calls = {str(n): int(c) for n, c, _b in data[used_at]}
+            claims.barriers(int(rank), int(world_size), calls.get("barrier", 0))
+    return claims.claims
+
+
+def decode_pids(stdout: str) -> list[int] | None:
+    """The engines' PIDs by rank, from the probe's last ``COURSE-PIDS:`` line (None if absent)."""
+    lines = [line for line in stdout.splitlines() if line.startswith(PIDS_MARK)]
+    try:
+        pids = json.loads(lines[-1][len(PIDS_MARK) :]) if lines else None
+    except ValueError:
+        return None
+    if not isinstance(pids, list) or not all(isinstance(p, int) and p > 0 for p in pids):
+        return None
+    return pids if len(set(pids)) == len(pids) else None
+
+
+def _measured(record: Mapping[str, Any], pids: list[int]) -> dict[tuple[int, int], int]:
+    """Bytes between ranks on the wire: each socket's owner traced up to the rank that started it."""
+    rank_of = {pid: rank for rank, pid in enumerate(pids)}
+    out: dict[tuple[int, int], int] = {}
+    for sender, receiver, nbytes in record.get("flows", []):
+        a = next((rank_of[p] for p in sender if p in rank_of), None)
+        b = next((rank_of[p] for p in receiver if p in rank_of), None)
+        if a is not None and b is not None and a != b:
+            out[(a, b)] = out.get((a, b), 0) + int(nbytes)
+    return out
+
+
+def wire_problem(
+    claims: Claims, record: Mapping[str, Any] | None, stdout: str, slack: int = PER_PAIR
+) -> str | None:
+    """Why the ranks' reported bytes disagree with the wire (None when they agree).
+
+    ``slack``: bytes a pair may carry beyond the payload reported and its framing (connecting a
+    subgroup costs a few hundred bytes per pair, over the rendezvous store at rank 0).
+    """
+    if record is None:
+        return None  # not audited (no sandbox, or not root): the ranks' counts stand alone
+    if "error" in record:
+        return f"the grader could not count the bytes on the wire: {record['error']}"
+    pids = decode_pids(stdout)
+    if pids is None:
+        return "the engines' process ids never reached the grader, so the bytes cannot be checked"
+    measured = _measured(record, pids)
+    for a, b in sorted(set(claims) | set(measured)):
+        said, messages, extra = claims.get((a, b), (0, 0, 0))
+        replies = claims.get((b, a), (0, 0, 0))[1]
+        seen = measured.get((a, b), 0)
+        most = said + PER_MESSAGE_SENT * messages + PER_MESSAGE_RECEIVED * replies + extra + slack
+        if not said <= seen <= most:
+            return (
+                f"rank {a} sent rank {b} {seen} bytes on the wire, but the ranks reported "
+                f"{said} bytes in {messages} messages (at most {most} with the transport's "
+                "framing): the communicator's counts were changed, or traffic went around them"
+            )
+    return None

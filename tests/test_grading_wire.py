@@ -1,0 +1,277 @@
+"""The bytes on the wire: counted by the Linux kernel, held against what the ranks reported.
+
+Fast: two real processes talk over real TCP and the socket table says exactly how many bytes
+each sent; the grader's comparison on hand-written records (agreement passes; traffic the ranks
+did not report, payload they did not send, an unknown labelling each fail, naming the pair).
+Slow: answers that let a built-in collective do the work and rewrite ``comm.stats`` to hide it
+(:mod:`course_lib.grading.attacks.counters`) beat the counters alone (full marks when graded
+without the sandbox, where nothing is counted outside) and get 0 in the sandbox, naming the
+bytes on the wire, while the honest exercises beside them keep their points.
+"""
+
+from __future__ import annotations
+
+import copy
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import nbformat
+import pytest
+
+from course_lib.grading import GradingLimits, answer_id, grade_notebook
+from course_lib.grading.attacks.counters import FORGED_COUNTERS, WIRE_REASON
+from course_lib.grading.probes.wire import (
+    BARRIER_LEAST,
+    BARRIER_MOST,
+    PER_MESSAGE_RECEIVED,
+    PER_MESSAGE_SENT,
+    PER_PAIR,
+    PIDS_MARK,
+    ClaimsBuilder,
+    decode_pids,
+    wire_problem,
+)
+from course_lib.grading.sandbox import SandboxLimits, sandbox_problem
+from course_lib.grading.wire_audit import (
+    ancestry,
+    flows,
+    namespace_pid,
+    settled_sockets,
+    sockets,
+    wire_problem_here,
+)
+
+ROOT = Path(__file__).resolve().parents[1]
+SOURCES = ROOT / "assignments" / "source"
+_WIRE = wire_problem_here()
+needs_wire = pytest.mark.skipif(_WIRE is not None, reason=str(_WIRE))
+
+_SERVER = """
+import socket, sys
+listener = socket.create_server(("127.0.0.1", 0))
+print(listener.getsockname()[1], flush=True)
+conn, _ = listener.accept()
+sys.stdin.readline()  # go
+need = int(sys.stdin.readline())
+got = 0
+while got < need:
+    got += len(conn.recv(1 << 16))
+conn.sendall(b"x" * 11)
+print(got, flush=True)
+sys.stdin.readline()
+"""
+_CLIENT = """
+import socket, sys
+conn = socket.create_connection(("127.0.0.1", int(sys.argv[1])))
+print("connected", flush=True)
+sys.stdin.readline()  # go
+conn.sendall(b"y" * int(sys.stdin.readline()))
+print(len(conn.recv(64)), flush=True)
+sys.stdin.readline()
+"""
+
+
+def _start(code: str, *args: str) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, "-c", code, *args],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+
+
+@needs_wire
+def test_the_socket_table_counts_the_bytes_between_two_processes_exactly():
+    server = _start(_SERVER)
+    port = server.stdout.readline().strip()
+    client = _start(_CLIENT, port)
+    try:
+        assert client.stdout.readline().strip() == "connected"
+        before = sockets()
+        for proc in (server, client):
+            proc.stdin.write("go\n123457\n")
+            proc.stdin.flush()
+        assert server.stdout.readline().strip() == "123457"
+        assert client.stdout.readline().strip() == "11"
+        moved = flows(before, settled_sockets())
+        assert moved.get((client.pid, server.pid)) == 123457, moved
+        assert moved.get((server.pid, client.pid)) == 11, moved
+    finally:
+        for proc in (server, client):
+            proc.kill()
+            proc.wait()
+
+
+def test_a_process_outside_any_sandbox_is_its_own_pid():
+    import os
+
+    assert namespace_pid(os.getpid()) == os.getpid()
+    assert ancestry(os.getpid())[0] == os.getpid()
+
+
+# -- the grader's comparison, on hand-written records -------------------------------------------
+
+PIDS = [40, 41, 42]  # the engines' PIDs inside the sandbox, by rank
+STDOUT = PIDS_MARK + "[40, 41, 42]\n"
+
+
+def _framed(payload: int, sent: int, received: int) -> int:
+    """What a pair carries for ``sent`` messages of ``payload`` bytes, ``received`` back."""
+    return payload + 224 * sent + 96 * received
+
+
+def _ring_claims() -> dict:
+    """3 ranks, each sending 2 messages of 100 bytes to the next."""
+    return {(r, (r + 1) % 3): (200, 2, 0) for r in range(3)}
+
+
+def _ring_record(extra: dict | None = None) -> dict:
+    moved = []
+    for r in range(3):
+        q = (r + 1) % 3
+        moved.append([[PIDS[r], 7], [PIDS[q], 7], _framed(200, 2, 0)])
+        moved.append([[PIDS[q], 7], [PIDS[r], 7], _framed(0, 0, 2)])  # the receiver's replies
+    for (a, b), nbytes in (extra or {}).items():
+        moved.append([[a, 7], [b, 7], nbytes])
+    return {"flows": moved}
+
+
+def test_agreeing_counts_pass():
+    assert wire_problem(_ring_claims(), _ring_record(), STDOUT) is None
+    # The engines' own traffic with the controller (PID 7) is not between ranks.
+    assert wire_problem(_ring_claims(), _ring_record({(40, 7): 10**6}), STDOUT) is None
+    # A child the answer starts on rank 1 speaks for rank 1.
+    child = _ring_record()
+    child["flows"][0][1] = [99, PIDS[1], 7]
+    assert wire_problem(_ring_claims(), child, STDOUT) is None
+    assert wire_problem(_ring_claims(), None, STDOUT) is None  # not audited: counters alone
+
+
+def test_traffic_the_ranks_did_not_report_fails_naming_the_pair():
+    hidden = wire_problem(_ring_claims(), _ring_record({(40, 42): PER_PAIR + 100}), STDOUT)
+    assert hidden and hidden.startswith("rank 0 sent rank 2 ") and "reported 0 bytes" in hidden
+    small = wire_problem(_ring_claims(), _ring_record({(40, 42): PER_PAIR // 2}), STDOUT)
+    assert small is None  # within a pair's allowance (a subgroup's rendezvous)
+    claims = _ring_claims()
+    most = 200 + PER_MESSAGE_SENT * 2 + PER_MESSAGE_RECEIVED * 0 + PER_PAIR
+    over = wire_problem(claims, _ring_record({(40, 41): most - _framed(200, 2, 0) + 1}), STDOUT)
+    assert over and over.startswith("rank 0 sent rank 1"), over
+
+
+def test_payload_the_ranks_reported_but_never_sent_fails():
+    claims = _ring_claims()
+    claims[(0, 1)] = (5000, 2, 0)
+    problem = wire_problem(claims, _ring_record(), STDOUT)
+    assert problem and "reported 5000 bytes in 2 messages" in problem
+
+
+def test_barriers_the_ranks_reported_must_be_on_every_pair_within_their_bounds():
+    builder = ClaimsBuilder()
+    for r, q in _ring_claims():
+        builder.sent(r, q, 200, 2)
+    for r in range(3):
+        builder.barriers(r, 3, 2)  # two barriers on every rank
+    claims = builder.claims
+    assert claims[(0, 1)] == (200 + 2 * BARRIER_LEAST, 2, 2 * (BARRIER_MOST - BARRIER_LEAST))
+    called = {(a, b): 300 * 2 for a in PIDS for b in PIDS if a != b}  # 300 B a barrier a pair
+    assert wire_problem(claims, _ring_record(called), STDOUT) is None
+    # Barriers reported but never called: a pair that carried nothing lacks their least bytes.
+    alone = ClaimsBuilder()
+    alone.barriers(0, 3, 2)
+    missing = wire_problem(alone.claims, {"flows": []}, STDOUT)
+    assert missing and "reported 80 bytes in 0 messages" in missing, missing
+    # Reported barriers cover a few hundred bytes of other traffic a pair, not more.
+    hidden = {**called, (40, 42): 2 * BARRIER_MOST + PER_PAIR + 200}
+    assert "rank 0 sent rank 2" in wire_problem(claims, _ring_record(hidden), STDOUT)
+
+
+def test_the_engines_pids_must_reach_the_grader():
+    assert "process ids never reached" in wire_problem(_ring_claims(), _ring_record(), "")
+    assert decode_pids(PIDS_MARK + "[40, 40, 42]") is None  # one process cannot be two ranks
+    assert decode_pids(PIDS_MARK + '["40"]') is None
+    assert decode_pids("noise\n" + STDOUT) == PIDS
+    # A labelling of other processes: the ranks' reported traffic is then not on the wire.
+    elsewhere = PIDS_MARK + "[50, 51, 52]"
+    assert "reported 200 bytes" in wire_problem(_ring_claims(), _ring_record(), elsewhere)
+    failed = wire_problem(_ring_claims(), {"error": "ss: permission denied"}, STDOUT)
+    assert failed and "could not count the bytes on the wire: ss" in failed
+
+
+# -- end to end: counters rewritten after a built-in collective ---------------------------------
+
+_SANDBOX = sandbox_problem()
+
+
+def _forged(notebook: str, assignment: str, exercise: str):
+    source = nbformat.read(SOURCES / f"{notebook}.ipynb", as_version=4)
+    submission = copy.deepcopy(source)
+    for cell in submission.cells:
+        if answer_id(cell) == exercise:
+            cell.source = FORGED_COUNTERS[(assignment, exercise)]
+    return source, submission
+
+
+@pytest.mark.slow
+@needs_wire
+@pytest.mark.skipif(_SANDBOX is not None, reason=str(_SANDBOX))
+def test_a2_counters_rewritten_after_a_builtin_win_without_the_wire_and_lose_with_it(tmp_path):
+    source, submission = _forged("A2_rabenseifner_allreduce", "A2", "A2.1")
+    limits = GradingLimits(90, 600)
+    alone = grade_notebook("forger", "A2", source, submission, limits, tmp_path, sandbox=None)
+    points = {r.exercise: r.points for r in alone}
+    assert points["A2.1"] == 3.0, alone  # the counters alone are fooled: the attack is real
+    rows = grade_notebook(
+        "forger", "A2", source, submission, limits, tmp_path, sandbox=SandboxLimits(processes=256)
+    )
+    got = {r.exercise: r for r in rows}
+    assert got["A2.1"].points == 0.0 and re.search(WIRE_REASON, got["A2.1"].reason), rows
+    assert got["A2.2"].points == 2.0, rows  # the honest exercise beside it keeps its points
+    assert got["A2.3"].points == 0.0, rows  # A2.3 calls the forged A2.1: its bytes are forged too
+
+
+@pytest.mark.slow
+@needs_wire
+@pytest.mark.skipif(_SANDBOX is not None, reason=str(_SANDBOX))
+def test_a7_counters_rewritten_after_a_builtin_lose_their_exercise_only(tmp_path):
+    source, submission = _forged("A7_zero_stage2", "A7", "A7.1")
+    rows = grade_notebook(
+        "forger",
+        "A7",
+        source,
+        submission,
+        GradingLimits(120, 600),
+        tmp_path,
+        sandbox=SandboxLimits(processes=256),
+    )
+    got = {r.exercise: r for r in rows}
+    assert got["A7.1"].points == 0.0 and re.search(WIRE_REASON, got["A7.1"].reason), rows
+    assert (got["A7.2"].points, got["A7.3"].points) == (2.0, 2.0), rows
+
+
+@pytest.mark.slow
+@needs_wire
+@pytest.mark.skipif(_SANDBOX is not None, reason=str(_SANDBOX))
+def test_an_honest_answer_with_barriers_keeps_every_point(tmp_path):
+    """A barrier moves no data but has bytes on the wire: the ranks report it and it is allowed,
+    also where a later exercise calls the answer many times (A7.4: 6 calls a case)."""
+    source = nbformat.read(SOURCES / "A7_zero_stage2.ipynb", as_version=4)
+    submission = copy.deepcopy(source)
+    anchor = "    r, n = comm.rank, comm.world_size\n"
+    for cell in submission.cells:
+        if answer_id(cell) == "A7.1":
+            assert anchor in cell.source
+            cell.source = cell.source.replace(anchor, anchor + "    comm.barrier()\n" * 2, 1)
+    rows = grade_notebook(
+        "careful",
+        "A7",
+        source,
+        submission,
+        GradingLimits(120, 600),
+        tmp_path,
+        sandbox=SandboxLimits(processes=256),
+    )
+    assert {r.exercise: r.points for r in rows} == {"A7.1": 3, "A7.2": 2, "A7.3": 2, "A7.4": 3}, (
+        rows
+    )
