@@ -29,6 +29,7 @@ from course_lib.grading.probes.wire import (
     PER_MESSAGE_SENT,
     PER_PAIR,
     PIDS_MARK,
+    UNACCOUNTED_MOST,
     ClaimsBuilder,
     decode_pids,
     wire_problem,
@@ -102,6 +103,70 @@ def test_the_socket_table_counts_the_bytes_between_two_processes_exactly():
         for proc in (server, client):
             proc.kill()
             proc.wait()
+
+
+# A process alone in a network namespace of its own (as a sandbox is): on "open" it connects to
+# itself and sends 50 000 bytes it keeps open, on "close" another 50 000 over a connection it
+# closes at once; it answers "done" each time.
+_ALONE = """
+import socket, sys
+listener = socket.create_server(("127.0.0.1", 0))
+kept = []
+print("ready", flush=True)
+for line in sys.stdin:
+    client = socket.create_connection(listener.getsockname())
+    server, _ = listener.accept()
+    client.sendall(b"z" * 50000)
+    got = 0
+    while got < 50000:
+        got += len(server.recv(1 << 16))
+    if line.strip() == "close":
+        client.close()
+        server.close()
+    else:
+        kept += [client, server]
+    print("done", flush=True)
+"""
+
+
+@needs_wire
+def test_bytes_over_a_connection_closed_between_the_snapshots_are_still_counted():
+    from course_lib.grading.wire_audit import loopback, unaccounted
+
+    alone = subprocess.Popen(
+        [
+            "unshare",
+            "--net",
+            "sh",
+            "-c",
+            f"ip link set lo up && exec {sys.executable} -c '{_ALONE}'",
+        ],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert alone.stdout.readline().strip() == "ready"
+        netns = f"/proc/{alone.pid}/ns/net"
+
+        def moved(command: str) -> int:
+            before = sockets(netns)
+            loopback_before = loopback(netns)
+            alone.stdin.write(command + "\n")
+            alone.stdin.flush()
+            assert alone.stdout.readline().strip() == "done"
+            settled_sockets(netns)
+            loopback_after = loopback(netns)
+            after = sockets(netns)
+            delta = (loopback_after[0] - loopback_before[0], loopback_after[1] - loopback_before[1])
+            return unaccounted(before, after, delta)
+
+        assert moved("open") == 0  # still open at the end: every byte is on a socket
+        hidden = moved("close")
+        assert 50000 <= hidden <= 50000 + 64, hidden  # gone from the table, not from the count
+    finally:
+        alone.kill()
+        alone.wait()
 
 
 def test_a_process_outside_any_sandbox_is_its_own_pid():
@@ -192,6 +257,9 @@ def test_the_engines_pids_must_reach_the_grader():
     assert decode_pids(PIDS_MARK + "[40, 40, 42]") is None  # one process cannot be two ranks
     assert decode_pids(PIDS_MARK + '["40"]') is None
     assert decode_pids("noise\n" + STDOUT) == PIDS
+    closed = dict(_ring_record(), unaccounted=UNACCOUNTED_MOST + 1)
+    assert "outside the connections open at the end" in wire_problem(_ring_claims(), closed, STDOUT)
+    assert wire_problem(_ring_claims(), dict(closed, unaccounted=48), STDOUT) is None
     # A labelling of other processes: the ranks' reported traffic is then not on the wire.
     elsewhere = PIDS_MARK + "[50, 51, 52]"
     assert "reported 200 bytes" in wire_problem(_ring_claims(), _ring_record(), elsewhere)

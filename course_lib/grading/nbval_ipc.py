@@ -52,24 +52,36 @@ def _kernel_netns(cell) -> str:
     return f"/proc/{int(pid)}/ns/net"
 
 
-def _wire_record(before: dict, netns: str) -> dict:
-    """The bytes between the sandbox's processes since ``before``, PIDs as the sandbox sees them."""
-    after = wire_audit.settled_sockets(netns)
+def _wire_record(before: dict, netns: str, loopback_before: tuple[int, int]) -> dict:
+    """The bytes between the sandbox's processes since ``before``, PIDs as the sandbox sees them,
+    and the bytes that crossed its loopback outside the sockets open at the end.
+
+    The loopback is read after the sockets at the start and before them at the end, so that
+    traffic in between (the engines' heartbeats) is on the sockets' side, never unaccounted.
+    """
+    wire_audit.settled_sockets(netns)
+    loopback_after = wire_audit.loopback(netns)
+    after = wire_audit.sockets(netns)
+    moved_on_loopback = (
+        loopback_after[0] - loopback_before[0],
+        loopback_after[1] - loopback_before[1],
+    )
     moved = []
     for (sender, receiver), nbytes in sorted(wire_audit.flows(before, after).items()):
         moved.append([wire_audit.ancestry(sender), wire_audit.ancestry(receiver), nbytes])
-    return {"flows": moved}
+    return {"flows": moved, "unaccounted": wire_audit.unaccounted(before, after, moved_on_loopback)}
 
 
 def _runtest_keeping_probes(self) -> None:
     """Run the cell as nbval does; for a probe cell, store its stdout for the grader."""
     folder = os.environ.get("COURSE_PROBE_DIR")
     probe = self.cell.get("metadata", {}).get("course", {}).get("probe") if folder else None
-    wire, before, netns = None, None, None
+    wire, before, netns, loopback_before = None, None, None, (0, 0)
     if probe and os.environ.get("COURSE_WIRE_AUDIT") == "1":
         try:
             netns = _kernel_netns(self)
             before = wire_audit.sockets(netns)
+            loopback_before = wire_audit.loopback(netns)
         except Exception as exc:  # recorded: the grader then fails the exercise, naming it
             wire = {"error": f"the sockets could not be read before the cell: {exc}"[:300]}
     try:
@@ -77,7 +89,7 @@ def _runtest_keeping_probes(self) -> None:
     finally:
         if probe and before is not None:
             try:
-                wire = _wire_record(before, netns)
+                wire = _wire_record(before, netns, loopback_before)
             except Exception as exc:
                 wire = {"error": f"the sockets could not be read after the cell: {exc}"[:300]}
         if probe:

@@ -10,9 +10,12 @@ the bytes one sent the other. The grader snapshots the table before and after a 
 compares the difference with what the ranks said they sent
 (:func:`course_lib.grading.probes.core.wire_problem`).
 
-What it does not see: a connection opened and closed between the two snapshots (the grader
-keeps the counts of sockets alive at the end), and traffic relayed through a process that is
-not a rank (the ipyparallel controller). Each limit is named in ``docs/grading.md``.
+A connection opened and closed between the two snapshots is gone from the table by the second;
+its bytes are still in the loopback's own counters (``/proc/PID/net/dev``), so what crossed the
+loopback but not the sockets alive at the end is counted too (:func:`unaccounted`), and must be
+nothing. What it does not see: traffic relayed through a process that is not a rank (the
+ipyparallel controller) and whatever does not cross the network (files, shared memory). Each
+limit is named in ``docs/grading.md``.
 """
 
 from __future__ import annotations
@@ -38,6 +41,7 @@ __all__ = [
 
 _PID = re.compile(r"pid=(\d+)")
 _RECEIVED = re.compile(r"\bbytes_received:(\d+)")
+_RETRANSMITTED = re.compile(r"\bbytes_retrans:(\d+)")
 
 
 @dataclass(frozen=True)
@@ -49,6 +53,7 @@ class Socket:
     pid: int  # the process that owns it (host PID); 0 when ss could not tell
     received: int  # tcp_info.bytes_received: payload bytes that arrived, in order
     unsent: int  # Send-Q: bytes written but not yet acknowledged by the peer
+    retransmitted: int = 0  # tcp_info.bytes_retrans: payload this socket sent twice or more
 
 
 @functools.cache
@@ -87,12 +92,14 @@ def sockets(netns: str | None = None, timeout: float = 10.0) -> dict[tuple[str, 
             continue
         pid = _PID.search(line)
         received = _RECEIVED.search(line)
+        again = _RETRANSMITTED.search(line)
         table[(fields[2], fields[3])] = Socket(
             fields[2],
             fields[3],
             int(pid.group(1)) if pid else 0,
             int(received.group(1)) if received else 0,
             int(fields[1]),
+            int(again.group(1)) if again else 0,
         )
     return table
 
@@ -130,6 +137,44 @@ def flows(
             pair = (sender.pid, sock.pid)
             out[pair] = out.get(pair, 0) + grown
     return out
+
+
+def loopback(netns: str) -> tuple[int, int]:
+    """Bytes and packets sent on the loopback of ``netns`` (a ``/proc/PID/ns/net``) so far."""
+    dev = Path(netns).parent.parent / "net" / "dev"
+    for line in dev.read_text().splitlines():
+        name, _, counters = line.partition(":")
+        if name.strip() == "lo":
+            fields = counters.split()
+            return int(fields[8]), int(fields[9])
+    return 0, 0
+
+
+#: What a TCP packet adds on the loopback to its payload: IPv4 (20 B) and TCP with timestamps
+#: (32 B); a SYN's options take 8 B more.
+PACKET_HEADERS, SYN_OPTIONS = 52, 8
+
+
+def unaccounted(
+    before: dict[tuple[str, str], Socket],
+    after: dict[tuple[str, str], Socket],
+    loopback_moved: tuple[int, int],
+) -> int:
+    """Bytes that crossed the loopback outside the sockets open at the end: 0 when none did.
+
+    The loopback's byte count, less each packet's headers, less what every socket alive at the
+    end received (and sent again) since ``before``, less a SYN's options per socket opened.
+    What is left went over a connection that closed in between, or not over TCP at all.
+    """
+    nbytes, packets = loopback_moved
+    carried = opened = 0
+    for key, sock in after.items():
+        old = before.get(key)
+        if old is None or old.pid != sock.pid:
+            opened += 1
+            old = Socket(sock.local, sock.peer, sock.pid, 0, 0, 0)
+        carried += sock.received - old.received + sock.retransmitted - old.retransmitted
+    return nbytes - PACKET_HEADERS * packets - carried - SYN_OPTIONS * opened
 
 
 def _status(pid: int) -> dict[str, str]:
