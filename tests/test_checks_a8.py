@@ -14,7 +14,7 @@ import pytest
 from course_lib.checks.assignments.a8 import a8_cases, check_halo_messages, check_mh_search
 from course_lib.grading import answer_id
 from course_lib.grading.probes.a8 import a8_spec
-from course_lib.grading.probes.core import MARK, encode_cases, judge
+from course_lib.grading.probes.core import judge
 
 ROOT = Path(__file__).resolve().parents[1]
 SOURCE = ROOT / "assignments" / "source" / "A8_choosing_a_strategy.ipynb"
@@ -134,16 +134,9 @@ def _kernel_line(exercise: str, seed: int, code: str) -> str:
     import contextlib
     import io
 
-    from course_lib.grading.probes.core import _KERNEL_CODE
+    from course_lib.grading.probes.core import probe_source
 
-    probe = a8_spec().exercises[exercise]
-    source = _KERNEL_CODE.format(
-        exercise=exercise,
-        setup=probe.setup,
-        call=probe.call,
-        mark=MARK,
-        cases=encode_cases(probe.inputs(seed)),
-    )
+    source = probe_source(a8_spec().exercises[exercise], exercise, seed)
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
         exec("import math\nimport numpy as np\n" + code + "\n" + source, {})  # noqa: S102

@@ -4,9 +4,9 @@ Fast: two real processes talk over real TCP and the socket table says exactly ho
 each sent; the grader's comparison on hand-written records (agreement passes; traffic the ranks
 did not report, payload they did not send, an unknown labelling each fail, naming the pair).
 Slow: answers that let a built-in collective do the work and rewrite ``comm.stats`` to hide it
-(:mod:`course_lib.grading.attacks.counters`) beat the counters alone (full marks when graded
-without the sandbox, where nothing is counted outside) and get 0 in the sandbox, naming the
-bytes on the wire, while the honest exercises beside them keep their points.
+(:mod:`course_lib.grading.attacks.counters`) pass the exercises' own judges (the counters alone)
+and get 0 in the sandbox, naming the bytes on the wire, while the honest exercises beside them
+keep their points.
 """
 
 from __future__ import annotations
@@ -284,14 +284,18 @@ def _forged(notebook: str, assignment: str, exercise: str):
 @pytest.mark.slow
 @needs_wire
 @pytest.mark.skipif(_SANDBOX is not None, reason=str(_SANDBOX))
-def test_a2_counters_rewritten_after_a_builtin_win_without_the_wire_and_lose_with_it(tmp_path):
+def test_a2_counters_rewritten_after_a_builtin_lose_their_points_to_the_wire(tmp_path):
+    """The wire's check runs only once the exercise's own judge passed, so a FAIL with its reason
+    means the counters alone gave full marks (graded without the sandbox: 3/3, seen)."""
     source, submission = _forged("A2_rabenseifner_allreduce", "A2", "A2.1")
-    limits = GradingLimits(90, 600)
-    alone = grade_notebook("forger", "A2", source, submission, limits, tmp_path, sandbox=None)
-    points = {r.exercise: r.points for r in alone}
-    assert points["A2.1"] == 3.0, alone  # the counters alone are fooled: the attack is real
     rows = grade_notebook(
-        "forger", "A2", source, submission, limits, tmp_path, sandbox=SandboxLimits(processes=256)
+        "forger",
+        "A2",
+        source,
+        submission,
+        GradingLimits(90, 600),
+        tmp_path,
+        sandbox=SandboxLimits(processes=256),
     )
     got = {r.exercise: r for r in rows}
     assert got["A2.1"].points == 0.0 and re.search(WIRE_REASON, got["A2.1"].reason), rows

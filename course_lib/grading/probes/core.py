@@ -37,6 +37,7 @@ __all__ = [
     "decode_results",
     "encode_cases",
     "judge",
+    "probe_source",
 ]
 
 MARK = "COURSE-PROBE:"
@@ -142,6 +143,18 @@ def encode_cases(cases: list[dict]) -> str:
     return base64.b64encode(json.dumps(_encode(cases)).encode()).decode()
 
 
+def probe_source(probe: ExerciseProbe, exercise: str, seed: int) -> str:
+    """The probe cell's code for ``exercise`` on the grader's ``seed`` (what the kernel runs)."""
+    return _KERNEL_CODE.format(
+        exercise=exercise,
+        setup=probe.setup,
+        call=probe.call,
+        mark=MARK,
+        cases=encode_cases(probe.inputs(seed)),
+        pids=PIDS_CODE if probe.claims is not None else "",
+    )
+
+
 def convert_notebook(
     graded: nbformat.NotebookNode, spec: ProbeSpec, seed: int
 ) -> nbformat.NotebookNode:
@@ -153,14 +166,7 @@ def convert_notebook(
         exercise = check_id(cell)
         if exercise is not None:
             probe = spec.exercises[exercise]
-            cell.source = _KERNEL_CODE.format(
-                exercise=exercise,
-                setup=probe.setup,
-                call=probe.call,
-                mark=MARK,
-                cases=encode_cases(probe.inputs(seed)),
-                pids=PIDS_CODE if probe.claims is not None else "",
-            )
+            cell.source = probe_source(probe, exercise, seed)
             cell.metadata.setdefault("course", {})["probe"] = exercise
             cell.outputs = []
         elif "course_lib.checks" in cell.source and spec.kernel_setup:
