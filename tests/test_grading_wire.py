@@ -272,13 +272,31 @@ def test_the_engines_pids_must_reach_the_grader():
 _SANDBOX = sandbox_problem()
 
 
-def _forged(notebook: str, assignment: str, exercise: str):
+def _with_answer(notebook: str, exercise: str, edit) -> tuple:
+    """The source and a submission whose ``exercise`` answer is ``edit(the source's answer)``."""
     source = nbformat.read(SOURCES / f"{notebook}.ipynb", as_version=4)
     submission = copy.deepcopy(source)
     for cell in submission.cells:
         if answer_id(cell) == exercise:
-            cell.source = FORGED_COUNTERS[(assignment, exercise)]
+            cell.source = edit(cell.source)
     return source, submission
+
+
+def _forged(notebook: str, assignment: str, exercise: str) -> tuple:
+    return _with_answer(notebook, exercise, lambda _: FORGED_COUNTERS[(assignment, exercise)])
+
+
+def _graded(student: str, assignment: str, source, submission, tmp_path, seconds: float) -> list:
+    """Grade ``submission`` in the sandbox, as ``./kit grade`` does."""
+    return grade_notebook(
+        student,
+        assignment,
+        source,
+        submission,
+        GradingLimits(seconds, 600),
+        tmp_path,
+        sandbox=SandboxLimits(processes=256),
+    )
 
 
 @pytest.mark.slow
@@ -288,15 +306,7 @@ def test_a2_counters_rewritten_after_a_builtin_lose_their_points_to_the_wire(tmp
     """The wire's check runs only once the exercise's own judge passed, so a FAIL with its reason
     means the counters alone gave full marks (graded without the sandbox: 3/3, seen)."""
     source, submission = _forged("A2_rabenseifner_allreduce", "A2", "A2.1")
-    rows = grade_notebook(
-        "forger",
-        "A2",
-        source,
-        submission,
-        GradingLimits(90, 600),
-        tmp_path,
-        sandbox=SandboxLimits(processes=256),
-    )
+    rows = _graded("forger", "A2", source, submission, tmp_path, 90)
     got = {r.exercise: r for r in rows}
     assert got["A2.1"].points == 0.0 and re.search(WIRE_REASON, got["A2.1"].reason), rows
     assert got["A2.2"].points == 2.0, rows  # the honest exercise beside it keeps its points
@@ -308,15 +318,7 @@ def test_a2_counters_rewritten_after_a_builtin_lose_their_points_to_the_wire(tmp
 @pytest.mark.skipif(_SANDBOX is not None, reason=str(_SANDBOX))
 def test_a7_counters_rewritten_after_a_builtin_lose_their_exercise_only(tmp_path):
     source, submission = _forged("A7_zero_stage2", "A7", "A7.1")
-    rows = grade_notebook(
-        "forger",
-        "A7",
-        source,
-        submission,
-        GradingLimits(120, 600),
-        tmp_path,
-        sandbox=SandboxLimits(processes=256),
-    )
+    rows = _graded("forger", "A7", source, submission, tmp_path, 120)
     got = {r.exercise: r for r in rows}
     assert got["A7.1"].points == 0.0 and re.search(WIRE_REASON, got["A7.1"].reason), rows
     assert (got["A7.2"].points, got["A7.3"].points) == (2.0, 2.0), rows
@@ -328,22 +330,14 @@ def test_a7_counters_rewritten_after_a_builtin_lose_their_exercise_only(tmp_path
 def test_an_honest_answer_with_barriers_keeps_every_point(tmp_path):
     """A barrier moves no data but has bytes on the wire: the ranks report it and it is allowed,
     also where a later exercise calls the answer many times (A7.4: 6 calls a case)."""
-    source = nbformat.read(SOURCES / "A7_zero_stage2.ipynb", as_version=4)
-    submission = copy.deepcopy(source)
     anchor = "    r, n = comm.rank, comm.world_size\n"
-    for cell in submission.cells:
-        if answer_id(cell) == "A7.1":
-            assert anchor in cell.source
-            cell.source = cell.source.replace(anchor, anchor + "    comm.barrier()\n" * 2, 1)
-    rows = grade_notebook(
-        "careful",
-        "A7",
-        source,
-        submission,
-        GradingLimits(120, 600),
-        tmp_path,
-        sandbox=SandboxLimits(processes=256),
-    )
+
+    def with_barriers(answer: str) -> str:
+        assert anchor in answer
+        return answer.replace(anchor, anchor + "    comm.barrier()\n" * 2, 1)
+
+    source, submission = _with_answer("A7_zero_stage2", "A7.1", with_barriers)
+    rows = _graded("careful", "A7", source, submission, tmp_path, 120)
     assert {r.exercise: r.points for r in rows} == {"A7.1": 3, "A7.2": 2, "A7.3": 2, "A7.4": 3}, (
         rows
     )

@@ -118,6 +118,14 @@ def settled_sockets(netns: str | None = None, wait: float = 2.0) -> dict[tuple[s
         time.sleep(0.02)
 
 
+def _earlier(
+    before: dict[tuple[str, str], Socket], key: tuple[str, str], sock: Socket
+) -> Socket | None:
+    """``sock`` as it was in ``before``; None when it was opened since (or the port reused)."""
+    old = before.get(key)
+    return old if old is not None and old.pid == sock.pid else None
+
+
 def flows(
     before: dict[tuple[str, str], Socket], after: dict[tuple[str, str], Socket]
 ) -> dict[tuple[int, int], int]:
@@ -131,8 +139,8 @@ def flows(
         sender = after.get((sock.peer, sock.local))
         if sender is None or not sock.pid or not sender.pid or sock.pid == sender.pid:
             continue
-        old = before.get(key)
-        grown = sock.received - (old.received if old and old.pid == sock.pid else 0)
+        old = _earlier(before, key, sock)
+        grown = sock.received - (old.received if old else 0)
         if grown > 0:
             pair = (sender.pid, sock.pid)
             out[pair] = out.get(pair, 0) + grown
@@ -169,11 +177,10 @@ def unaccounted(
     nbytes, packets = loopback_moved
     carried = opened = 0
     for key, sock in after.items():
-        old = before.get(key)
-        if old is None or old.pid != sock.pid:
-            opened += 1
-            old = Socket(sock.local, sock.peer, sock.pid, 0, 0, 0)
-        carried += sock.received - old.received + sock.retransmitted - old.retransmitted
+        old = _earlier(before, key, sock)
+        opened += old is None
+        carried += sock.received + sock.retransmitted
+        carried -= old.received + old.retransmitted if old else 0
     return nbytes - PACKET_HEADERS * packets - carried - SYN_OPTIONS * opened
 
 

@@ -94,7 +94,8 @@ _ENGINE_SETUP = """\
             x[lo:hi] = total[lo:hi]
         comm.stats.reset()
         got = fn(comm, x)
-        builtin = sorted(set(named(comm))) + barriers(named(comm))
+        names = named(comm)
+        builtin = sorted(set(names)) + barriers(names)
         stats = [[q, s.messages_sent, s.messages_received, s.bytes_sent]
                  for q, s in sorted(comm.stats.peers.items())]
         return rank, p, None if got is None else np.asarray(got).reshape(-1), builtin, stats

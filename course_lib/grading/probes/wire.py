@@ -20,6 +20,8 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
+import numpy as np
+
 __all__ = [
     "BARRIER_LEAST",
     "BARRIER_MOST",
@@ -92,8 +94,6 @@ def p2p_claims(cases: list, used_at: int, p2p_at: int) -> Claims:
     """Claims from cases whose ranks each return (rank, world size, data), ``data[used_at]``
     the built-ins [(name, calls, bytes)] and ``data[p2p_at]`` rows of (peer, messages sent,
     bytes sent, messages received, bytes received): the shape of A6's and A7's collectors."""
-    import numpy as np
-
     claims = ClaimsBuilder()
     for ranks in cases:
         for rank, world_size, data in ranks:
