@@ -47,7 +47,8 @@ PIDS_CODE = f"""\
 """
 
 #: What gloo and the kit's header add to each point-to-point message: measured at 224 B from
-#: the sender and 96 B back from the receiver (any size, 3 and 4 engines), exactly; 8 B of headroom.
+#: the sender and 96 B back from the receiver (any size, 3 and 4 engines, bench/bench_wire_framing.py),
+#: exactly; 8 B of headroom.
 PER_MESSAGE_SENT, PER_MESSAGE_RECEIVED = 232, 104
 #: A pair's allowance beyond that, for an exercise whose probe makes no new communicator.
 PER_PAIR = 64
