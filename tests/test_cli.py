@@ -31,6 +31,7 @@ ROOT_ONLY = {
     "network_doctor",
     "room",
     "slurm_startup",
+    "wire_framing",
 }
 
 
