@@ -1,12 +1,14 @@
 """Measure what gloo puts on the wire around the kit's messages: the figures the grader's byte check rests on.
 
 Starts local engines with gloo communicators and reads the socket table
-(:mod:`course_lib.grading.wire_audit`) around three kinds of traffic: point-to-point messages
+(:mod:`course_lib.grading.wire_audit`) around four kinds of traffic: point-to-point messages
 of several sizes from rank 0 to rank 1 (the bytes beyond the payload, per message, each way),
-barriers (the bytes per pair of ranks), and nothing at all (what idle engines send each other).
-:mod:`course_lib.grading.probes.wire` allows 232 B per message sent and 104 B back, 40-400 B a
-pair per barrier; this prints what this machine's gloo does. Needs root (``ss -p`` on the
-engines' sockets).
+built-in allreduce and allgather (gloo's rings: which neighbour gets the chunks, the bytes per
+message beyond them, the kit's agreement on every pair), barriers (the bytes per pair of
+ranks), and nothing at all (what idle engines send each other).
+:mod:`course_lib.grading.probes.wire` allows 232 B per message sent and 104 B back, 200 B and
+104 B a message of a ring, 40-200 B a pair of agreement per call, 40-400 B a pair per barrier;
+this prints what this machine's gloo does. Needs root (``ss -p`` on the engines' sockets).
 
     .venv/bin/python bench/bench_wire_framing.py            # 3 and 4 engines
     .venv/bin/python bench/bench_wire_framing.py --engines 2
@@ -42,6 +44,17 @@ def _send(size: int, count: int) -> None:
             comm.recv(x, 0)
 
 
+def _builtin(name: str, size: int, count: int) -> None:
+    """On every engine: ``count`` calls of the built-in ``name`` on ``size`` float32."""
+    import numpy as np
+    from IPython import get_ipython
+
+    comm = get_ipython().user_ns["comm"]
+    x = np.ones(size, np.float32)
+    for _ in range(count):
+        getattr(comm, name)(x)
+
+
 def _barriers(count: int) -> None:
     from IPython import get_ipython
 
@@ -64,6 +77,26 @@ def _between_ranks(cluster, job, *args) -> dict[tuple[int, int], int]:
     }
 
 
+def _ring_line(engines: int, name: str, way: int, size: int, moved: dict, count: int) -> None:
+    """Print a built-in's bytes a call: along gloo's ring, back, and between ranks further apart."""
+    p, nbytes = engines, 4 * size
+    if name == "allgather":
+        messages, payload = p - 1, (p - 1) * nbytes
+    else:
+        messages, payload = 2 * (p - 1), 2 * (p - 1) * nbytes / p
+    along = sum(moved.get((r, (r + way) % p), 0) for r in range(p)) / (p * count)
+    back = sum(moved.get((r, (r - way) % p), 0) for r in range(p)) / (p * count)
+    apart = [n / count for (a, b), n in moved.items() if (b - a) % p not in (1, p - 1)]
+    agree = min(apart) if apart else 184  # with 3 engines every pair is a neighbour
+    print(
+        f"{engines} engines, {name} of {size} float32: {along:.0f} B a call to rank r {way:+d} "
+        f"({(along - payload - agree) / messages:.1f} B a message beyond {payload:.0f} B of "
+        f"chunks and {agree:.0f} B of agreement), {(back - agree) / messages:.1f} B a message "
+        f"back"
+        + (f", {min(apart):.0f}-{max(apart):.0f} B on the pairs further apart" if apart else "")
+    )
+
+
 def measure(engines: int, count: int = 10) -> None:
     """Print the framing per message, the bytes per barrier and the idle traffic on ``engines``."""
     cluster = start_cluster(n=engines)
@@ -77,6 +110,16 @@ def measure(engines: int, count: int = 10) -> None:
                 f"{engines} engines, {count} messages of {size} float32: "
                 f"{out:.1f} B a message beyond the payload, {back:.1f} B back"
             )
+        for name, way in (("allreduce", -1), ("allgather", +1)):
+            for size in (1000, 100000):
+                _ring_line(
+                    engines,
+                    name,
+                    way,
+                    size,
+                    _between_ranks(cluster, _builtin, name, size, count),
+                    count,
+                )
         moved = _between_ranks(cluster, _barriers, count)
         per_pair = sorted(n / count for n in moved.values())
         print(

@@ -3,6 +3,8 @@
 Fast: two real processes talk over real TCP and the socket table says exactly how many bytes
 each sent; the grader's comparison on hand-written records (agreement passes; traffic the ranks
 did not report, payload they did not send, an unknown labelling each fail, naming the pair).
+The built-in collectives on hand-written records of what gloo's rings moved (measured): either
+way round passes; a call more, a bigger buffer, a star instead of the ring fail.
 Slow: answers that let a built-in collective do the work and rewrite ``comm.stats`` to hide it
 (:mod:`course_lib.grading.attacks.counters`) pass the exercises' own judges (the counters alone)
 and get 0 in the sandbox, naming the bytes on the wire, while the honest exercises beside them
@@ -246,10 +248,68 @@ def test_barriers_the_ranks_reported_must_be_on_every_pair_within_their_bounds()
     alone = ClaimsBuilder()
     alone.barriers(0, 3, 2)
     missing = wire_problem(alone.claims, {"flows": []}, STDOUT)
-    assert missing and "reported 80 bytes in 0 messages" in missing, missing
+    assert missing and "reported 80 bytes (at most" in missing, missing
     # Reported barriers cover a few hundred bytes of other traffic a pair, not more.
     hidden = {**called, (40, 42): 2 * BARRIER_MOST + PER_PAIR + 200}
     assert "rank 0 sent rank 2" in wire_problem(claims, _ring_record(hidden), STDOUT)
+
+
+# What 4 engines' gloo put on each pair for one call on 10 000 float32, measured
+# (bench/bench_wire_framing.py): the kit's agreement alone (184 B) between ranks two apart, the
+# ring's chunks one way round and their acknowledgements the other.
+PIDS4 = [40, 41, 42, 43]
+STDOUT4 = PIDS_MARK + "[40, 41, 42, 43]\n"
+MEASURED = {"allreduce": (-1, 61336, 760), "allgather": (+1, 120760, 472)}
+
+
+def _one_call(name: str, calls: int = 1, direction: int | None = None) -> dict:
+    """The record of ``calls`` calls of built-in ``name`` on 4 ranks, as gloo's ring moved it."""
+    way, ring, acks = MEASURED[name]
+    way = way if direction is None else direction
+    moved = []
+    for r in range(4):
+        for q in range(4):
+            nbytes = {(r + way) % 4: ring, (r - way) % 4: acks}.get(q, 184)
+            if q != r:
+                moved.append([[PIDS4[r], 7], [PIDS4[q], 7], nbytes * calls])
+    return {"flows": moved}
+
+
+def _reported(name: str, calls: int = 1, nbytes: int = 40000, world_size: int = 4) -> list:
+    builder = ClaimsBuilder()
+    for r in range(world_size):
+        builder.builtins(r, world_size, [(name, calls, nbytes * calls), ("barrier", 0, 0)])
+    return builder.alternatives()
+
+
+@pytest.mark.parametrize("name", ["allreduce", "allgather"])
+def test_a_builtin_collective_agrees_with_gloos_ring_either_way_round(name):
+    assert wire_problem(_reported(name), _one_call(name), STDOUT4) is None
+    assert wire_problem(_reported(name, 3), _one_call(name, 3), STDOUT4) is None
+    turned = _one_call(name, direction=-MEASURED[name][0])  # a gloo that turned its ring round
+    assert wire_problem(_reported(name), turned, STDOUT4) is None
+    # One call reported, two made: the second's agreement is on the pairs two apart.
+    twice = wire_problem(_reported(name), _one_call(name, 2), STDOUT4)
+    assert twice and re.search(WIRE_REASON, twice), twice
+    # One more agreement between ranks two apart: a call of a collective nobody reported.
+    agreed = _one_call(name)
+    agreed["flows"].append([[PIDS4[0], 7], [PIDS4[2], 7], 184])
+    assert "rank 0 sent rank 2 368 bytes" in wire_problem(_reported(name), agreed, STDOUT4)
+    # A buffer reported bigger than the one sent.
+    bigger = wire_problem(_reported(name, nbytes=44000), _one_call(name), STDOUT4)
+    assert bigger and re.search(WIRE_REASON, bigger), bigger
+
+
+def test_a_builtin_reported_but_done_by_messages_to_one_rank_fails():
+    # An allreduce reported, done as a star: every rank sends rank 0 its buffer and gets the sum.
+    star = {"flows": []}
+    for r in range(1, 4):
+        star["flows"].append([[PIDS4[r], 7], [PIDS4[0], 7], 40000 + 224 + 184])
+        star["flows"].append([[PIDS4[0], 7], [PIDS4[r], 7], 40000 + 224 + 184])
+    problem = wire_problem(_reported("allreduce"), star, STDOUT4)
+    assert problem and re.search(WIRE_REASON, problem), problem
+    # A broadcast is not modelled: its bytes are never explained by a report.
+    assert wire_problem(_reported("broadcast"), _one_call("allreduce"), STDOUT4)
 
 
 def test_the_engines_pids_must_reach_the_grader():
@@ -311,6 +371,25 @@ def test_a2_counters_rewritten_after_a_builtin_lose_their_points_to_the_wire(tmp
     assert got["A2.1"].points == 0.0 and re.search(WIRE_REASON, got["A2.1"].reason), rows
     assert got["A2.2"].points == 2.0, rows  # the honest exercise beside it keeps its points
     assert got["A2.3"].points == 0.0, rows  # A2.3 calls the forged A2.1: its bytes are forged too
+
+
+@pytest.mark.slow
+@needs_wire
+@pytest.mark.skipif(_SANDBOX is not None, reason=str(_SANDBOX))
+def test_a4_counters_rewritten_lose_their_points_to_the_model_of_gloos_ring(tmp_path):
+    """A4.1 averages with two allreduce calls and reports one; A4.3 gossips through the built-in
+    allgather and reports sendrecv's messages. Both pass their judges on the counters alone."""
+    source, submission = _forged("A4_local_sgd_gossip", "A4", "A4.1")
+    for cell in submission.cells:
+        if answer_id(cell) == "A4.3":
+            cell.source = FORGED_COUNTERS[("A4", "A4.3")]
+    rows = _graded("forger", "A4", source, submission, tmp_path, 90)
+    got = {r.exercise: r for r in rows}
+    for exercise in ("A4.1", "A4.3"):
+        assert got[exercise].points == 0.0, rows
+        assert re.search(WIRE_REASON, got[exercise].reason), rows
+    # A4.2 averages through the forged A4.1, whose reset of the counters its own judge sees.
+    assert got["A4.2"].points == 0.0 and "allreduce calls" in got["A4.2"].reason, rows
 
 
 @pytest.mark.slow

@@ -10,9 +10,11 @@ and its usual mistakes, the product of the mixing matrices) and judges every ran
 :mod:`course_lib.checks.assignments.a4_judge`, in its own process. The kernel sees the parts of
 the kit the engines need (``comm``, ``cluster``, ...) but not ``course_lib.checks``.
 
-Not closed: the counters are still counted inside the student's processes (the engines), so an
-answer that forges both the result and the counters it reports is not caught here; the ``ast``
-guard (no private attributes) is the line there, as for A2.
+The counters are counted inside the student's processes (the engines), so the grader also
+counts the bytes between the ranks on the wire, outside the sandbox, and they must agree
+(:func:`a4_claims`, :mod:`course_lib.grading.probes.wire`): A4.1's and A4.2's allreduce through
+a model of gloo's ring, A4.3's messages one by one. An answer that averages with two calls, or
+with messages to one rank, and rewrites ``comm.stats`` to say one allreduce, fails there.
 """
 
 from __future__ import annotations
@@ -23,10 +25,14 @@ import numpy as np
 
 from course_lib.checks.verdict import Verdict, run_check
 from course_lib.grading.probes.core import ExerciseProbe, ProbeSpec
+from course_lib.grading.probes.wire import Claims, ClaimsBuilder
 
-__all__ = ["a4_cases", "a4_spec"]
+__all__ = ["a4_cases", "a4_claims", "a4_spec"]
 
 WORLD_SIZE = 4
+#: Bytes a pair may carry beyond its claims: A4.3's probe builds a subgroup of 3 (over the
+#: rendezvous store at rank 0), the others nothing.
+_WIRE_SLACK = {"A4.1": 64, "A4.2": 64, "A4.3": 1024}
 
 _ENGINE_SETUP = """\
     def engine_case(fn, case):
@@ -37,7 +43,7 @@ _ENGINE_SETUP = """\
         comm = namespace["comm"]
         rank, p = comm.rank, comm.world_size
         if p != 4:
-            return rank, p, None, [], [], []
+            return rank, p, None, [], [], [], p
         kind = case["kind"]
         if kind == "gossip" and case["world_size"] != p:  # every rank calls subgroup
             groups = namespace.setdefault("_a4_probe_subgroups", {{}})
@@ -46,7 +52,7 @@ _ENGINE_SETUP = """\
                 groups[key] = comm.subgroup(list(range(case["world_size"])))
             comm = groups[key]
             if comm is None:  # outside the subgroup: nothing to call
-                return rank, p, None, [], [], []
+                return rank, p, None, [], [], [], 0
         comm.stats.reset()
         if kind == "average":
             got = fn(comm, case["ws"][rank].copy(), int(case["counts"][rank]))
@@ -56,11 +62,12 @@ _ENGINE_SETUP = """\
         else:
             got = fn(comm, case["xs"][rank].astype(case["dtype"]), case["num_steps"])
         peers = sorted(comm.stats.peers.items())
-        used = [[name, c.calls, c.bytes] for name, c in sorted(comm.stats.collectives.items())
-                if name != "barrier"]
-        sent = [[q, s.bytes_sent] for q, s in peers if s.bytes_sent or s.messages_sent]
+        used = [[name, c.calls, c.bytes] for name, c in sorted(comm.stats.collectives.items())]
+        sent = [[q, s.bytes_sent, s.messages_sent] for q, s in peers
+                if s.bytes_sent or s.messages_sent]
         received = [[q, s.bytes_received] for q, s in peers if s.messages_received]
-        return rank, p, None if got is None else np.asarray(got), used, sent, received
+        got = None if got is None else np.asarray(got)
+        return rank, p, got, used, sent, received, comm.world_size
 
     cluster.view.push({{"{name}": {name}}}, block=True)  # later answers call it by name
 """
@@ -148,15 +155,15 @@ def _judge_case(case: dict, ranks: Any) -> None:
         raise AssertionError("the engines' results do not come one from each rank")
     # Ranks outside A4.3's subgroup of 3 call nothing: only the members are judged.
     for rank in range(case.get("world_size", WORLD_SIZE)):
-        _, _, got, used, sent, received = by_rank[rank]
+        _, _, got, used, sent, received = by_rank[rank][:6]
         if isinstance(got, str):  # not data: the decoder says which type it was
             raise AssertionError(f"rank {rank} returned {got}, not an array")
         why = _judge_rank(
             case,
             rank,
             got,
-            {str(name): (int(calls), int(nbytes)) for name, calls, nbytes in used},
-            {int(q): int(nbytes) for q, nbytes in sent},
+            {str(n): (int(c), int(b)) for n, c, b in used if str(n) != "barrier"},
+            {int(row[0]): int(row[1]) for row in sent},
             {int(q): int(nbytes) for q, nbytes in received},
         )
         if why:
@@ -177,6 +184,22 @@ def _check(exercise: str, name: str, kind: str):
     return check
 
 
+def a4_claims(cases: list) -> list[Claims]:
+    """What the ranks reported sending, summed over the cases (:meth:`ClaimsBuilder.alternatives`).
+
+    Each rank returns (rank, 4, result, built-ins [(name, calls, bytes)], rows of (peer, bytes
+    sent, messages sent), bytes received per peer, the size of the communicator it used): A4.3's
+    subgroup numbers its 3 ranks as the engines' first 3, and the rank outside it reports nothing.
+    """
+    claims = ClaimsBuilder()
+    for ranks in cases:
+        for rank, _p, _got, used, sent, _received, group_size in ranks:
+            for peer, nbytes, messages in sent:
+                claims.sent(int(rank), int(peer), int(nbytes), int(messages))
+            claims.builtins(int(rank), int(group_size), used)
+    return claims.alternatives()
+
+
 def a4_spec() -> ProbeSpec:
     """A4's probes: the engines run the answers, the grader judges every rank's data."""
     exercises = {}
@@ -186,6 +209,8 @@ def a4_spec() -> ProbeSpec:
             _CALL.format(name=name),
             _check(exercise, name, kind),
             _ENGINE_SETUP.format(name=name),
+            claims=a4_claims,
+            wire_slack=_WIRE_SLACK[exercise],
         )
     # The engines need the communicators (gloo runs on torch): torch stays importable, and the
     # kit is shown without its checks.

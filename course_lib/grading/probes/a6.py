@@ -10,13 +10,13 @@ inputs from the same seed, computes the one-process reference with torch and jud
 with :func:`course_lib.checks.assignments.a6.a6_body`, the notebook's own judges, in its own
 process.
 
-The counters are counted inside the student's processes (the engines), so for the GPipe
-exercises (A6.3, A6.4: point-to-point only) the grader also counts the bytes between the stages
-on the wire, outside the sandbox, and they must agree (:mod:`course_lib.grading.probes.wire`).
-Not closed: the row-parallel exercises' built-in collectives (whose bytes on the wire are gloo's
-algorithm's, not the buffer's) and the order of a stage's passes are still counted inside the
-engines; the ``ast`` guard (no private attributes) is the line there. The engines talk over gloo, so ``torch.distributed`` stays importable (as in A2); the
-guard still names it.
+The counters are counted inside the student's processes (the engines), so the grader also
+counts the bytes between the ranks on the wire, outside the sandbox, and they must agree
+(:mod:`course_lib.grading.probes.wire`): the GPipe exercises' point-to-point messages (A6.3,
+A6.4), and the row-parallel exercises' built-ins (A6.1, A6.2) through a model of gloo's rings.
+Not closed: the order of a stage's passes is still recorded inside the engines; the ``ast``
+guard (no private attributes) is the line there. The engines talk over gloo, so
+``torch.distributed`` stays importable (as in A2); the guard still names it.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from collections.abc import Callable
 
 from course_lib.checks.verdict import Verdict, run_check
 from course_lib.grading.probes.core import ExerciseProbe, ProbeSpec
-from course_lib.grading.probes.wire import p2p_claims
+from course_lib.grading.probes.wire import counter_claims, p2p_claims
 
 __all__ = ["a6_spec"]
 
@@ -72,9 +72,19 @@ def _check(exercise: str, name: str) -> Callable[..., Verdict]:
     return check
 
 
-# Where a pipeline case's data holds the built-ins and the point-to-point rows (a6_collect's
-# _pipeline: loss, grads, used, p2p, log; _pipeline_training: used, p2p, weights).
+def _row_counters(data: tuple) -> list[tuple]:
+    """(built-ins, point-to-point rows) in a row-parallel case's data (a6_collect's _row_parallel:
+    Y, used, p2p, and for A6.2 dX, dW, db, used, p2p; _row_training: the 4 tensors, used, p2p)."""
+    if len(data) == 3:
+        return [(data[1], data[2])]
+    return [(data[1], data[2]), (data[6], data[7])] if len(data) == 8 else [(data[4], data[5])]
+
+
+# Where a case's data holds the built-ins and the point-to-point rows (a6_collect's _pipeline:
+# loss, grads, used, p2p, log; _pipeline_training: used, p2p, weights).
 _CLAIMS = {
+    "A6.1": lambda cases: counter_claims(cases, _row_counters),
+    "A6.2": lambda cases: counter_claims(cases, _row_counters),
     "A6.3": lambda cases: p2p_claims(cases, used_at=2, p2p_at=3),
     "A6.4": lambda cases: p2p_claims(cases, used_at=0, p2p_at=1),
 }
@@ -93,7 +103,7 @@ def a6_spec() -> ProbeSpec:
             f"run_case({fns}, case)",
             _check(exercise, name),
             setup,
-            claims=_CLAIMS.get(exercise),
+            claims=_CLAIMS[exercise],
         )
     # The engines' communicators run on torch.distributed (gloo): it stays importable, and the
     # kit is shown without its checks (the references).

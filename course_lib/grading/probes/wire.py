@@ -16,20 +16,26 @@ same processes, since each rank's own traffic must still match what that rank re
 
 from __future__ import annotations
 
+import itertools
 import json
-from collections.abc import Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
 __all__ = [
+    "AGREE_LEAST",
+    "AGREE_MOST",
     "BARRIER_LEAST",
     "BARRIER_MOST",
     "PIDS_CODE",
     "PIDS_MARK",
+    "RING_ACK",
+    "RING_MESSAGE",
     "UNACCOUNTED_MOST",
     "Claims",
     "ClaimsBuilder",
+    "counter_claims",
     "decode_pids",
     "p2p_claims",
     "wire_problem",
@@ -63,6 +69,20 @@ BARRIER_LEAST, BARRIER_MOST = 40, 400
 #: closed during the cell, or not over TCP.
 UNACCOUNTED_MOST = 4096
 
+#: What the kit's agreement before a built-in collective (its header, 5 int64, to every peer)
+#: puts on each pair, each way: measured 184 B a call at every size and collective.
+AGREE_LEAST, AGREE_MOST = 40, 200
+
+#: gloo's rings, per message from the sender and back from the receiver: measured 192 B and 96 B
+#: beyond the chunk (bench/bench_wire_framing.py); 8 B of headroom.
+RING_MESSAGE, RING_ACK = 200, 104
+#: A ring's chunk may be an element longer or shorter than N / p: 8 B a message either way.
+RING_ROUNDING = 8
+#: Which neighbour gloo's ring sends to: allreduce (and the kit's reduce-scatter, an allreduce
+#: sliced) to rank r - 1, allgather to rank r + 1 (measured). The other way round is allowed
+#: too, so a gloo that turned its rings round would not cost an honest answer its points.
+_RING_DIRECTION = {"allreduce": -1, "reduce_scatter": -1, "allgather": +1}
+
 #: (sender, receiver) -> (payload bytes, messages, bytes allowed beyond them: barriers)
 Claims = Mapping[tuple[int, int], tuple[int, int, int]]
 
@@ -72,11 +92,15 @@ class ClaimsBuilder:
 
     def __init__(self) -> None:
         self.claims: dict[tuple[int, int], tuple[int, int, int]] = {}
+        self._rings: list[tuple[int, int, str, int, int]] = []
+
+    def _add(self, rank: int, peer: int, least: int, messages: int, extra: int) -> None:
+        old = self.claims.get((rank, peer), (0, 0, 0))
+        self.claims[(rank, peer)] = (old[0] + least, old[1] + messages, old[2] + extra)
 
     def sent(self, rank: int, peer: int, nbytes: int, messages: int) -> None:
         """Rank ``rank`` reported ``messages`` messages of ``nbytes`` bytes in all to ``peer``."""
-        old = self.claims.get((rank, peer), (0, 0, 0))
-        self.claims[(rank, peer)] = (old[0] + nbytes, old[1] + messages, old[2])
+        self._add(rank, peer, nbytes, messages, 0)
 
     def barriers(self, rank: int, world_size: int, calls: int) -> None:
         """Rank ``rank`` reported ``calls`` barriers: each must be on every pair, within bounds.
@@ -84,26 +108,76 @@ class ClaimsBuilder:
         A barrier claimed but not called is short of its least bytes on some pair; the most
         lets a claimed barrier cover a few hundred bytes of other traffic, no more.
         """
+        least, spread = BARRIER_LEAST * calls, (BARRIER_MOST - BARRIER_LEAST) * calls
         for peer in range(world_size):
             if peer != rank:
-                old = self.claims.get((rank, peer), (0, 0, 0))
-                least, spread = BARRIER_LEAST * calls, (BARRIER_MOST - BARRIER_LEAST) * calls
-                self.claims[(rank, peer)] = (old[0] + least, old[1], old[2] + spread)
+                self._add(rank, peer, least, 0, spread)
+
+    def builtins(self, rank: int, world_size: int, used: Iterable) -> None:
+        """Rank ``rank`` reported the built-in collectives ``used``: [(name, calls, bytes)].
+
+        Every call sends its agreement to every peer; the ring collectives (allreduce,
+        reduce-scatter, allgather) add gloo's ring, whose direction is settled in
+        :meth:`alternatives`. A collective not modelled here (broadcast) claims nothing, so its
+        bytes count as unreported: no exercise judged on the wire allows one.
+        """
+        for name, calls, nbytes in used:
+            name, calls, nbytes = str(name), int(calls), int(nbytes)
+            if name == "barrier":
+                self.barriers(rank, world_size, calls)
+            elif name in _RING_DIRECTION and world_size > 1 and calls > 0:
+                for peer in range(world_size):
+                    if peer != rank:
+                        self._add(rank, peer, AGREE_LEAST * calls, 0, AGREE_MOST * calls)
+                self._rings.append((rank, world_size, name, calls, nbytes))
+
+    def _ring(self, claims: ClaimsBuilder, ring: tuple, direction: int) -> None:
+        """Add one rank's ring traffic, sent towards ``rank + direction``, to ``claims``."""
+        rank, p, name, calls, nbytes = ring
+        if name == "allgather":  # every rank's whole buffer passes each link once
+            messages, payload, rounding = (p - 1) * calls, (p - 1) * nbytes, 0
+        else:  # reduce-scatter then allgather, a chunk of N / p a message
+            messages = 2 * (p - 1) * calls
+            payload, rounding = 2 * (p - 1) * nbytes // p, RING_ROUNDING * messages
+        least, spread = max(0, payload - rounding), 2 * rounding + RING_MESSAGE * messages
+        claims._add(rank, (rank + direction) % p, least, 0, spread)
+        claims._add(rank, (rank - direction) % p, 0, 0, RING_ACK * messages)
+
+    def alternatives(self) -> list[Claims]:
+        """The claims, once per direction gloo's rings could take (the measured one first)."""
+        families = sorted({_RING_DIRECTION[name] for _, _, name, _, _ in self._rings})
+        out: list[Claims] = []
+        for flips in itertools.product((1, -1), repeat=len(families)):
+            turned = dict(zip(families, flips, strict=True))
+            claims = ClaimsBuilder()
+            claims.claims = dict(self.claims)
+            for ring in self._rings:
+                direction = _RING_DIRECTION[ring[2]]
+                self._ring(claims, ring, direction * turned[direction])
+            out.append(claims.claims)
+        return out
 
 
-def p2p_claims(cases: list, used_at: int, p2p_at: int) -> Claims:
-    """Claims from cases whose ranks each return (rank, world size, data), ``data[used_at]``
-    the built-ins [(name, calls, bytes)] and ``data[p2p_at]`` rows of (peer, messages sent,
-    bytes sent, messages received, bytes received): the shape of A6's and A7's collectors."""
+def counter_claims(
+    cases: list, counters: Callable[[Any], Iterable[tuple[Any, Any]]]
+) -> list[Claims]:
+    """Claims from cases whose ranks each return (rank, world size, data); ``counters(data)``
+    gives the (built-ins [(name, calls, bytes)], rows of (peer, messages sent, bytes sent,
+    messages received, bytes received)) that data holds: the shape of A6's and A7's collectors."""
     claims = ClaimsBuilder()
     for ranks in cases:
         for rank, world_size, data in ranks:
-            rows = np.asarray(data[p2p_at], np.int64).reshape(-1, 5)
-            for peer, messages, nbytes, _got, _received in rows:
-                claims.sent(int(rank), int(peer), int(nbytes), int(messages))
-            calls = {str(n): int(c) for n, c, _b in data[used_at]}
-            claims.barriers(int(rank), int(world_size), calls.get("barrier", 0))
-    return claims.claims
+            for used, p2p in counters(data):
+                rows = np.asarray(p2p, np.int64).reshape(-1, 5)
+                for peer, messages, nbytes, _got, _received in rows:
+                    claims.sent(int(rank), int(peer), int(nbytes), int(messages))
+                claims.builtins(int(rank), int(world_size), used)
+    return claims.alternatives()
+
+
+def p2p_claims(cases: list, used_at: int, p2p_at: int) -> list[Claims]:
+    """:func:`counter_claims` for data holding the built-ins at ``used_at``, the rows at ``p2p_at``."""
+    return counter_claims(cases, lambda data: [(data[used_at], data[p2p_at])])
 
 
 def decode_pids(stdout: str) -> list[int] | None:
@@ -131,12 +205,17 @@ def _measured(record: Mapping[str, Any], pids: list[int]) -> dict[tuple[int, int
 
 
 def wire_problem(
-    claims: Claims, record: Mapping[str, Any] | None, stdout: str, slack: int = PER_PAIR
+    claims: Claims | Sequence[Claims],
+    record: Mapping[str, Any] | None,
+    stdout: str,
+    slack: int = PER_PAIR,
 ) -> str | None:
     """Why the ranks' reported bytes disagree with the wire (None when they agree).
 
-    ``slack``: bytes a pair may carry beyond the payload reported and its framing (connecting a
-    subgroup costs a few hundred bytes per pair, over the rendezvous store at rank 0).
+    ``claims``: one set, or alternatives (:meth:`ClaimsBuilder.alternatives`): the wire must
+    agree with one of them, and the first one's disagreement is named. ``slack``: bytes a pair
+    may carry beyond the payload reported and its framing (connecting a subgroup costs a few
+    hundred bytes per pair, over the rendezvous store at rank 0).
     """
     if record is None:
         return None  # not audited (no sandbox, or not root): the ranks' counts stand alone
@@ -153,6 +232,15 @@ def wire_problem(
     if pids is None:
         return "the engines' process ids never reached the grader, so the bytes cannot be checked"
     measured = _measured(record, pids)
+    options = [claims] if isinstance(claims, Mapping) else list(claims) or [{}]
+    problems = [_disagreement(option, measured, slack) for option in options]
+    return None if None in problems else problems[0]
+
+
+def _disagreement(
+    claims: Claims, measured: Mapping[tuple[int, int], int], slack: int
+) -> str | None:
+    """The first pair of ranks whose bytes on the wire the claims do not explain (None: all do)."""
     for a, b in sorted(set(claims) | set(measured)):
         said, messages, extra = claims.get((a, b), (0, 0, 0))
         replies = claims.get((b, a), (0, 0, 0))[1]
@@ -161,7 +249,8 @@ def wire_problem(
         if not said <= seen <= most:
             return (
                 f"rank {a} sent rank {b} {seen} bytes on the wire, but the ranks reported "
-                f"{said} bytes in {messages} messages (at most {most} with the transport's "
-                "framing): the communicator's counts were changed, or traffic went around them"
+                f"{said} bytes{f' in {messages} messages' if messages else ''} (at most {most} "
+                "with the transport's framing): the communicator's counts were changed, or "
+                "traffic went around them"
             )
     return None
