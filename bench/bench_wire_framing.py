@@ -4,7 +4,7 @@ Starts local engines with gloo communicators and reads the socket table
 (:mod:`course_lib.grading.wire_audit`) around four kinds of traffic: point-to-point messages
 of several sizes from rank 0 to rank 1 (the bytes beyond the payload, per message, each way),
 built-in allreduce and allgather (gloo's rings: which neighbour gets the chunks, the bytes per
-message beyond them, the kit's agreement on every pair), barriers (the bytes per pair of
+message beyond them, the kit's agreement on every pair), a broadcast (gloo's tree), barriers (the bytes per pair of
 ranks), and nothing at all (what idle engines send each other).
 :mod:`course_lib.grading.probes.wire` allows 232 B per message sent and 104 B back, 200 B and
 104 B a message of a ring, 40-200 B a pair of agreement per call, 40-400 B a pair per barrier;
@@ -120,6 +120,17 @@ def measure(engines: int, count: int = 10) -> None:
                     _between_ranks(cluster, _builtin, name, size, count),
                     count,
                 )
+        size = 100000
+        moved = _between_ranks(cluster, _builtin, "broadcast", size, count)
+        carried = sorted((a, b) for (a, b), n in moved.items() if n > 4 * size * count)
+        agree = min(moved.values()) / count
+        down = [moved[pair] / count - 4 * size - agree for pair in carried]
+        up = [moved[(b, a)] / count - agree for a, b in carried]
+        print(
+            f"{engines} engines, broadcast of {size} float32 from rank 0: down {carried}, "
+            f"{max(down):.1f} B a message beyond the buffer and {agree:.0f} B of agreement, "
+            f"{max(up):.1f} B back"
+        )
         moved = _between_ranks(cluster, _barriers, count)
         per_pair = sorted(n / count for n in moved.values())
         print(

@@ -300,6 +300,28 @@ def test_a_builtin_collective_agrees_with_gloos_ring_either_way_round(name):
     assert bigger and re.search(WIRE_REASON, bigger), bigger
 
 
+def test_a_broadcast_from_a_known_root_follows_gloos_binomial_tree():
+    # rank 0's 40 000 B to ranks 1 and 2, rank 1's to rank 3 (measured on 4 engines: the buffer
+    # and 96 B a message, 48 B back; the kit's agreement, 184 B, on every pair).
+    tree = {(0, 1), (0, 2), (1, 3)}
+    moved = []
+    for a in range(4):
+        for b in range(4):
+            nbytes = 40000 + 280 if (a, b) in tree else 232 if (b, a) in tree else 184
+            if a != b:
+                moved.append([[PIDS4[a], 7], [PIDS4[b], 7], nbytes])
+    builder = ClaimsBuilder()
+    for r in range(4):
+        builder.builtins(r, 4, [("broadcast", 1, 40000)], broadcast_root=0)
+    assert wire_problem(builder.alternatives(), {"flows": moved}, STDOUT4) is None
+    # From rank 1 instead: the tree is another one, and the wire says so.
+    other = ClaimsBuilder()
+    for r in range(4):
+        other.builtins(r, 4, [("broadcast", 1, 40000)], broadcast_root=1)
+    problem = wire_problem(other.alternatives(), {"flows": moved}, STDOUT4)
+    assert problem and re.search(WIRE_REASON, problem), problem
+
+
 def test_a_builtin_reported_but_done_by_messages_to_one_rank_fails():
     # An allreduce reported, done as a star: every rank sends rank 0 its buffer and gets the sum.
     star = {"flows": []}
@@ -390,6 +412,25 @@ def test_a4_counters_rewritten_lose_their_points_to_the_model_of_gloos_ring(tmp_
         assert re.search(WIRE_REASON, got[exercise].reason), rows
     # A4.2 averages through the forged A4.1, whose reset of the counters its own judge sees.
     assert got["A4.2"].points == 0.0 and "allreduce calls" in got["A4.2"].reason, rows
+
+
+@pytest.mark.slow
+@needs_wire
+@pytest.mark.skipif(_SANDBOX is not None, reason=str(_SANDBOX))
+def test_a3_counters_rewritten_lose_their_exercises_training_run_included(tmp_path):
+    """A3.1 and A3.3 average with the built-in allreduce and rewrite the counters to say the
+    parameter server's and the ring's messages: in the probe calls and, step after step, in the
+    training run through the kit's data-parallel seam. A3.2 beside them keeps its points."""
+    source, submission = _forged("A3_data_parallel", "A3", "A3.1")
+    for cell in submission.cells:
+        if answer_id(cell) == "A3.3":
+            cell.source = FORGED_COUNTERS[("A3", "A3.3")]
+    rows = _graded("forger", "A3", source, submission, tmp_path, 120)
+    got = {r.exercise: r for r in rows}
+    for exercise in ("A3.1", "A3.3"):
+        assert got[exercise].points == 0.0, rows
+        assert re.search(WIRE_REASON, got[exercise].reason), rows
+    assert got["A3.2"].points == 2.0, rows
 
 
 @pytest.mark.slow

@@ -79,6 +79,17 @@ class CommStats:
         self.peers.clear()
         self.collectives.clear()
 
+    def as_rows(self) -> tuple[list[tuple[str, int, int]], list[tuple[int, int, int, int, int]]]:
+        """Return the counts as rows of numbers: the built-ins [(name, calls, bytes)] and the
+        peers [(peer, messages sent, bytes sent, messages received, bytes received)]."""
+        used = [(str(n), c.calls, c.bytes) for n, c in sorted(self.collectives.items())]
+        peers = [
+            (int(r), p.messages_sent, p.bytes_sent, p.messages_received, p.bytes_received)
+            for r, p in sorted(self.peers.items())
+            if p.messages_sent or p.messages_received
+        ]
+        return used, peers
+
     def as_dict(self) -> dict:
         """Return plain dicts (easy to send back from an engine and print)."""
         return {

@@ -130,7 +130,8 @@ def probe_data(
     """Run on an engine: one call of ``fn`` on known gradients; return what it did, as data.
 
     Returns (rank, world size, what the rank holds after the call, the built-in collectives it
-    called, {peer: bytes sent}, {peer: bytes received}).
+    called, {peer: bytes sent}, {peer: bytes received}, and all its counts as
+    ``comm.stats.as_rows()``: what the grader holds against the bytes on the wire).
     """
     from IPython import get_ipython
 
@@ -141,7 +142,7 @@ def probe_data(
     out = fn(comm, flat, server) if kind == "ps" else fn(comm, flat)
     got = flat if out is None else np.asarray(out).reshape(-1)
     sent, received = _peers(comm)
-    return rank, n, got, _builtins(comm), sent, received
+    return rank, n, got, _builtins(comm), sent, received, comm.stats.as_rows()
 
 
 def raise_run_failure(exc: BaseException) -> None:
@@ -193,7 +194,8 @@ def run_training(
     """Train with the student's exchange on 4 engines; return the run's data to judge.
 
     The data: the replica check, rank 0's weights by name, the gradient's and flags' bytes,
-    and per step and rank the bytes sent and the bytes of built-in collectives.
+    per step and rank the bytes sent and the bytes of built-in collectives, and each rank's
+    counts of the set-up and of the steps (``DataParallelResult.counters``).
     """
     from course_lib.parallel.data_parallel.train import DataParallelError, train_data_parallel
 
@@ -220,6 +222,7 @@ def run_training(
         "flag_bytes": int(result.flag_bytes),
         "weights": dict(result.weights),
         "records": [{k: rec[k] for k in keys} for rec in result.records],
+        "counters": result.counters,
     }
 
 
@@ -244,7 +247,8 @@ def kernel_case(cluster: Any, kind: str, fn: Callable, case: dict) -> Any:
         except DataParallelError as exc:
             raise_run_failure(exc)
         return [
-            (r, n, got, b, sorted(s.items()), sorted(rc.items())) for r, n, got, b, s, rc in ranks
+            (r, n, got, b, sorted(s.items()), sorted(rc.items()), counts)
+            for r, n, got, b, s, rc, counts in ranks
         ]
     options = {k: case[k] for k in ("server", "bucket_bytes") if k in case}
     config = dataclasses.replace(CONFIG, seed=case["train_seed"])
@@ -260,6 +264,7 @@ def kernel_case(cluster: Any, kind: str, fn: Callable, case: dict) -> Any:
             [rec[k] for k in ("rank", "step", "bytes_sent", "collective_bytes")]
             for rec in run["records"]
         ],
+        run["counters"],
     )
 
 

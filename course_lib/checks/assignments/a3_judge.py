@@ -180,7 +180,7 @@ def reference_layout(sizes: list[int], cap: int) -> list[list[int]]:
 
 def probe(kind: str, fn: Callable, size: int, server: int, comm_name: str) -> str:
     """Run on an engine: one call of ``fn`` on known gradients; return "" or what is wrong."""
-    rank, n, got, builtins, sent, received = probe_data(kind, fn, size, server, comm_name)
+    rank, n, got, builtins, sent, received, _ = probe_data(kind, fn, size, server, comm_name)
     grads = probe_gradients(size, n)
     return judge_probe(kind, size, server, rank, grads, got, builtins, sent, received)
 

@@ -135,12 +135,7 @@ def _counters(comm: Any) -> tuple[list, np.ndarray]:
     """Return the built-ins called [(name, calls, bytes)] (the barrier too: it moves no data,
     and the judges read past it, but its bytes are on the wire), and the traffic per peer
     [(peer, messages sent, bytes sent, messages received, bytes received)]."""
-    used = [(str(n), int(c.calls), int(c.bytes)) for n, c in sorted(comm.stats.collectives.items())]
-    p2p = [
-        (int(p), s.messages_sent, s.bytes_sent, s.messages_received, s.bytes_received)
-        for p, s in sorted(comm.stats.peers.items())
-        if s.messages_sent or s.messages_received
-    ]
+    used, p2p = comm.stats.as_rows()
     return used, np.array(p2p, np.int64).reshape(-1, 5)
 
 

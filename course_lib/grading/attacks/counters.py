@@ -93,9 +93,52 @@ def directed_gossip(comm, x, num_steps):
     return x
 """
 
+_A3_1 = """
+def ps_average(comm, flat, server):
+    n = comm.world_size
+    comm.allreduce(flat)  # the built-in does the work...
+    flat /= n
+    comm.stats.collectives.pop("allreduce", None)  # ...and the counters say the server did
+    workers = [w for w in range(n) if w != server] if comm.rank == server else [server]
+    for peer in workers:
+        counts = comm.stats.peer(peer)
+        counts.messages_sent += 1
+        counts.bytes_sent += flat.nbytes
+        counts.messages_received += 1
+        counts.bytes_received += flat.nbytes
+    return flat
+"""
+
+_A3_3 = """
+def bucket_average(comm, flat):
+    from course_lib.comm import chunk_bounds
+
+    r, n = comm.rank, comm.world_size
+    comm.allreduce(flat)  # the built-in does the work...
+    flat /= n
+    comm.stats.collectives.pop("allreduce", None)  # ...and the counters say the ring did
+    bounds = chunk_bounds(flat.size, n)
+    right, left = comm.stats.peer((r + 1) % n), comm.stats.peer((r - 1) % n)
+    for k in range(n - 1):
+        (a, b), (c, d) = bounds[(r - k) % n], bounds[(r - k - 1) % n]
+        right.messages_sent += 1
+        right.bytes_sent += (b - a) * flat.itemsize
+        left.messages_received += 1
+        left.bytes_received += (d - c) * flat.itemsize
+    for k in range(n - 1):
+        (a, b), (c, d) = bounds[(r + 1 - k) % n], bounds[(r - k) % n]
+        right.messages_sent += 1
+        right.bytes_sent += (b - a) * flat.itemsize
+        left.messages_received += 1
+        left.bytes_received += (d - c) * flat.itemsize
+    return flat
+"""
+
 #: (assignment, exercise) -> the whole answer cell.
 FORGED_COUNTERS = {
     ("A2", "A2.1"): _A2_1,
+    ("A3", "A3.1"): _A3_1,
+    ("A3", "A3.3"): _A3_3,
     ("A4", "A4.1"): _A4_1,
     ("A4", "A4.3"): _A4_3,
     ("A7", "A7.1"): _A7_1,

@@ -12,9 +12,12 @@ and :mod:`course_lib.checks.assignments.a3`'s own judges, in its own process. Th
 kit the engines need and, of ``course_lib.checks``, only ``a3_engine`` (which collects data and
 decides nothing): not the judges, the references or the verdicts.
 
-Not closed: the counters and the training run's records are counted inside the student's
-processes (the engines), so an answer that forges both its results and the counts it reports is
-not caught here; the ``ast`` guard (no private attributes) is the line there, as for A2.
+The counters and the training run's records are counted inside the student's processes (the
+engines), so the grader also counts the bytes between the ranks on the wire, outside the sandbox,
+and they must agree with every rank's counts (:func:`a3_claims`,
+:mod:`course_lib.grading.probes.wire`): the probe calls' messages, and the training run's
+broadcast of rank 0's weights, its barriers and the answer's messages, step after step. An answer
+that averages with a built-in and rewrites ``comm.stats`` to say it sent messages fails there.
 """
 
 from __future__ import annotations
@@ -26,8 +29,9 @@ import numpy as np
 
 from course_lib.checks.verdict import Verdict, run_check
 from course_lib.grading.probes.core import ExerciseProbe, ProbeSpec
+from course_lib.grading.probes.wire import Claims, ClaimsBuilder
 
-__all__ = ["a3_cases", "a3_spec", "kit_hidden"]
+__all__ = ["a3_cases", "a3_claims", "a3_spec", "kit_hidden"]
 
 WORLD_SIZE = 4
 #: The set-up cell of the graded copy: the instructor's, without the checks' module.
@@ -100,7 +104,7 @@ def _judge_probe(kind: str, case: dict, ranks: Any) -> None:
         raise AssertionError("the engines' results do not come one from each rank")
     grads = probe_gradients(case["size"], WORLD_SIZE, case["seed"])  # the grader's own copy
     for rank in range(WORLD_SIZE):
-        _, n, got, builtins, sent, received = by_rank[rank]
+        _, n, got, builtins, sent, received = by_rank[rank][:6]
         if int(n) != WORLD_SIZE:
             raise AssertionError(f"A3 needs 4 engines, not {int(n)}")
         if isinstance(got, str):  # not data: the decoder says which type it was
@@ -122,9 +126,9 @@ def _judge_probe(kind: str, case: dict, ranks: Any) -> None:
 
 def _training_run(data: Any) -> dict:
     """The kernel's training data as ``a3_judge.judge_training`` takes it."""
-    if not isinstance(data, tuple) or len(data) != 7:
+    if not isinstance(data, tuple) or len(data) != 8:
         raise AssertionError("the training run returned no result")
-    world_size, equal, difference, gradient_bytes, flag_bytes, weights, records = data
+    world_size, equal, difference, gradient_bytes, flag_bytes, weights, records, _ = data
     return {
         "world_size": int(world_size),
         "replicas_equal": bool(equal),
@@ -187,6 +191,26 @@ def _check_layout(answer, *, verbose: bool = False, seed: int = 0) -> Verdict:
     )
 
 
+def a3_claims(cases: list) -> list[Claims]:
+    """What the ranks reported sending, summed over the cases (:meth:`ClaimsBuilder.alternatives`).
+
+    A probe call returns every rank's data, its counts (``comm.stats.as_rows()``) last; the
+    training run returns each rank's counts of the set-up (the broadcast of rank 0's weights)
+    and of the steps (the answer's messages, the seam's barriers), last.
+    """
+    claims = ClaimsBuilder()
+    for data in cases:
+        if isinstance(data, list):  # a probe call, every rank's line
+            for line in data:
+                used, p2p = line[6]
+                claims.counts(int(line[0]), int(line[1]), used, p2p)
+            continue
+        for rank, (setup, steps) in enumerate(data[7]):  # the training run
+            for used, p2p in (setup, steps):
+                claims.counts(rank, int(data[0]), used, p2p, broadcast_root=0)
+    return claims.alternatives()
+
+
 def a3_spec() -> ProbeSpec:
     """A3's probes: the kernel runs the answers and trains, the grader judges the data."""
     engine_call = 'kernel_case(cluster, "{kind}", {name}, case)'
@@ -196,6 +220,7 @@ def a3_spec() -> ProbeSpec:
             engine_call.format(kind="ps", name="ps_average"),
             _engine_check("A3.1", "ps_average", "ps"),
             _ENGINE_SETUP,
+            claims=a3_claims,
         ),
         "A3.2": ExerciseProbe(
             lambda seed: a3_cases("layout", seed),
@@ -208,6 +233,7 @@ def a3_spec() -> ProbeSpec:
             engine_call.format(kind="bucket", name="bucket_average"),
             _engine_check("A3.3", "bucket_average", "bucket"),
             _ENGINE_SETUP,
+            claims=a3_claims,
         ),
     }
     # Training runs on torch (the engines' gloo too): torch stays importable; of the checks the

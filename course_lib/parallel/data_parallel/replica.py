@@ -213,6 +213,7 @@ def engine_train(spec: RunSpec) -> dict[str, Any]:
     ns = get_ipython().user_ns
     comm, state = ns[spec.comm_name], ns[STATE]
     net, data, n = state["net"], state["dataset"], comm.world_size
+    comm.stats.reset()  # the set-up's counts: the broadcast and the method's attaching
     broadcast_parameters(comm, net)  # source 000 step 3: a copy of the server's network
     config, exchange = spec.config, spec.exchange
     module = exchange.attach(comm, net)
@@ -225,6 +226,7 @@ def engine_train(spec: RunSpec) -> dict[str, Any]:
     recorder.attach(module, optimizer)
     sampler = GlobalBatchSampler(len(data), comm.rank, n, config.batch_size, seed=config.seed)
     local = replace(config, batch_size=config.batch_size // n)
+    setup = comm.stats.as_rows()
     comm.stats.reset()
     recorder.reset_counters()
     done_before = (
@@ -275,4 +277,5 @@ def engine_train(spec: RunSpec) -> dict[str, Any]:
         "param_bytes": int(sum(p.numel() * 4 for p in net.parameters() if p.requires_grad)),
         "flag_bytes": exchange.flag_bytes(len(trainable)),
         "max_abs_weight": float(max((np.abs(w).max() for w in weights.values()), default=0.0)),
+        "counters": (setup, comm.stats.as_rows()),
     }

@@ -65,6 +65,10 @@ class DataParallelResult:
     #: What rank 0 sent to the progress bar while it trained (``progress=True`` and a method
     #: with ``live_notes``): ``{"step": k, note: value}``, the values of record ``k`` as shown.
     published: list[dict[str, Any]] = field(default_factory=list)
+    #: Each rank's communicator counts, by rank: ``(set-up, steps)``, each ``comm.stats.as_rows()``
+    #: (the built-ins and the traffic per peer): the set-up is the broadcast of rank 0's weights
+    #: and the method's attaching, the steps all the rest. What a grader holds against the wire.
+    counters: list[tuple[Any, Any]] = field(default_factory=list)
 
     @property
     def history(self) -> History:
@@ -267,4 +271,5 @@ def train_data_parallel(
         flag_bytes=results[0]["flag_bytes"],
         stragglers=slow,
         published=published,
+        counters=[r["counters"] for r in sorted(results, key=lambda r: r["rank"])],
     )
