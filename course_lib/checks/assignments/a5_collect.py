@@ -172,16 +172,18 @@ def collect_training(make: Callable, cluster: Any) -> tuple:
 
     Returns (the probe's carried-over values, float32 test accuracy %, replicas equal 0/1, the
     distinct bytes sent per step before coding, the sizes of the weights, the compressed run's
-    test accuracy %). Without anything carried over, the runs are skipped (NaN): the verdict is
-    decided by the probe.
+    test accuracy %, the two runs' counters: ``DataParallelResult.counters`` each). Without
+    anything carried over, the runs are skipped (NaN): the verdict is decided by the probe.
     """
     assert cluster.world_size >= 2, "the check needs 2 engines: start_cluster(n=2)"
     comp = make()  # a stub fails here, before any engine is busy
     assert isinstance(comp, Compressor), f"a5_compressor() returned {comp!r}, not a Compressor"
     probe = carried_over(make())  # a fresh object: the training run starts with no residual
     if not np.any(probe):
-        return probe, float("nan"), 0, np.zeros(0, np.int64), np.zeros(0, np.int64), float("nan")
-    reference = _train(cluster, "ring").history.last["test_accuracy"] * 100
+        none = np.zeros(0, np.int64)
+        return probe, float("nan"), 0, none, none, float("nan"), []
+    float32 = _train(cluster, "ring")
+    reference = float32.history.last["test_accuracy"] * 100
     result = _train(
         cluster, "compressed", compressor=comp, carrier="allgather", granularity="tensor"
     )
@@ -189,4 +191,5 @@ def collect_training(make: Callable, cluster: Any) -> tuple:
     sent = np.array(sorted({int(r["bytes_compressed"]) for r in result.records}), np.int64)
     accuracy = result.history.last["test_accuracy"] * 100
     equal = int(bool(result.replicas_equal))
-    return probe, float(reference), equal, sent, sizes, float(accuracy)
+    runs = [float32.counters, result.counters]
+    return probe, float(reference), equal, sent, sizes, float(accuracy), runs

@@ -205,9 +205,7 @@ def a3_claims(cases: list) -> list[Claims]:
                 used, p2p = line[6]
                 claims.counts(int(line[0]), int(line[1]), used, p2p)
             continue
-        for rank, (setup, steps) in enumerate(data[7]):  # the training run
-            for used, p2p in (setup, steps):
-                claims.counts(rank, int(data[0]), used, p2p, broadcast_root=0)
+        claims.training_run(data[7])  # the training run
     return claims.alternatives()
 
 

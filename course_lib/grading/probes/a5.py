@@ -9,10 +9,11 @@ module itself stays hidden), and returns what each call sent, the compressors' p
 decoded values, and what the two training runs measured; the grader judges them with
 :mod:`course_lib.checks.assignments.a5_exchange`'s bodies, the notebook's own judges.
 
-Not closed: A5.6's numbers (the float32 and the compressed run's test accuracy, the bytes each
-step sent before coding, whether the replicas agree) are measured in the student's processes
-(the engines train), so an answer that forges all of them is not caught here; the ``ast``
-guard is the line there. A5.4's probe carries the block formats of its inner compressors, so an
+A5.6's runs report each rank's counts (``DataParallelResult.counters``), held against the bytes
+on the wire outside the sandbox (:mod:`course_lib.grading.probes.wire`). Not closed: its other
+numbers (the two runs' test accuracy, the bytes each step sent before coding, whether the
+replicas agree) are measured in the student's processes (the engines train), so an answer that
+forges all of them is not caught here; the ``ast`` guard is the line there. A5.4's probe carries the block formats of its inner compressors, so an
 answer cell that runs after it could read them; A5.1–A5.3 are decided by then. The engines
 train over gloo, so torch stays importable (as in A2); the guard still names it.
 """
@@ -25,8 +26,23 @@ from collections.abc import Callable
 
 from course_lib.checks.verdict import Verdict, run_check
 from course_lib.grading.probes.core import ExerciseProbe, ProbeSpec
+from course_lib.grading.probes.wire import Claims, ClaimsBuilder
 
-__all__ = ["a5_spec"]
+__all__ = ["a5_spec", "training_claims"]
+
+#: Bytes the pair of ranks may carry beyond A5.6's claims: the first run makes the engines'
+#: communicators (the rendezvous and gloo's connections, between the two engines).
+_TRAINING_SLACK = 8192
+
+
+def training_claims(cases: list) -> list[Claims]:
+    """What A5.6's two runs reported sending: each rank's counts of the set-up and the steps."""
+    claims = ClaimsBuilder()
+    for result in cases:
+        for counters in result[6]:
+            claims.training_run(counters)
+    return claims.alternatives()
+
 
 _COLLECT = (
     '    ns = {{"__name__": "course_probe_a5"}}  # the collectors, as source: the module is hidden\n'
@@ -92,6 +108,8 @@ def a5_spec() -> ProbeSpec:
                 'ns["collect_training"](a5_compressor, cluster)',
                 _judged("A5.6", "training", lambda answer, seed: a5_exchange.training_body(answer)),
                 collect,
+                claims=training_claims,
+                wire_slack=_TRAINING_SLACK,
             ),
         },
         # The engines train over gloo (torch.distributed): torch stays importable, and the kit

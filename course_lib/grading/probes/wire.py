@@ -129,6 +129,13 @@ class ClaimsBuilder:
             self.sent(rank, int(peer), int(nbytes), int(messages))
         self.builtins(rank, world_size, used, broadcast_root)
 
+    def training_run(self, counters: Sequence) -> None:
+        """A data-parallel run's counts (``DataParallelResult.counters``): each rank's set-up
+        (the broadcast of rank 0's weights, the method's attaching) and steps, by rank."""
+        for rank, (setup, steps) in enumerate(counters):
+            for used, p2p in (setup, steps):
+                self.counts(rank, len(counters), used, p2p, broadcast_root=0)
+
     def builtins(
         self, rank: int, world_size: int, used: Iterable, broadcast_root: int | None = None
     ) -> None:
