@@ -1,17 +1,20 @@
-"""Benchmark grading with and without the sandbox: the same class of A1 submissions, side by side.
+"""Benchmark grading with and without the sandbox: the same class of submissions, side by side.
 
-Writes N correct A1 submissions, grades them unisolated and sandboxed (alternating, ``--rounds``
-times each, 2 notebooks at once as ``./kit grade`` does), and prints the seconds per class,
-per notebook, and the sandboxed / unisolated ratio of the medians (target: at most 1.3).
-Both runs include the integrity checks after each pair of notebooks, and both decide A1's
-verdicts in the grader (probes); sandboxed, A1's kernel has no torch and no kit. Then it times
+Writes N correct submissions of one assignment (A1 by default; ``--assignment A4`` for one
+whose engines talk, and whose bytes on the wire the sandboxed grading also counts), grades
+them unisolated and sandboxed (alternating, ``--rounds`` times each, 2 notebooks at once as
+``./kit grade`` does), and prints the seconds per class, per notebook, and the sandboxed /
+unisolated ratio of the medians (target: at most 1.3). Both runs include the integrity checks
+after each pair of notebooks, and both decide the verdicts in the grader (probes); sandboxed,
+A1's kernel has no torch and no kit. Then it times
 the grader's self-check (``course_lib.grading.selfcheck.preflight``), which ``./kit grade``
 runs once before the first student, and the reading of a sandbox's socket table that the bytes
-on the wire rest on (:mod:`course_lib.grading.wire_audit`: twice per probe cell of A2, A6.3-A6.4
-and A7).
+on the wire rest on (:mod:`course_lib.grading.wire_audit`: twice per probe cell of A2-A7's
+exercises whose engines talk).
 
     .venv/bin/python bench/bench_grading_sandbox.py                 # a class of 8, 1 round
     .venv/bin/python bench/bench_grading_sandbox.py --students 30   # a bigger class
+    .venv/bin/python bench/bench_grading_sandbox.py --assignment A4 # engines, the wire audited
 """
 
 from __future__ import annotations
@@ -35,16 +38,17 @@ from course_lib.grading.sandbox import SandboxLimits, sandbox_problem  # noqa: E
 SOURCES = ROOT / "assignments" / "source"
 
 
-def write_class(folder: Path, size: int) -> None:
+def write_class(folder: Path, size: int, assignment: str = "A1") -> None:
     """Write ``size`` submissions with the instructor's answers (every one gets full points)."""
-    source = nbformat.read(SOURCES / "A1_sgd_conv.ipynb", as_version=4)
+    (path,) = SOURCES.glob(f"{assignment}_*.ipynb")
+    source = nbformat.read(path, as_version=4)
     for i in range(size):
         nb = copy.deepcopy(source)
         for cell in nb.cells:
             if cell.cell_type == "code" and not answer_id(cell):
                 cell.outputs = []
         (folder / f"student{i:02d}").mkdir(parents=True)
-        nbformat.write(nb, folder / f"student{i:02d}" / "A1_sgd_conv.ipynb")
+        nbformat.write(nb, folder / f"student{i:02d}" / path.name)
 
 
 def main() -> int:
@@ -53,6 +57,8 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=1)
     parser.add_argument("--jobs", type=int, default=2)
     parser.add_argument("--quick", action="store_true", help="a class of 6, one round")
+    assignments = sorted(path.name.split("_")[0] for path in SOURCES.glob("A*_*.ipynb"))
+    parser.add_argument("--assignment", default="A1", choices=assignments)
     args = parser.parse_args()
     if args.quick:
         args.students, args.rounds = 6, 1
@@ -63,7 +69,7 @@ def main() -> int:
     limits = GradingLimits(cell_seconds=120, total_seconds=900)
     times: dict[str, list[float]] = {"unisolated": [], "sandboxed": []}
     with tempfile.TemporaryDirectory(prefix="bench-grading-") as tmp:
-        write_class(Path(tmp) / "class", args.students)
+        write_class(Path(tmp) / "class", args.students, args.assignment)
         for _ in range(args.rounds):
             for mode, sandbox in (("unisolated", None), ("sandboxed", SandboxLimits())):
                 started = time.perf_counter()
@@ -78,11 +84,14 @@ def main() -> int:
                 times[mode].append(time.perf_counter() - started)
                 full = sum(r.points == r.max_points for r in rows)
                 print(
-                    f"{mode:>10}: {times[mode][-1]:6.1f} s for {args.students} notebooks "
+                    f"{mode:>10}: {times[mode][-1]:6.1f} s for {args.students} "
+                    f"{args.assignment} notebooks "
                     f"({times[mode][-1] / args.students:.1f} s each), {full}/{len(rows)} "
                     "exercises at full points",
                     flush=True,
                 )
+                for row in [r for r in rows if r.points != r.max_points][:3]:  # right answers all
+                    print(f"    {row.student} {row.exercise}: {row.reason[:300]}", flush=True)
     base, boxed = (statistics.median(times[m]) for m in ("unisolated", "sandboxed"))
     print(
         f"median over {args.rounds} round(s), {args.jobs} at once: unisolated {base:.1f} s, "
