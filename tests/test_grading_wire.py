@@ -322,6 +322,28 @@ def test_a_broadcast_from_a_known_root_follows_gloos_binomial_tree():
     assert problem and re.search(WIRE_REASON, problem), problem
 
 
+def test_reports_that_are_negative_unknown_or_contradict_the_records_are_refused():
+    """Claims come from the answer's process: a negative count would buy room for hidden
+    traffic, an unknown built-in would hide bytes from the judges, and A3's step records (what
+    the judge reads) must add up to the counts (what the wire is held against)."""
+    from course_lib.grading.probes.a3 import a3_claims
+
+    with pytest.raises(ValueError, match="negative"):
+        ClaimsBuilder().sent(0, 1, -5000, 1)
+    for used in ([("alltoall", 1, 8)], [("allreduce", 1, -8)], [("barrier", -3, 0)]):
+        with pytest.raises(ValueError, match="rank 2 reported"):
+            ClaimsBuilder().builtins(2, 4, used)
+    records = [[rank, step, 100, 0] for step in range(2) for rank in range(2)]
+    # Each rank: the set-up's broadcast, then 2 barriers and 200 B in 2 messages to the other.
+    counters = [(([("broadcast", 1, 64)], []), ([("barrier", 2, 0)], [(1 - r, 2, 200, 2, 200)]))
+                for r in range(2)]  # fmt: skip
+    run = (2, 1, 0.0, 0, 0, [], records, counters)
+    assert a3_claims([run])  # they agree
+    moved = [*counters[:1], (counters[1][0], ([("allreduce", 2, 400)], []))]
+    with pytest.raises(ValueError, match="rank 1's counts of the training run"):
+        a3_claims([(*run[:7], moved)])
+
+
 def test_a_builtin_reported_but_done_by_messages_to_one_rank_fails():
     # An allreduce reported, done as a star: every rank sends rank 0 its buffer and gets the sum.
     star = {"flows": []}

@@ -205,8 +205,26 @@ def a3_claims(cases: list) -> list[Claims]:
                 used, p2p = line[6]
                 claims.counts(int(line[0]), int(line[1]), used, p2p)
             continue
+        _agree_with_records(data[6], data[7])
         claims.training_run(data[7])  # the training run
     return claims.alternatives()
+
+
+def _agree_with_records(records: list, counters: list) -> None:
+    """Raise ValueError unless each rank's counts of the steps add up to its step records.
+
+    The judge reads the records, the wire check the counts: both come from the answer's
+    process, so they must say the same (a count moved out of the records, or into a built-in
+    the judge does not see, would otherwise pass both)."""
+    for rank, (_setup, (used, p2p)) in enumerate(counters):
+        mine = [rec for rec in records if int(rec[0]) == rank]
+        sent = sum(int(row[2]) for row in p2p)
+        built_in = sum(int(nbytes) for _name, _calls, nbytes in used)
+        if (sent, built_in) != (sum(int(r[2]) for r in mine), sum(int(r[3]) for r in mine)):
+            raise ValueError(
+                f"rank {rank}'s counts of the training run ({sent} bytes sent, {built_in} in "
+                "built-ins) disagree with its step records"
+            )
 
 
 def a3_spec() -> ProbeSpec:

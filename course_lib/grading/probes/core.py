@@ -253,12 +253,14 @@ def _replay(results: list) -> Callable:
     return answer
 
 
-def _claims(probe: ExerciseProbe, results: list) -> Claims | None:
-    """What the ranks reported sending, or None when the results do not say it as data."""
+def _claims(probe: ExerciseProbe, results: list) -> Claims | list[Claims] | str:
+    """What the ranks reported sending, or why their reports cannot be checked."""
     try:
         return probe.claims([_decode_value(r.get("value")) for r in results if isinstance(r, dict)])
-    except (AssertionError, TypeError, ValueError, KeyError, IndexError):
-        return None
+    except ValueError as exc:  # the claims' own checks: negative, unknown, self-contradicting
+        return f"the ranks' byte counts cannot be checked: {str(exc)[:200]}"
+    except (AssertionError, TypeError, KeyError, IndexError):
+        return "the ranks' byte counts are not data"
 
 
 def judge(
@@ -282,7 +284,7 @@ def judge(
         return False, f"FAIL ({verdict.detail})"
     if probe.claims is not None and wire is not None:
         claims = _claims(probe, results)
-        problem = "the ranks' byte counts are not data" if claims is None else None
+        problem = claims if isinstance(claims, str) else None
         problem = problem or wire_problem(claims, wire, stdout or "", probe.wire_slack)
         if problem:
             return False, f"FAIL ({problem})"

@@ -83,6 +83,8 @@ RING_ROUNDING = 8
 #: sliced) to rank r - 1, allgather to rank r + 1 (measured). The other way round is allowed
 #: too, so a gloo that turned its rings round would not cost an honest answer its points.
 _RING_DIRECTION = {"allreduce": -1, "reduce_scatter": -1, "allgather": +1}
+#: The communicator's built-ins: a report naming another one is not the communicator's.
+_BUILTINS = ("allreduce", "broadcast", "allgather", "reduce_scatter", "barrier")
 
 #: (sender, receiver) -> (payload bytes, messages, bytes allowed beyond them: barriers)
 Claims = Mapping[tuple[int, int], tuple[int, int, int]]
@@ -96,6 +98,8 @@ class ClaimsBuilder:
         self._rings: list[tuple[int, int, str, int, int]] = []
 
     def _add(self, rank: int, peer: int, least: int, messages: int, extra: int) -> None:
+        if min(rank, peer, least, messages, extra) < 0:  # a report can be forged: no credit
+            raise ValueError(f"rank {rank} reported a negative count for rank {peer}")
         old = self.claims.get((rank, peer), (0, 0, 0))
         self.claims[(rank, peer)] = (old[0] + least, old[1] + messages, old[2] + extra)
 
@@ -149,6 +153,8 @@ class ClaimsBuilder:
         """
         for name, calls, nbytes in used:
             name, calls, nbytes = str(name), int(calls), int(nbytes)
+            if name not in _BUILTINS or min(calls, nbytes) < 0:
+                raise ValueError(f"rank {rank} reported {calls} calls of {name!r}, {nbytes} bytes")
             if name == "barrier":
                 self.barriers(rank, world_size, calls)
                 continue
