@@ -62,10 +62,10 @@ def _from(assignment: str, notebook: str, exercise: str, attacks: dict, what: st
 
 ENGINE_ROUTES = [
     EngineRoute("A2", "A2_rabenseifner_allreduce", "A2.1",
-                "Verdict rebound; a built-in allreduce, the counters rewritten", _REBIND_VERDICT,
+                "Verdict rebound; a built-in, the counters rewritten", _REBIND_VERDICT,
                 "", FORGED_COUNTERS[("A2", "A2.1")], WIRE_REASON),
     _from("A3", "A3_data_parallel", "A3.2", A3_ATTACKS,
-          "the check replaced by a forged verdict; buckets from the first parameter"),
+          "a forged verdict; buckets from the first parameter"),
     EngineRoute("A4", "A4_local_sgd_gossip", "A4.1",
                 "Verdict.__str__ rebound by name; the plain mean", _REBIND_VERDICT, "",
                 "def weighted_average(comm, w, n):\n"
