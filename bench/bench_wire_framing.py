@@ -6,7 +6,7 @@ of several sizes from rank 0 to rank 1 (the bytes beyond the payload, per messag
 built-in allreduce and allgather (gloo's rings: which neighbour gets the chunks, the bytes per
 message beyond them, the kit's agreement on every pair), a broadcast (gloo's tree), barriers (the bytes per pair of
 ranks), and nothing at all (what idle engines send each other).
-:mod:`course_lib.grading.probes.wire` allows 232 B per message sent and 104 B back, 200 B and
+:mod:`course_lib.grading.probes.claims` allows 232 B per message sent and 104 B back, 200 B and
 104 B a message of a ring, 40-200 B a pair of agreement per call, 40-400 B a pair per barrier;
 this prints what this machine's gloo does. Needs root (``ss -p`` on the engines' sockets).
 

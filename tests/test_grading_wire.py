@@ -24,15 +24,17 @@ import pytest
 
 from course_lib.grading import GradingLimits, answer_id, grade_notebook
 from course_lib.grading.attacks.counters import FORGED_COUNTERS, WIRE_REASON
-from course_lib.grading.probes.wire import (
+from course_lib.grading.probes.claims import (
     BARRIER_LEAST,
     BARRIER_MOST,
     PER_MESSAGE_RECEIVED,
     PER_MESSAGE_SENT,
     PER_PAIR,
+    ClaimsBuilder,
+)
+from course_lib.grading.probes.wire import (
     PIDS_MARK,
     UNACCOUNTED_MOST,
-    ClaimsBuilder,
     decode_pids,
     wire_problem,
 )

@@ -28,8 +28,8 @@ from typing import Any
 import numpy as np
 
 from course_lib.checks.verdict import Verdict, run_check
+from course_lib.grading.probes.claims import Claims, ClaimsBuilder
 from course_lib.grading.probes.core import ExerciseProbe, ProbeSpec
-from course_lib.grading.probes.wire import Claims, ClaimsBuilder
 
 __all__ = ["a3_cases", "a3_claims", "a3_spec", "kit_hidden"]
 

@@ -24,8 +24,8 @@ from typing import Any
 import numpy as np
 
 from course_lib.checks.verdict import Verdict, run_check
+from course_lib.grading.probes.claims import Claims, ClaimsBuilder
 from course_lib.grading.probes.core import ExerciseProbe, ProbeSpec
-from course_lib.grading.probes.wire import Claims, ClaimsBuilder
 
 __all__ = ["a4_cases", "a4_claims", "a4_spec"]
 

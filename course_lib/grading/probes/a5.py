@@ -25,8 +25,8 @@ import inspect
 from collections.abc import Callable
 
 from course_lib.checks.verdict import Verdict, run_check
+from course_lib.grading.probes.claims import Claims, ClaimsBuilder
 from course_lib.grading.probes.core import ExerciseProbe, ProbeSpec
-from course_lib.grading.probes.wire import Claims, ClaimsBuilder
 
 __all__ = ["a5_spec", "training_claims"]
 

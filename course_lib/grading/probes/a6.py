@@ -26,8 +26,8 @@ import inspect
 from collections.abc import Callable
 
 from course_lib.checks.verdict import Verdict, run_check
+from course_lib.grading.probes.claims import counter_claims, p2p_claims
 from course_lib.grading.probes.core import ExerciseProbe, ProbeSpec
-from course_lib.grading.probes.wire import counter_claims, p2p_claims
 
 __all__ = ["a6_spec"]
 

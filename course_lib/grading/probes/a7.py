@@ -23,8 +23,8 @@ import inspect
 from collections.abc import Callable
 
 from course_lib.checks.verdict import Verdict, run_check
+from course_lib.grading.probes.claims import Claims, p2p_claims
 from course_lib.grading.probes.core import ExerciseProbe, ProbeSpec
-from course_lib.grading.probes.wire import Claims, p2p_claims
 
 __all__ = ["a7_claims", "a7_spec"]
 

@@ -28,7 +28,8 @@ import numpy as np
 
 from course_lib.checks.verdict import Verdict
 from course_lib.grading.cells import answer_id, check_id
-from course_lib.grading.probes.wire import PER_PAIR, PIDS_CODE, Claims, wire_problem
+from course_lib.grading.probes.claims import PER_PAIR, Claims
+from course_lib.grading.probes.wire import PIDS_CODE, wire_problem
 
 __all__ = [
     "ExerciseProbe",
@@ -107,9 +108,9 @@ class ExerciseProbe:
     call: str  # a Python expression over ``case`` calling the answer
     check: Callable[..., Verdict]  # check(replayed_answer, verbose=False, seed=seed)
     setup: str = ""  # kernel code defined before the calls (indented 4)
-    # results -> {(sender rank, receiver rank): (bytes, messages)} the ranks reported, summed
-    # over the cases: held against the bytes on the wire (:mod:`course_lib.grading.probes.wire`)
-    claims: Callable[[list], Claims] | None = None
+    # results -> what the ranks reported, summed over the cases, as :mod:`.claims` models it (one
+    # set, or one per direction gloo's rings could take): held against the bytes on the wire
+    claims: Callable[[list], Claims | list[Claims]] | None = None
     wire_slack: int = PER_PAIR  # bytes a pair may carry beyond them (subgroups made, ...)
 
 
