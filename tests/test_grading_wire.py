@@ -388,8 +388,23 @@ def _with_answer(notebook: str, exercise: str, edit) -> tuple:
     return source, submission
 
 
-def _forged(notebook: str, assignment: str, exercise: str) -> tuple:
-    return _with_answer(notebook, exercise, lambda _: FORGED_COUNTERS[(assignment, exercise)])
+def _forged(notebook: str, assignment: str, *exercises: str) -> tuple:
+    """The source and a submission whose ``exercises`` are the counter-forging answers."""
+    source = nbformat.read(SOURCES / f"{notebook}.ipynb", as_version=4)
+    submission = copy.deepcopy(source)
+    for cell in submission.cells:
+        if answer_id(cell) in exercises:
+            cell.source = FORGED_COUNTERS[(assignment, answer_id(cell))]
+    return source, submission
+
+
+def _lost_to_the_wire(rows: list, *exercises: str) -> dict:
+    """Assert ``exercises`` got 0 with the wire's reason; return the rows by exercise."""
+    got = {r.exercise: r for r in rows}
+    for exercise in exercises:
+        assert got[exercise].points == 0.0, rows
+        assert re.search(WIRE_REASON, got[exercise].reason), rows
+    return got
 
 
 def _graded(student: str, assignment: str, source, submission, tmp_path, seconds: float) -> list:
@@ -413,8 +428,7 @@ def test_a2_counters_rewritten_after_a_builtin_lose_their_points_to_the_wire(tmp
     means the counters alone gave full marks (graded without the sandbox: 3/3, seen)."""
     source, submission = _forged("A2_rabenseifner_allreduce", "A2", "A2.1")
     rows = _graded("forger", "A2", source, submission, tmp_path, 90)
-    got = {r.exercise: r for r in rows}
-    assert got["A2.1"].points == 0.0 and re.search(WIRE_REASON, got["A2.1"].reason), rows
+    got = _lost_to_the_wire(rows, "A2.1")
     assert got["A2.2"].points == 2.0, rows  # the honest exercise beside it keeps its points
     assert got["A2.3"].points == 0.0, rows  # A2.3 calls the forged A2.1: its bytes are forged too
 
@@ -425,15 +439,9 @@ def test_a2_counters_rewritten_after_a_builtin_lose_their_points_to_the_wire(tmp
 def test_a4_counters_rewritten_lose_their_points_to_the_model_of_gloos_ring(tmp_path):
     """A4.1 averages with two allreduce calls and reports one; A4.3 gossips through the built-in
     allgather and reports sendrecv's messages. Both pass their judges on the counters alone."""
-    source, submission = _forged("A4_local_sgd_gossip", "A4", "A4.1")
-    for cell in submission.cells:
-        if answer_id(cell) == "A4.3":
-            cell.source = FORGED_COUNTERS[("A4", "A4.3")]
+    source, submission = _forged("A4_local_sgd_gossip", "A4", "A4.1", "A4.3")
     rows = _graded("forger", "A4", source, submission, tmp_path, 90)
-    got = {r.exercise: r for r in rows}
-    for exercise in ("A4.1", "A4.3"):
-        assert got[exercise].points == 0.0, rows
-        assert re.search(WIRE_REASON, got[exercise].reason), rows
+    got = _lost_to_the_wire(rows, "A4.1", "A4.3")
     # A4.2 averages through the forged A4.1, whose reset of the counters its own judge sees.
     assert got["A4.2"].points == 0.0 and "allreduce calls" in got["A4.2"].reason, rows
 
@@ -445,15 +453,9 @@ def test_a3_counters_rewritten_lose_their_exercises_training_run_included(tmp_pa
     """A3.1 and A3.3 average with the built-in allreduce and rewrite the counters to say the
     parameter server's and the ring's messages: in the probe calls and, step after step, in the
     training run through the kit's data-parallel seam. A3.2 beside them keeps its points."""
-    source, submission = _forged("A3_data_parallel", "A3", "A3.1")
-    for cell in submission.cells:
-        if answer_id(cell) == "A3.3":
-            cell.source = FORGED_COUNTERS[("A3", "A3.3")]
+    source, submission = _forged("A3_data_parallel", "A3", "A3.1", "A3.3")
     rows = _graded("forger", "A3", source, submission, tmp_path, 120)
-    got = {r.exercise: r for r in rows}
-    for exercise in ("A3.1", "A3.3"):
-        assert got[exercise].points == 0.0, rows
-        assert re.search(WIRE_REASON, got[exercise].reason), rows
+    got = _lost_to_the_wire(rows, "A3.1", "A3.3")
     assert got["A3.2"].points == 2.0, rows
 
 
@@ -463,8 +465,7 @@ def test_a3_counters_rewritten_lose_their_exercises_training_run_included(tmp_pa
 def test_a7_counters_rewritten_after_a_builtin_lose_their_exercise_only(tmp_path):
     source, submission = _forged("A7_zero_stage2", "A7", "A7.1")
     rows = _graded("forger", "A7", source, submission, tmp_path, 120)
-    got = {r.exercise: r for r in rows}
-    assert got["A7.1"].points == 0.0 and re.search(WIRE_REASON, got["A7.1"].reason), rows
+    got = _lost_to_the_wire(rows, "A7.1")
     assert (got["A7.2"].points, got["A7.3"].points) == (2.0, 2.0), rows
 
 

@@ -8,7 +8,7 @@ namespace. gloo (and the rendezvous store) talk over TCP on the sandbox's loopba
 of each connection are in the table: pairing a socket with its peer gives, per pair of processes,
 the bytes one sent the other. The grader snapshots the table before and after a probe cell and
 compares the difference with what the ranks said they sent
-(:func:`course_lib.grading.probes.core.wire_problem`).
+(:func:`course_lib.grading.probes.wire.wire_problem`).
 
 A connection opened and closed between the two snapshots is gone from the table by the second;
 its bytes are still in the loopback's own counters (``/proc/PID/net/dev``), so what crossed the

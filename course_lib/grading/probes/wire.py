@@ -106,8 +106,13 @@ def wire_problem(
         return "the engines' process ids never reached the grader, so the bytes cannot be checked"
     measured = _measured(record, pids)
     options = [claims] if isinstance(claims, Mapping) else list(claims) or [{}]
-    problems = [_disagreement(option, measured, slack) for option in options]
-    return None if None in problems else problems[0]
+    first = None
+    for option in options:  # the first that agrees ends it; else the first's disagreement
+        problem = _disagreement(option, measured, slack)
+        if problem is None:
+            return None
+        first = first or problem
+    return first
 
 
 def _disagreement(
