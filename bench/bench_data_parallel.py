@@ -365,7 +365,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     started = time.perf_counter()
     if args.room:
-        from course_lib.cluster.room.cluster import room_cluster
+        from course_kit.room.cluster import room_cluster
 
         try:
             with room_cluster(max(sizes), rate="1gbit") as cluster:

@@ -7,9 +7,9 @@ them unisolated and sandboxed (alternating, ``--rounds`` times each, 2 notebooks
 unisolated ratio of the medians (target: at most 1.3). Both runs include the integrity checks
 after each pair of notebooks, and both decide the verdicts in the grader (probes); sandboxed,
 A1's kernel has no torch and no kit. Then it times
-the grader's self-check (``course_lib.grading.selfcheck.preflight``), which ``./kit grade``
+the grader's self-check (``course_grader.selftest.selfcheck.preflight``), which ``./kit grade``
 runs once before the first student, and the reading of a sandbox's socket table that the bytes
-on the wire rest on (:mod:`course_lib.grading.wire_audit`: twice per probe cell of A2-A7's
+on the wire rest on (:mod:`course_grader.sandbox.wire_audit`: twice per probe cell of A2-A7's
 exercises whose engines talk).
 
     .venv/bin/python bench/bench_grading_sandbox.py                 # a class of 8, 1 round
@@ -32,8 +32,10 @@ import nbformat
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from course_lib.grading import GradingLimits, answer_id, grade_folder  # noqa: E402
-from course_lib.grading.sandbox import SandboxLimits, sandbox_problem  # noqa: E402
+from course_grader.cells import answer_id  # noqa: E402
+from course_grader.grade import GradingLimits  # noqa: E402
+from course_grader.gradebook import grade_folder  # noqa: E402
+from course_grader.sandbox.config import SandboxLimits, sandbox_problem  # noqa: E402
 
 SOURCES = ROOT / "assignments" / "source"
 
@@ -97,8 +99,8 @@ def main() -> int:
         f"median over {args.rounds} round(s), {args.jobs} at once: unisolated {base:.1f} s, "
         f"sandboxed {boxed:.1f} s, ratio {boxed / base:.2f} (target <= 1.3)"
     )
-    from course_lib.grading.gradebook import load_sources
-    from course_lib.grading.selfcheck import preflight
+    from course_grader.gradebook import load_sources
+    from course_grader.selftest.selfcheck import preflight
 
     checked = preflight(load_sources(SOURCES), SandboxLimits(), ["A1"])
     print(
@@ -113,7 +115,7 @@ def wire_audit_cost(reads: int = 30) -> str:
     """Time the socket table's reading (through ``nsenter``, as for a sandbox): the median."""
     import os
 
-    from course_lib.grading.wire_audit import sockets, wire_problem_here
+    from course_grader.sandbox.wire_audit import sockets, wire_problem_here
 
     if wire_problem_here():
         return f"bytes on the wire not audited here ({wire_problem_here()})"

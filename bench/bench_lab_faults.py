@@ -1,6 +1,6 @@
 """Benchmark a PC dropping out of the lab's cluster: seconds until ``./kit lab status`` names it.
 
-Builds an emulated room of N PCs (see ``course_lib/cluster/room/build.py``), starts the lab's cluster
+Builds an emulated room of N PCs (see ``course_kit/room/build.py``), starts the lab's cluster
 through the SSH launcher (``./kit lab start``, as ``bench_lab_start.py``), then, per repeat and
 per fault, either kills one PC's engines (SIGKILL to every process in its namespace) or cuts its
 link (``ip link set VETH down``), and times three things from the fault on:
@@ -33,11 +33,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from course_lib.cluster.lab.cluster import add_pcs, lab_status, start_lab, stop_lab  # noqa: E402
-from course_lib.cluster.lab.hosts import read_hosts  # noqa: E402
-from course_lib.cluster.lab.roster import HEARTBEAT_MISSES, HEARTBEAT_MS  # noqa: E402
-from course_lib.cluster.room.build import emulated_room, room_unavailable_reason  # noqa: E402
-from course_lib.cluster.room.ssh import write_ssh_standins  # noqa: E402
+from course_kit.lab.cluster import add_pcs, lab_status, start_lab, stop_lab  # noqa: E402
+from course_kit.lab.hosts import read_hosts  # noqa: E402
+from course_kit.lab.roster import HEARTBEAT_MISSES, HEARTBEAT_MS  # noqa: E402
+from course_kit.room.build import emulated_room, room_unavailable_reason  # noqa: E402
+from course_kit.room.ssh import write_ssh_standins  # noqa: E402
 
 
 def _square(x: int) -> int:

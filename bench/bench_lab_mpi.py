@@ -1,6 +1,6 @@
 """Benchmark MPI across the emulated room's PCs: MPI's Allreduce and the ring against the bound.
 
-Builds a room of N PCs (1 Gbit/s ``tc tbf`` links, see ``course_lib/cluster/room/build.py``), writes a
+Builds a room of N PCs (1 Gbit/s ``tc tbf`` links, see ``course_kit/room/build.py``), writes a
 hosts file whose ``ssh`` is the room's stand-in, and runs
 ``course_lib.collectives.mpi_across_pcs`` as one MPI rank per PC through ``./kit lab mpi``
 (MPICH's hydra over the stand-in; the kit sets ``UCX_TLS=tcp`` so no byte takes shared memory
@@ -26,10 +26,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from course_lib.cluster.lab.hosts import read_hosts  # noqa: E402
-from course_lib.cluster.lab.mpi import run_lab_mpi  # noqa: E402
-from course_lib.cluster.room.build import emulated_room, room_unavailable_reason  # noqa: E402
-from course_lib.cluster.room.ssh import write_ssh_standins  # noqa: E402
+from course_kit.lab.hosts import read_hosts  # noqa: E402
+from course_kit.lab.mpi import run_lab_mpi  # noqa: E402
+from course_kit.room.build import emulated_room, room_unavailable_reason  # noqa: E402
+from course_kit.room.ssh import write_ssh_standins  # noqa: E402
 
 LINK_BYTES = 125e6  # 1 Gbit/s
 PAYLOAD_BYTES = LINK_BYTES * 1448 / 1514  # TCP payload of full-size frames on that link

@@ -1,8 +1,8 @@
 """Benchmark ``./kit lab start``: seconds until every engine on every PC answers.
 
-Builds an emulated room of N PCs (see ``course_lib/cluster/room/build.py``), writes a hosts file
-whose ``ssh`` / ``scp`` are the room's stand-ins (``course_lib/cluster/room/ssh.py``), and times
-``python -m course_lib.cluster lab start`` (controller here, engines through ipyparallel's SSH
+Builds an emulated room of N PCs (see ``course_kit/room/build.py``), writes a hosts file
+whose ``ssh`` / ``scp`` are the room's stand-ins (``course_kit/room/ssh.py``), and times
+``python -m course_kit.jobs.cluster lab start`` (controller here, engines through ipyparallel's SSH
 launcher), then ``stop``; beside it, a local ``start_cluster`` of the same size on this machine.
 Prints the medians over the repeats and their ratio. Needs root, ``ip``, ``tc``, ``unshare``.
 
@@ -25,15 +25,15 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from course_kit.room.build import emulated_room, room_unavailable_reason  # noqa: E402
+from course_kit.room.ssh import write_ssh_standins  # noqa: E402
 from course_lib.cluster import start_cluster  # noqa: E402
-from course_lib.cluster.room.build import emulated_room, room_unavailable_reason  # noqa: E402
-from course_lib.cluster.room.ssh import write_ssh_standins  # noqa: E402
 
 
 def lab(env: dict[str, str], action: str, hosts: Path) -> str:
     """Run ``./kit lab ACTION HOSTS`` (its Python half); return its output, raise on failure."""
     done = subprocess.run(
-        [sys.executable, "-m", "course_lib.cluster", "lab", action, str(hosts)],
+        [sys.executable, "-m", "course_kit.jobs.cluster", "lab", action, str(hosts)],
         env=env,
         capture_output=True,
         text=True,

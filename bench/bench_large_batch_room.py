@@ -223,8 +223,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.batch % args.pcs:
         parser.error(f"--batch {args.batch} does not split over {args.pcs} PCs: use a multiple")
 
-    from course_lib.cluster.room.build import room_unavailable_reason
-    from course_lib.cluster.room.cluster import room_cluster
+    from course_kit.room.build import room_unavailable_reason
+    from course_kit.room.cluster import room_cluster
 
     reason = room_unavailable_reason()
     if reason:

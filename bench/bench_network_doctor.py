@@ -24,8 +24,8 @@ sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
 from test_room import Lab  # noqa: E402 - the tested lab set-up, not a copy of it
 
-from course_lib.cluster.network_doctor import CONTROLLER, measure_network  # noqa: E402
-from course_lib.cluster.room.build import room_unavailable_reason, shape_pc  # noqa: E402
+from course_kit.network.doctor import CONTROLLER, measure_network  # noqa: E402
+from course_kit.room.build import room_unavailable_reason, shape_pc  # noqa: E402
 
 RATES = {"1gbit": 125e6, "100mbit": 12.5e6, "none": None}
 

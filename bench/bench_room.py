@@ -1,7 +1,7 @@
 """Benchmark allreduce across an emulated room of PCs: ring vs gloo's own vs the bandwidth bound.
 
 Builds a room of N PCs (network namespaces on a bridge, every link shaped to 1 Gbit/s with tc
-tbf; see ``course_lib/cluster/room/build.py``), starts one gloo rank per PC, and prints for 1, 8 and 32
+tbf; see ``course_kit/room/build.py``), starts one gloo rank per PC, and prints for 1, 8 and 32
 MB of float32 the median time (slowest rank) of gloo's built-in allreduce, of ``ring_allreduce``
 and of ``ring_allreduce_pipelined`` (chunks cut into segments, each forwarded as it lands), with
 their ratio to the bound 2(N-1)/N * S / B and the percentage of the bound they reach.
@@ -145,7 +145,7 @@ def worker(
 
 def run_room(n_pcs: int, rate: str, sizes_mb: list[int], reps: int, segments: str) -> dict:
     """Build a room of ``n_pcs`` PCs, run one worker per PC, return rank 0's results."""
-    from course_lib.cluster.room.build import emulated_room
+    from course_kit.room.build import emulated_room
 
     workdir = Path(tempfile.mkdtemp(prefix="bench_room_"))
     out = workdir / "result.json"
@@ -250,7 +250,7 @@ def main() -> None:
         worker(args.worker, args.world, args.addr, sizes_mb, args.repeats, segments_mib, args.out)
         return
     rate_bytes(args.rate)  # a bad rate fails here, not inside the room
-    from course_lib.cluster.room.build import room_unavailable_reason
+    from course_kit.room.build import room_unavailable_reason
 
     reason = room_unavailable_reason()
     if reason:

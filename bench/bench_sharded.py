@@ -235,7 +235,7 @@ def main() -> None:
             "--batch x --engines x --steps must be at most 1500 (the digits' training set)"
         )
     if args.room:
-        from course_lib.cluster.room.cluster import room_cluster
+        from course_kit.room.cluster import room_cluster
 
         try:
             with room_cluster(args.engines, rate="1gbit") as cluster:

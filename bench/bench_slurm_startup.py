@@ -1,7 +1,7 @@
 """Benchmark ``./kit lab start`` on Slurm: seconds until every engine answers, queue time apart.
 
 Builds an emulated room of N PCs with a real Slurm across them (``./kit room up N --slurm``:
-Debian's ``slurm-wlm`` and ``munge``, a ``slurmd`` per PC; ``course_lib/cluster/room/slurm.py``),
+Debian's ``slurm-wlm`` and ``munge``, a ``slurmd`` per PC; ``course_kit/room/slurm.py``),
 then times the Slurm lab's start (the controller here, the engines as one ``sbatch`` job through
 ipyparallel's Slurm launcher) and stop, repeatedly. The time the job waited in the queue (until
 ``scontrol`` first reports it RUNNING, polled every second) is shown apart from the rest. Beside
@@ -26,15 +26,15 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from course_lib.cluster import start_cluster  # noqa: E402
-from course_lib.cluster.lab.slurm import (  # noqa: E402
+from course_kit.lab.slurm import (  # noqa: E402
     read_slurm_lab,
     start_slurm_lab,
     stop_slurm_lab,
 )
-from course_lib.cluster.room.build import room_unavailable_reason  # noqa: E402
-from course_lib.cluster.room.slurm import slurm_unavailable_reason  # noqa: E402
-from course_lib.cluster.room.state import lab_folder, room_down, room_up  # noqa: E402
+from course_kit.room.build import room_unavailable_reason  # noqa: E402
+from course_kit.room.slurm import slurm_unavailable_reason  # noqa: E402
+from course_kit.room.state import lab_folder, room_down, room_up  # noqa: E402
+from course_lib.cluster import start_cluster  # noqa: E402
 
 
 def time_slurm(nodes: int, per_node: int, repeats: int) -> list[tuple[float, float]]:

@@ -258,8 +258,8 @@ def _run_emulated(args, configs) -> None:
 
 
 def _run_in_room(args, configs) -> None:
-    from course_lib.cluster.room.build import room_unavailable_reason
-    from course_lib.cluster.room.cluster import room_cluster
+    from course_kit.room.build import room_unavailable_reason
+    from course_kit.room.cluster import room_cluster
 
     reason = room_unavailable_reason()
     if reason:

@@ -77,7 +77,7 @@ def _cluster(mbit: float, room: bool):
     from course_lib.comm import EmulatedLink, setup_communicators
 
     if room:
-        from course_lib.cluster.room.cluster import room_cluster
+        from course_kit.room.cluster import room_cluster
 
         @contextlib.contextmanager
         def in_room():
@@ -272,7 +272,7 @@ def main() -> None:
     parser.add_argument("--store", type=Path, help="write every row as JSON here")
     args = parser.parse_args()
     if args.room:
-        from course_lib.cluster.room.build import room_unavailable_reason
+        from course_kit.room.build import room_unavailable_reason
 
         reason = room_unavailable_reason()
         if reason:

@@ -173,7 +173,7 @@ def main() -> None:
     link = GIGABIT if args.rate is None else EmulatedLink(bandwidth=args.rate * 1e6 / 8)
     started = time.perf_counter()
     if args.room:
-        from course_lib.cluster.room.cluster import room_cluster
+        from course_kit.room.cluster import room_cluster
 
         try:
             with room_cluster(4, rate="1gbit") as cluster:

@@ -1,12 +1,12 @@
 """Measure what gloo puts on the wire around the kit's messages: the figures the grader's byte check rests on.
 
 Starts local engines with gloo communicators and reads the socket table
-(:mod:`course_lib.grading.wire_audit`) around four kinds of traffic: point-to-point messages
+(:mod:`course_grader.sandbox.wire_audit`) around four kinds of traffic: point-to-point messages
 of several sizes from rank 0 to rank 1 (the bytes beyond the payload, per message, each way),
 built-in allreduce and allgather (gloo's rings: which neighbour gets the chunks, the bytes per
 message beyond them, the kit's agreement on every pair), a broadcast (gloo's tree), barriers (the bytes per pair of
 ranks), and nothing at all (what idle engines send each other).
-:mod:`course_lib.grading.probes.claims` allows 232 B per message sent and 104 B back, 200 B and
+:mod:`course_grader.verdict.claims` allows 232 B per message sent and 104 B back, 200 B and
 104 B a message of a ring, 40-200 B a pair of agreement per call, 40-400 B a pair per barrier;
 this prints what this machine's gloo does. Needs root (``ss -p`` on the engines' sockets).
 
@@ -25,9 +25,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from course_grader.sandbox.wire_audit import flows, settled_sockets, sockets  # noqa: E402
 from course_lib.cluster import start_cluster  # noqa: E402
 from course_lib.comm import setup_communicators  # noqa: E402
-from course_lib.grading.wire_audit import flows, settled_sockets, sockets  # noqa: E402
 
 
 def _send(size: int, count: int) -> None:

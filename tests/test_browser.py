@@ -30,8 +30,8 @@ from browser_lab import (
 )
 from browser_lab import tracebacks as error_outputs
 
-from course_lib.cluster.room.build import room_unavailable_reason
-from course_lib.cluster.room.state import lab_folder, read_state, room_down
+from course_kit.room.build import room_unavailable_reason
+from course_kit.room.state import lab_folder, read_state, room_down
 
 pytestmark = [
     pytest.mark.slow,
@@ -131,9 +131,9 @@ ROOM_LECTURE = (
 
 
 def _kit(env: dict[str, str], *argv: str, timeout: float = 600) -> subprocess.CompletedProcess:
-    """Run ``python -m course_lib.cluster ARGV`` (what ``./kit ARGV`` runs)."""
+    """Run ``python -m course_kit.jobs.cluster ARGV`` (what ``./kit ARGV`` runs)."""
     return subprocess.run(
-        [sys.executable, "-m", "course_lib.cluster", *argv],
+        [sys.executable, "-m", "course_kit.jobs.cluster", *argv],
         env=env,
         capture_output=True,
         text=True,

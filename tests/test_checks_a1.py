@@ -10,12 +10,12 @@ import nbformat
 import numpy as np
 import pytest
 
-from course_lib.checks.assignments.a1 import (
+from course_grader.assignments.a1.checks import (
     check_conv2d_backward,
     check_sgd_momentum,
     check_smoothed_cross_entropy,
 )
-from course_lib.grading import answer_id
+from course_grader.cells import answer_id
 from course_lib.training import scratch
 
 SOURCE = Path(__file__).resolve().parents[1] / "assignments" / "source" / "A1_sgd_conv.ipynb"

@@ -12,15 +12,15 @@ import nbformat
 import numpy as np
 import pytest
 
-from course_lib.checks.assignments.a3 import (
+from course_grader.assignments.a3.checks import (
     A3_POINTS,
     check_bucket_average,
     check_bucket_layout,
     check_parameter_server,
     ring_bytes_bounds,
 )
-from course_lib.checks.assignments.a3_judge import train_and_compare
-from course_lib.grading import answer_id
+from course_grader.assignments.a3.judge import train_and_compare
+from course_grader.cells import answer_id
 
 pytestmark = pytest.mark.timeout(600)
 

@@ -13,7 +13,7 @@ import nbformat
 import numpy as np
 import pytest
 
-from course_lib.checks.assignments.a4 import (
+from course_grader.assignments.a4.checks import (
     A4_POINTS,
     MISTAKES,
     check_directed_gossip,
@@ -24,8 +24,9 @@ from course_lib.checks.assignments.a4 import (
     local_sgd_shards,
     simulate_local_sgd_numpy,
 )
+from course_grader.cells import answer_id
+from course_grader.grade import GradingLimits, grade_notebook
 from course_lib.collectives.mixing import allreduce_matrix, is_doubly_stochastic
-from course_lib.grading import GradingLimits, answer_id, grade_notebook
 
 ROOT = Path(__file__).resolve().parents[1]
 SOURCE = ROOT / "assignments" / "source" / "A4_local_sgd_gossip.ipynb"

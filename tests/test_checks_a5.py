@@ -12,7 +12,7 @@ import nbformat
 import numpy as np
 import pytest
 
-from course_lib.checks.assignments.a5 import (
+from course_grader.assignments.a5.checks import (
     A5_POINTS,
     check_block_int8_decode,
     check_block_int8_encode,
@@ -21,11 +21,11 @@ from course_lib.checks.assignments.a5 import (
     check_error_feedback,
     check_training,
 )
+from course_grader.cells import answer_id
 from course_lib.compression.base import Compressor, Payload
 from course_lib.compression.error_feedback import ErrorFeedback
 from course_lib.compression.int8 import int8_encode
 from course_lib.compression.sparse import TopK
-from course_lib.grading import answer_id
 from course_lib.parallel.exchanges.compressed import CompressedExchange
 
 SOURCE = Path(__file__).resolve().parents[1] / "assignments" / "source" / "A5_compression.ipynb"

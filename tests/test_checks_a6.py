@@ -13,14 +13,14 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from course_lib.checks.assignments.a6 import (
+from course_grader.assignments.a6.checks import (
     A6_POINTS,
     check_gpipe_step,
     check_gpipe_training,
     check_row_parallel_backward,
     check_row_parallel_forward,
 )
-from course_lib.grading import answer_id
+from course_grader.cells import answer_id
 
 SOURCE = Path(__file__).resolve().parents[1] / "assignments" / "source" / "A6_model_pipeline.ipynb"
 ANSWERS = {

@@ -13,16 +13,16 @@ import nbformat
 import pytest
 import torch
 
-from course_lib.checks.assignments.a7 import (
+from course_grader.assignments.a7.checks import (
     A7_POINTS,
     check_allgather_shards,
     check_reduce_scatter_mean,
     check_shard_adam,
     check_stage2_step,
 )
+from course_grader.cells import answer_id
+from course_grader.verdict.guard import rejected_answers
 from course_lib.comm import chunk_bounds
-from course_lib.grading import answer_id
-from course_lib.grading.guard import rejected_answers
 
 SOURCE = Path(__file__).resolve().parents[1] / "assignments" / "source" / "A7_zero_stage2.ipynb"
 ANSWERS = {
@@ -337,14 +337,14 @@ def test_the_judges_reference_is_one_process_and_the_rings_order_matters():
     # the whole batch within the kit's data-parallel tolerance (tests/test_sharded.py).
     import torch.nn.functional as F
 
-    from course_lib.checks.assignments.a7.collect import (
+    from course_grader.assignments.a7.collect import (
         ADAM_LR,
         bucket,
         global_batches,
         model_buckets,
         stage2_model,
     )
-    from course_lib.checks.assignments.a7.judge import a7_cases, reference_stage2, ring_mean
+    from course_grader.assignments.a7.judge import a7_cases, reference_stage2, ring_mean
 
     parts = [bucket(35, 5, r) for r in range(3)]
     exact = torch.stack(parts).double().mean(0)

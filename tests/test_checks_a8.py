@@ -11,10 +11,10 @@ import nbformat
 import numpy as np
 import pytest
 
-from course_lib.checks.assignments.a8 import a8_cases, check_halo_messages, check_mh_search
-from course_lib.grading import answer_id
-from course_lib.grading.probes.a8 import a8_spec
-from course_lib.grading.probes.core import judge
+from course_grader.assignments.a8.checks import a8_cases, check_halo_messages, check_mh_search
+from course_grader.assignments.a8.probe import a8_spec
+from course_grader.cells import answer_id
+from course_grader.verdict.probe import judge
 
 ROOT = Path(__file__).resolve().parents[1]
 SOURCE = ROOT / "assignments" / "source" / "A8_choosing_a_strategy.ipynb"
@@ -134,7 +134,7 @@ def _kernel_line(exercise: str, seed: int, code: str) -> str:
     import contextlib
     import io
 
-    from course_lib.grading.probes.core import probe_source
+    from course_grader.verdict.probe import probe_source
 
     source = probe_source(a8_spec().exercises[exercise], exercise, seed)
     out = io.StringIO()

@@ -1,8 +1,8 @@
-"""Every ``./kit`` job as Python: ``python -m course_lib JOB`` answers as ``./kit JOB`` does.
+"""Every ``./kit`` job as Python: ``python -m course_kit JOB`` answers as ``./kit JOB`` does.
 
 The cheap invocations of every job (help, ``--help``, bad arguments) run both ways in their own
 processes: through the real ``kit`` bash script (in a copy of the checkout's wrapper whose
-``.venv`` is this Python, so nothing is installed) and through ``python -m course_lib``; the exit
+``.venv`` is this Python, so nothing is installed) and through ``python -m course_kit``; the exit
 status, stdout and stderr must be the same, bad input must be one line without a traceback. No
 test starts JupyterLab, a cluster or the suite.
 """
@@ -18,9 +18,9 @@ from pathlib import Path
 
 import pytest
 
-from course_lib.cli import JOBS, help_text
-from course_lib.cli.bench import Benchmark, find_benchmarks, run_all
-from course_lib.cluster.lab.find import HOSTS_NOTE, remember_hosts_file
+from course_kit.jobs import JOBS, help_text
+from course_kit.jobs.bench import Benchmark, find_benchmarks, run_all
+from course_kit.lab.find import HOSTS_NOTE, remember_hosts_file
 
 ROOT = Path(__file__).resolve().parents[1]
 ROOT_ONLY = {
@@ -43,7 +43,7 @@ def _env(tmp_path: Path) -> dict[str, str]:
 
 def _python(env: dict[str, str], *argv: str) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "course_lib", *argv],
+        [sys.executable, "-m", "course_kit", *argv],
         env=env,
         cwd=ROOT,
         capture_output=True,
@@ -58,10 +58,10 @@ def kit(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
     The script's own set-up check passes (the stamp is the checksum of the copied
     ``pyproject.toml``), so running it never installs anything, and it ends in
-    ``exec .venv/bin/python -m course_lib JOB ...`` as in a checkout.
+    ``exec .venv/bin/python -m course_kit JOB ...`` as in a checkout.
     """
     if shutil.which("bash") is None:
-        pytest.skip("no bash here (Windows): ./kit is the bash wrapper of python -m course_lib")
+        pytest.skip("no bash here (Windows): ./kit is the bash wrapper of python -m course_kit")
     home = tmp_path_factory.mktemp("checkout")
     shutil.copy2(ROOT / "kit", home / "kit")
     shutil.copy2(ROOT / "pyproject.toml", home / "pyproject.toml")
@@ -98,7 +98,7 @@ def _kit_jobs() -> set[str]:
 def test_every_kit_job_has_a_python_form() -> None:
     jobs = _kit_jobs()
     assert {"setup", "lab", "test", "bench", "release", "grade", "check", "room"} <= jobs, jobs
-    assert jobs == set(JOBS), f"kit runs {sorted(jobs)}, python -m course_lib has {sorted(JOBS)}"
+    assert jobs == set(JOBS), f"kit runs {sorted(jobs)}, python -m course_kit has {sorted(JOBS)}"
     listed = help_text()
     for job in JOBS:  # ./kit help names every job (it used to omit setup, release, grade, check)
         assert re.search(rf"^  {job}\b", listed, flags=re.M), (job, listed)
@@ -106,7 +106,7 @@ def test_every_kit_job_has_a_python_form() -> None:
 
 def test_the_console_script_is_the_same_entry_point() -> None:
     text = (ROOT / "pyproject.toml").read_text()
-    assert re.search(r'^course-kit = "course_lib\.cli:main"$', text, flags=re.M), text
+    assert re.search(r'^course-kit = "course_kit\.jobs:main"$', text, flags=re.M), text
     installed = shutil.which("course-kit", path=str(Path(sys.executable).parent))
     if installed is None:
         pytest.skip("course-kit is not installed in this Python yet (pip install -e . makes it)")
@@ -117,7 +117,7 @@ def test_the_console_script_is_the_same_entry_point() -> None:
 # (argv, exit status, a piece of stdout or stderr). Every job, cheaply: help and bad input.
 CASES = [
     ((), 0, "usage: ./kit JOB"),
-    (("help",), 0, "python -m course_lib JOB"),
+    (("help",), 0, "python -m course_kit JOB"),
     (("nosuch",), 2, "kit: no job named 'nosuch'; choose one of: setup, lab"),
     (("setup", "--help"), 0, "usage: ./kit setup"),
     (("setup", "--bogus"), 2, "kit setup: unrecognized arguments: --bogus"),
@@ -180,9 +180,10 @@ def test_kit_help_needs_no_virtual_environment(tmp_path: Path) -> None:
     if shutil.which("bash") is None or shutil.which("python3") is None:
         pytest.skip("needs bash and python3")
     shutil.copy2(ROOT / "kit", tmp_path / "kit")
-    shutil.copytree(
-        ROOT / "course_lib", tmp_path / "course_lib", ignore=shutil.ignore_patterns("__pycache__")
-    )
+    for package in ("course_lib", "course_grader", "course_kit"):
+        shutil.copytree(
+            ROOT / package, tmp_path / package, ignore=shutil.ignore_patterns("__pycache__")
+        )
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     done = subprocess.run(
         ["bash", str(tmp_path / "kit"), "help"],

@@ -14,36 +14,27 @@ import numpy as np
 import psutil
 import pytest
 
-from course_lib import collectives as C
-from course_lib.checks.assignments.a2 import (
+from course_grader import grade as grade_module
+from course_grader import gradebook, runner
+from course_grader.assignments.a2.checks import (
     check_allgather_doubling,
     check_rabenseifner_allreduce,
     check_reduce_scatter_halving,
     rabenseifner_bytes_sent,
     rabenseifner_partners,
 )
-from course_lib.comm import chunk_bounds
-from course_lib.grading import (
-    GradingLimits,
-    answer_id,
-    check_id,
-    grade_folder,
-    grade_notebook,
-    gradebook,
-    release_notebook,
-    runner,
-    stub_solution,
-    write_feedback,
-    write_gradebook,
-)
-from course_lib.grading import grade as grade_module
-from course_lib.grading.cells import BEGIN, END
-from course_lib.grading.guard import (
+from course_grader.cells import BEGIN, END, answer_id, check_id, stub_solution
+from course_grader.grade import GradingLimits, grade_notebook
+from course_grader.gradebook import grade_folder, write_feedback, write_gradebook
+from course_grader.release import release_notebook
+from course_grader.verdict.guard import (
     answer_problem,
     parse_python,
     protected_names,
     rejected_answers,
 )
+from course_lib import collectives as C
+from course_lib.comm import chunk_bounds
 
 ROOT = Path(__file__).resolve().parents[1]
 SOURCES = ROOT / "assignments" / "source"
@@ -189,17 +180,17 @@ FORGED_VERDICT = (
         ("def f():\n    global verdict\n    verdict = 1", "line 2 rebinds verdict"),
         ("cluster = None", "rebinds cluster"),  # the A2 checks run on it
         (
-            "from course_lib.checks.assignments.a1 import check_sgd_momentum as c",
-            "imports course_lib.checks.assignments.a1",
+            "from course_grader.assignments.a1.checks import check_sgd_momentum as c",
+            "imports course_grader.assignments.a1.checks",
         ),
         ("from course_lib.checks import verdict as v", "imports course_lib.checks.verdict"),
-        ("import course_lib.grading.grade", "imports course_lib.grading"),
+        ("import course_grader.grade", "imports course_grader"),
         ('setattr(np, "allclose", lambda *a, **k: True)', "uses setattr"),
         ('globals()["check_sgd_momentum"] = None', "uses globals"),
         ('exec("x = 1")', "uses exec"),
         ("import importlib", "imports importlib"),
         ("import builtins", "imports builtins"),
-        ('import sys\nsys.modules["course_lib.checks.assignments.a1"] = None', "sys.modules"),
+        ('import sys\nsys.modules["course_grader.assignments.a1.checks"] = None', "sys.modules"),
         ("import sys\nsys.stdout = None", "changes sys.stdout"),
         ("np.allclose = lambda *a, **k: True", "changes np.allclose"),
         ("%run forged.py", "uses get_ipython"),  # magics become get_ipython() calls
@@ -250,7 +241,7 @@ def test_grader_parses_python_one_thread_at_a_time():
     import sys
     import threading
 
-    import course_lib.grading as grading_package
+    import course_grader as grading_package
 
     direct = [
         f"{path.name}:{number}"
@@ -261,7 +252,9 @@ def test_grader_parses_python_one_thread_at_a_time():
         and '"""' not in line
         and path.name != "guard.py"
     ]
-    assert not direct, f"parse with course_lib.grading.guard.parse_python, not ast.parse: {direct}"
+    assert not direct, (
+        f"parse with course_grader.verdict.guard.parse_python, not ast.parse: {direct}"
+    )
 
     class Finalised:  # a finalizer that runs Python code lets another thread in mid-parse
         def __del__(self) -> None:
@@ -761,9 +754,9 @@ A8_FULL = {"A8.1": 5.0, "A8.2": 5.0}
 def test_graded_by_the_grader_source_full_stub_nothing_each_mistake_only_its_exercise(
     assignment, name, full
 ):
-    # Judged outside the kernel (course_lib.grading.probes.a5 / a6 / a7 / a8), on a fresh seed per run.
-    from course_lib.grading.attacks import submissions
-    from course_lib.grading.probes.registry import probe_spec
+    # Judged outside the kernel (course_grader.assignments.a5.probe / a6 / a7 / a8), on a fresh seed per run.
+    from course_grader.registry import probe_spec
+    from course_grader.selftest.attacks import submissions
 
     mistakes = getattr(submissions, f"{assignment}_MISTAKES")
     source = _source(name)
@@ -789,11 +782,11 @@ def test_the_grader_judges_a5_a6_and_a7_from_probe_lines_alone():
     # The grader's half, no kernel: lines as a probe prints them, for the grader's seed.
     import json
 
-    from course_lib.checks.assignments.a5 import encode_cases
-    from course_lib.checks.assignments.a5_exchange import reference_encode
-    from course_lib.grading.probes.a5 import a5_spec
-    from course_lib.grading.probes.a6 import a6_spec
-    from course_lib.grading.probes.core import MARK, _encode, judge
+    from course_grader.assignments.a5.checks import encode_cases
+    from course_grader.assignments.a5.exchange import reference_encode
+    from course_grader.assignments.a5.probe import a5_spec
+    from course_grader.assignments.a6.probe import a6_spec
+    from course_grader.verdict.probe import MARK, _encode, judge
 
     def line(values: list) -> str:
         return MARK + json.dumps([{"value": v} for v in values])
@@ -813,10 +806,10 @@ def test_the_grader_judges_a5_a6_and_a7_from_probe_lines_alone():
     assert (passed, reason) == (False, "FAIL (the check needs 3 engines, not 2)")
 
     # A7.1 from the ring's shards and counters made here: the grader's seed passes, a sum fails.
-    from course_lib.checks.assignments.a7.collect import bucket
-    from course_lib.checks.assignments.a7.judge import a7_cases, ring_mean, sizes_of
+    from course_grader.assignments.a7.collect import bucket
+    from course_grader.assignments.a7.judge import a7_cases, ring_mean, sizes_of
+    from course_grader.assignments.a7.probe import a7_spec
     from course_lib.comm import chunk_bounds
-    from course_lib.grading.probes.a7 import a7_spec
 
     def a7_ranks(case: dict, divide: bool) -> dict:
         m, n = case["m"], 3

@@ -1,4 +1,4 @@
-"""A3 graded out of the kernel's reach (:mod:`course_lib.grading.probes.a3`).
+"""A3 graded out of the kernel's reach (:mod:`course_grader.assignments.a3.probe`).
 
 Fast: the grader's half alone, on probe lines written here as the kernel would print them: a
 right parameter server and training run pass, source 000's published combination and a run that
@@ -24,16 +24,17 @@ import nbformat
 import numpy as np
 import pytest
 
-from course_lib.checks.assignments.a3 import A3_POINTS, PROBE_SIZES, PS_CASES, layout_cases
-from course_lib.checks.assignments.a3_engine import a3net_sizes, probe_gradients
-from course_lib.checks.assignments.a3_judge import (
+from course_grader.assignments.a3.checks import A3_POINTS, PROBE_SIZES, PS_CASES, layout_cases
+from course_grader.assignments.a3.engine import a3net_sizes, probe_gradients
+from course_grader.assignments.a3.judge import (
     reference_layout,
     reference_weights,
     ring_bytes_bounds,
 )
-from course_lib.grading import GradingLimits, answer_id, grade_notebook
-from course_lib.grading.probes.a3 import a3_spec, kit_hidden
-from course_lib.grading.probes.core import MARK, judge
+from course_grader.assignments.a3.probe import a3_spec, kit_hidden
+from course_grader.cells import answer_id
+from course_grader.grade import GradingLimits, grade_notebook
+from course_grader.verdict.probe import MARK, judge
 from course_lib.parallel.exchanges.parameter_server import source000_combine
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -142,36 +143,38 @@ def test_the_grader_judges_a3_2_from_the_buckets_alone():
     assert reason == ("FAIL (bucket_bytes=0 must raise ValueError (a bucket holds bytes))"), reason
 
 
-def test_the_kernel_is_shown_of_the_checks_only_the_data_collector():
-    import course_lib
+def test_the_kernel_is_shown_of_the_grader_only_the_data_collector():
+    import course_grader
 
-    checks = Path(course_lib.__file__).resolve().parent / "checks"
+    grader = Path(course_grader.__file__).resolve().parent
     hidden = set(kit_hidden())
-    for path in checks.rglob("*.py"):
-        part = f"checks/{path.relative_to(checks).as_posix()}"
+    assert "course_lib/checks" in hidden  # the lecture checks and the verdicts
+    for path in grader.rglob("*.py"):
+        part = f"course_grader/{path.relative_to(grader).as_posix()}"
         if "__pycache__" in part:
             continue
-        # The packages on the way to the collector, and the collector; an assignment's own
-        # package (A7's, A8's) holds checks in its __init__ and stays hidden like a module.
+        # The packages on the way to the collector, and the collector.
         shown = part in {
-            "checks/__init__.py",
-            "checks/assignments/__init__.py",
-            "checks/assignments/a3_engine.py",
+            "course_grader/__init__.py",
+            "course_grader/assignments/__init__.py",
+            "course_grader/assignments/a3/__init__.py",
+            "course_grader/assignments/a3/engine.py",
         }
         assert (part not in hidden) == shown, part
-    assert {"checks/assignments/a3_judge.py", "checks/verdict.py"} <= hidden
+    assert {"course_grader/assignments/a3/judge.py", "course_grader/grade.py"} <= hidden
     # The collector decides nothing: importing it loads neither the judges nor the verdicts.
     code = (
-        "import sys, course_lib.checks.assignments.a3_engine as e; "
-        "print(sorted(m for m in sys.modules if m.startswith('course_lib.checks')))"
+        "import sys, course_grader.assignments.a3.engine as e; "
+        "print(sorted(m for m in sys.modules if m.startswith(('course_lib.checks', 'course_grader'))))"
     )
     loaded = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, check=True
     )
     assert loaded.stdout.split() == [
-        "['course_lib.checks',",
-        "'course_lib.checks.assignments',",
-        "'course_lib.checks.assignments.a3_engine']",
+        "['course_grader',",
+        "'course_grader.assignments',",
+        "'course_grader.assignments.a3',",
+        "'course_grader.assignments.a3.engine']",
     ], loaded
     assert set(a3_spec().kit_hidden) == hidden
 

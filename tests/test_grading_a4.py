@@ -1,4 +1,4 @@
-"""A4 graded out of the kernel's reach (:mod:`course_lib.grading.probes.a4`).
+"""A4 graded out of the kernel's reach (:mod:`course_grader.assignments.a4.probe`).
 
 Fast: the grader's half alone, on probe lines written here as the kernel would print them (right
 data passes, the plain mean, a forgotten rank or a point-to-point message fails with the
@@ -20,11 +20,12 @@ import nbformat
 import numpy as np
 import pytest
 
-from course_lib.checks.assignments.a4 import A4_POINTS
-from course_lib.checks.assignments.a4_judge import average_inputs
-from course_lib.grading import GradingLimits, answer_id, grade_notebook
-from course_lib.grading.probes.a4 import a4_cases, a4_spec
-from course_lib.grading.probes.core import MARK, judge
+from course_grader.assignments.a4.checks import A4_POINTS
+from course_grader.assignments.a4.judge import average_inputs
+from course_grader.assignments.a4.probe import a4_cases, a4_spec
+from course_grader.cells import answer_id
+from course_grader.grade import GradingLimits, grade_notebook
+from course_grader.verdict.probe import MARK, judge
 
 ROOT = Path(__file__).resolve().parents[1]
 SOURCE = ROOT / "assignments" / "source" / "A4_local_sgd_gossip.ipynb"

@@ -1,7 +1,7 @@
 """Attacks past the ``ast`` guard, graded end to end by the real grader in the real sandbox.
 
 One class of A1 submissions: two honest students and one attacker per route
-(:data:`course_lib.grading.attacks.verdict.ROUTES`): the verdict reached from inside the kernel
+(:data:`course_grader.selftest.attacks.verdict.ROUTES`): the verdict reached from inside the kernel
 (rebound ``Verdict``/``print``, a pickle calling exec, frame walks, ``object.__subclasses__()``,
 torch or the kit's reference fetched past the guard, results held for the notebook's own inputs,
 forged probe output) and the grading machine reached from inside the sandbox (a forged
@@ -19,11 +19,11 @@ from pathlib import Path
 
 import pytest
 
-from course_lib.grading.attacks.submissions import A3_ATTACKS
-from course_lib.grading.attacks.verdict import ROUTES, write_route_class
-from course_lib.grading.grade import GradingLimits
-from course_lib.grading.gradebook import grade_folder
-from course_lib.grading.sandbox import SandboxLimits, kit_package, sandbox_problem
+from course_grader.grade import GradingLimits
+from course_grader.gradebook import grade_folder
+from course_grader.sandbox.config import SandboxLimits, kit_package, sandbox_problem
+from course_grader.selftest.attacks.submissions import A3_ATTACKS
+from course_grader.selftest.attacks.verdict import ROUTES, write_route_class
 
 ROOT = Path(__file__).resolve().parents[1]
 SOURCES = ROOT / "assignments" / "source"
@@ -118,7 +118,7 @@ A2_ATTACKS = {
     "def reduce_scatter_halving(comm, x):\n"
     "    return comm.reduce_scatter(x)\n",
     # The kit's checks fetched by name, to read the byte counts the algorithm must send.
-    "A2.2": "import pkgutil\ntry:\n    judge = pkgutil.resolve_name('course_lib.checks.assignments.a2:judge_rank')\n"
+    "A2.2": "import pkgutil\ntry:\n    judge = pkgutil.resolve_name('course_grader.assignments.a2.checks:judge_rank')\n"
     "except Exception:\n    judge = None\n"
     "def allgather_doubling(comm, x):\n    return comm.allreduce(x)\n",
     # A frame walk from inside the engines' call to whatever checks the result.
@@ -134,9 +134,9 @@ def test_a2_routes_to_the_verdict_get_nothing_and_the_checks_are_not_in_the_kern
 
     import nbformat
 
-    from course_lib.grading.cells import answer_id, check_id
-    from course_lib.grading.grade import grade_notebook
-    from course_lib.grading.guard import rejected_answers
+    from course_grader.cells import answer_id, check_id
+    from course_grader.grade import grade_notebook
+    from course_grader.verdict.guard import rejected_answers
 
     source = nbformat.read(SOURCES / "A2_rabenseifner_allreduce.ipynb", as_version=4)
     passes = {check_id(c): c.outputs[0]["text"].strip() for c in source.cells if check_id(c)}
@@ -178,8 +178,8 @@ def test_the_grader_never_unpickles_what_a_probe_printed(tmp_path):
 
     import numpy as np
 
-    from course_lib.grading.probes.a1 import a1_spec
-    from course_lib.grading.probes.core import MARK, judge
+    from course_grader.assignments.a1.probe import a1_spec
+    from course_grader.verdict.probe import MARK, judge
 
     marker = tmp_path / "PWNED"
 
@@ -224,18 +224,19 @@ def local_sgd(comm, w, X, y, lr, period, num_steps):
 """
 
 
-@pytest.mark.parametrize("graded_in", ["kernel", "grader"])
-def test_a4_verdict_rebound_in_the_kernel_passed_there_and_gets_nothing_now(
-    graded_in, tmp_path, monkeypatch
-):
+# What these routes won when the kernel decided the verdict (the path retired at the package split;
+# recorded from the last grader that had it, 241c8fb): the wrong answers got full marks there.
+WON_IN_THE_KERNEL = {"A4.1": 3.0, "A3.2": 2.0, "A5": "full", "A6": "full", "A7": "full"}
+
+
+def test_a4_verdict_rebound_in_the_kernel_gets_nothing_from_the_grader(tmp_path):
     import copy
 
     import nbformat
 
-    from course_lib.grading import grade as grade_module
-    from course_lib.grading.cells import answer_id, check_id
-    from course_lib.grading.grade import grade_notebook
-    from course_lib.grading.guard import rejected_answers
+    from course_grader.cells import answer_id, check_id
+    from course_grader.grade import grade_notebook
+    from course_grader.verdict.guard import rejected_answers
 
     source = nbformat.read(SOURCES / "A4_local_sgd_gossip.ipynb", as_version=4)
     pass_line = next(c.outputs[0]["text"].strip() for c in source.cells if check_id(c) == "A4.1")
@@ -246,8 +247,6 @@ def test_a4_verdict_rebound_in_the_kernel_passed_there_and_gets_nothing_now(
         elif answer_id(cell) == "A4.2":
             cell.source = A4_OWN_LOCAL_SGD
     assert not rejected_answers(source, {"A4.1": A4_ATTACK.format(pass_line=pass_line)})
-    if graded_in == "kernel":  # the old path: the check cells decide, inside the kernel
-        monkeypatch.setattr(grade_module, "probe_spec", lambda pristine: None)
     rows = grade_notebook(
         "a4_attacker",
         "A4",
@@ -259,14 +258,12 @@ def test_a4_verdict_rebound_in_the_kernel_passed_there_and_gets_nothing_now(
     )
     got = {r.exercise: (r.points, r.reason) for r in rows}
     assert got["A4.2"] == (3.0, "PASS") and got["A4.3"] == (4.0, "PASS"), got
-    if graded_in == "kernel":  # the route was real: the wrong answer got A4.1's points there
-        assert got["A4.1"] == (3.0, "PASS"), got
-    else:
-        assert got["A4.1"] == (
-            0.0,
-            "FAIL (size 1 (float32): the result on rank 0 is wrong "
-            "(that is the plain mean; weight each rank's w by its n))",
-        ), got
+    assert WON_IN_THE_KERNEL["A4.1"] == 3.0  # the route was real there
+    assert got["A4.1"] == (
+        0.0,
+        "FAIL (size 1 (float32): the result on rank 0 is wrong "
+        "(that is the plain mean; weight each rank's w by its n))",
+    ), got
 
 
 # -- A3: a forged verdict object that passed in the kernel, and a look for the judges -------------
@@ -277,18 +274,14 @@ _PREFIX, _, _ANSWER, _ = A3_ATTACKS["A3.2"]  # shared with the self-test's engin
 A3_ATTACK = _PREFIX + _ANSWER
 
 
-@pytest.mark.parametrize("graded_in", ["kernel", "grader"])
-def test_a3_forged_verdict_passed_in_the_kernel_and_gets_nothing_now(
-    graded_in, tmp_path, monkeypatch
-):
+def test_a3_forged_verdict_that_passed_in_the_kernel_gets_nothing_from_the_grader(tmp_path):
     import copy
 
     import nbformat
 
-    from course_lib.grading import grade as grade_module
-    from course_lib.grading.cells import answer_id, check_id
-    from course_lib.grading.grade import grade_notebook
-    from course_lib.grading.guard import rejected_answers
+    from course_grader.cells import answer_id, check_id
+    from course_grader.grade import grade_notebook
+    from course_grader.verdict.guard import rejected_answers
 
     source = nbformat.read(SOURCES / "A3_data_parallel.ipynb", as_version=4)
     pass_line = next(c.outputs[0]["text"].strip() for c in source.cells if check_id(c) == "A3.2")
@@ -297,8 +290,6 @@ def test_a3_forged_verdict_passed_in_the_kernel_and_gets_nothing_now(
         if answer_id(cell) == "A3.2":
             cell.source = A3_ATTACK.format(pass_line=pass_line)
     assert not rejected_answers(source, {"A3.2": A3_ATTACK.format(pass_line=pass_line)})
-    if graded_in == "kernel":  # the old path: the check cells decide, inside the kernel
-        monkeypatch.setattr(grade_module, "probe_spec", lambda pristine: None)
     rows = grade_notebook(
         "a3_attacker",
         "A3",
@@ -310,11 +301,9 @@ def test_a3_forged_verdict_passed_in_the_kernel_and_gets_nothing_now(
     )
     got = {r.exercise: (r.points, r.reason) for r in rows}
     assert got["A3.1"] == (3.0, "PASS") and got["A3.3"] == (5.0, "PASS"), got
-    if graded_in == "kernel":  # the route was real: the wrong answer got A3.2's points there
-        assert got["A3.2"] == (2.0, "PASS"), got
-    else:
-        assert got["A3.2"][0] == 0.0, got
-        assert "start from the last parameter" in got["A3.2"][1], got
+    assert WON_IN_THE_KERNEL["A3.2"] == 2.0  # the route was real there
+    assert got["A3.2"][0] == 0.0, got
+    assert "start from the last parameter" in got["A3.2"][1], got
 
 
 # -- A5, A6 and A7: the kernel returns arrays and counts; the grader judges ---------------------------
@@ -333,17 +322,16 @@ ROUTED = [
     ("assignment", "name", "honest", "replaced"), ROUTED, ids=["A5", "A6", "A7"]
 )
 def test_routes_that_won_in_the_kernel_get_nothing_from_the_grader(
-    tmp_path, monkeypatch, assignment, name, honest, replaced
+    tmp_path, assignment, name, honest, replaced
 ):
     import copy
 
     import nbformat
 
-    from course_lib.grading.attacks import submissions
-    from course_lib.grading.cells import answer_id, check_id
-    from course_lib.grading.grade import grade_notebook
-    from course_lib.grading.guard import rejected_answers
-    from course_lib.grading.probes import registry
+    from course_grader.cells import answer_id, check_id
+    from course_grader.grade import grade_notebook
+    from course_grader.selftest.attacks import submissions
+    from course_grader.verdict.guard import rejected_answers
 
     attacks = getattr(submissions, f"{assignment}_ATTACKS")
     source = nbformat.read(SOURCES / f"{name}.ipynb", as_version=4)
@@ -366,11 +354,7 @@ def test_routes_that_won_in_the_kernel_get_nothing_from_the_grader(
                               workdir=tmp_path, sandbox=sandbox)  # fmt: skip
         return {r.exercise: r for r in rows}
 
-    with monkeypatch.context() as patch:  # the checks in the kernel, as before: the routes win
-        patch.delitem(registry.CONVERTED, assignment, raising=False)
-        before = grade()
-    full = {ex: before[ex].max_points for ex in attacks}
-    assert {ex: before[ex].points for ex in attacks} == full, before
+    assert WON_IN_THE_KERNEL[assignment] == "full"  # the routes were real there
     rows = grade()
     assert {ex: rows[ex].points for ex in attacks} == dict.fromkeys(attacks, 0.0), rows
     for exercise, (*_, reason) in attacks.items():

@@ -16,11 +16,10 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from course_lib.grading import __main__ as cli
-from course_lib.grading import answer_id, check_id
-from course_lib.grading.cells import BEGIN, END, output_is_compared
-from course_lib.grading.grade import build_graded_notebook
-from course_lib.grading.release import checking_copy
+from course_grader import __main__ as cli
+from course_grader.cells import BEGIN, END, answer_id, check_id, output_is_compared
+from course_grader.grade import build_graded_notebook
+from course_grader.release import checking_copy
 
 ROOT = Path(__file__).resolve().parents[1]
 SOURCES = ROOT / "assignments" / "source"
@@ -143,7 +142,7 @@ def _verdicts_in_process(submission: nbformat.NotebookNode) -> list[str]:
     """Return the verdict of each A1 check on the submission's answers, run in this process."""
     import numpy as np
 
-    from course_lib.checks.assignments import a1
+    from course_grader.assignments.a1 import checks as a1
 
     checks = [
         ("A1.1", a1.check_smoothed_cross_entropy, "smoothed_cross_entropy"),
@@ -219,7 +218,7 @@ def test_bad_input_prints_one_line_that_names_the_fix(
 
 def test_a_bad_job_exits_non_zero_without_a_traceback(tmp_path: Path) -> None:
     done = subprocess.run(
-        [sys.executable, "-m", "course_lib.grading", "check", str(tmp_path / "missing.ipynb")],
+        [sys.executable, "-m", "course_grader", "check", str(tmp_path / "missing.ipynb")],
         capture_output=True,
         text=True,
         timeout=120,

@@ -13,10 +13,10 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from course_lib.grading.attacks.sandbox import ATTACKS, poison_code
-from course_lib.grading.grade import GradingLimits
-from course_lib.grading.gradebook import grade_folder
-from course_lib.grading.sandbox import kit_package
+from course_grader.grade import GradingLimits
+from course_grader.gradebook import grade_folder
+from course_grader.sandbox.config import grader_package, kit_package
+from course_grader.selftest.attacks.sandbox import ATTACKS, poison_code
 
 CHANGES_THE_KIT = True
 ROOT = Path(__file__).resolve().parents[1]
@@ -41,7 +41,7 @@ def test_unisolated_the_guard_blames_the_poisoner_restores_the_kit_and_regrades(
     for student, nb in (("a_poisoner", poisoner), ("b_blank", released)):
         (tmp_path / "subs" / student).mkdir(parents=True)
         nbformat.write(nb, tmp_path / "subs" / student / "A1_sgd_conv.ipynb")
-    checks = kit_package() / "checks" / "assignments" / "a1.py"
+    checks = grader_package() / "assignments" / "a1" / "checks.py"
     before = checks.read_bytes()
     try:
         rows = grade_folder(
@@ -50,12 +50,12 @@ def test_unisolated_the_guard_blames_the_poisoner_restores_the_kit_and_regrades(
     finally:
         if checks.read_bytes() != before:  # never leave the kit poisoned, even on failure
             checks.write_bytes(before)
-            pytest.fail("the guard did not restore checks/assignments/a1.py")
+            pytest.fail("the guard did not restore assignments/a1/checks.py")
     by = {(r.student, r.exercise): r for r in rows}
     assert all(by[("b_blank", ex)].points == 0 for ex in ("A1.1", "A1.2", "A1.3"))
     for ex in ("A1.1", "A1.2", "A1.3"):
         assert by[("a_poisoner", ex)].points == 0
         assert by[("a_poisoner", ex)].reason.startswith(
-            "changed the grading environment (kit: changed checks/assignments/a1.py"
+            "changed the grading environment (grader: changed assignments/a1/checks.py"
         )
     assert "a_poisoner changed the grading environment" in capsys.readouterr().err

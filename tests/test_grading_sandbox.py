@@ -11,21 +11,21 @@ from pathlib import Path
 
 import pytest
 
-from course_lib.grading import __main__ as cli
-from course_lib.grading.attacks.sandbox import (
-    ATTACKS,
-    outside_address,
-    write_attack_class,
-)
-from course_lib.grading.grade import GradingLimits
-from course_lib.grading.gradebook import grade_folder, write_gradebook
-from course_lib.grading.integrity import fingerprint
-from course_lib.grading.sandbox import (
+from course_grader import __main__ as cli
+from course_grader.grade import GradingLimits
+from course_grader.gradebook import grade_folder, write_gradebook
+from course_grader.sandbox.config import (
     KERNEL_NAME,
     SandboxLimits,
     kit_package,
     prepare_sandbox,
     sandbox_problem,
+)
+from course_grader.sandbox.integrity import fingerprint
+from course_grader.selftest.attacks.sandbox import (
+    ATTACKS,
+    outside_address,
+    write_attack_class,
 )
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -19,9 +19,14 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from course_lib.grading.gradebook import load_sources
-from course_lib.grading.sandbox import SandboxLimits, kit_package, sandbox_problem
-from course_lib.grading.selfcheck import (
+from course_grader.gradebook import load_sources
+from course_grader.sandbox.config import (
+    SandboxLimits,
+    grader_package,
+    kit_package,
+    sandbox_problem,
+)
+from course_grader.selftest.selfcheck import (
     GradingMachineError,
     kit_digest,
     preflight,
@@ -67,9 +72,10 @@ def test_a_passed_self_check_is_remembered_until_the_source_changes(tmp_path):
 def _checkout(tmp_path: Path) -> Path:
     """A second checkout of the kit and the sources, its .venv a link to this environment."""
     checkout = tmp_path / "checkout"
-    shutil.copytree(
-        kit_package(), checkout / "course_lib", ignore=shutil.ignore_patterns("__pycache__")
-    )
+    for package in (kit_package(), grader_package()):
+        shutil.copytree(
+            package, checkout / package.name, ignore=shutil.ignore_patterns("__pycache__")
+        )
     shutil.copytree(SOURCES, checkout / "assignments" / "source")
     (checkout / ".venv").symlink_to(Path(sys.prefix).resolve())
     return checkout
@@ -82,7 +88,7 @@ def _grade(checkout: Path, submissions: Path, *options: str) -> subprocess.Compl
         [
             str(checkout / ".venv" / "bin" / "python"),
             "-m",
-            "course_lib.grading",
+            "course_grader",
             "grade",
             str(submissions),
             *options,
@@ -101,10 +107,10 @@ def test_a_machine_broken_for_an_engine_assignment_grades_nobody(tmp_path):
     # link points to, so A3's kernel and engines cannot. The import check (the set-up cells'
     # imports, the checks' modules left out) passes; only A3 graded end to end shows it.
     checkout = _checkout(tmp_path)
-    engine = checkout / "course_lib" / "checks" / "assignments" / "a3_engine.py"
+    engine = checkout / "course_grader" / "assignments" / "a3" / "engine.py"
     (tmp_path / "elsewhere").mkdir()
-    engine.rename(tmp_path / "elsewhere" / "a3_engine.py")
-    engine.symlink_to(tmp_path / "elsewhere" / "a3_engine.py")
+    engine.rename(tmp_path / "elsewhere" / "engine.py")
+    engine.symlink_to(tmp_path / "elsewhere" / "engine.py")
     submissions = tmp_path / "submissions"
     for student, name in (("ada", "A1_sgd_conv"), ("bo", "A3_data_parallel")):
         (submissions / student).mkdir(parents=True)
@@ -115,7 +121,7 @@ def test_a_machine_broken_for_an_engine_assignment_grades_nobody(tmp_path):
     assert done.returncode == 3, (done.stdout[-1000:], done.stderr[-2000:])
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("grade: grading machine: A3 "), lines
-    assert "a3_engine" in lines[0] and "no student is graded" in lines[0], lines
+    assert "a3.engine" in lines[0] and "no student is graded" in lines[0], lines
     assert not grades.exists() and "graded" not in done.stdout  # nobody, not even ada's A1
     assert len(list(cache.glob("*.json"))) <= 1  # A1's pass at most, never A3's failure
 

@@ -15,28 +15,32 @@ from pathlib import Path
 
 import nbformat
 
-from course_lib.grading.attacks.engines import ENGINE_ROUTES, write_engine_routes
-from course_lib.grading.cells import answer_id
-from course_lib.grading.guard import rejected_answers
-from course_lib.grading.sandbox import SandboxLimits, kit_package
-from course_lib.grading.selfcheck import kit_digest, remember, remembered, selfcheck_key
+from course_grader.cells import answer_id
+from course_grader.sandbox.config import SandboxLimits, grader_package, kit_package
+from course_grader.selftest.attacks.engines import ENGINE_ROUTES, write_engine_routes
+from course_grader.selftest.selfcheck import kit_digest, remember, remembered, selfcheck_key
+from course_grader.verdict.guard import rejected_answers
 
 ROOT = Path(__file__).resolve().parents[1]
 SOURCES = ROOT / "assignments" / "source"
 
 
 def test_the_key_changes_with_the_kit_the_source_and_the_sandbox(tmp_path):
-    kit = tmp_path / "course_lib"
+    kit, grader = tmp_path / "course_lib", tmp_path / "course_grader"
     shutil.copytree(kit_package(), kit, ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(grader_package(), grader, ignore=shutil.ignore_patterns("__pycache__"))
     source = nbformat.read(SOURCES / "A3_data_parallel.ipynb", as_version=4)
-    limits, sha = SandboxLimits(), kit_digest(kit)
+    limits, sha = SandboxLimits(), kit_digest(kit, grader)
     key = selfcheck_key(source, limits, sha)
     assert sha == kit_digest(kit_package()) and key == selfcheck_key(source, limits, sha)
-    engine = kit / "checks" / "assignments" / "a3_engine.py"
-    engine.write_text(engine.read_text() + "\n# one more line\n")  # a changed kit file
-    assert selfcheck_key(source, limits, kit_digest(kit)) != key
-    engine.unlink()  # a kit file gone
-    assert kit_digest(kit) not in (sha, kit_digest(kit_package()))
+    engine = grader / "assignments" / "a3" / "engine.py"
+    engine.write_text(engine.read_text() + "\n# one more line\n")  # a changed grader file
+    assert selfcheck_key(source, limits, kit_digest(kit, grader)) != key
+    engine.unlink()  # a grader file gone
+    assert kit_digest(kit, grader) not in (sha, kit_digest())
+    before = kit_digest(kit, grader)
+    (kit / "checks" / "verdict.py").unlink()  # a library file gone
+    assert kit_digest(kit, grader) != before
     assert selfcheck_key(source, SandboxLimits(disk_mb=64), sha) != key
     source.cells.append(nbformat.v4.new_markdown_cell("One more hint."))
     assert selfcheck_key(source, limits, sha) != key

@@ -6,7 +6,7 @@ did not report, payload they did not send, an unknown labelling each fail, namin
 The built-in collectives on hand-written records of what gloo's rings moved (measured): either
 way round passes; a call more, a bigger buffer, a star instead of the ring fail.
 Slow: answers that let a built-in collective do the work and rewrite ``comm.stats`` to hide it
-(:mod:`course_lib.grading.attacks.counters`) pass the exercises' own judges (the counters alone)
+(:mod:`course_grader.selftest.attacks.counters`) pass the exercises' own judges (the counters alone)
 and get 0 in the sandbox, naming the bytes on the wire, while the honest exercises beside them
 keep their points.
 """
@@ -22,9 +22,19 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from course_lib.grading import GradingLimits, answer_id, grade_notebook
-from course_lib.grading.attacks.counters import FORGED_COUNTERS, WIRE_REASON
-from course_lib.grading.probes.claims import (
+from course_grader.cells import answer_id
+from course_grader.grade import GradingLimits, grade_notebook
+from course_grader.sandbox.config import SandboxLimits, sandbox_problem
+from course_grader.sandbox.wire_audit import (
+    ancestry,
+    flows,
+    namespace_pid,
+    settled_sockets,
+    sockets,
+    wire_problem_here,
+)
+from course_grader.selftest.attacks.counters import FORGED_COUNTERS, WIRE_REASON
+from course_grader.verdict.claims import (
     BARRIER_LEAST,
     BARRIER_MOST,
     PER_MESSAGE_RECEIVED,
@@ -32,20 +42,11 @@ from course_lib.grading.probes.claims import (
     PER_PAIR,
     ClaimsBuilder,
 )
-from course_lib.grading.probes.wire import (
+from course_grader.verdict.wire import (
     PIDS_MARK,
     UNACCOUNTED_MOST,
     decode_pids,
     wire_problem,
-)
-from course_lib.grading.sandbox import SandboxLimits, sandbox_problem
-from course_lib.grading.wire_audit import (
-    ancestry,
-    flows,
-    namespace_pid,
-    settled_sockets,
-    sockets,
-    wire_problem_here,
 )
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -135,7 +136,7 @@ for line in sys.stdin:
 
 @needs_wire
 def test_bytes_over_a_connection_closed_between_the_snapshots_are_still_counted():
-    from course_lib.grading.wire_audit import loopback, unaccounted
+    from course_grader.sandbox.wire_audit import loopback, unaccounted
 
     alone = subprocess.Popen(
         [
@@ -328,7 +329,7 @@ def test_reports_that_are_negative_unknown_or_contradict_the_records_are_refused
     """Claims come from the answer's process: a negative count would buy room for hidden
     traffic, an unknown built-in would hide bytes from the judges, and A3's step records (what
     the judge reads) must add up to the counts (what the wire is held against)."""
-    from course_lib.grading.probes.a3 import a3_claims
+    from course_grader.assignments.a3.probe import a3_claims
 
     with pytest.raises(ValueError, match="negative"):
         ClaimsBuilder().sent(0, 1, -5000, 1)

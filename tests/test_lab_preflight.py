@@ -15,8 +15,8 @@ from pathlib import Path
 import psutil
 import pytest
 
-from course_lib.cluster.lab.hosts import LabHosts, LabPC
-from course_lib.cluster.lab.preflight import check_pcs
+from course_kit.lab.hosts import LabHosts, LabPC
+from course_kit.lab.preflight import check_pcs
 
 STAND_IN = """#!/bin/sh
 while [ $# -gt 0 ]; do case "$1" in -o) shift 2 ;; -*) shift ;; *) break ;; esac; done
@@ -60,7 +60,7 @@ def test_status_and_stop_find_a_controller_a_failed_start_left(tmp_path: Path) -
     import os
     import subprocess
 
-    from course_lib.cluster.lab.preflight import leftover_controllers
+    from course_kit.lab.preflight import leftover_controllers
 
     env = dict(os.environ, IPYTHONDIR=str(tmp_path / "instructor"))
     start = (
@@ -76,7 +76,7 @@ def test_status_and_stop_find_a_controller_a_failed_start_left(tmp_path: Path) -
 
     def kit_lab(*argv: str) -> subprocess.CompletedProcess:
         return subprocess.run(
-            [sys.executable, "-m", "course_lib.cluster", "lab", *argv, str(hosts)],
+            [sys.executable, "-m", "course_kit.jobs.cluster", "lab", *argv, str(hosts)],
             env=env,
             capture_output=True,
             text=True,

@@ -19,14 +19,14 @@ from pathlib import Path
 import ipyparallel as ipp
 import pytest
 
-from course_lib.cluster import ClusterError, ClusterSettings, connect_cluster, start_cluster
-from course_lib.cluster.lab.seats import (
+from course_kit.lab.seats import (
     EXPIRY_SECONDS,
-    SEATS_FILE,
     seat_lines,
     start_seat_service,
     stop_seat_service,
 )
+from course_lib.cluster import ClusterError, ClusterSettings, connect_cluster, start_cluster
+from course_lib.cluster.seat import SEATS_FILE
 
 pytestmark = pytest.mark.timeout(600)
 PROFILE = "kit-seats"
@@ -121,7 +121,7 @@ def test_a_seat_comes_back_when_its_client_dies_or_goes_silent(seated: Path) -> 
     assert _held_seats(seated) == 0
     # A client that took a seat and then says nothing more (a PC switched off): it expires.
     record = json.loads((seated / SEATS_FILE).read_text())
-    from course_lib.cluster.lab.seats import _digest
+    from course_lib.cluster.seat import cluster_digest
 
     with socket.create_connection((record["ip"], record["port"])) as silent:
         take = {
@@ -129,7 +129,7 @@ def test_a_seat_comes_back_when_its_client_dies_or_goes_silent(seated: Path) -> 
             "n": 2,
             "ids": [0, 1, 2],
             "who": "silent",
-            "digest": _digest(seated / "ipcontroller-client.json"),
+            "digest": cluster_digest(seated / "ipcontroller-client.json"),
         }
         silent.sendall((json.dumps(take) + "\n").encode())
         assert json.loads(silent.makefile().readline())["ok"]
@@ -173,7 +173,7 @@ def _answer() -> int:
 def test_the_doctor_with_seats_held_says_so_in_one_line(seated: Path) -> None:
     with connect_cluster(profile=PROFILE, n=1):  # a student holds a seat
         doctor = subprocess.run(
-            [sys.executable, "-m", "course_lib", "doctor", "--profile", PROFILE],
+            [sys.executable, "-m", "course_kit", "doctor", "--profile", PROFILE],
             capture_output=True,
             text=True,
             timeout=300,
@@ -189,8 +189,8 @@ MPI_PROFILE = "kit-seats-mpi"
 @pytest.fixture(scope="module")
 def seated_mpi():
     """Two engines that are MPI ranks and two that are not, one controller, its seat service."""
+    from course_kit.lab.mpi_engines import MPI_ENGINES_FILE
     from course_lib.cluster import find_mpiexec
-    from course_lib.cluster.lab.mpi_engines import MPI_ENGINES_FILE
 
     running = ipp.Cluster(profile=MPI_PROFILE, cluster_id="", n=2, engines="mpi", log_level=30)
     running.config.MPILauncher.mpi_cmd = [find_mpiexec()]
@@ -224,7 +224,7 @@ def test_mpi_ranks_are_one_seat_that_plain_seats_never_get(
     monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture,
 ) -> None:
-    from course_lib.cluster.lab.seats import NoSeatError, take_seat
+    from course_lib.cluster.seat import NoSeatError, take_seat
 
     security, mpi_ids = seated_mpi
     client_file = security / "ipcontroller-client.json"

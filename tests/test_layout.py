@@ -1,10 +1,13 @@
-"""The house's floor plan, read from the source (no imports run): layers, cycles, dead paths.
+"""The house's floor plan, read from the source (no imports run): packages, layers, cycles, dead paths.
 
-``../shared/DESIGN.md`` ("Where code lives"): imports go one way — the cluster and the
-communicator at the bottom, checks and grading on top — and no two modules import each other.
-Every import and every dotted or slashed ``course_lib`` path in the library, the tests, the
-benchmarks, the notebooks and the README must name a module (and a name) that exists, so a move
-that forgot one place fails here rather than in a student's notebook.
+``../shared/DESIGN.md`` ("Where code lives"): three packages by audience, imports running one
+way between them — the teaching library (``course_lib``) imports neither the grader
+(``course_grader``) nor the lab (``course_kit``); the grader imports the library; the lab imports
+both. Inside the library the cluster and the communicator sit at the bottom and the lecture
+checks on top; no two modules of any package import each other. Every import and every dotted or
+slashed path of the three packages in the code, the tests, the benchmarks, the notebooks and the
+README must name a module (and a name) that exists, so a move that forgot one place fails here
+rather than in a student's notebook.
 """
 
 from __future__ import annotations
@@ -18,6 +21,12 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 LIB = ROOT / "course_lib"
+#: The three packages, each with the packages it may import (besides itself).
+PACKAGES = {
+    "course_lib": set(),
+    "course_grader": {"course_lib"},
+    "course_kit": {"course_lib", "course_grader"},
+}
 
 #: Layer of each top-level package of course_lib; a module may import only its layer or below.
 LAYERS = {
@@ -26,7 +35,7 @@ LAYERS = {
     "training": 2,
     "parallel": 3,
     "papers": 4,
-    "checks": 5, "grading": 5, "demo": 5, "cli": 5, "__main__": 5,
+    "checks": 5, "demo": 5,
 }  # fmt: skip
 
 
@@ -38,7 +47,7 @@ def module_name(path: Path) -> str:
     return ".".join(parts)
 
 
-MODULES = {module_name(p): p for p in LIB.rglob("*.py")}
+MODULES = {module_name(p): p for package in PACKAGES for p in (ROOT / package).rglob("*.py")}
 
 
 def _type_checking_lines(tree: ast.AST) -> set[int]:
@@ -52,9 +61,10 @@ def _type_checking_lines(tree: ast.AST) -> set[int]:
 
 
 def imports_of(source: str, package: str) -> list[tuple[str, str | None, int]]:
-    """Return ``(module, name or None, line)`` for each import, at any depth, of ``course_lib``.
+    """Return ``(module, name or None, line)`` for each import, at any depth, of the kit's packages.
 
-    ``from a.b import c`` gives ``("a.b", "c")``; ``import a.b`` gives ``("a.b", None)``.
+    Imports of the three packages only. ``from a.b import c`` gives ``("a.b", "c")``;
+    ``import a.b`` gives ``("a.b", None)``.
     Relative imports are resolved against ``package``; ``TYPE_CHECKING`` blocks are skipped.
     """
     tree = ast.parse(source)
@@ -73,7 +83,7 @@ def imports_of(source: str, package: str) -> list[tuple[str, str | None, int]]:
                     + ([base] if base else [])
                 )
             out += [(base, a.name, node.lineno) for a in node.names]
-    return [(m, n, line) for m, n, line in out if m.split(".")[0] == "course_lib"]
+    return [(m, n, line) for m, n, line in out if m.split(".")[0] in PACKAGES]
 
 
 def defined_names(module: str) -> set[str]:
@@ -120,8 +130,40 @@ def layer(module: str) -> int:
 
 
 def test_every_top_level_package_has_a_layer():
-    tops = {m.split(".")[1] for m in MODULES if m.count(".") >= 1}
+    tops = {m.split(".")[1] for m in MODULES if m.startswith("course_lib.")}
     assert tops <= set(LAYERS), f"give these a layer in LAYERS: {sorted(tops - set(LAYERS))}"
+
+
+def imports_across_packages(graph: dict[str, set[str]]) -> list[str]:
+    """Return each import of a package that the importing module's package may not import."""
+    return sorted(
+        f"{mod} imports {dep}"
+        for mod, deps in graph.items()
+        for dep in deps
+        if (home := mod.split(".")[0]) != (other := dep.split(".")[0])
+        and other not in PACKAGES[home]
+    )
+
+
+def test_the_packages_import_one_way():
+    across = imports_across_packages(library_graph())
+    assert not across, (
+        "the library imports neither the grader nor the lab; the grader not the lab:\n"
+        + "\n".join(across)
+    )
+
+
+def test_the_package_check_flags_a_planted_import_of_the_grader():
+    planted = "from course_grader.grade import grade_notebook\nfrom course_lib.comm import stats\n"
+    deps = {target_module(m, n) for m, n, _ in imports_of(planted, "course_lib.comm")}
+    assert imports_across_packages({"course_lib.comm.communicator": deps}) == [
+        "course_lib.comm.communicator imports course_grader.grade"
+    ]
+    lazy = "def f():\n    from course_kit.jobs.table import JOBS\n"
+    deps = {target_module(m, n) for m, n, _ in imports_of(lazy, "course_grader")}
+    assert imports_across_packages({"course_grader.grade": deps}) == [
+        "course_grader.grade imports course_kit.jobs.table"
+    ]
 
 
 def upward_imports(graph: dict[str, set[str]]) -> list[str]:
@@ -130,7 +172,10 @@ def upward_imports(graph: dict[str, set[str]]) -> list[str]:
         f"{mod} (layer {layer(mod)}) imports {dep} (layer {layer(dep)})"
         for mod, deps in graph.items()
         for dep in deps
-        if dep in MODULES and layer(dep) > layer(mod)
+        if dep in MODULES
+        and mod.startswith("course_lib.")
+        and dep.startswith("course_lib.")
+        and layer(dep) > layer(mod)
     )
 
 
@@ -257,12 +302,12 @@ def test_the_import_scan_flags_a_moved_module():
     assert dead_imports(m, n) == "course_lib.parallel.exchanges.base defines no Nope"
 
 
-DOTTED = re.compile(r"course_lib(?:\.[A-Za-z_][A-Za-z_0-9]*)+")
-SLASHED = re.compile(r"course_lib(?:/[A-Za-z_][A-Za-z_0-9]*)+(?:\.py)?")
+DOTTED = re.compile(r"course_(?:lib|grader|kit)(?:\.[A-Za-z_][A-Za-z_0-9]*)+")
+SLASHED = re.compile(r"(?<!\.cache/)course_(?:lib|grader|kit)(?:/[A-Za-z_][A-Za-z_0-9]*)+(?:\.py)?")
 
 
 def dead_path(text: str) -> str | None:
-    """Return why a dotted or slashed course_lib path in prose or code names nothing, else None."""
+    """Return why a dotted or slashed path of the kit's packages names nothing, else None."""
     if "/" in text:
         path = ROOT / text
         return None if path.exists() or path.with_suffix(".py").exists() else f"no file {text}"
@@ -281,7 +326,8 @@ def dead_path(text: str) -> str | None:
 
 
 @pytest.mark.parametrize(
-    "folder", ["course_lib", "tests", "bench", "notebooks", "assignments", "docs", "README.md"]
+    "folder",
+    [*PACKAGES, "tests", "bench", "notebooks", "assignments", "docs", "README.md"],
 )
 def test_every_course_lib_path_in_text_exists(folder):
     files = (
@@ -314,21 +360,27 @@ def test_the_path_scan_flags_an_old_path():
     assert dead_path("course_lib.parallel.data_parallel.replica.engine_train") is None
 
 
-#: The most modules (``__init__`` aside) one folder of the library may hold. The issue asked for
-#: about 10; checks/ (one module per lecture, 0-13, and the verdict) and checks/assignments/
-#: (A1-A6 with their helpers) hold 14 today, so 14 is what this test enforces.
-MAX_MODULES_PER_FOLDER = 14
+#: A module longer than this holds two ideas unless its docstring says why it is one ("Kept whole:
+#: ..."). Folders are split by idea, not by a count of modules (DESIGN, "Where code lives").
+LONG_MODULE_LINES = 300
 
 
-def test_no_folder_holds_more_than_fourteen_modules():
-    crowded = {
-        str(d.relative_to(ROOT)): n
-        for d in LIB.rglob("*")
-        if d.is_dir()
-        and (n := len([p for p in d.glob("*.py") if p.name != "__init__.py"]))
-        > MAX_MODULES_PER_FOLDER
-    }
-    assert not crowded, f"folders that want splitting by seam: {crowded}"
+def long_modules_without_a_reason() -> list[str]:
+    """Return the modules of the three packages over ``LONG_MODULE_LINES`` that give no reason."""
+    return sorted(
+        f"{mod} ({n} lines)"
+        for mod, path in MODULES.items()
+        if (n := len(path.read_text().splitlines())) > LONG_MODULE_LINES
+        and "Kept whole:" not in (ast.get_docstring(ast.parse(path.read_text())) or "")
+    )
+
+
+def test_a_long_module_says_why_it_is_one():
+    long = long_modules_without_a_reason()
+    assert not long, (
+        "split these by idea, or say in the docstring why each is one ('Kept whole: ...'): "
+        + ", ".join(long)
+    )
 
 
 #: How a module's docstring says whom it serves: a lecture by number ("Lecture 4:", "lectures 5-6"),

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from course_lib.cluster.network_doctor import (
+from course_kit.network.doctor import (
     CONTROLLER,
     Link,
     NetworkReport,
@@ -23,7 +23,7 @@ from course_lib.cluster.network_doctor import (
     measure_network,
     network_problems,
 )
-from course_lib.cluster.network_probe import Sink, measure_to
+from course_kit.network.probe import Sink, measure_to
 
 GBIT, MBIT100 = 125e6, 12.5e6  # bytes/s
 ROOT = Path(__file__).resolve().parents[1]
@@ -81,7 +81,7 @@ def test_clock_skew_beyond_the_limit_and_its_error_bound_is_flagged() -> None:
 
 
 def test_ring_neighbours_or_all_pairs_are_measured() -> None:
-    from course_lib.cluster.network_doctor import _pairs
+    from course_kit.network.doctor import _pairs
 
     assert _pairs(4, False) == [(0, 1), (1, 2), (2, 3), (3, 0)]
     assert _pairs(2, False) == [(0, 1)] and _pairs(1, False) == []
@@ -131,7 +131,7 @@ def test_probes_on_loopback_measure_latency_bandwidth_and_clock() -> None:
 def test_room_matrix_matches_the_shaped_rates_and_flags_the_100_mbit_pc(tmp_path) -> None:
     from test_room import Lab
 
-    from course_lib.cluster.room.build import room_unavailable_reason, shape_pc
+    from course_kit.room.build import room_unavailable_reason, shape_pc
 
     reason = room_unavailable_reason()
     if reason is not None:
@@ -149,7 +149,7 @@ def test_room_matrix_matches_the_shaped_rates_and_flags_the_100_mbit_pc(tmp_path
         argv = [
             sys.executable,
             "-m",
-            "course_lib.cluster",
+            "course_kit.jobs.cluster",
             "doctor",
             "--profile",
             "lab",

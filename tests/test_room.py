@@ -25,14 +25,14 @@ import numpy as np
 import psutil
 import pytest
 
-from course_lib.cluster import CourseCluster, connect_cluster, start_cluster
-from course_lib.cluster.room.build import (
+from course_kit.room.build import (
     Room,
     emulated_room,
     leftovers,
     netns_inode,
     room_unavailable_reason,
 )
+from course_lib.cluster import CourseCluster, connect_cluster, start_cluster
 from course_lib.comm.setup import setup_communicators
 
 pytestmark = [
@@ -225,7 +225,7 @@ def test_instructor_doctor_command_lists_every_pc(lab: Lab) -> None:
         [
             sys.executable,
             "-m",
-            "course_lib.cluster",
+            "course_kit.jobs.cluster",
             "doctor",
             "--profile",
             "lab",

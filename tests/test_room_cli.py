@@ -1,6 +1,6 @@
 """``./kit room up N`` / ``status`` / ``run`` / ``down``: a persistent emulated room, on real namespaces.
 
-The commands run as the kit runs them (``python -m course_lib.cluster room ...``), each in its own
+The commands run as the kit runs them (``python -m course_kit.jobs.cluster room ...``), each in its own
 process, with a state file in a temporary folder so that a room an instructor has up is left
 alone.
 """
@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from course_lib.cluster.room.build import leftovers, room_unavailable_reason
-from course_lib.cluster.room.state import read_state, room_down
+from course_kit.room.build import leftovers, room_unavailable_reason
+from course_kit.room.state import read_state, room_down
 
 ROOT = Path(__file__).resolve().parents[1]
 ECHO_SERVER = """
@@ -37,7 +37,7 @@ with socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=30) as co
 
 def _kit_room(*args: str, env: dict | None = None, timeout: float = 120, **kwargs):
     return subprocess.run(
-        [sys.executable, "-m", "course_lib.cluster", "room", *args],
+        [sys.executable, "-m", "course_kit.jobs.cluster", "room", *args],
         capture_output=True,
         text=True,
         cwd=ROOT,
@@ -86,7 +86,7 @@ def test_room_up_ping_status_down_and_down_again(state: Path) -> None:
         [
             sys.executable,
             "-m",
-            "course_lib.cluster",
+            "course_kit.jobs.cluster",
             "room",
             "--state",
             str(state),
@@ -168,7 +168,7 @@ def test_room_without_root_or_tools_is_a_one_line_error(tmp_path: Path) -> None:
                 *prefix,
                 sys.executable,
                 "-m",
-                "course_lib.cluster",
+                "course_kit.jobs.cluster",
                 "room",
                 "--state",
                 state,

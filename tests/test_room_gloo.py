@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 from test_room import PCS, Lab, _allreduce_on_engine
 
-from course_lib.cluster.room.build import PC, room_unavailable_reason
+from course_kit.room.build import PC, room_unavailable_reason
 from course_lib.comm import RendezvousError, setup_communicators
 
 pytestmark = [pytest.mark.room, pytest.mark.slow, pytest.mark.timeout(300)]

@@ -1,6 +1,6 @@
 """``./kit lab start | status | stop hosts.toml`` in the emulated room, through ipyparallel's
 SSH engine launcher: ``ssh`` and ``scp`` are stand-ins that run the launcher's commands inside
-the PCs' namespaces (:mod:`course_lib.cluster.room.ssh`), so the launcher's own code runs as in
+the PCs' namespaces (:mod:`course_kit.room.ssh`), so the launcher's own code runs as in
 a real lab. The same room and cluster then lose two PCs during the "class" (one PC's engines
 killed, another PC's link cut), and ``./kit lab add`` brings them back. Deselect with
 ``-m "not room"``.
@@ -20,10 +20,10 @@ from pathlib import Path
 import psutil
 import pytest
 
+from course_kit.lab.hosts import read_hosts
+from course_kit.room.build import emulated_room, room_unavailable_reason
+from course_kit.room.ssh import write_ssh_standins
 from course_lib.cluster import connect_cluster
-from course_lib.cluster.lab.hosts import read_hosts
-from course_lib.cluster.room.build import emulated_room, room_unavailable_reason
-from course_lib.cluster.room.ssh import write_ssh_standins
 
 pytestmark = [pytest.mark.room, pytest.mark.slow, pytest.mark.timeout(2400)]
 
@@ -33,10 +33,10 @@ WAIT = 300.0  # seconds to wait for a condition (the heartbeat needs ~12 s; the 
 
 
 def _lab(env: dict[str, str], *argv: str, timeout: float = 900) -> subprocess.CompletedProcess:
-    """Run ``python -m course_lib.cluster lab ARGV`` (what ``./kit lab ...`` runs)."""
+    """Run ``python -m course_kit.jobs.cluster lab ARGV`` (what ``./kit lab ...`` runs)."""
     start = time.monotonic()
     done = subprocess.run(
-        [sys.executable, "-m", "course_lib.cluster", "lab", *argv],
+        [sys.executable, "-m", "course_kit.jobs.cluster", "lab", *argv],
         env=env,
         capture_output=True,
         text=True,

@@ -23,9 +23,9 @@ from pathlib import Path
 
 import pytest
 
-from course_lib.cluster.lab.seats import SEATS_LOG
-from course_lib.cluster.room.build import room_unavailable_reason
-from course_lib.cluster.room.state import lab_folder, room_down
+from course_kit.lab.seats import SEATS_LOG
+from course_kit.room.build import room_unavailable_reason
+from course_kit.room.state import lab_folder, room_down
 
 pytestmark = [pytest.mark.room, pytest.mark.slow, pytest.mark.timeout(1200)]
 
@@ -50,9 +50,9 @@ LECTURES = [
 
 
 def _kit(env: dict[str, str], *argv: str, timeout: float = 900) -> subprocess.CompletedProcess:
-    """Run ``python -m course_lib.cluster ARGV`` (what ``./kit ARGV`` runs)."""
+    """Run ``python -m course_kit.jobs.cluster ARGV`` (what ``./kit ARGV`` runs)."""
     return subprocess.run(
-        [sys.executable, "-m", "course_lib.cluster", *argv],
+        [sys.executable, "-m", "course_kit.jobs.cluster", *argv],
         env=env,
         capture_output=True,
         text=True,

@@ -17,10 +17,10 @@ from pathlib import Path
 
 import pytest
 
-from course_lib.cluster.lab.hosts import read_hosts
-from course_lib.cluster.lab.mpi import write_hostfile
-from course_lib.cluster.room.build import emulated_room, room_unavailable_reason
-from course_lib.cluster.room.ssh import write_ssh_standins
+from course_kit.lab.hosts import read_hosts
+from course_kit.lab.mpi import write_hostfile
+from course_kit.room.build import emulated_room, room_unavailable_reason
+from course_kit.room.ssh import write_ssh_standins
 
 pytestmark = [pytest.mark.room, pytest.mark.slow, pytest.mark.timeout(300)]
 
@@ -50,7 +50,7 @@ def test_allreduce_across_four_pcs_is_exact_and_crosses_the_links(tmp_path: Path
             [
                 sys.executable,
                 "-m",
-                "course_lib.cluster",
+                "course_kit.jobs.cluster",
                 "lab",
                 "mpi",
                 str(hosts_file),

@@ -21,11 +21,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from course_kit.lab.preflight import leftover_controllers
+from course_kit.room.build import emulated_room, room_unavailable_reason
+from course_kit.room.ssh import write_lab_files
+from course_kit.room.state import lab_folder, read_state, room_down
 from course_lib.cluster import connect_cluster, start_cluster
-from course_lib.cluster.lab.preflight import leftover_controllers
-from course_lib.cluster.room.build import emulated_room, room_unavailable_reason
-from course_lib.cluster.room.ssh import write_lab_files
-from course_lib.cluster.room.state import lab_folder, read_state, room_down
 
 pytestmark = [pytest.mark.room, pytest.mark.slow, pytest.mark.timeout(1200)]
 
@@ -34,9 +34,9 @@ STUDENT = Path(__file__).resolve().parent / "lab_student.py"
 
 
 def _kit(env: dict[str, str], *argv: str, timeout: float = 600) -> subprocess.CompletedProcess:
-    """Run ``python -m course_lib.cluster ARGV`` (what ``./kit ARGV`` runs)."""
+    """Run ``python -m course_kit.jobs.cluster ARGV`` (what ``./kit ARGV`` runs)."""
     return subprocess.run(
-        [sys.executable, "-m", "course_lib.cluster", *argv],
+        [sys.executable, "-m", "course_kit.jobs.cluster", *argv],
         env=env,
         capture_output=True,
         text=True,

@@ -23,10 +23,10 @@ import numpy as np
 import pytest
 from test_room import _allreduce_on_engine
 
+from course_kit.room.build import room_unavailable_reason
+from course_kit.room.slurm import slurm_unavailable_reason
+from course_kit.room.state import lab_folder, read_state, room_down
 from course_lib.cluster import start_cluster
-from course_lib.cluster.room.build import room_unavailable_reason
-from course_lib.cluster.room.slurm import slurm_unavailable_reason
-from course_lib.cluster.room.state import lab_folder, read_state, room_down
 from course_lib.comm import setup_communicators
 
 pytestmark = [pytest.mark.room, pytest.mark.slow, pytest.mark.timeout(1200)]
@@ -36,9 +36,9 @@ NODES, PER_NODE = 3, 2
 
 
 def _kit(env: dict[str, str], *argv: str, timeout: float = 600) -> subprocess.CompletedProcess:
-    """Run ``python -m course_lib.cluster ARGV`` (what ``./kit ARGV`` runs)."""
+    """Run ``python -m course_kit.jobs.cluster ARGV`` (what ``./kit ARGV`` runs)."""
     return subprocess.run(
-        [sys.executable, "-m", "course_lib.cluster", *argv],
+        [sys.executable, "-m", "course_kit.jobs.cluster", *argv],
         env=env,
         capture_output=True,
         text=True,
@@ -167,7 +167,7 @@ def test_engines_through_slurm_a_notebook_connects_and_mpi_crosses_the_links(
     assert min(sent) >= 0.95 * least, (sent, least)
     # The doctor's network matrix between the Slurm nodes.
     doctor = subprocess.run(
-        [sys.executable, "-m", "course_lib", "doctor", "--profile", "slurm", "--network",
+        [sys.executable, "-m", "course_kit", "doctor", "--profile", "slurm", "--network",
          "--mib", "1"],
         env=env, capture_output=True, text=True, timeout=600, cwd=ROOT,
     )  # fmt: skip

@@ -4,7 +4,7 @@ One rule for every lecture: the notebook asks for what it needs (``start_cluster
 the environment decides where the engines come from: local engines on this PC by default, the
 room's cluster when ``COURSE_CLUSTER_PROFILE`` or ``COURSE_CLUSTER_FILE`` name one (the lab's
 ``./kit lab start``). In the room the notebook gets a *seat*, engines of its own that no other
-notebook uses while it is open (:mod:`course_lib.cluster.lab.seats`); with no free seat it says
+notebook uses while it is open (:mod:`course_lib.cluster.seat`); with no free seat it says
 so in one line and runs on local engines. Every cluster says which it got (``cluster.where()``,
 printed when it starts)::
 
@@ -32,8 +32,8 @@ import ipyparallel as ipp
 
 from course_lib.cluster import engine_side
 from course_lib.cluster.doctor import DoctorReport, doctor
-from course_lib.cluster.lab.seats import NoSeatError, Seat, take_seat
 from course_lib.cluster.recovery import EngineTimeout, RecoveryReport, recover, run_with_timeout
+from course_lib.cluster.seat import NoSeatError, Seat, take_seat
 from course_lib.cluster.stopping import stop_owned_cluster
 
 __all__ = [

@@ -1,7 +1,7 @@
 """Lecture 3: Allreduce across the lab's PCs, as MPI ranks: MPI's own and the from-scratch ring, checked and timed.
 
 Run on every rank by ``./kit lab mpi hosts.toml -- python -m course_lib.collectives.mpi_across_pcs``
-(see :mod:`course_lib.cluster.lab.mpi`). Each rank fills a buffer with values that depend on its
+(see :mod:`course_kit.lab.mpi`). Each rank fills a buffer with values that depend on its
 rank; both allreduces must give the exact sum (a formula: the values are small integers, exact in
 float32). Rank 0 prints one JSON line: the ranks' host names, the largest error of each method,
 and the seconds of every timed repeat (the slowest rank's, as a collective ends when its last

@@ -1,0 +1,283 @@
+"""The exchange's part of assignment A5's checks: error feedback, compressor objects, training.
+
+A5.4 checks error feedback step by step and by its running sum (what is not sent now is sent
+later) around the reference compressors at the end of this module;
+A5.5 sends the student's compressor objects' payloads through the wire format; A5.6 trains on
+real engines through the kit's compressed exchange, which must reach the float32 run's test
+accuracy (within :data:`A5_ACCURACY_SLACK`) in the same steps. What the answer does is
+collected as data by :mod:`course_grader.assignments.a5.collect` (in the notebook's kernel,
+or in the graded kernel by the grader's probe); the bodies here judge that data, return the
+verdict's detail or raise :class:`AssertionError` with what is wrong, and
+:mod:`course_grader.assignments.a5.checks` turns them into verdicts. ``seed`` None gives the
+checks' own inputs; the grader passes a fresh one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from course_grader.assignments.a5.collect import (
+    A5_BLOCK,
+    A5_CONFIG,
+    EF_PROBE_CALLS,
+    EF_PROBE_SMALL,
+)
+from course_lib.compression.base import Compressor, Payload
+
+__all__ = [
+    "A5_ACCURACY_SLACK",
+    "A5_BLOCK",
+    "A5_CONFIG",
+    "ReferenceBlockInt8",
+    "ReferenceBlockTopK",
+    "block_int8_bytes",
+    "block_topk_bytes",
+    "blocks",
+    "compressor_cases",
+    "compressors_body",
+    "error_feedback_body",
+    "error_feedback_cases",
+    "reference_decode",
+    "reference_encode",
+    "reference_topk",
+    "training_body",
+]
+
+#: test-accuracy points block int8 + error feedback may lose against float32 in the same steps
+A5_ACCURACY_SLACK = 1.0
+_EF_STEPS = 30
+_EF_NAMES = {"fc1.weight": 48, "fc1.bias": 16}
+
+
+def _rng(default: int, seed: int | None) -> np.random.Generator:
+    """The checks' own inputs (``seed`` None, as in the notebook), or the grader's fresh ones."""
+    return np.random.default_rng(default if seed is None else [seed, default])
+
+
+def error_feedback_cases(seed: int | None = None) -> list[dict]:
+    """A5.4's cases: an inner compressor and its gradients, tensor names interleaved, in order."""
+    rng = _rng(504, seed)
+    cases = []
+    for label, kind, block, k in (("block int8", "int8", 8, 0), ("block top-2", "topk", 16, 2)):
+        names, gradients = [], []
+        for step in range(1, _EF_STEPS + 1):
+            for name, size in _EF_NAMES.items():  # two tensors, interleaved: one memory per name
+                names.append(name)
+                gradients.append((rng.standard_normal(size) * (1 + step % 3)).astype(np.float32))
+        cases.append(
+            {
+                "label": label,
+                "kind": kind,
+                "block": block,
+                "k": k,
+                "names": names,
+                "gradients": gradients,
+            }
+        )
+    return cases
+
+
+def error_feedback_body(collect: Callable[[dict], list], seed: int | None = None) -> str:
+    """A5.4's judge: ``collect(case)`` (what each call sent) is compress(g + residual) by name."""
+    for case in error_feedback_cases(seed):
+        label = case["label"]
+        inner = (
+            ReferenceBlockInt8(case["block"])
+            if case["kind"] == "int8"
+            else ReferenceBlockTopK(case["block"], case["k"])
+        )
+        sent_all = collect(case)
+        residual = {n: np.zeros(size, np.float32) for n, size in _EF_NAMES.items()}
+        total_g = {n: np.zeros(size) for n, size in _EF_NAMES.items()}
+        total_sent = {n: np.zeros(size) for n, size in _EF_NAMES.items()}
+        calls = list(zip(case["names"], case["gradients"], strict=True))
+        assert isinstance(sent_all, list) and len(sent_all) == len(calls), (
+            "the wrapper's results do not come one per call"
+        )
+        for i, ((name, g), sent) in enumerate(zip(calls, sent_all, strict=True)):
+            step = i // len(_EF_NAMES) + 1
+            corrected = g + residual[name]
+            want = inner.decode_values(inner.compress(corrected, name)[0])
+            residual[name] = corrected - want
+            sent = np.asarray(sent, np.float32)
+            total_g[name] += g
+            total_sent[name] += sent
+            if np.array_equal(sent, want):
+                continue
+            if step == 1:
+                raise AssertionError(
+                    f"{label}, {name!r}, step 1: the payload is not compress(g) (no residual "
+                    "yet): compress g + residual with the inner compressor"
+                )
+            gap = float(np.abs(total_g[name] - total_sent[name]).max())
+            held = float(np.abs(residual[name]).max())
+            raise AssertionError(
+                f"{label}, {name!r}, step {step}: the payload is not compress(g + residual). "
+                f"After {step} steps sum(g) - sum(sent) should be the residual (at most "
+                f"{held:.3g} here), it is {gap:.3g}: keep residual = (g + residual) - sent, "
+                "one per tensor name, in float32"
+            )
+    return f"block int8 and block top-2, 2 tensors, {_EF_STEPS} steps: sent + residual = sum of g"
+
+
+def compressor_cases(seed: int | None = None) -> list[dict]:
+    """A5.5's cases: the same gradient through each compressor: its payload, then the wire."""
+    g = (_rng(550, seed).standard_normal(300) ** 3).astype(np.float32)
+    return [
+        {"kind": kind, "block": 32, "k": k, "g": g, "stage": stage}
+        for kind, k in (("int8", 0), ("topk", 3))
+        for stage in ("payload", "wire")
+    ]
+
+
+def compressors_body(collect: Callable[[dict], tuple], seed: int | None = None) -> str:
+    """A5.5's judge: ``collect(case)`` -> (class, bytes, payload kind), then (decoded,)."""
+    names = set()
+    label = ""
+    for case in compressor_cases(seed):
+        g, block, k = case["g"], case["block"], case["k"]
+        result = collect(case)
+        assert isinstance(result, tuple), "the compressor returned no data"
+        if case["stage"] == "payload":
+            assert len(result) == 3, "the compressor returned no data"
+            label, sent, kind = str(result[0]), int(np.asarray(result[1])), result[2]
+            if case["kind"] == "int8":
+                nbytes, layout = (
+                    block_int8_bytes(g.size, block),
+                    "int8 + one float32 scale per block",
+                )
+            else:
+                nbytes = block_topk_bytes(g.size, block, k)
+                layout = "a uint32 index and a float32 value per kept value"
+            assert sent == nbytes, (
+                f"{label} sends {sent} bytes for {g.size} values in blocks of {block}, "
+                f"expected {nbytes}: {layout}"
+            )
+            names.add(str(kind))
+            continue
+        if case["kind"] == "int8":
+            want = reference_decode(*reference_encode(g, block), block)
+        else:
+            ref = ReferenceBlockTopK(block, k)
+            want = ref.decode_values(ref.compress(g)[0])
+        assert len(result) == 1 and np.array_equal(np.asarray(result[0]).reshape(-1), want), (
+            f"{label}: decompress(compress(g)) after the wire differs from your functions' "
+            "decode; build the payload from them and decode it with them"
+        )
+    assert len(names) == 2, "give the two compressors different names"
+    return "payload bytes exact, decode after the wire format"
+
+
+def training_body(collect: Callable[[], tuple]) -> str:
+    """A5.6's judge: ``collect()``'s two runs (float32, compressed) on 2 engines, as data."""
+    result = collect()
+    assert isinstance(result, tuple) and len(result) == 7, "the training run returned no data"
+    probe, reference, equal, sent, sizes, accuracy, _counters = result  # the grader's wire check
+    # Error feedback is what A5.6 asks for, and block int8 alone trains this MLP well enough:
+    # the probe decides it (values below one int8 step must get through over the calls).
+    probe = np.asarray(probe, np.float64).reshape(-1)
+    want = EF_PROBE_CALLS * EF_PROBE_SMALL
+    assert probe.size and np.all(np.abs(probe - want) < 1.01 / 127), (
+        f"values of {EF_PROBE_SMALL} beside a 1.0 in their block (less than one int8 step) "
+        f"delivered {float(probe.max()) if probe.size else 0:.4f} in {EF_PROBE_CALLS} calls "
+        f"instead of about {want:.3f}: wrap block int8 in your error feedback (A5.4), which "
+        "carries what the cast drops into the next call"
+    )
+    reference, accuracy = float(np.asarray(reference)), float(np.asarray(accuracy))
+    assert int(np.asarray(equal)), "the replicas differ after training: decode alike on every rank"
+    nbytes = sum(block_int8_bytes(int(size), A5_BLOCK) for size in np.asarray(sizes).reshape(-1))
+    sent = sorted(int(s) for s in np.asarray(sent).reshape(-1))
+    assert sent == [nbytes], (
+        f"each step sent {sent} bytes before coding; block int8 with blocks of "
+        f"{A5_BLOCK} sends {nbytes} for the digits MLP"
+    )
+    assert accuracy >= reference - A5_ACCURACY_SLACK, (
+        f"test accuracy {accuracy:.1f} % after {A5_CONFIG.num_epochs} epoch, float32 reached "
+        f"{reference:.1f} % in the same steps (at most {A5_ACCURACY_SLACK:g} point less)"
+    )
+    # The verdict line must be the same on every run: the accuracies stay out of it.
+    return "2 engines, block int8 + error feedback as accurate as float32"
+
+
+# -- the reference answers the judges compare with (never shown to a graded kernel) ---------
+def blocks(n: int, block: int) -> list[tuple[int, int]]:
+    """Return the ``(start, stop)`` of every block of ``block`` values in ``n`` (the last may be short)."""
+    return [(start, min(start + block, n)) for start in range(0, n, block)]
+
+
+def reference_encode(g: np.ndarray, block: int) -> tuple[np.ndarray, np.ndarray]:
+    """Return ``(q, scales)``: per block ``m = max|g|``, ``q = int8(g / m * 127)`` in float32."""
+    g = np.asarray(g, np.float32).reshape(-1)
+    q = np.zeros(g.size, np.int8)
+    scales = np.zeros(len(blocks(g.size, block)), np.float32)
+    for b, (lo, hi) in enumerate(blocks(g.size, block)):
+        scales[b] = m = np.abs(g[lo:hi]).max()
+        if m > 0:  # the cast truncates toward zero, as source 000's float32 -> int8 does
+            q[lo:hi] = (g[lo:hi] / m * np.float32(127)).astype(np.int8)
+    return q, scales
+
+
+def reference_decode(q: np.ndarray, scales: np.ndarray, block: int) -> np.ndarray:
+    """Return ``q / 127 * m`` (float32), ``m`` the scale of each value's block."""
+    per_value = np.repeat(np.asarray(scales, np.float32), block)[: q.size]
+    return q.astype(np.float32) / np.float32(127) * per_value  # multiply: the inverse of g / m
+
+
+def reference_topk(g: np.ndarray, block: int, k: int) -> np.ndarray:
+    """Return the ascending indices of the ``k`` largest ``|g|`` of every block (ties: lower index)."""
+    g = np.asarray(g, np.float32).reshape(-1)
+    kept = [
+        lo + np.sort(np.argsort(-np.abs(g[lo:hi]), kind="stable")[:k])
+        for lo, hi in blocks(g.size, block)
+    ]
+    return np.concatenate(kept).astype(np.int64) if kept else np.zeros(0, np.int64)
+
+
+def block_int8_bytes(n: int, block: int) -> int:
+    """Return the payload bytes of block int8: one byte a value, one float32 scale a block."""
+    return n + 4 * len(blocks(n, block))
+
+
+def block_topk_bytes(n: int, block: int, k: int) -> int:
+    """Return the payload bytes of block top-k: a uint32 index and a float32 value per kept value."""
+    return 8 * sum(min(k, hi - lo) for lo, hi in blocks(n, block))
+
+
+class ReferenceBlockInt8(Compressor):
+    """Block int8 max-abs as a compressor: :func:`reference_encode`, :func:`reference_decode`."""
+
+    name = "ref_block_int8"
+
+    def __init__(self, block: int) -> None:
+        self.block = block
+
+    def compress(self, tensor: Any, name: str = "") -> tuple[Payload, Any]:
+        g = np.asarray(tensor, np.float32).reshape(-1)
+        q, scales = reference_encode(g, self.block)
+        return Payload(self.name, (g.size,), "float32", {"q": q, "scales": scales}), None
+
+    def decode_values(self, payload: Payload) -> np.ndarray:
+        return reference_decode(payload.parts["q"], payload.parts["scales"], self.block)
+
+
+class ReferenceBlockTopK(Compressor):
+    """Block top-k as a compressor: :func:`reference_topk`, a uint32 index and a value each."""
+
+    name = "ref_block_topk"
+
+    def __init__(self, block: int, k: int) -> None:
+        self.block, self.k = block, k
+
+    def compress(self, tensor: Any, name: str = "") -> tuple[Payload, Any]:
+        g = np.asarray(tensor, np.float32).reshape(-1)
+        idx = reference_topk(g, self.block, self.k)
+        parts = {"indices": idx.astype(np.uint32), "values": g[idx]}
+        return Payload(self.name, (g.size,), "float32", parts), None
+
+    def decode_values(self, payload: Payload) -> np.ndarray:
+        out = np.zeros(payload.numel, np.float32)
+        out[payload.parts["indices"]] = payload.parts["values"]
+        return out

@@ -1,0 +1,170 @@
+"""Checks of assignment A6 (a row-parallel linear layer's autograd; a GPipe step), on engines.
+
+The student's functions travel to every engine by value (cloudpickle) and run there with the
+engine's communicator. Every engine rebuilds the same inputs and weights from a seed, runs the
+answer and returns what it produced and its communicator's counters, as data
+(:mod:`course_grader.assignments.a6.collect`); the judges rebuild the inputs and compute the
+one-process reference themselves: ``X @ W.T + b`` and its gradients through a full
+``nn.Linear``-like product (A6.1, A6.2), the whole model's full-batch gradients and SGD steps
+(A6.3, A6.4). The layer's input width 7 splits 3, 2, 2 over the 3 ranks: uneven shards.
+
+Right numbers are not enough. The counters of each communicator tell who talked to whom: the
+row-parallel forward must cost one allreduce of the output and nothing else, its backward one
+allgather of this rank's slice of dL/dX (padded to the widest slice); a GPipe stage sends m
+activations to the next stage and m gradients to the previous one, each of a micro-batch's
+size, and calls no collective. The stage the check hands to the step records the order of its
+forward and backward passes, so a naive schedule (F B F B) fails A6.3 although its gradients
+are right. Wrong numbers are compared with the usual mistakes and the verdict names the match.
+
+The judges live in :mod:`course_grader.assignments.a6.row_parallel` (A6.1, A6.2) and
+:mod:`course_grader.assignments.a6.gpipe` (A6.3, A6.4); :func:`a6_body` runs an exercise's
+cases and judges every rank, here in the kernel and in the grader's process for ``./kit grade``
+(:mod:`course_grader.assignments.a6.probe`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from course_grader.assignments.a6.collect import TRAIN_STEPS
+from course_grader.assignments.a6.gpipe import (
+    PIPELINE_CASES,
+    PIPELINE_WIDTHS,
+    judge_pipeline,
+    judge_pipeline_training,
+    pipeline_cases,
+    pipeline_model,
+    training_cases,
+)
+from course_grader.assignments.a6.row_parallel import (
+    ROW_PARALLEL_CASES,
+    judge_row_parallel,
+    judge_row_training,
+    row_parallel_cases,
+)
+from course_lib.checks.verdict import Verdict, reraise_stub, run_check
+
+__all__ = [
+    "A6_DETAILS",
+    "A6_POINTS",
+    "PIPELINE_WIDTHS",
+    "ROW_PARALLEL_CASES",
+    "a6_body",
+    "a6_cases",
+    "check_gpipe_step",
+    "check_gpipe_training",
+    "check_row_parallel_backward",
+    "check_row_parallel_forward",
+    "pipeline_model",
+]
+
+A6_POINTS = {"A6.1": 2.0, "A6.2": 3.0, "A6.3": 3.0, "A6.4": 2.0}
+_PIPELINE = ", ".join(f"batch {b} in m = {m}" for b, m in PIPELINE_CASES)
+#: what each exercise's PASS line says
+A6_DETAILS = {
+    "A6.1": "3 ranks, 3 shapes (7 inputs split 3, 2, 2), one allreduce of the output",
+    "A6.2": f"3 ranks, 3 shapes, dX / dW / db with one allgather, an MLP trained "
+    f"{TRAIN_STEPS} steps equal to one process",
+    "A6.3": f"3 stages, {_PIPELINE}: gradients and loss of one process, neighbours only, F..F B..B",
+    "A6.4": f"3 stages, m = 4, {TRAIN_STEPS} SGD steps with momentum: the weights of one process",
+}
+
+
+def a6_cases(exercise: str, seed: int | None = None) -> list[dict]:
+    """The cases of ``exercise`` the engines run (``seed`` None: the notebook's own)."""
+    if exercise in ("A6.1", "A6.2"):
+        return row_parallel_cases(exercise == "A6.2", seed)
+    return pipeline_cases(seed) if exercise == "A6.3" else training_cases(seed)
+
+
+def _judge_rank(exercise: str, case: dict, rank: int, world_size: int, data: Any) -> str:
+    if case["kind"] == "row":
+        return judge_row_parallel(case, rank, world_size, data, exercise == "A6.2")
+    if case["kind"] == "row_training":
+        return judge_row_training(case, rank, world_size, data)
+    if case["kind"] == "pipeline":
+        return judge_pipeline(case, rank, world_size, data)
+    return judge_pipeline_training(case, rank, world_size, data)
+
+
+def a6_body(exercise: str, run_case: Callable[[dict], Any], seed: int | None = None) -> str:
+    """Judge ``run_case(case)`` (every rank's (rank, world size, data)) case by case."""
+    for case in a6_cases(exercise, seed):
+        ranks = run_case(case)
+        assert isinstance(ranks, list) and ranks, "the engines returned no result"
+        results = sorted((int(r[0]), int(r[1]), r[2]) for r in ranks if len(r) == 3)
+        world_size = results[0][1] if results else 0
+        assert world_size == 3, f"the check needs 3 engines, not {world_size}"
+        assert [r[0] for r in results] == [0, 1, 2], "the engines' results are not one per rank"
+        for rank, _, data in results:  # the first rank with a problem names it
+            why = _judge_rank(exercise, case, rank, world_size, data)
+            assert not why, why
+    return A6_DETAILS[exercise]
+
+
+def _run(blob: bytes, case: dict, comm_name: str) -> tuple:
+    """Run on an engine: one case with this engine's communicator; return its data."""
+    import cloudpickle
+    from IPython import get_ipython
+
+    from course_grader.assignments.a6.collect import collect
+
+    return collect(get_ipython().user_ns[comm_name], cloudpickle.loads(blob), case)
+
+
+# -- the check cells ------------------------------------------------------------------------------
+
+
+def _check(
+    exercise: str, name: str, payload: Any, cluster: Any, comm_name: str, verbose: bool
+) -> Verdict:
+    def body() -> str:
+        import cloudpickle
+
+        assert cluster.world_size == 3, f"the check needs 3 engines, not {cluster.world_size}"
+        blob = cloudpickle.dumps(payload)  # by value: notebook functions and their helpers
+
+        def run_case(case: dict) -> Any:
+            try:
+                return cluster.run(_run, blob, case, comm_name, timeout=120)
+            except Exception as exc:
+                reraise_stub(exc)
+                raise
+
+        return a6_body(exercise, run_case)
+
+    return run_check(exercise, name, body, max_points=A6_POINTS[exercise], verbose=verbose)
+
+
+def check_row_parallel_forward(
+    forward: Callable, cluster: Any, *, comm_name: str = "comm", verbose: bool = True
+) -> Verdict:
+    """A6.1: ``forward(ctx, X, W_shard, b, comm, bounds)`` is X @ W.T + b with one allreduce."""
+    return _check("A6.1", "row_parallel_forward", (forward,), cluster, comm_name, verbose)
+
+
+def check_row_parallel_backward(
+    forward: Callable,
+    backward: Callable,
+    cluster: Any,
+    *,
+    comm_name: str = "comm",
+    verbose: bool = True,
+) -> Verdict:
+    """A6.2: ``backward(ctx, dY)``: dX, dW_shard, db with one allgather; trains like one process."""
+    return _check("A6.2", "row_parallel_backward", (forward, backward), cluster, comm_name, verbose)
+
+
+def check_gpipe_step(
+    step: Callable, cluster: Any, *, comm_name: str = "comm", verbose: bool = True
+) -> Verdict:
+    """A6.3: ``step(comm, stage, X, y, m, shapes)`` is one GPipe step with one-process gradients."""
+    return _check("A6.3", "gpipe_step", step, cluster, comm_name, verbose)
+
+
+def check_gpipe_training(
+    train: Callable, cluster: Any, *, comm_name: str = "comm", verbose: bool = True
+) -> Verdict:
+    """A6.4: ``train(comm, stage, batches, lr, m, shapes)`` ends with the weights of one process."""
+    return _check("A6.4", "gpipe_training", train, cluster, comm_name, verbose)

@@ -1,0 +1,111 @@
+"""A6 graded out of the kernel's reach: the engines return data, the grader decides.
+
+The kernel sends the answer (by value) and the source of
+:mod:`course_grader.assignments.a6.collect` to its 3 engines (the module itself is hidden:
+the kernel and its engines see the kit without ``course_lib.checks``); each rank rebuilds the
+inputs from the grader's seed, runs the answer and returns what it produced (Y, the gradients,
+a stage's weights, its loss, the order of its passes) and its communicator's counters (the
+built-in collectives called, messages and bytes per peer), as data. The grader rebuilds the
+inputs from the same seed, computes the one-process reference with torch and judges every rank
+with :func:`course_grader.assignments.a6.checks.a6_body`, the notebook's own judges, in its own
+process.
+
+The counters are counted inside the student's processes (the engines), so the grader also
+counts the bytes between the ranks on the wire, outside the sandbox, and they must agree
+(:mod:`course_grader.verdict.wire`): the GPipe exercises' point-to-point messages (A6.3,
+A6.4), and the row-parallel exercises' built-ins (A6.1, A6.2) through a model of gloo's rings.
+Not closed: the order of a stage's passes is still recorded inside the engines; the ``ast``
+guard (no private attributes) is the line there. The engines talk over gloo, so
+``torch.distributed`` stays importable (as in A2); the guard still names it.
+"""
+
+from __future__ import annotations
+
+import base64
+import inspect
+from collections.abc import Callable
+
+from course_grader.verdict.claims import counter_claims, p2p_claims
+from course_grader.verdict.probe import ExerciseProbe, ProbeSpec
+from course_lib.checks.verdict import Verdict, run_check
+
+__all__ = ["a6_spec"]
+
+_ENGINE_SETUP = """\
+    import cloudpickle
+
+    source = base64.b64decode("{source}").decode()
+
+    def engine_case(blob, source, case):
+        import cloudpickle
+        from IPython import get_ipython
+
+        ns = {{"__name__": "course_probe_a6"}}  # the collectors, as source: the module is hidden
+        exec(source, ns)
+        return ns["collect"](get_ipython().user_ns["comm"], cloudpickle.loads(blob), case)
+
+    def run_case(fns, case):
+        assert cluster.world_size == 3, f"the check needs 3 engines, not {{cluster.world_size}}"
+        return cluster.run(engine_case, cloudpickle.dumps(fns), source, case, timeout=120)
+"""
+_CALLS = {  # exercise: (name, what the engines call)
+    "A6.1": ("row_parallel_forward", "(row_parallel_forward,)"),
+    "A6.2": ("row_parallel_backward", "(row_parallel_forward, row_parallel_backward)"),
+    "A6.3": ("gpipe_step", "gpipe_step"),
+    "A6.4": ("gpipe_training", "train_pipeline"),
+}
+
+
+def _check(exercise: str, name: str) -> Callable[..., Verdict]:
+    """A check over the replayed engines' data: the notebook's own body, on the grader's seed."""
+    from course_grader.assignments.a6.checks import A6_POINTS, a6_body
+
+    def check(answer: Callable, *, verbose: bool = False, seed: int = 0) -> Verdict:
+        return run_check(
+            exercise,
+            name,
+            lambda: a6_body(exercise, answer, seed),
+            max_points=A6_POINTS[exercise],
+            verbose=verbose,
+        )
+
+    return check
+
+
+def _row_counters(data: tuple) -> list[tuple]:
+    """(built-ins, point-to-point rows) in a row-parallel case's data (a6_collect's _row_parallel:
+    Y, used, p2p, and for A6.2 dX, dW, db, used, p2p; _row_training: the 4 tensors, used, p2p)."""
+    if len(data) == 3:
+        return [(data[1], data[2])]
+    return [(data[1], data[2]), (data[6], data[7])] if len(data) == 8 else [(data[4], data[5])]
+
+
+# Where a case's data holds the built-ins and the point-to-point rows (a6_collect's _pipeline:
+# loss, grads, used, p2p, log; _pipeline_training: used, p2p, weights).
+_CLAIMS = {
+    "A6.1": lambda cases: counter_claims(cases, _row_counters),
+    "A6.2": lambda cases: counter_claims(cases, _row_counters),
+    "A6.3": lambda cases: p2p_claims(cases, used_at=2, p2p_at=3),
+    "A6.4": lambda cases: p2p_claims(cases, used_at=0, p2p_at=1),
+}
+
+
+def a6_spec() -> ProbeSpec:
+    """A6's probes: the engines run the answers, the grader judges every rank's data."""
+    from course_grader.assignments.a6 import checks as a6
+    from course_grader.assignments.a6 import collect as a6_collect
+
+    source = base64.b64encode(inspect.getsource(a6_collect).encode()).decode()
+    setup = _ENGINE_SETUP.format(source=source)
+    exercises = {}
+    for exercise, (name, fns) in _CALLS.items():
+        exercises[exercise] = ExerciseProbe(
+            lambda seed, exercise=exercise: a6.a6_cases(exercise, seed),
+            f"run_case({fns}, case)",
+            _check(exercise, name),
+            setup,
+            claims=_CLAIMS[exercise],
+        )
+    # The engines' communicators run on torch.distributed (gloo): it stays importable, and the
+    # kit is shown without its checks (the references).
+    return ProbeSpec("", exercises, blocked=False, kit=True)

@@ -1,0 +1,184 @@
+"""No lecture (the grader). Run one notebook under nbval in a subprocess, with time limits, and clean up after it.
+
+Nothing the notebook's processes wrote is trusted: the grader never parses, imports or runs a
+file from a place they can write. In the sandbox, ``$IPYTHONDIR`` (profiles, cluster files) is
+inside the sandbox's size-limited ``/tmp``, and the kernel, the ipyparallel controller and
+engines and whatever an answer spawns all die with the sandbox's PID namespace when its first
+process ends. Each run's host-side processes (nbval's kernel launcher, and unisolated every
+process of the run) carry a mark of the run in their environment (a fresh ``IPYTHONDIR``);
+after the run, whatever still carries it is killed. Killing the sandbox's launcher ends its
+PID namespace (its first process has a parent-death signal), and with it everything inside.
+
+The only things read back are nbval's JUnit report and the outputs of the grader's probe
+cells (:mod:`course_grader.verdict.probe`), both written by nbval outside the sandbox from the
+kernel's messages.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+from course_grader.sandbox.config import (
+    SandboxLimits,
+    host_tmpfs,
+    kernel_name,
+    kit_package,
+    prepare_sandbox,
+)
+from course_grader.sandbox.wire_audit import wire_problem_here
+
+__all__ = ["CLUSTER_VARIABLE_PREFIX", "run_nbval", "stop_clusters"]
+
+#: The variables that tell ``start_cluster`` where engines come from (``COURSE_CLUSTER_PROFILE``,
+#: ``_FILE``, ``_KIND``, ``_ENGINES``: :mod:`course_lib.cluster.launch`). None reaches a run.
+CLUSTER_VARIABLE_PREFIX = "COURSE_CLUSTER_"
+
+_ANSI = re.compile(r"\x1b\[[0-9;]*m|#x1B\[[0-9;]*m")
+RUNTIME_MB = 4  # the kernel's connection file and sockets: a few kB
+
+
+def stop_clusters(ipython_dir: Path) -> None:
+    """Kill every process that carries this run's mark (``IPYTHONDIR=ipython_dir``).
+
+    No file is read: an ipyparallel cluster file names the commands that stop it, so one
+    forged by the notebook would run them here (an ``SSHControllerLauncher`` with any
+    ``ssh_cmd``). The mark is in the environment the grader gave the run's processes;
+    /proc is read as data only.
+    """
+    import psutil
+
+    left = []
+    for proc in psutil.process_iter():
+        try:
+            mark = proc.environ().get("IPYTHONDIR")
+        except (psutil.Error, OSError):
+            continue  # another user's process, or gone meanwhile
+        if mark == str(ipython_dir):
+            try:
+                proc.kill()
+                left.append(proc)
+            except psutil.Error:
+                pass
+    psutil.wait_procs(left, timeout=5)
+
+
+def run_nbval(
+    path: Path,
+    cell_seconds: float,
+    total_seconds: float,
+    sandbox: SandboxLimits | None = None,
+    hidden: tuple[str, ...] = (),
+    blocked: tuple[str, ...] = (),
+    kit: bool = True,
+    probes: Path | None = None,
+) -> dict[int, tuple[str, str]] | None:
+    """Run nbval on ``path``; return {cell number: (outcome, message)}, or None past the limit.
+
+    With ``sandbox``, the kernel (and all it starts) runs in a sandbox with those limits, which
+    never shows it ``hidden`` nor lets it import ``blocked``, and shows it the kit only when
+    ``kit`` (see :mod:`course_grader.sandbox.config`); nbval stays outside. ``probes``: the
+    folder (the grader's, never shown to the kernel) where nbval stores the probe cells' outputs.
+    """
+    xml = path.with_suffix(".xml")
+    cmd = [
+        sys.executable,
+        "-m",
+        "pytest",
+        str(path),
+        "--nbval-lax",
+        f"--nbval-cell-timeout={cell_seconds:g}",
+        "-p",
+        "no:cacheprovider",
+        "-q",
+        f"--junitxml={xml}",
+        "-o",
+        "addopts=",
+        "--rootdir",
+        str(path.parent),
+    ]
+    # Clusters started by the notebook record themselves under IPYTHONDIR: a folder per run
+    # tells the clean-up below which ones are this run's.
+    ipython_dir = Path(tempfile.mkdtemp(prefix="ipython-", dir=path.parent))
+    # The kernel inherits nbval's environment. A grader working in the lab may carry the room's
+    # settings (COURSE_CLUSTER_PROFILE=lab): an assignment's start_cluster(n=4) would then take
+    # a seat in the room, or fail in the sandbox that cannot reach it. A submission is graded on
+    # this machine's local engines, whatever the grader's shell says.
+    env = {k: v for k, v in os.environ.items() if not k.startswith(CLUSTER_VARIABLE_PREFIX)}
+    env["IPYTHONDIR"] = str(ipython_dir)
+    # nbval loads this kit's plugin, not one a venv's editable install points to elsewhere.
+    kit_root = str(kit_package().parent)
+    env["PYTHONPATH"] = os.pathsep.join([kit_root, *filter(None, [env.get("PYTHONPATH")])])
+    cmd += ["-p", "course_grader.sandbox.nbval_ipc"]
+    if probes is not None:
+        env["COURSE_PROBE_DIR"] = str(probes)
+    env.pop("COURSE_IPC", None)
+    env.pop("COURSE_WIRE_AUDIT", None)
+    shared = contextlib.nullcontext(False)
+    run_dir = None
+    if sandbox is not None:
+        # In the system's temporary folder, not beside the notebook: the kernel's Unix sockets
+        # live in it, and a socket's path may not pass 107 bytes.
+        run_dir = Path(tempfile.mkdtemp(prefix="sandbox-"))
+        env.update(prepare_sandbox(run_dir, sandbox, (*hidden, str(path.parent)), blocked, kit))
+        env["COURSE_IPC"] = "1"
+        if wire_problem_here() is None:  # nbval counts the bytes between the sandbox's processes
+            env["COURSE_WIRE_AUDIT"] = "1"
+        cmd += ["--nbval-kernel-name=" + kernel_name()]
+        shared = host_tmpfs(run_dir / "runtime", RUNTIME_MB)
+    with shared:
+        finished = _run(cmd, path, env, total_seconds, ipython_dir)
+    if run_dir is not None:
+        shutil.rmtree(run_dir, ignore_errors=True)  # unlinks; follows no link, opens no file
+    return _read_report(xml) if finished else None
+
+
+def _run(cmd: list[str], path: Path, env: dict, total_seconds: float, ipython_dir: Path) -> bool:
+    """Run nbval; kill what is left of the run afterwards. False: past the total time limit."""
+    try:
+        # A session of its own, so that on the total time limit pytest and the processes that
+        # stay in its session go down together (the kernel and engines are found by the mark).
+        proc = subprocess.Popen(
+            cmd,
+            cwd=path.parent,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+            env=env,
+        )
+        try:
+            proc.wait(timeout=total_seconds)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+            return False
+    finally:
+        stop_clusters(ipython_dir)
+        shutil.rmtree(ipython_dir, ignore_errors=True)
+    return True
+
+
+def _read_report(xml: Path) -> dict[int, tuple[str, str]]:
+    """Read nbval's JUnit report (written by nbval, outside the sandbox)."""
+    if not xml.exists():
+        return {}
+    results = {}
+    for case in ET.parse(xml).iter("testcase"):
+        match = re.search(r"Cell (\d+)", case.get("name", ""))
+        if not match:
+            continue
+        outcome, message = "passed", ""
+        for child in case:
+            if child.tag in ("failure", "error", "skipped"):
+                outcome = child.tag
+                message = _ANSI.sub("", (child.get("message") or "") + "\n" + (child.text or ""))
+        results[int(match[1])] = (outcome, message)
+    return results

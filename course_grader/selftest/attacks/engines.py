@@ -1,0 +1,129 @@
+"""In-kernel routes to the verdicts of the engine assignments (A2-A7), one each, for the self-test.
+
+Each is a wrong answer to one exercise plus a way to make a check run in the kernel print PASS:
+the verdict class rebound, or the check the next cell imports replaced by a forgery. Every one
+won its points while the checks ran in the kernel (``tests/test_grading_attacks.py`` grades
+them both ways). The grader now judges the data that the kernel and its engines return, so
+each must get 0 points with the reason that names its mistake; ``./kit grade --self-test``
+grades them on this machine and fails loudly if one gets points.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+import nbformat
+
+from course_grader.cells import answer_id, check_id
+from course_grader.selftest.attacks.counters import FORGED_COUNTERS, WIRE_REASON
+from course_grader.selftest.attacks.submissions import (
+    A3_ATTACKS,
+    A5_ATTACKS,
+    A6_ATTACKS,
+    A7_ATTACKS,
+    edit_answer,
+    write_submission,
+)
+
+__all__ = ["ENGINE_ROUTES", "EngineRoute", "grade_engine_routes", "write_engine_routes"]
+
+_REBIND_VERDICT = (
+    "import pkgutil\ntry:\n    V = pkgutil.resolve_name('course_lib.checks.verdict:Verdict')\n"
+    "    V.__str__ = lambda self: {pass_line!r}\n    V.__bool__ = lambda self: True\n"
+    "except Exception:\n    pass\n"
+)
+
+
+@dataclass(frozen=True)
+class EngineRoute:
+    """One attacker: the exercise, what it tries, its answer and the reason its FAIL must give.
+
+    ``old`` empty: ``new`` is the whole answer; else ``old`` (the solution's text) becomes
+    ``new`` in the instructor's answer. ``prefix`` runs first; ``{pass_line}`` in it is the
+    exercise's PASS line from the source's stored output.
+    """
+
+    assignment: str
+    notebook: str
+    exercise: str
+    what: str
+    prefix: str
+    old: str
+    new: str
+    reason: str  # a regex
+
+
+def _from(assignment: str, notebook: str, exercise: str, attacks: dict, what: str) -> EngineRoute:
+    prefix, old, new, reason = attacks[exercise]
+    return EngineRoute(assignment, notebook, exercise, what, prefix, old, new, reason)
+
+
+ENGINE_ROUTES = [
+    EngineRoute("A2", "A2_rabenseifner_allreduce", "A2.1",
+                "Verdict rebound; a built-in, the counters rewritten", _REBIND_VERDICT,
+                "", FORGED_COUNTERS[("A2", "A2.1")], WIRE_REASON),
+    _from("A3", "A3_data_parallel", "A3.2", A3_ATTACKS,
+          "a forged verdict; buckets from the first parameter"),
+    EngineRoute("A4", "A4_local_sgd_gossip", "A4.1",
+                "Verdict.__str__ rebound by name; the plain mean", _REBIND_VERDICT, "",
+                "def weighted_average(comm, w, n):\n"
+                "    return comm.allreduce(w) / comm.world_size\n", "that is the plain mean"),
+    _from("A5", "A5_compression", "A5.1", A5_ATTACKS, "Verdict rebound by name; int8 rounds"),
+    _from("A6", "A6_model_pipeline", "A6.2", A6_ATTACKS,
+          "Verdict rebound by name; dL/dX not gathered"),
+    _from("A7", "A7_zero_stage2", "A7.1", A7_ATTACKS,
+          "Verdict rebound by name; the shard of the sum"),
+]  # fmt: skip
+
+
+def write_engine_routes(folder: Path, source_dir: Path) -> dict[str, EngineRoute]:
+    """Write one submission per route (``route_A2`` ...); return {student: route}.
+
+    The answers before the attacked exercise are the instructor's (later exercises may use
+    them); the later ones are left out, which keeps the class short.
+    """
+    written = {}
+    for route in ENGINE_ROUTES:
+        source = nbformat.read(Path(source_dir) / f"{route.notebook}.ipynb", as_version=4)
+        order = [answer_id(c) for c in source.cells if answer_id(c)]
+        correct = {answer_id(c): c.source for c in source.cells if answer_id(c)}
+        passes = {check_id(c): c.outputs[0]["text"].strip() for c in source.cells if check_id(c)}
+        prefix = route.prefix.format(pass_line=passes[route.exercise])
+        answers = {ex: correct[ex] for ex in order[: order.index(route.exercise)]}
+        answers[route.exercise] = (
+            edit_answer(correct[route.exercise], route.old, route.new, prefix)
+            if route.old
+            else prefix + route.new
+        )
+        student = f"route_{route.assignment}"
+        write_submission(source, folder, student, answers, name=f"{route.notebook}.ipynb")
+        written[student] = route
+    return written
+
+
+def grade_engine_routes(folder: Path, source_dir: Path, jobs: int = 2) -> list[tuple[bool, str]]:
+    """Grade the routes in the sandbox; return (held, what) per route: held means 0 points
+    with the reason that names the mistake."""
+    from course_grader.grade import GradingLimits
+    from course_grader.gradebook import grade_folder
+    from course_grader.sandbox.config import SandboxLimits
+
+    routes = write_engine_routes(folder / "submissions", source_dir)
+    rows = grade_folder(
+        folder / "submissions",
+        source_dir,
+        GradingLimits(120, 600),
+        jobs=jobs,
+        progress=False,
+        sandbox=SandboxLimits(processes=256),
+    )
+    got = {(r.student, r.exercise): r for r in rows}
+    held = []
+    for student, route in routes.items():
+        row = got[(student, route.exercise)]
+        ok = row.points == 0 and re.search(route.reason, row.reason) is not None
+        what = f"{route.assignment}: {route.what}"
+        held.append((ok, f"{what:62s} {route.exercise} {row.points:g} pts: {row.reason[:60]}"))
+    return held

@@ -1,0 +1,112 @@
+"""No lecture (the kit's plumbing). The table of ``./kit`` jobs and the dispatcher: ``python -m course_kit JOB ...`` (= ``./kit JOB``).
+
+Every job of the bash script ``kit`` has one row here; ``./kit`` itself only creates the virtual
+environment and then runs ``python -m course_kit JOB ARGS``, so a Windows PC (no bash) runs the
+same jobs with ``python -m course_kit JOB ARGS`` or the console script ``course-kit JOB ARGS``.
+Only the standard library is imported here: ``help`` and a mistyped job are answered before
+anything is installed.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from course_kit.jobs.bench import bench_job
+from course_kit.jobs.delegate import (
+    check_job,
+    demo_job,
+    doctor_job,
+    grade_job,
+    release_job,
+    room_job,
+)
+from course_kit.jobs.lab import lab_job
+from course_kit.jobs.setup import setup_job
+from course_kit.jobs.suite import test_job
+
+__all__ = ["JOBS", "Job", "help_text", "main"]
+
+
+@dataclass(frozen=True)
+class Job:
+    """One job of the kit: its name, its usage lines (usage, what it does) and the function."""
+
+    name: str
+    usage: tuple[tuple[str, str], ...]
+    run: Callable[[list[str]], int]
+
+
+# fmt: off
+_USAGE = {  # ./kit help's lines per job: (usage, what it does)
+    "setup": (("setup [--check]", "install the kit and its dependencies (./kit: in .venv)"),),
+    "lab": (("lab [JUPYTERLAB OPTIONS]", "JupyterLab on notebooks/"),
+            ("lab start|status|add|stop HOSTS.toml [PC...]", "one cluster across the lab's PCs"),
+            ("lab mpi HOSTS.toml -- CMD", "CMD as MPI ranks on the lab's PCs"),
+            ("lab start|status|stop|mpi SLURM.toml", "the same on a Slurm cluster ([slurm])")),
+    "demo": (("demo [--engines N] [--kind local|mpi|connect]", "headless live demo on engines"),),
+    "test": (("test [PYTEST ARGS]", "ruff, then the whole test suite"),),
+    "bench": (("bench NAME [ARGS] | --all | --help", "benchmarks in bench/"),),
+    "doctor": (("doctor --profile NAME [--network] [--heatmap net.png]",
+                "check a running (lab) cluster"),),
+    "room": (("room up N [--rate 1gbit] [--mpi-ranks R] [--slurm] | status | run PC -- CMD | down",
+              "an emulated room (root, Linux)"),),
+    "release": (("release", "student notebooks + checking copies"),),
+    "grade": (("grade SUBMISSIONS [--out grades]", "grade a folder of submissions"),
+              ("grade --self-test", "attack the grader; say what held")),
+    "check": (("check NOTEBOOK", "grade one notebook as the grader will"),),
+}
+_RUN = {"setup": setup_job, "lab": lab_job, "demo": demo_job, "test": test_job,
+        "bench": bench_job, "doctor": doctor_job, "room": room_job, "release": release_job,
+        "grade": grade_job, "check": check_job}
+# fmt: on
+JOBS: dict[str, Job] = {name: Job(name, usage, _RUN[name]) for name, usage in _USAGE.items()}
+
+
+def help_text() -> str:
+    """Return the list of jobs that ``./kit help`` prints."""
+    rows = [("help", "this list")]
+    rows[:0] = [row for job in JOBS.values() for row in job.usage]
+    width = max(len(usage) for usage, _ in rows)
+    lines = [
+        "usage: ./kit JOB [ARGS...]",
+        "       python -m course_kit JOB [ARGS...]   (the same without bash, e.g. on Windows;"
+        " or course-kit JOB)",
+    ]
+    lines += [f"  {usage:<{width}}  {what}" for usage, what in rows]
+    lines.append("./kit JOB --help shows a job's options.")
+    return "\n".join(lines)
+
+
+def _help(argv: list[str]) -> int:
+    print(help_text())
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the job named by the first argument with the rest; return its exit status."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    name = argv.pop(0) if argv else "help"
+    if name in ("help", "-h", "--help"):
+        return _quietly(_help, [])
+    job = JOBS.get(name)
+    if job is None:
+        print(
+            f"kit: no job named {name!r}; choose one of: {', '.join(JOBS)} (./kit help lists "
+            "them with their options)",
+            file=sys.stderr,
+        )
+        return 2
+    return _quietly(job.run, argv)
+
+
+def _quietly(run: Callable[[list[str]], int], argv: list[str]) -> int:
+    """Run a job; a reader that stops early (``./kit bench --help | head``) ends it quietly."""
+    try:
+        return run(argv)
+    except BrokenPipeError:
+        # Python would report the pipe again when it flushes stdout at exit: point it elsewhere.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
