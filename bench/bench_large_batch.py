@@ -4,7 +4,7 @@ Shallue et al. (2019) measure, for each batch size, the fewest steps to a target
 learning rate tuned; McCandlish et al. (2018) predict the curve's shape,
 $S = S_{min} (1 + B_{crit} / B)$: perfect scaling well below $B_{crit}$, no gain well above it,
 and $B_{crit} \\approx B_{noise}$. Here: the MLP on scikit-learn's digits in one process (a
-data-parallel run with the same global batch takes the same steps: tests/test_large_batch_*),
+data-parallel run with the same global batch takes the same steps: tests/lib/large_batch/),
 SGD with momentum 0.9, the learning rate tuned over a small grid per batch size, several seeds;
 printed per batch size: the best grid lr, median steps to the target and the spread over seeds;
 then the fitted $B_{crit}$ beside the directly measured $B_{noise}$ at the start and at the

@@ -1,6 +1,6 @@
 """Benchmark the network doctor in an emulated room: each measured link against its shaped rate.
 
-Starts the instructor's cluster of ``tests/test_room.py`` (3 PCs, 4 engines, every link shaped
+Starts the instructor's cluster of ``tests/kit/room/test_room.py`` (3 PCs, 4 engines, every link shaped
 to 1 Gbit/s with tc tbf), optionally reshapes the last PC to ``--slow`` (a PC left at 100
 Mbit/s), runs :func:`measure_network` ``--rounds`` times and prints, per link, the median
 measured bandwidth, the shaped rate and their ratio (the target: within 10 %, i.e. 0.90-1.05;

@@ -1,6 +1,6 @@
 """JupyterLab started as ``./kit lab`` starts it, driven in headless Chromium through Playwright.
 
-Used by ``tests/test_browser.py`` and by ``bench/browser_walkthrough.py``. Only JupyterLab's own
+Used by ``tests/kit/room/test_browser.py`` and by ``bench/browser_walkthrough.py``. Only JupyterLab's own
 menus and keys drive the notebook; the page is read through its DOM, as a student would see it.
 """
 

@@ -15,6 +15,11 @@ from pathlib import Path
 import pytest
 
 LECTURE_ANSWERS = Path(__file__).resolve().parents[1] / "assignments" / "source" / "lectures"
+TESTS = Path(__file__).resolve().parent
+#: tests/ and every folder of tests under it (a module's functions reach the engines by its name).
+TEST_FOLDERS = [TESTS] + sorted(
+    d for d in TESTS.rglob("*") if d.is_dir() and any(d.glob("test_*.py"))
+)
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -25,12 +30,14 @@ def pytest_configure(config: pytest.Config) -> None:
     # so the engines (started with this process's environment) must be able to import it.
     # The instructor's answers to lecture exercises (assignments/source/lectures/lectureNN_answers.py)
     # are imported by name in the tests that prove each answer passes and each stub fails.
-    tests_dir = os.path.dirname(os.path.abspath(__file__))
+    # The tests mirror the packages (tests/lib/..., tests/grader/..., tests/kit/...): every folder
+    # of them is on the path, and tests/ itself for the helper modules shared across folders.
     answers_dir = str(LECTURE_ANSWERS)
-    if answers_dir not in sys.path:
-        sys.path.insert(0, answers_dir)
+    for folder in [answers_dir, *(str(d) for d in TEST_FOLDERS)]:
+        if folder not in sys.path:
+            sys.path.insert(0, folder)
     os.environ["PYTHONPATH"] = os.pathsep.join(
-        p for p in (tests_dir, answers_dir, os.environ.get("PYTHONPATH", "")) if p
+        p for p in (*map(str, TEST_FOLDERS), answers_dir, os.environ.get("PYTHONPATH", "")) if p
     )
     # Notebooks and tests pick their own cluster; a developer's lab settings must not leak in.
     for name in ("COURSE_CLUSTER_KIND", "COURSE_CLUSTER_PROFILE", "COURSE_CLUSTER_FILE"):

@@ -1,6 +1,6 @@
 """A student's notebook, as a process: ``python lab_student.py OUT N [hold|train|exit]``.
 
-Run by ``tests/test_room_seats.py`` inside a PC of the emulated room with ``COURSE_CLUSTER_FILE``
+Run by ``tests/kit/room/test_room_seats.py`` inside a PC of the emulated room with ``COURSE_CLUSTER_FILE``
 set, as a student's kernel in the lab would be: it asks ``start_cluster(n=N)`` for engines,
 writes which it got to ``OUT/ready-<pid>.json``, and with ``train`` waits for ``OUT/go`` and runs
 lecture 4's data-parallel check network with the ring, saving the weights to ``OUT/weights-<pid>.npz``.

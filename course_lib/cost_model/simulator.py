@@ -10,7 +10,7 @@ kept from a forward shard until its backward shard ends).
 The delta simulation re-uses a previous run when a strategy changes in one operator: ready
 times never decrease in pop order, so every pop of the old run before (a) the first changed or
 removed task and (b) the earliest moment a changed task could become ready happens identically
-in the new run; the simulation restarts from there. ``tests/test_simulator.py`` checks it equals
+in the new run; the simulation restarts from there. ``tests/lib/strategy/test_simulator.py`` checks it equals
 the full simulation after random changes; ``bench/bench_simulator.py`` times both.
 """
 

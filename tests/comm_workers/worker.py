@@ -336,7 +336,7 @@ def suite_link(comm) -> dict:
         out["ratio"] = out["emulated"] / out["expected"]
         # never faster than alpha + n/B per message (the emulation guarantees it); the upper
         # bound only catches gross errors, since a loaded machine adds real time on top.
-        # A link charged twice is caught exactly, without timing, by tests/test_emulated_link.py.
+        # A link charged twice is caught exactly, without timing, by tests/lib/comm/test_emulated_link.py.
         assert 1.0 <= out["ratio"] < LOOSE, out
     model = LinkModel.from_link(link)
     for name, fn in (("ring_allreduce", C.ring_allreduce), ("star_allreduce", C.star_allreduce)):

@@ -2,7 +2,7 @@
 
 Each is a wrong answer to one exercise plus a way to make a check run in the kernel print PASS:
 the verdict class rebound, or the check the next cell imports replaced by a forgery. Every one
-won its points while the checks ran in the kernel (``tests/test_grading_attacks.py`` grades
+won its points while the checks ran in the kernel (``tests/grader/selftest/test_grading_attacks.py`` grades
 them both ways). The grader now judges the data that the kernel and its engines return, so
 each must get 0 points with the reason that names its mistake; ``./kit grade --self-test``
 grades them on this machine and fails loudly if one gets points.

@@ -3,7 +3,7 @@
 Each is the A1.1 answer cell of one student: a wrong ``smoothed_cross_entropy`` (it forgets the
 mean in the gradient) plus a way to turn it into points, or to reach the machine outside the
 sandbox, as the issue's determined students wrote them. A1.2 and A1.3 are answered correctly.
-Graded for real (``./kit grade --self-test`` and ``tests/test_grading_attacks.py``), each must
+Graded for real (``./kit grade --self-test`` and ``tests/grader/selftest/test_grading_attacks.py``), each must
 cost the attacker A1.1 and change nothing else: no command run on the grading machine, no file
 changed there, every other student's grade right, the run within its limits.
 """

@@ -5,7 +5,7 @@ this run: rank 0's initial network (the same seed), the same global batches in t
 (:class:`~course_lib.parallel.data_parallel.replica.GlobalBatchSampler` with one rank), one mean gradient over
 all B samples per step. The two differ only by float32 rounding: the distributed mean sums N
 means of B/N samples, the single process one mean of B (a few units in the last place per
-step), so ``weights_match`` allows 2e-5 absolute + 1e-4 relative, as ``tests/test_data_parallel``
+step), so ``weights_match`` allows 2e-5 absolute + 1e-4 relative, as ``tests/lib/parallel/test_data_parallel.py``
 justifies; source 000's published averaging misses by about 1e-2.
 """
 

@@ -7,7 +7,7 @@ $S = S_{min} (1 + B_{crit} / B)$: perfect scaling (twice the batch, half the ste
 $B_{crit}$, no gain well above it, and $B_{crit} \\approx B_{noise}$.
 
 Everything runs in one process on whole global batches: a data-parallel run with the same
-global batch takes the same steps (``tests/test_large_batch_*`` prove it on engines), and one
+global batch takes the same steps (``tests/lib/large_batch/`` prove it on engines), and one
 process is what a sweep of dozens of runs can afford. ``bench/bench_large_batch.py`` runs the
 long sweep; the lecture runs a small one.
 """

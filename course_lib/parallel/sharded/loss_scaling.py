@@ -11,7 +11,7 @@ The scale is chosen *dynamically* (as PyTorch's ``torch.amp.GradScaler`` does): 
 (2^16); when a step's gradients hold an inf or a NaN the scale was too large, so the step is
 **skipped** (the weights stay) and S is halved; after ``growth_interval`` clean steps in a row
 S is doubled again. :class:`DynamicLossScaler` is that rule, written out;
-``tests/test_mixed_precision.py`` checks its decisions against ``GradScaler`` on the same
+``tests/lib/training/test_mixed_precision.py`` checks its decisions against ``GradScaler`` on the same
 gradients, and :func:`train_float16` trains with it (its record shows every skipped step).
 bfloat16 (8 bits of exponent, float32's range) needs no scaling: :mod:`.precision`.
 """

@@ -1,0 +1,158 @@
+"""A8's checks (no kernel, no engines): the instructor's answers pass on the notebook's cases and
+on other seeds; the released stub and the typical mistakes fail, each with a reason naming it;
+the grader's probe decides from the kernel's data alone."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import nbformat
+import numpy as np
+import pytest
+
+from course_grader.assignments.a8.checks import a8_cases, check_halo_messages, check_mh_search
+from course_grader.assignments.a8.probe import a8_spec
+from course_grader.cells import answer_id
+from course_grader.verdict.probe import judge
+
+ROOT = Path(__file__).resolve().parents[3]
+SOURCE = ROOT / "assignments" / "source" / "A8_choosing_a_strategy.ipynb"
+RELEASED = ROOT / "notebooks" / "assignments" / "A8_choosing_a_strategy.ipynb"
+
+
+def _answer(path: Path, exercise: str) -> str:
+    nb = nbformat.read(path, as_version=4)
+    cell = next(c.source for c in nb.cells if answer_id(c) == exercise)
+    return "\n".join(line for line in cell.splitlines() if "###" not in line)
+
+
+def _define(code: str, name: str):
+    namespace = {"np": np, "math": math}
+    exec(code, namespace)
+    return namespace[name]
+
+
+def _mutant(exercise: str, name: str, *edits: tuple[str, str]):
+    code = _answer(SOURCE, exercise)
+    for old, new in edits:
+        assert old in code, f"the solution of {exercise} no longer holds {old!r}"
+        code = code.replace(old, new)
+    return _define(code, name)
+
+
+@pytest.mark.parametrize("seed", [None, 5])
+def test_the_instructors_halo_passes_and_the_stub_fails(seed):
+    answer = _define(_answer(SOURCE, "A8.1"), "halo_messages")
+    verdict = check_halo_messages(answer, verbose=False, seed=seed)
+    assert verdict.passed and verdict.points == verdict.max_points == 5, verdict
+    stub = check_halo_messages(_define(_answer(RELEASED, "A8.1"), "halo_messages"), verbose=False)
+    assert not stub.passed and stub.points == 0 and stub.detail.startswith("not implemented yet")
+
+
+def _both_sides(batch, channels, height, width, kernel, padding, stride, workers):
+    """A halo of k // 2 rows to both neighbours of every worker, edges included (no bounds)."""
+    row, forward = 4 * batch * channels * width, []
+    for j in range(workers):
+        for other in (j - 1, j + 1):
+            if kernel > 1:
+                forward.append((j, other, kernel // 2 * row))
+    return forward, [(d, s, b) for s, d, b in forward]
+
+
+def _symmetric(batch, channels, height, width, kernel, padding, stride, workers):
+    """A halo of k // 2 rows each side between neighbours: wrong without padding k // 2."""
+    row, forward = 4 * batch * channels * width, []
+    for j in range(workers - 1):
+        if kernel > 1:
+            forward += [(j, j + 1, kernel // 2 * row), (j + 1, j, kernel // 2 * row)]
+    return forward, [(d, s, b) for s, d, b in forward]
+
+
+@pytest.mark.parametrize(
+    ("make", "reason"),
+    [
+        (lambda: _both_sides, "an edge worker has one neighbour only"),
+        (lambda: _symmetric, "the halo is not k // 2 rows on each side"),
+        (
+            lambda: _mutant("A8.1", "halo_messages", ("row = 4 *", "row = 8 *")),
+            "float64; the kit's activations and gradients are float32",
+        ),
+        (
+            lambda: _mutant(
+                "A8.1",
+                "halo_messages",
+                (
+                    "backward = [(dst, src, nbytes) for src, dst, nbytes in forward]",
+                    "backward = []",
+                ),
+            ),
+            "no backward messages",
+        ),
+        (
+            lambda: _mutant(
+                "A8.1", "halo_messages", ("[(dst, src, nbytes) for", "[(src, dst, nbytes) for")
+            ),
+            "the backward messages go the wrong way",
+        ),
+    ],
+    ids=["edge-both-sides", "k//2-each-side", "float64", "no-backward", "backward-reversed"],
+)
+def test_halo_mistakes_fail_naming_the_mistake(make, reason):
+    verdict = check_halo_messages(make(), verbose=False)
+    assert not verdict.passed and verdict.points == 0
+    assert reason in verdict.detail, verdict.detail
+
+
+@pytest.mark.parametrize("seed", [None, 3])
+def test_the_instructors_search_passes_and_the_stub_fails(seed):
+    answer = _define(_answer(SOURCE, "A8.2"), "mh_search")
+    verdict = check_mh_search(answer, verbose=False, seed=seed)
+    assert verdict.passed and verdict.points == verdict.max_points == 5, verdict
+    stub = check_mh_search(_define(_answer(RELEASED, "A8.2"), "mh_search"), verbose=False)
+    assert not stub.passed and stub.points == 0 and stub.detail.startswith("not implemented yet")
+
+
+@pytest.mark.parametrize(
+    ("edit", "reason"),
+    [
+        (("math.exp(-beta *", "math.exp(beta *"), "accepting with exp(+beta delta)"),
+        (("rng.random() < math.exp", "False and math.exp"), "no worse move is accepted"),
+        (("rng.random() < math.exp", "rng.random() > math.exp"), "the Boltzmann weights"),
+        (("return best, best_time, walk", "return current, t_cur, walk"), "not keeping the best"),
+    ],
+    ids=["exp-plus", "greedy", "1-minus-p", "last-not-best"],
+)
+def test_search_mistakes_fail_naming_the_mistake(edit, reason):
+    verdict = check_mh_search(_mutant("A8.2", "mh_search", edit), verbose=False)
+    assert not verdict.passed and verdict.points == 0
+    assert reason in verdict.detail, verdict.detail
+
+
+def _kernel_line(exercise: str, seed: int, code: str) -> str:
+    """Run the probe the grader writes for ``exercise`` with ``code`` as the answer: its line."""
+    import contextlib
+    import io
+
+    from course_grader.verdict.probe import probe_source
+
+    source = probe_source(a8_spec().exercises[exercise], exercise, seed)
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        exec("import math\nimport numpy as np\n" + code + "\n" + source, {})  # noqa: S102
+    return out.getvalue()
+
+
+@pytest.mark.parametrize(("exercise", "name"), [("A8.1", "halo_messages"), ("A8.2", "mh_search")])
+def test_the_grader_decides_from_the_kernels_data(exercise, name):
+    spec, seed = a8_spec(), 11
+    right = _kernel_line(exercise, seed, _answer(SOURCE, exercise))
+    assert judge(spec, exercise, seed, right) == (True, "PASS")
+    stub = _kernel_line(exercise, seed, _answer(RELEASED, exercise))
+    passed, reason = judge(spec, exercise, seed, stub)
+    assert not passed and "not implemented yet" in reason, reason
+    # the cases a seed gives are the grader's: another seed's right answers do not pass
+    if exercise == "A8.1":
+        other = _kernel_line(exercise, seed + 1, _answer(SOURCE, exercise))
+        assert a8_cases(exercise, seed) != a8_cases(exercise, seed + 1)
+        assert not judge(spec, exercise, seed, other)[0]

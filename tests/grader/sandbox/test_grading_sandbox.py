@@ -1,0 +1,152 @@
+"""The grading sandbox and the integrity guard, against real attacks graded by the real grader."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+import sysconfig
+from pathlib import Path
+
+import pytest
+
+from course_grader import __main__ as cli
+from course_grader.grade import GradingLimits
+from course_grader.gradebook import grade_folder, write_gradebook
+from course_grader.sandbox.config import (
+    KERNEL_NAME,
+    SandboxLimits,
+    kit_package,
+    prepare_sandbox,
+    sandbox_problem,
+)
+from course_grader.sandbox.integrity import fingerprint
+from course_grader.selftest.attacks.sandbox import (
+    ATTACKS,
+    outside_address,
+    write_attack_class,
+)
+
+ROOT = Path(__file__).resolve().parents[3]
+SOURCES = ROOT / "assignments" / "source"
+SITE = Path(sysconfig.get_paths()["purelib"])
+# Skipped only where namespaces are missing (not Linux, or unshare refused): any other failure
+# to start the sandbox is a defect, and fails the tests.
+_PROBLEM = sandbox_problem()
+needs_sandbox = pytest.mark.skipif(
+    _PROBLEM is not None and ("unshare" in _PROBLEM or not sys.platform.startswith("linux")),
+    reason=str(_PROBLEM),
+)
+
+
+@pytest.fixture(autouse=True)
+def _sandbox_works():
+    assert _PROBLEM is None or "unshare" in _PROBLEM or not sys.platform.startswith("linux"), (
+        _PROBLEM
+    )
+
+
+PROBE = """
+import json, os, pathlib, socket, sys
+found = {"uid": os.getuid(), "pid": os.getpid()}
+found["sources_seen"] = os.path.exists(sys.argv[1])
+found["kit_seen"] = os.path.exists(sys.argv[2])
+for name, path in (("kit", sys.argv[2] + "/zz.py"), ("venv", sys.argv[3] + "/zz.pth"),
+                   ("tmp", "/tmp/zz")):
+    try:
+        open(path, "w").close()
+        found[name + "_written"] = True
+    except OSError:
+        found[name + "_written"] = False
+server = socket.create_server(("127.0.0.1", 0))
+socket.create_connection(server.getsockname(), 5).close()
+found["loopback"] = True
+try:
+    socket.create_connection((sys.argv[4], 9), 3)
+    found["outside"] = "connected"
+except OSError as exc:
+    found["outside"] = type(exc).__name__
+print(json.dumps(found))
+"""
+
+
+@needs_sandbox
+def test_the_sandbox_hides_the_sources_refuses_writes_and_keeps_only_loopback(tmp_path):
+    env = prepare_sandbox(tmp_path / "run", SandboxLimits(), (str(SOURCES),))
+    spec = json.loads(Path(env["JUPYTER_PATH"], "kernels", KERNEL_NAME, "kernel.json").read_text())
+    wrapper = spec["argv"][: spec["argv"].index("--") + 1]
+    outside = outside_address() or "192.0.2.1"
+    done = subprocess.run(
+        [
+            *wrapper,
+            sys.executable,
+            "-c",
+            PROBE,
+            str(SOURCES),
+            str(kit_package()),
+            str(SITE),
+            outside,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    found = json.loads(done.stdout)
+    assert found["kit_seen"] and not found["sources_seen"]
+    assert not found["kit_written"] and not found["venv_written"] and found["tmp_written"]
+    assert found["loopback"] and found["outside"] != "connected"
+    assert found["pid"] < 10  # a PID namespace of its own
+    assert not (kit_package() / "zz.py").exists() and not (SITE / "zz.pth").exists()
+
+
+def test_require_sandbox_refuses_and_unisolated_grading_says_so(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(cli, "sandbox_problem", lambda: "no sandbox on plan9")
+    (tmp_path / "subs").mkdir()
+    args = ["grade", str(tmp_path / "subs"), "--out", str(tmp_path / "grades")]
+    assert cli.main([*args, "--require-sandbox"]) == 2
+    assert "--require-sandbox refuses" in capsys.readouterr().err
+    assert not (tmp_path / "grades").exists()
+    assert cli.main(args) == 0
+    assert "GRADED UNISOLATED (no sandbox on plan9)" in capsys.readouterr().err
+    header = (tmp_path / "grades" / "gradebook.csv").read_text().splitlines()[0]
+    assert header.startswith("# GRADED UNISOLATED (no sandbox on plan9)")
+    write_gradebook([], tmp_path / "plain.csv")  # sandboxed: no warning line
+    assert (tmp_path / "plain.csv").read_text().startswith("student,")
+
+
+@needs_sandbox
+@pytest.mark.slow
+def test_attacks_cost_the_attacker_and_nothing_else(tmp_path):
+    limits = SandboxLimits(processes=256, disk_mb=64)
+    venv_before = fingerprint(SITE, hash_all=False)
+    attack = write_attack_class(tmp_path, SOURCES, limits.memory_mb)
+    try:
+        rows = grade_folder(
+            attack.submissions,
+            SOURCES,
+            GradingLimits(60, 400),
+            jobs=2,
+            progress=False,
+            sandbox=limits,
+            hidden=(str(attack.grades),),
+        )
+    finally:
+        if attack.listener is not None:
+            attack.listener.close()
+    got = {(r.student, r.exercise): r for r in rows}
+    # Each attack was tried, and stopped by the sandbox with the error it names.
+    missed = [
+        (what, row.points, row.reason)
+        for student, exercise, what, _code, why in ATTACKS
+        if (row := got[(student, exercise)]).points != 0 or not re.search(why, row.reason)
+    ]
+    assert not missed
+    honest = {
+        s: {r.exercise: r.points for r in rows if r.student == s} for s in attack.expected_honest
+    }
+    assert honest == attack.expected_honest
+    assert not attack.unchanged()
+    assert fingerprint(SITE, False, venv_before) == venv_before
+    assert not attack.connections

@@ -1,0 +1,362 @@
+"""Attacks past the ``ast`` guard, graded end to end by the real grader in the real sandbox.
+
+One class of A1 submissions: two honest students and one attacker per route
+(:data:`course_grader.selftest.attacks.verdict.ROUTES`): the verdict reached from inside the kernel
+(rebound ``Verdict``/``print``, a pickle calling exec, frame walks, ``object.__subclasses__()``,
+torch or the kit's reference fetched past the guard, results held for the notebook's own inputs,
+forged probe output) and the grading machine reached from inside the sandbox (a forged
+ipyparallel cluster file, a FIFO in its place, ``$IPYTHONDIR`` and the socket folder filled).
+Each attacker must lose A1.1, nothing may run or change outside, the honest students must get
+their grades, and the whole class must finish within its limits.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+
+from course_grader.grade import GradingLimits
+from course_grader.gradebook import grade_folder
+from course_grader.sandbox.config import SandboxLimits, kit_package, sandbox_problem
+from course_grader.selftest.attacks.submissions import A3_ATTACKS
+from course_grader.selftest.attacks.verdict import ROUTES, write_route_class
+
+ROOT = Path(__file__).resolve().parents[3]
+SOURCES = ROOT / "assignments" / "source"
+_PROBLEM = sandbox_problem()
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(
+        _PROBLEM is not None and ("unshare" in _PROBLEM or not sys.platform.startswith("linux")),
+        reason=str(_PROBLEM),
+    ),
+]
+CLASS_SECONDS = 1500  # a generous bound: 18 notebooks of a few seconds each, 2 at a time
+
+
+@pytest.fixture(scope="module")
+def graded(tmp_path_factory):
+    """Grade the class once (in a thread, so that a hang fails the tests instead of hanging)."""
+    assert _PROBLEM is None, _PROBLEM
+    folder = tmp_path_factory.mktemp("routes")
+    marker = folder / "PWNED"  # any command that runs on the host creates it
+    grades = folder / "grades"
+    grades.mkdir()
+    (grades / "gradebook.csv").write_text("student,assignment,exercise,points\n")
+    before = (grades / "gradebook.csv").read_bytes()
+    expected = write_route_class(folder / "submissions", SOURCES, marker, kit_package())
+    done: dict = {}
+
+    def grade() -> None:
+        try:
+            done["rows"] = grade_folder(
+                folder / "submissions",
+                SOURCES,
+                GradingLimits(cell_seconds=60, total_seconds=400),
+                jobs=2,
+                progress=False,
+                sandbox=SandboxLimits(processes=256, disk_mb=32),
+                hidden=(str(grades),),
+            )
+        except BaseException as exc:  # noqa: BLE001 - reported by the test below, with its cause
+            done["error"] = f"{type(exc).__name__}: {exc}"
+
+    worker = threading.Thread(target=grade, daemon=True)
+    worker.start()
+    worker.join(CLASS_SECONDS)
+    assert not worker.is_alive(), f"grading the class did not finish in {CLASS_SECONDS} s"
+    assert "error" not in done, f"grading the class raised {done['error']}"
+    rows = {(r.student, r.exercise): r for r in done["rows"]}
+    return {
+        "rows": rows,
+        "expected": expected,
+        "marker": marker,
+        "gradebook_same": (grades / "gradebook.csv").read_bytes() == before,
+    }
+
+
+def test_honest_students_get_their_grades_beside_the_attackers(graded):
+    for student in ("honest_1", "honest_2"):
+        got = {ex: graded["rows"][(student, ex)].points for ex in ("A1.1", "A1.2", "A1.3")}
+        assert got == graded["expected"][student], (student, got)
+    assert graded["rows"][("honest_2", "A1.1")].reason.startswith("FAIL (dW (batch 8, 4 classes")
+
+
+def test_nothing_ran_or_changed_on_the_grading_machine(graded):
+    assert not graded["marker"].exists(), "a command from inside the sandbox ran on the host"
+    assert graded["gradebook_same"]
+
+
+@pytest.mark.parametrize("route", ROUTES, ids=[r.student for r in ROUTES])
+def test_each_route_costs_its_exercise_and_nothing_else(graded, route):
+    rows, expected = graded["rows"], graded["expected"][route.student]
+    a11 = rows[(route.student, "A1.1")]
+    assert a11.points == 0.0, f"{route.what}: {a11.reason}"
+    assert a11.reason.startswith(("FAIL", "the answer cell raised")), a11.reason
+    if route.reason:
+        assert re.search(route.reason, a11.reason), a11.reason
+    for exercise in ("A1.2", "A1.3"):
+        if expected[exercise] is not None:
+            assert rows[(route.student, exercise)].points == expected[exercise], rows[
+                (route.student, exercise)
+            ]
+
+
+# -- A2: the engines return data; the grader judges every rank ------------------------------------
+
+A2_ATTACKS = {
+    # The built-in reduce-scatter (right sums, wrong algorithm), and the verdict rebound.
+    # (The verdict's module sits in course_lib/checks, which A2's kernel does not even see.)
+    "A2.1": "import pkgutil, sys\ntry:\n    pkgutil.resolve_name('course_lib.checks.verdict')\n"
+    "    V = getattr(sys, 'modules')['course_lib.checks.verdict'].Verdict\n"
+    "    V.__bool__ = lambda self: True\n    V.__str__ = lambda self: {pass_line!r}\n"
+    "except Exception:\n    pass\n"
+    "def reduce_scatter_halving(comm, x):\n"
+    "    return comm.reduce_scatter(x)\n",
+    # The kit's checks fetched by name, to read the byte counts the algorithm must send.
+    "A2.2": "import pkgutil\ntry:\n    judge = pkgutil.resolve_name('course_grader.assignments.a2.checks:judge_rank')\n"
+    "except Exception:\n    judge = None\n"
+    "def allgather_doubling(comm, x):\n    return comm.allreduce(x)\n",
+    # A frame walk from inside the engines' call to whatever checks the result.
+    "A2.3": "def rabenseifner_allreduce(comm, x):\n"
+    "    import inspect\n    frame = inspect.currentframe()\n    while frame is not None:\n"
+    "        getattr(frame, 'f_glo' + 'bals').pop('judge_rank', None)\n"
+    "        frame = getattr(frame, 'f_ba' + 'ck')\n    return comm.allreduce(x)\n",
+}
+
+
+def test_a2_routes_to_the_verdict_get_nothing_and_the_checks_are_not_in_the_kernel(tmp_path):
+    import copy
+
+    import nbformat
+
+    from course_grader.cells import answer_id, check_id
+    from course_grader.grade import grade_notebook
+    from course_grader.verdict.guard import rejected_answers
+
+    source = nbformat.read(SOURCES / "A2_rabenseifner_allreduce.ipynb", as_version=4)
+    passes = {check_id(c): c.outputs[0]["text"].strip() for c in source.cells if check_id(c)}
+    submission = copy.deepcopy(source)
+    for cell in submission.cells:
+        if answer_id(cell) in A2_ATTACKS:
+            cell.source = A2_ATTACKS[answer_id(cell)].format(pass_line=passes[answer_id(cell)])
+    assert not rejected_answers(
+        source,
+        {
+            k: submission.cells[i].source
+            for i, k in ((i, answer_id(c)) for i, c in enumerate(submission.cells))
+            if k
+        },
+    )  # past the guard
+    rows = grade_notebook(
+        "a2_attacker",
+        "A2",
+        source,
+        submission,
+        GradingLimits(90, 600),
+        workdir=tmp_path,
+        sandbox=SandboxLimits(processes=256),
+    )
+    reasons = {r.exercise: r.reason for r in rows}
+    assert {r.exercise: r.points for r in rows} == {"A2.1": 0.0, "A2.2": 0.0, "A2.3": 0.0}, reasons
+    assert "uses the built-in comm.reduce_scatter" in reasons["A2.1"], reasons
+    assert "uses the built-in comm.allreduce" in reasons["A2.2"], reasons
+    assert "uses the built-in comm.allreduce" in reasons["A2.3"], reasons
+
+
+def test_the_grader_never_unpickles_what_a_probe_printed(tmp_path):
+    # Fast, no kernel: the line a kernel could print, holding a pickled object array whose
+    # loading would run a command. The grader must refuse it as data, and run nothing.
+    import base64
+    import io
+    import json
+    import os
+
+    import numpy as np
+
+    from course_grader.assignments.a1.probe import a1_spec
+    from course_grader.verdict.probe import MARK, judge
+
+    marker = tmp_path / "PWNED"
+
+    class Boom:
+        def __reduce__(self):
+            return (os.system, (f"touch {marker}",))
+
+    buf = io.BytesIO()
+    np.save(buf, np.array([Boom()], dtype=object), allow_pickle=True)
+    blob = {"npy": base64.b64encode(buf.getvalue()).decode()}
+    line = MARK + json.dumps([{"value": {"tuple": [blob, blob, blob]}}] * 5)
+    passed, reason = judge(a1_spec(), "A1.1", 3, line)
+    assert not passed and reason.startswith("FAIL"), reason
+    assert not marker.exists()
+
+
+# -- A4: a route that used to work in the kernel, and now gets nothing ----------------------------
+
+# A4.1: the plain mean (wrong), and Verdict.__str__ rebound to print A4.1's PASS line; A4.2 keeps
+# the source's Local-SGD with a right average of its own, so that it does not lean on A4.1.
+A4_ATTACK = (
+    "import pkgutil\ntry:\n    V = pkgutil.resolve_name('course_lib.checks.verdict:Verdict')\n"
+    "    _str = V.__str__\n"
+    "    V.__str__ = lambda self: {pass_line!r} if self.exercise == 'A4.1' else _str(self)\n"
+    "except Exception:\n    pass\n"
+    "def weighted_average(comm, w, n):\n    return comm.allreduce(w) / comm.world_size\n"
+)
+A4_OWN_LOCAL_SGD = """
+def local_sgd(comm, w, X, y, lr, period, num_steps):
+    def average(w, n):
+        buf = np.empty(w.size + 1, dtype=w.dtype)
+        buf[:-1] = w * n
+        buf[-1] = n
+        buf = comm.allreduce(buf)
+        return buf[:-1] / buf[-1]
+
+    for k in range(num_steps):
+        w = w - lr * (X.T @ (X @ w - y) / len(y))
+        if (k + 1) % period == 0:
+            w = average(w, len(y))
+    return w
+"""
+
+
+# What these routes won when the kernel decided the verdict (the path retired at the package split;
+# recorded from the last grader that had it, 241c8fb): the wrong answers got full marks there.
+WON_IN_THE_KERNEL = {"A4.1": 3.0, "A3.2": 2.0, "A5": "full", "A6": "full", "A7": "full"}
+
+
+def test_a4_verdict_rebound_in_the_kernel_gets_nothing_from_the_grader(tmp_path):
+    import copy
+
+    import nbformat
+
+    from course_grader.cells import answer_id, check_id
+    from course_grader.grade import grade_notebook
+    from course_grader.verdict.guard import rejected_answers
+
+    source = nbformat.read(SOURCES / "A4_local_sgd_gossip.ipynb", as_version=4)
+    pass_line = next(c.outputs[0]["text"].strip() for c in source.cells if check_id(c) == "A4.1")
+    submission = copy.deepcopy(source)
+    for cell in submission.cells:
+        if answer_id(cell) == "A4.1":
+            cell.source = A4_ATTACK.format(pass_line=pass_line)
+        elif answer_id(cell) == "A4.2":
+            cell.source = A4_OWN_LOCAL_SGD
+    assert not rejected_answers(source, {"A4.1": A4_ATTACK.format(pass_line=pass_line)})
+    rows = grade_notebook(
+        "a4_attacker",
+        "A4",
+        source,
+        submission,
+        GradingLimits(90, 600),
+        workdir=tmp_path,
+        sandbox=SandboxLimits(processes=256),
+    )
+    got = {r.exercise: (r.points, r.reason) for r in rows}
+    assert got["A4.2"] == (3.0, "PASS") and got["A4.3"] == (4.0, "PASS"), got
+    assert WON_IN_THE_KERNEL["A4.1"] == 3.0  # the route was real there
+    assert got["A4.1"] == (
+        0.0,
+        "FAIL (size 1 (float32): the result on rank 0 is wrong "
+        "(that is the plain mean; weight each rank's w by its n))",
+    ), got
+
+
+# -- A3: a forged verdict object that passed in the kernel, and a look for the judges -------------
+
+# A3.2: buckets from the first parameter (wrong), and check_bucket_layout replaced by one that
+# returns a forged verdict printing A3.2's PASS line; the kernel cannot even reach the judges now.
+_PREFIX, _, _ANSWER, _ = A3_ATTACKS["A3.2"]  # shared with the self-test's engine route
+A3_ATTACK = _PREFIX + _ANSWER
+
+
+def test_a3_forged_verdict_that_passed_in_the_kernel_gets_nothing_from_the_grader(tmp_path):
+    import copy
+
+    import nbformat
+
+    from course_grader.cells import answer_id, check_id
+    from course_grader.grade import grade_notebook
+    from course_grader.verdict.guard import rejected_answers
+
+    source = nbformat.read(SOURCES / "A3_data_parallel.ipynb", as_version=4)
+    pass_line = next(c.outputs[0]["text"].strip() for c in source.cells if check_id(c) == "A3.2")
+    submission = copy.deepcopy(source)
+    for cell in submission.cells:
+        if answer_id(cell) == "A3.2":
+            cell.source = A3_ATTACK.format(pass_line=pass_line)
+    assert not rejected_answers(source, {"A3.2": A3_ATTACK.format(pass_line=pass_line)})
+    rows = grade_notebook(
+        "a3_attacker",
+        "A3",
+        source,
+        submission,
+        GradingLimits(240, 900),
+        workdir=tmp_path,
+        sandbox=SandboxLimits(processes=256),
+    )
+    got = {r.exercise: (r.points, r.reason) for r in rows}
+    assert got["A3.1"] == (3.0, "PASS") and got["A3.3"] == (5.0, "PASS"), got
+    assert WON_IN_THE_KERNEL["A3.2"] == 2.0  # the route was real there
+    assert got["A3.2"][0] == 0.0, got
+    assert "start from the last parameter" in got["A3.2"][1], got
+
+
+# -- A5, A6 and A7: the kernel returns arrays and counts; the grader judges ---------------------------
+
+# (assignment, notebook, exercises answered honestly: points, answers replaced to keep it short)
+ROUTED = [
+    ("A5", "A5_compression", {"A5.2": 1.0, "A5.3": 2.0},
+     {"A5.6": "def a5_compressor():\n    raise NotImplementedError('Exercise A5.6')\n"}),
+    ("A6", "A6_model_pipeline", {"A6.1": 2.0, "A6.3": 3.0}, {}),
+    ("A7", "A7_zero_stage2", {"A7.3": 2.0}, {}),
+]  # fmt: skip
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("assignment", "name", "honest", "replaced"), ROUTED, ids=["A5", "A6", "A7"]
+)
+def test_routes_that_won_in_the_kernel_get_nothing_from_the_grader(
+    tmp_path, assignment, name, honest, replaced
+):
+    import copy
+
+    import nbformat
+
+    from course_grader.cells import answer_id, check_id
+    from course_grader.grade import grade_notebook
+    from course_grader.selftest.attacks import submissions
+    from course_grader.verdict.guard import rejected_answers
+
+    attacks = getattr(submissions, f"{assignment}_ATTACKS")
+    source = nbformat.read(SOURCES / f"{name}.ipynb", as_version=4)
+    passes = {check_id(c): c.outputs[0]["text"].strip() for c in source.cells if check_id(c)}
+    submission = copy.deepcopy(source)
+    for cell in submission.cells:
+        exercise = answer_id(cell)
+        if exercise in attacks:
+            prefix, old, new, _ = attacks[exercise]
+            prefix = prefix.format(pass_line=passes[exercise])
+            cell.source = submissions.edit_answer(cell.source, old, new, prefix)
+        elif exercise in replaced:  # (A5.6 would train: this test is about the verdicts)
+            cell.source = replaced[exercise]
+    answers = {answer_id(c): c.source for c in submission.cells if answer_id(c)}
+    assert not rejected_answers(source, answers)  # past the guard
+    limits, sandbox = GradingLimits(90, 600), SandboxLimits(processes=256)
+
+    def grade() -> dict:
+        rows = grade_notebook("attacker", assignment, source, submission, limits,
+                              workdir=tmp_path, sandbox=sandbox)  # fmt: skip
+        return {r.exercise: r for r in rows}
+
+    assert WON_IN_THE_KERNEL[assignment] == "full"  # the routes were real there
+    rows = grade()
+    assert {ex: rows[ex].points for ex in attacks} == dict.fromkeys(attacks, 0.0), rows
+    for exercise, (*_, reason) in attacks.items():
+        assert re.search(reason, rows[exercise].reason), rows[exercise].reason
+    assert {ex: rows[ex].points for ex in honest} == honest, rows

@@ -1,0 +1,212 @@
+"""``./kit lab start | status | stop hosts.toml`` in the emulated room, through ipyparallel's
+SSH engine launcher: ``ssh`` and ``scp`` are stand-ins that run the launcher's commands inside
+the PCs' namespaces (:mod:`course_kit.room.ssh`), so the launcher's own code runs as in
+a real lab. The same room and cluster then lose two PCs during the "class" (one PC's engines
+killed, another PC's link cut), and ``./kit lab add`` brings them back. Deselect with
+``-m "not room"``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from course_kit.lab.hosts import read_hosts
+from course_kit.room.build import emulated_room, room_unavailable_reason
+from course_kit.room.ssh import write_ssh_standins
+from course_lib.cluster import connect_cluster
+
+pytestmark = [pytest.mark.room, pytest.mark.slow, pytest.mark.timeout(2400)]
+
+ROOT = Path(__file__).resolve().parents[3]
+ENGINES = (2, 1, 1)  # engines on pc1, pc2, pc3
+WAIT = 300.0  # seconds to wait for a condition (the heartbeat needs ~12 s; the machine is busy)
+
+
+def _lab(env: dict[str, str], *argv: str, timeout: float = 900) -> subprocess.CompletedProcess:
+    """Run ``python -m course_kit.jobs.cluster lab ARGV`` (what ``./kit lab ...`` runs)."""
+    start = time.monotonic()
+    done = subprocess.run(
+        [sys.executable, "-m", "course_kit.jobs.cluster", "lab", *argv],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=ROOT,
+    )
+    print(f"\nkit lab {argv[0]}: {time.monotonic() - start:.1f} s")
+    return done
+
+
+def _pids_in(netns: str) -> list[int]:
+    done = subprocess.run(["ip", "netns", "pids", netns], capture_output=True, text=True)
+    return [int(p) for p in done.stdout.split()]
+
+
+def _marked(ipython_dir: str, within: float = 10.0) -> list[int]:
+    """Return the pids of processes still running with this IPYTHONDIR after ``within`` s."""
+    deadline = time.monotonic() + within
+    while True:
+        left = []
+        for proc in psutil.process_iter():
+            try:
+                if proc.environ().get("IPYTHONDIR") == ipython_dir and proc.status() != "zombie":
+                    left.append(proc.pid)
+            except psutil.Error:
+                continue
+        if not left or time.monotonic() > deadline:
+            return left
+        time.sleep(0.2)
+
+
+def _wait_for(condition, what: str, within: float = WAIT):  # noqa: ANN001, ANN202
+    """Return ``condition()`` once truthy; fail naming ``what`` after ``within`` seconds."""
+    deadline = time.monotonic() + within
+    while not (value := condition()):
+        assert time.monotonic() < deadline, f"waited {within:g} s for {what}"
+        time.sleep(0.5)
+    return value
+
+
+def _square(x: int) -> int:
+    return x * x
+
+
+def _faults_during_class(env: dict, hosts_file: Path, room, student) -> None:  # noqa: ANN001
+    """Kill pc2's engines and cut pc3's link; the rest works; ``lab add`` brings both back."""
+    killed, cut = room.pcs[1], room.pcs[2]
+    for pid in _pids_in(killed.netns):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    subprocess.run(["ip", "link", "set", cut.host_veth, "down"], check=True)
+    try:
+        # The controller's heartbeat unregisters both PCs' engines; status names both PCs.
+        def both_named() -> subprocess.CompletedProcess | None:
+            done = _lab(env, "status", str(hosts_file))
+            lines = done.stdout.splitlines()
+            named = [
+                pc.hostname
+                for pc in (killed, cut)
+                if any(pc.hostname in ln and "DROPPED OUT" in ln for ln in lines)
+            ]
+            return done if len(named) == 2 and done.returncode == 1 else None
+
+        status = _wait_for(both_named, "status to name pc2 and pc3 as dropped out")
+        assert f"{room.pcs[0].hostname}: 2 of 2 engines answer" in status.stdout, status.stdout
+        assert "DROPPED OUT" not in _line_of(status.stdout, room.pcs[0].hostname)
+        # The student's client, connected before, keeps working on the engines that remain.
+        _wait_for(lambda: len(student.client.ids) == 2, "the student's client to drop 2 engines")
+        hosts = student.client[student.client.ids].apply_sync(socket.gethostname)
+        assert hosts == [room.pcs[0].hostname] * 2
+        assert student.client.load_balanced_view().map_sync(_square, range(6)) == [
+            x * x for x in range(6)
+        ]
+    finally:
+        subprocess.run(["ip", "link", "set", cut.host_veth, "up"], check=True)
+    # One command re-adds both; pc1's engines are left as they were.
+    pc1_pids = set(_pids_in(room.pcs[0].netns))
+    added = _lab(env, "add", str(hosts_file), killed.hostname, cut.hostname, "--timeout", "600")
+    assert added.returncode == 0, added.stdout + added.stderr[-3000:]
+    assert f"re-added {killed.hostname}, {cut.hostname}" in added.stdout, added.stdout
+    assert pc1_pids <= set(_pids_in(room.pcs[0].netns))
+    again = _lab(env, "add", str(hosts_file), killed.hostname)
+    assert again.returncode == 0 and "nothing to add" in again.stdout, again.stdout
+    status = _lab(env, "status", str(hosts_file))
+    assert status.returncode == 0, status.stdout
+    _wait_for(lambda: len(student.client.ids) == sum(ENGINES), "the student to see 4 engines")
+    hosts = sorted(student.client[:].apply_sync(socket.gethostname))
+    assert hosts == sorted([room.pcs[0].hostname] * 2 + [pc.hostname for pc in room.pcs[1:]])
+
+
+def _line_of(text: str, word: str) -> str:
+    return next(line for line in text.splitlines() if word in line)
+
+
+def test_lab_cluster_starts_from_a_hosts_file_over_ssh_and_stops_cleanly(tmp_path: Path) -> None:
+    reason = room_unavailable_reason()
+    if reason is not None:
+        pytest.skip(f"no emulated room here: {reason}")
+    with emulated_room(len(ENGINES)) as room:
+        ssh, scp = write_ssh_standins(room, tmp_path / "bin")
+        pcs = "\n".join(
+            f'[[pc]]\nhost = "{pc.hostname}"\nengines = {n}\n'
+            for pc, n in zip(room.pcs, ENGINES, strict=True)
+        )
+        hosts_file = tmp_path / "hosts.toml"
+        hosts_file.write_text(
+            f'[controller]\nip = "{room.instructor_ip}"\nprofile = "lab"\n\n'
+            f'[defaults]\npython = "{sys.executable}"\n\n'
+            f'[ssh]\ncommand = ["{ssh}"]\nscp = ["{scp}"]\n\n{pcs}'
+        )
+        env = dict(os.environ, IPYTHONDIR=str(tmp_path / "instructor"), OMP_NUM_THREADS="1")
+        try:
+            started = _lab(env, "start", str(hosts_file), "--timeout", "600")
+            print(started.stdout, started.stderr[-3000:])
+            assert started.returncode == 0, started.stderr[-3000:]
+            assert f"{sum(ENGINES)} engines on {len(ENGINES)} PCs answered" in started.stdout
+            # The engines run inside the PCs' namespaces, as many as the hosts file asks.
+            for pc, n in zip(room.pcs, ENGINES, strict=True):
+                assert len(_pids_in(pc.netns)) >= n, pc.netns
+            status = _lab(env, "status", str(hosts_file))
+            assert status.returncode == 0, status.stdout + status.stderr[-2000:]
+            for pc, n in zip(room.pcs, ENGINES, strict=True):
+                assert f"{pc.hostname}: {n} of {n} engines answer" in status.stdout, status.stdout
+            # Without the hosts file, status finds the running lab and the file it started from.
+            bare = _lab(env, "status")
+            assert bare.returncode == 0, bare.stdout + bare.stderr[-2000:]
+            for pc, n in zip(room.pcs, ENGINES, strict=True):
+                assert f"{pc.hostname}: {n} of {n} engines answer" in bare.stdout, bare.stdout
+            assert f"(hosts file: {hosts_file.resolve()})" in bare.stdout, bare.stdout
+            # A student connects with the profile, as on a laptop.
+            profile_dir = tmp_path / "instructor" / "profile_lab"
+            with connect_cluster(
+                connection_file=str(profile_dir / "security" / "ipcontroller-client.json"),
+                n=sum(ENGINES),
+                timeout=60,
+            ) as student:
+                hosts = sorted(student.view.apply_sync(socket.gethostname))
+                assert hosts == sorted(
+                    [room.pcs[0].hostname] * 2 + [pc.hostname for pc in room.pcs[1:]]
+                )
+                _faults_during_class(env, hosts_file, room, student)
+        finally:
+            stopped = _lab(env, "stop", str(hosts_file))
+        assert stopped.returncode == 0, stopped.stderr[-2000:]
+        assert "lab cluster stopped" in stopped.stdout
+        # stop left no engine in any PC, and no controller here.
+        for pc in room.pcs:
+            left = _pids_in(pc.netns)
+            assert left == [], (pc.netns, left)
+        assert _marked(env["IPYTHONDIR"]) == []
+        again = _lab(env, "status", str(hosts_file))
+        assert again.returncode == 1 and "no lab cluster is running" in again.stdout
+        bare = _lab(env, "status")
+        assert bare.returncode == 1 and "no lab cluster is running" in bare.stdout, bare.stdout
+
+
+def test_a_bad_hosts_file_names_the_fix(tmp_path: Path) -> None:
+    bad = tmp_path / "hosts.toml"
+    cases = {
+        "[[pc]]\nhost = 'a'\nengines = 1\n": "no python",
+        "[[pc]]\nhost = 'a'\npython = 'p'\n[[pc]]\nhost = 'a'\npython = 'p'\n": "listed twice",
+        "[contoller]\nip = '1.2.3.4'\n": "unknown table",
+        "[[pc]]\nhost = 'a'\npython = 'p'\ncores = 4\n": "unknown key(s) cores",
+        "[[pc]\n": "not valid TOML",
+        "": "no engines",
+    }
+    for text, fix in cases.items():
+        bad.write_text(text)
+        with pytest.raises(ValueError, match=fix.replace("(", r"\(").replace(")", r"\)")):
+            read_hosts(bad)
+    done = _lab(dict(os.environ), "status", str(tmp_path / "missing.toml"), timeout=60)
+    assert done.returncode == 2 and "does not exist" in done.stderr
+    assert "Traceback" not in done.stderr
