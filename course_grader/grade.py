@@ -25,6 +25,8 @@ nothing outside a throwaway folder; elsewhere, the notebook runs unisolated and 
 says so. Whatever a run leaves behind dies with the sandbox, or is killed by the run's mark
 (:mod:`course_grader.runner`); nothing the kernel wrote is read.
 
+
+Kept whole: one pipeline, ``grade_notebook``, read top to bottom; the helpers serve it alone.
 """
 
 from __future__ import annotations

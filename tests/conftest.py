@@ -122,7 +122,8 @@ def shared_engines(local_engines):
     from dataclasses import replace
 
     from course_lib.cluster import engine_side
-    from course_lib.cluster.launch import CourseCluster, _threads_per_engine
+    from course_lib.cluster.course_cluster import CourseCluster
+    from course_lib.cluster.settings import threads_per_engine
 
     pool = local_engines
 
@@ -134,7 +135,7 @@ def shared_engines(local_engines):
         sub = CourseCluster(replace(pool.settings, n=n), pool.client, owned=None)
         sub.ids_by_rank, sub.world_size = ids, n
         sub.engine_info = {eid: pool.engine_info[eid] for eid in ids}
-        threads = _threads_per_engine(sub.settings, n)  # what a cluster of n alone would get
+        threads = threads_per_engine(sub.settings, n)  # what a cluster of n alone would get
         for rank, eid in enumerate(ids):
             pool.client[eid].apply_sync(
                 engine_side.setup_engine, rank, n, "local", threads, None, False

@@ -13,6 +13,8 @@ kit's files and of the assignment's source, the Python and package versions and 
 settings, stored on the grader's side (the user's cache folder, which no sandbox is shown),
 written atomically and read only as a small regular file. Anything else is no cache. The import
 check always runs: it is what a moved or re-linked venv breaks.
+
+Kept whole: one preflight: the import check, the known answers, the key that remembers them.
 """
 
 from __future__ import annotations

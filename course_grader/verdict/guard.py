@@ -10,6 +10,8 @@ exercise as unanswered, with that reason.
 This is a guard against rewriting the verdict inside the kernel. Files, processes and network
 are the sandbox's business (:mod:`course_grader.sandbox.config`): there the kernel sees no
 solutions and changes nothing outside its own throwaway folder.
+
+Kept whole: one ast walk; the binding and import helpers serve ``answer_problem`` alone.
 """
 
 from __future__ import annotations

@@ -7,6 +7,8 @@ PCs (see :mod:`course_kit.lab.mpi`); ``doctor --profile lab`` checks every engin
 cluster (``--network`` adds the measured matrix between PCs, ``--heatmap net.png`` draws it);
 ``room up N [--rate 1gbit]``, ``room status``, ``room run PC -- CMD`` and ``room down`` manage an
 emulated room that stays up between commands (see :mod:`course_kit.room.state`).
+
+Kept whole: one command line; each sub-command is a thin call into the module it names.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ __all__ = ["main"]
 
 def doctor_main(args: argparse.Namespace) -> int:
     """Print the doctor's table for a running cluster (the instructor's check before class)."""
-    from course_lib.cluster.launch import ClusterError
+    from course_lib.cluster.settings import ClusterError
 
     try:
         return _doctor(args)

@@ -16,6 +16,8 @@ controller, seat service) and removes the connection files, so the next start be
 ``status`` and ``stop`` also find a controller of the profile that no cluster file names any
 more (left by a crashed start). Beside the controller runs the seat service that deals the
 room's engines out to the students' notebooks (:mod:`course_kit.lab.seats`).
+
+Kept whole: one life cycle (start, add, status, stop) over one profile's files and teardown.
 """
 
 from __future__ import annotations

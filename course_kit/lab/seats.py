@@ -19,6 +19,8 @@ A seat *is* an open TCP connection to the service:
   logs every seat taken and given back to ``security/lab-seats.log`` (who held what, when).
 
 So no two clients that took seats ever run collectives on one engine at the same time.
+
+Kept whole: one protocol, the seat service and its book of seats read together.
 """
 
 from __future__ import annotations

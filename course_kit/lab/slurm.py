@@ -23,6 +23,8 @@ so. Students connect exactly as to a room's cluster (the seat service runs here 
 names the job's state, its nodes and, for a job that ended or a node that went down, Slurm's
 reason, in one line each; ``stop`` cancels the job. ``mpi`` runs a command as MPI ranks in an
 allocation of its own (``srun --mpi=pmi2``).
+
+Kept whole: one Slurm job's life cycle (submit, wait, status, cancel) over one lab file.
 """
 
 from __future__ import annotations

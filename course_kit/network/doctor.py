@@ -6,6 +6,8 @@ share the switch, each PC towards its ring neighbour (the links a ring allreduce
 each PC towards the PC the doctor runs on (the instructor's, ``"controller"``), with the probes
 of :mod:`course_kit.network.probe`. :func:`network_problems` applies the rules (a slow
 link, a PC on another subnet, a blocked port, a skewed clock) to any matrix, measured or given.
+
+Kept whole: one report; the measurement fills the matrix that the rules read.
 """
 
 from __future__ import annotations

@@ -21,7 +21,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from course_kit.room.build import emulated_room, room_unavailable_reason
-from course_lib.cluster.launch import CourseCluster, connect_cluster
+from course_lib.cluster.course_cluster import CourseCluster
+from course_lib.cluster.launch import connect_cluster
 
 __all__ = ["room_cluster"]
 

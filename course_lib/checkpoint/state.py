@@ -3,6 +3,8 @@
 :func:`rank_state` / :func:`restore_rank_state` are what every rank of a data-parallel loop
 saves and restores; :func:`save_run` / :func:`resume_run` / :func:`skip_done_steps` are what
 ``training.loop.fit`` (one process) calls. See :mod:`course_lib.checkpoint` for the contract.
+
+Kept whole: one checkpoint format; a rank's state and the run's are saved and restored together.
 """
 
 from __future__ import annotations

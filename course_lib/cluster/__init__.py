@@ -2,7 +2,8 @@
 
 ``start_cluster`` is the one way a notebook gets engines (see :mod:`course_lib.cluster.launch`).
 The modules below it never import this package's ``__init__``, so they import each other one
-way only: ``launch`` uses ``doctor``, ``recovery`` and ``engine_side``. Two houses stand apart:
+way only: ``launch`` uses ``settings`` and ``course_cluster`` (the cluster it returns), which uses
+``doctor``, ``recovery`` and ``engine_side``. Two houses stand apart:
 ``lab/`` (the instructor's cluster across the room's PCs) and ``room/`` (the emulated room).
 """
 

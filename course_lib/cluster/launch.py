@@ -14,7 +14,9 @@ printed when it starts)::
     cluster = start_cluster(kind="mpi", n=4)  # every engine an MPI rank (on this PC)
     cluster = connect_cluster(profile="lab")  # the whole room: the instructor's demo
 
-An explicit ``kind="local"`` still means this PC, whatever the environment says.
+An explicit ``kind="local"`` still means this PC, whatever the environment says. The settings
+and errors are :mod:`course_lib.cluster.settings`; the cluster returned is
+:mod:`course_lib.cluster.course_cluster`'s :class:`CourseCluster` (both importable from here).
 """
 
 from __future__ import annotations
@@ -22,20 +24,25 @@ from __future__ import annotations
 import os
 import shutil
 import sys
-import time
 import weakref
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import ipyparallel as ipp
 
-from course_lib.cluster import engine_side
-from course_lib.cluster.doctor import DoctorReport, doctor
-from course_lib.cluster.recovery import EngineTimeout, RecoveryReport, recover, run_with_timeout
-from course_lib.cluster.seat import NoSeatError, Seat, take_seat
-from course_lib.cluster.stopping import stop_owned_cluster
+from course_lib.cluster.course_cluster import CourseCluster
+from course_lib.cluster.recovery import EngineTimeout
+from course_lib.cluster.seat import NoSeatError, take_seat
+from course_lib.cluster.settings import (
+    KINDS,
+    ClusterError,
+    ClusterSettings,
+    default_engine_count,
+    threads_per_engine,
+)
 
+# KINDS, the settings, the errors and CourseCluster live beside this module; they are named here
+# too so that ``from course_lib.cluster.launch import ...`` keeps working.
 __all__ = [
     "KINDS",
     "ClusterError",
@@ -48,19 +55,6 @@ __all__ = [
     "start_cluster",
 ]
 
-KINDS = ("local", "mpi", "connect")
-#: How long a listed engine may take to describe itself before it is left out as dead.
-SILENT_ENGINE_SECONDS = 90.0
-
-
-class ClusterError(RuntimeError):
-    """A cluster could not be started or reached; the message says what to do."""
-
-
-def default_engine_count() -> int:
-    """Return a sensible engine count for this machine: its cores, at least 2, at most 4."""
-    return max(2, min(os.cpu_count() or 2, 4))
-
 
 def find_mpiexec() -> str | None:
     """Return the ``mpiexec`` beside this Python (a venv's own, even if not activated), or on PATH."""
@@ -72,268 +66,6 @@ def find_mpiexec() -> str | None:
             if candidate.is_file() and os.access(candidate, os.X_OK):
                 return str(candidate)
     return shutil.which("mpiexec")
-
-
-@dataclass(frozen=True)
-class ClusterSettings:
-    """Validated settings for :func:`start_cluster`; unset fields come from the environment."""
-
-    kind: str = "local"
-    n: int | None = None
-    profile: str | None = None
-    connection_file: str | None = None
-    torch_threads: int | None = None
-    seed: int | None = None
-    seed_per_rank: bool = False
-    timeout: float = 60.0
-    #: connected engines that must be MPI ranks: the room's MPI world (asked as kind="mpi")
-    mpi: bool = False
-
-    def __post_init__(self) -> None:
-        if self.kind not in KINDS:
-            raise ValueError(
-                f"unknown cluster kind {self.kind!r}: choose one of {', '.join(KINDS)}"
-            )
-        if self.n is not None and (not isinstance(self.n, int) or self.n < 1):
-            raise ValueError(f"n={self.n!r}: the number of engines must be an integer >= 1")
-        if self.torch_threads is not None and self.torch_threads < 1:
-            raise ValueError(f"torch_threads={self.torch_threads}: use an integer >= 1, or None")
-        if self.timeout <= 0:
-            raise ValueError(f"timeout={self.timeout}: use a positive number of seconds")
-        if self.kind == "connect" and not (self.profile or self.connection_file):
-            raise ValueError(
-                "kind='connect' needs profile='NAME' or connection_file='.../ipcontroller-client.json'"
-            )
-
-    @classmethod
-    def from_environment(cls, **overrides: Any) -> ClusterSettings:
-        """Build settings from arguments, falling back to ``COURSE_CLUSTER_*`` variables."""
-        env = os.environ
-        given = {key: value for key, value in overrides.items() if value is not None}
-        profile = given.get("profile", env.get("COURSE_CLUSTER_PROFILE") or None)
-        connection_file = given.get("connection_file", env.get("COURSE_CLUSTER_FILE") or None)
-        kind = given.get("kind", env.get("COURSE_CLUSTER_KIND") or None)
-        if kind is None:
-            kind = "connect" if (profile or connection_file) else "local"
-        elif kind == "mpi" and (profile or connection_file):
-            # A notebook that needs MPI ranks, in the lab: the room's MPI world (one seat).
-            kind, given["mpi"] = "connect", True
-        if "n" not in given and env.get("COURSE_CLUSTER_ENGINES"):
-            try:
-                given["n"] = int(env["COURSE_CLUSTER_ENGINES"])
-            except ValueError:
-                raise ValueError(
-                    f"COURSE_CLUSTER_ENGINES={env['COURSE_CLUSTER_ENGINES']!r} is not an integer"
-                ) from None
-        given.update(kind=kind, profile=profile, connection_file=connection_file)
-        return cls(**given)
-
-
-class CourseCluster:
-    """A client, a rank-ordered view and (when we started them) the engines behind it.
-
-    Use it as a context manager: on exit it stops what it started and only closes the client
-    of a cluster it merely connected to.
-    """
-
-    def __init__(self, settings: ClusterSettings, client: ipp.Client, owned: ipp.Cluster | None):
-        self.settings = settings
-        self.client = client
-        self.owned = owned
-        self.world_size = 0
-        self.ids_by_rank: list[int] = []
-        self.engine_info: dict[int, dict[str, Any]] = {}
-        #: engines the controller still listed when this cluster was set up, found dead and left out
-        self.left_out: list[int] = []
-        #: the engines this client holds in the room (None: not a seated cluster)
-        self.seat: Seat | None = None
-        self._activated = False
-        self._view: ipp.DirectView | None = None
-
-    # -- properties -------------------------------------------------------------------------
-    @property
-    def kind(self) -> str:
-        """Return ``"local"``, ``"mpi"`` or ``"connect"``."""
-        return self.settings.kind
-
-    @property
-    def view(self) -> ipp.DirectView:
-        """Return a blocking DirectView over all engines, ordered by rank."""
-        if self._view is None:
-            self._view = self.client[self.ids_by_rank]
-            self._view.block = True
-        return self._view
-
-    def __repr__(self) -> str:
-        return (
-            f"<CourseCluster kind={self.kind} world_size={self.world_size} ids={self.ids_by_rank}"
-            f": {self.where()}>"
-        )
-
-    def where(self) -> str:
-        """Return one line saying which cluster this is: local, or the room's, on which PCs."""
-        if self.kind != "connect":
-            what = "MPI engines (ranks)" if self.kind == "mpi" else "local engines"
-            hint = ""
-            if self.kind == "mpi" and (self.settings.profile or self.settings.connection_file):
-                hint = " (the room has no MPI ranks free for this notebook)"
-            return f"{self.world_size} {what} on this PC{hint}"
-        hosts: dict[str, int] = {}
-        for eid in self.ids_by_rank:
-            host = self.seat.pcs.get(eid) if self.seat else None
-            host = host or self.engine_info.get(eid, {}).get("host", "?")
-            hosts[host] = hosts.get(host, 0) + 1
-        on = ", ".join(f"{host} ({k})" for host, k in hosts.items())
-        source = (
-            f"profile {self.settings.profile!r}"
-            if self.settings.profile
-            else f"file {self.settings.connection_file}"
-        )
-        held = "a seat of" if self.seat else "all"
-        what = "MPI ranks" if self.settings.mpi else "engines"
-        lost = (
-            " (SEAT LOST: the lab stopped, or no heartbeat reached it; start_cluster again)"
-            if self.seat and self.seat.lost
-            else ""
-        )
-        return f"{held} {self.world_size} {what} of the room's cluster ({source}) on {on}{lost}"
-
-    # -- life cycle ---------------------------------------------------------------------------
-    def setup_engines(self) -> None:
-        """Order engines by rank and give each ``rank``, ``world_size``, threads and seed."""
-        infos = self._describe_all()
-        mpi_ranks = {eid: info["mpi_rank"] for eid, info in infos.items()}
-        if all(r is not None for r in mpi_ranks.values()) and len(set(mpi_ranks.values())) == len(
-            mpi_ranks
-        ):
-            ordered = sorted(infos, key=lambda eid: mpi_ranks[eid])
-        elif self.settings.mpi:
-            raise ClusterError(
-                "MPI ranks were asked for, but the cluster's engines are not the ranks of one "
-                "MPI world: the instructor adds [mpi] ranks = N to the lab's hosts file"
-            )
-        else:
-            ordered = sorted(infos)
-        self.ids_by_rank, self.world_size, self.engine_info = ordered, len(ordered), infos
-        self._view = None
-        threads = _threads_per_engine(self.settings, self.world_size)
-        pending = [
-            self.client[eid].apply_async(
-                engine_side.setup_engine,
-                rank,
-                self.world_size,
-                self.kind,
-                threads,
-                self.settings.seed,
-                self.settings.seed_per_rank,
-            )
-            for rank, eid in enumerate(ordered)
-        ]
-        for result in pending:
-            result.get(timeout=self.settings.timeout)
-        if self._activated:
-            self.view.activate()
-
-    def _describe_all(self) -> dict[int, dict[str, Any]]:
-        """Describe every registered engine; skip (and say so) engines that died but are still
-        listed: the controller drops a dead engine only after a few missed heartbeats."""
-        pending, dead = {}, []
-        for eid in self.seat.ids if self.seat else self.client.ids:
-            try:
-                pending[eid] = self.client[eid].apply_async(engine_side.describe_engine, False)
-            except IndexError:  # unregistered between reading ids and addressing it
-                dead.append(eid)
-        infos = {}
-        # A listed engine that never answers is left out too: the controller usually fails its
-        # request at once or after missed heartbeats, but not always soon (seen: not within
-        # 300 s on a loaded machine), and an idle engine answers a description in milliseconds.
-        deadline = time.monotonic() + min(self.settings.timeout, SILENT_ENGINE_SECONDS)
-        for eid, result in pending.items():
-            try:
-                infos[eid] = result.get(timeout=max(0.1, deadline - time.monotonic()))
-            except (ipp.error.EngineError, ipp.error.RemoteError) as exc:
-                if "died" not in str(exc) and not isinstance(exc, ipp.error.EngineError):
-                    raise
-                dead.append(eid)
-            except TimeoutError:
-                dead.append(eid)
-        self.left_out = dead
-        if dead:
-            print(
-                f"course_lib: engines {dead} died (or did not answer within "
-                f"{min(self.settings.timeout, SILENT_ENGINE_SECONDS):g} s) and are left out; "
-                f"{len(infos)} remain"
-            )
-        if not infos:
-            raise ClusterError(
-                f"every engine ({dead}) has died: restart them (`ipcluster engines ...` in the "
-                "lab, or start_cluster(...) again) and connect again"
-            )
-        return infos
-
-    def activate(self) -> CourseCluster:
-        """Register ``%px`` / ``%%px`` in IPython on the rank-ordered view; return self."""
-        self._activated = True
-        self.view.activate()
-        return self
-
-    def stop(self) -> None:
-        """Close the client and stop the engines and controller if this object started them."""
-        try:
-            if self.seat is not None:
-                self.seat.release()  # the engines go back to the room
-            self.client.close()
-        finally:
-            if self.owned is not None:
-                # Stopping takes seconds (each engine is asked, then signalled): say so first.
-                print(f"course_lib: stopping {self.world_size} {self.kind} engines ...", end="")
-                started = time.monotonic()
-                stop_owned_cluster(self.owned)  # every engine at once (cluster/stopping.py)
-                self.owned = None
-                print(f" stopped in {time.monotonic() - started:.1f} s", flush=True)
-
-    def __enter__(self) -> CourseCluster:
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.stop()
-
-    # -- teaching helpers ---------------------------------------------------------------------
-    def run(self, fn: Any, *args: Any, timeout: float = 30.0, **kwargs: Any) -> list[Any]:
-        """Call ``fn(*args, **kwargs)`` on every engine; return results ordered by rank.
-
-        If an engine has not answered after ``timeout`` seconds, the cluster is recovered (see
-        :meth:`recover`) and :class:`EngineTimeout` is raised saying which ranks hung and what
-        was done; the client stays usable.
-        """
-        return run_with_timeout(self, fn, args, kwargs, timeout)
-
-    def recover(self, grace: float = 3.0) -> RecoveryReport:
-        """Interrupt busy engines and, if that does not free them, restart them all."""
-        return recover(self, grace=grace)
-
-    def doctor(self, timeout: float = 5.0) -> DoctorReport:
-        """Return a table of every engine with version mismatches and unreachable engines flagged."""
-        return doctor(self.client, timeout=timeout, expected=self.world_size or None)
-
-    def wait_for_fresh_engines(self, old_pids: set[int], deadline: float) -> None:
-        """Wait until ``world_size`` engines answer and none is one of ``old_pids``."""
-        n = self.world_size
-        while time.monotonic() < deadline:
-            ids = list(self.client.ids)
-            if len(ids) == n:
-                try:  # an old engine may unregister between reading ids and addressing it
-                    pending = [self.client[eid].apply_async(engine_side.engine_pid) for eid in ids]
-                    pids = {result.get(timeout=2.0) for result in pending}
-                except Exception:  # noqa: BLE001 - a dying or stale engine just means "not yet"
-                    pids = set()
-                if len(pids) == n and not pids & old_pids:
-                    return
-            time.sleep(0.25)
-        raise ClusterError(
-            f"engines did not come back within the time limit ({len(self.client.ids)} of {n} "
-            "registered); stop this cluster (cluster.stop()) and start a new one"
-        )
 
 
 def start_cluster(
@@ -433,13 +165,6 @@ def connect_cluster(
 LOCAL_HEARTBEAT_MS = 500
 
 
-def _threads_per_engine(settings: ClusterSettings, n: int) -> int | None:
-    """Threads for each of ``n`` engines: as asked, else cores // n; a lab cluster keeps its own."""
-    if settings.torch_threads is not None or settings.kind == "connect":
-        return settings.torch_threads
-    return max(1, (os.cpu_count() or 1) // max(1, n))
-
-
 def _start(settings: ClusterSettings) -> CourseCluster:
     n = settings.n or default_engine_count()
     settings = ClusterSettings(**{**settings.__dict__, "n": n})
@@ -476,7 +201,7 @@ def _start(settings: ClusterSettings) -> CourseCluster:
     if mpi_cmd is not None:
         owned.config.MPILauncher.mpi_cmd = [mpi_cmd]
     # Threads are limited before the engines import torch / NumPy, as well as afterwards.
-    threads = _threads_per_engine(settings, n)
+    threads = threads_per_engine(settings, n)
     owned.config.EngineLauncher.environment = {
         "OMP_NUM_THREADS": str(threads),
         "MKL_NUM_THREADS": str(threads),

@@ -10,6 +10,8 @@ A real communicator has no clock of its own: the header's arrival time is 0 and 
 beyond the real transfer. An emulated link (:func:`course_lib.comm.emulated_link.emulate`) is a
 view of a communicator that overrides the four clock hooks (``_depart``, ``_arrive``,
 ``_wait_for_link``, ``_after_collective``); this module knows nothing about links.
+
+Kept whole: one interface; the header protocol, handles and counters every backend inherits.
 """
 
 from __future__ import annotations

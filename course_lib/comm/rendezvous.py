@@ -9,6 +9,8 @@ its own interface on the route towards rank 0 (``GLOO_SOCKET_IFNAME`` per rank, 
 need not name their interfaces alike). A quick TCP probe of rank 0's store from every rank turns
 a rendezvous that cannot complete into a :class:`RendezvousError` naming the PCs, seconds after
 the start instead of after gloo's whole timeout.
+
+Kept whole: one rendezvous; each function is a step of ``plan_gloo_rendezvous``.
 """
 
 from __future__ import annotations

@@ -5,6 +5,8 @@ the time per byte (1 / bandwidth). Reducing ``n`` bytes into a buffer costs $n\\
 (``gamma``, seconds per byte of arithmetic). Each algorithm's time follows from how many messages
 of which size, and how many bytes reduced, lie on its critical path (Thakur, Rabenseifner &
 Gropp 2005; Chan et al. 2007).
+
+Kept whole: the formulas and the fits of their alpha, beta, gamma; lecture 3 imports both here.
 """
 
 from __future__ import annotations

@@ -13,6 +13,8 @@ row-parallel layer, of the input gradient of a column layer fed by a replicated 
 allgathers instead. The graph is built in segments (an operator's tasks, an edge's transfers), cached by the
 configurations they depend on, so a strategy that differs in one operator rebuilds only its
 neighbourhood: the first half of the delta simulation.
+
+Kept whole: one class, ``TaskGraphBuilder``, whose segments and cache change together.
 """
 
 from __future__ import annotations

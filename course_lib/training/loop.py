@@ -4,6 +4,8 @@ One step is split in two on purpose: :func:`compute_gradients` (forward + backwa
 optimiser's ``step()``. A data-parallel loop inserts gradient communication between them
 (source 000, steps 4-6: compute gradients, send them to the server, apply the combined ones);
 :func:`fit` takes that as ``grad_hook``.
+
+Kept whole: one loop, ``fit``, and the settings, history and step functions it is made of.
 """
 
 from __future__ import annotations

@@ -8,6 +8,8 @@ below (``*_inputs(seed)``, the grader picks the seed) and returns the results as
 library's ``training/scratch.py`` (plain cross-entropy, plain SGD, convolution forward only)
 answers none of them: lecture 2 builds the convolution's forward, and torch computed its
 gradients; A1.3 asks for the backward pass (dX, dK, db), which the course never shows.
+
+Kept whole: three exercises, each a short section of inputs, torch reference and check.
 """
 
 from __future__ import annotations

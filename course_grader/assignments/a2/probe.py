@@ -4,14 +4,14 @@ The kernel pushes the answer to its engines and has each rank call it on inputs 
 grader's seed; each rank returns what the answer returned, the built-in collectives it called
 and its communicator's per-peer counters (messages each way, bytes sent), as data. The grader
 re-derives the right sums from the seed and judges each rank with
-:func:`course_grader.assignments.a2.checks.judge_rank`, in its own process. A2.1's last case runs
+:func:`course_grader.assignments.a2.judge.judge_rank`, in its own process. A2.1's last case runs
 the answer on a real communicator of the first 3 of the 4 ranks (not a power of two): each rank
 returns the name of the exception the answer raised there and the messages it sent first, and
 the grader asks for a ``ValueError`` before any message
-(:func:`course_grader.assignments.a2.checks.judge_not_power_of_two`). A2.3's last cases run the
+(:func:`course_grader.assignments.a2.judge.judge_not_power_of_two`). A2.3's last cases run the
 answer on the same 3 ranks, folded: the engines record the sub-communicators the answer makes
 there and return their counters too, renumbered to the 3 ranks, and the grader judges them with
-:func:`course_grader.assignments.a2.checks.judge_folded`. The kernel sees the parts of the
+:func:`course_grader.assignments.a2.judge.judge_folded`. The kernel sees the parts of the
 kit the engines need (``comm``, ``cluster``, ...) but not ``course_lib.checks``.
 
 The counters are counted inside the student's processes (the engines), so the grader also counts
@@ -136,7 +136,7 @@ def a2_inputs(kind: str, seed: int) -> list[dict]:
 
 def _judge_folded(case: dict, ranks: Any) -> int:
     """Raise AssertionError with the first problem of the 3-rank folded run; return 3."""
-    from course_grader.assignments.a2.checks import judge_folded
+    from course_grader.assignments.a2.judge import judge_folded
 
     if not isinstance(ranks, list) or not ranks:
         raise AssertionError("the engines returned no result")
@@ -166,7 +166,7 @@ def _judge_folded(case: dict, ranks: Any) -> int:
 
 def _judge_not_power_of_two(ranks: Any) -> int:
     """Raise AssertionError unless every rank of the 3-rank run raised ValueError unsent."""
-    from course_grader.assignments.a2.checks import judge_not_power_of_two
+    from course_grader.assignments.a2.judge import judge_not_power_of_two
 
     if not isinstance(ranks, list) or not ranks:
         raise AssertionError("the engines returned no result")
@@ -184,7 +184,8 @@ def _judge_not_power_of_two(ranks: Any) -> int:
 
 def _judge_case(case: dict, ranks: Any) -> int:
     """Raise AssertionError with the first rank's problem; return the world size."""
-    from course_grader.assignments.a2.checks import FOLDED, NOT_POWER_OF_TWO, judge_rank
+    from course_grader.assignments.a2.checks import FOLDED, NOT_POWER_OF_TWO
+    from course_grader.assignments.a2.judge import judge_rank
 
     if case["kind"] == NOT_POWER_OF_TWO:
         return _judge_not_power_of_two(ranks) + 1

@@ -14,6 +14,8 @@ kit's compressed exchange and must reach the float32 run's test accuracy (within
 Block top-k is checked by its formula only: with momentum and error feedback it needs more than
 the one epoch a check can afford (measured here: 1 of 16 values per block reached 58 % after one
 epoch where float32 reached 91 %; momentum correction, Lin et al. 2018, is the known fix).
+
+Kept whole: the check cells, one per exercise; the arithmetic is in ``exchange``.
 """
 
 from __future__ import annotations

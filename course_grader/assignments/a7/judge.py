@@ -12,6 +12,8 @@ for the reduce-scatter, not an allreduce's twice that), no built-in collective, 
 ledger must show a rank keeping the Adam state of its shard only. A wrong answer is compared
 with the usual mistakes (a sum for a mean, the whole optimiser state, an allreduce, shards of
 the wrong size) and the verdict names the match.
+
+Kept whole: one reference (ring sums and Adam in one process) every judge compares with.
 """
 
 from __future__ import annotations

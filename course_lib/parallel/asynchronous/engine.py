@@ -20,6 +20,8 @@ seconds is dropped and reported; the others carry on.
 
 Buffers such as batch-norm statistics are not exchanged: each rank keeps its own after the
 initial copy of rank 0's (the kit's models for this lecture have none).
+
+Kept whole: one protocol, the server and its workers read together.
 """
 
 from __future__ import annotations

@@ -35,6 +35,8 @@ How payloads travel (``carrier``):
   asked, as the source sent int8 both ways; sparse payloads as the exact non-zeros of the mean,
   at most N times as many as one rank sent) and sends it back; every rank, rank 0 included, applies the
   decoded downlink, so the replicas stay equal.
+
+Kept whole: one exchange whose seven stages run in one step; its byte helpers serve it alone.
 """
 
 from __future__ import annotations

@@ -29,6 +29,8 @@ Every collective here goes round the ring from point-to-point messages (``course
 so the communicator's per-peer counters show the bytes really sent; :func:`hybrid_bytes` gives
 them per part and :func:`crossover_batch` the batch size below which the hybrid sends less than
 pure data parallelism (whose bytes do not depend on the batch).
+
+Kept whole: one algorithm, the hybrid step and the byte counts that say when it pays.
 """
 
 from __future__ import annotations

@@ -14,6 +14,8 @@ step, so two neighbours that both send (one forward, one backward, as in 1F1B) n
 The first activation of a step across each boundary is preceded by its shape (8 int64, 64
 bytes); later micro-batches have the same shape, and a gradient has its activation's shape.
 Activations are float32.
+
+Kept whole: one pipeline step and the stage cuts it runs on.
 """
 
 from __future__ import annotations

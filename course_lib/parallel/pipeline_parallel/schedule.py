@@ -15,6 +15,8 @@ uneven stages in milliseconds.
 - **1F1B** (PipeDream-Flush, Narayanan et al. 2021): stage s runs ``p - s - 1`` warm-up
   forwards, then alternates one forward and one backward, then drains the backwards. Same
   bubble as GPipe, but stage s stores at most ``p - s`` micro-batches, not m.
+
+Kept whole: the schedules and their simulation share one action format.
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from course_grader.assignments.a2.checks import (
+from course_grader.assignments.a2.judge import (
     folded_traffic,
     judge_folded,
     judge_not_power_of_two,

@@ -20,9 +20,8 @@ from course_grader.assignments.a2.checks import (
     check_allgather_doubling,
     check_rabenseifner_allreduce,
     check_reduce_scatter_halving,
-    rabenseifner_bytes_sent,
-    rabenseifner_partners,
 )
+from course_grader.assignments.a2.judge import rabenseifner_bytes_sent, rabenseifner_partners
 from course_grader.cells import BEGIN, END, answer_id, check_id, stub_solution
 from course_grader.grade import GradingLimits, grade_notebook
 from course_grader.gradebook import grade_folder, write_feedback, write_gradebook

@@ -118,7 +118,7 @@ A2_ATTACKS = {
     "def reduce_scatter_halving(comm, x):\n"
     "    return comm.reduce_scatter(x)\n",
     # The kit's checks fetched by name, to read the byte counts the algorithm must send.
-    "A2.2": "import pkgutil\ntry:\n    judge = pkgutil.resolve_name('course_grader.assignments.a2.checks:judge_rank')\n"
+    "A2.2": "import pkgutil\ntry:\n    judge = pkgutil.resolve_name('course_grader.assignments.a2.judge:judge_rank')\n"
     "except Exception:\n    judge = None\n"
     "def allgather_doubling(comm, x):\n    return comm.allreduce(x)\n",
     # A frame walk from inside the engines' call to whatever checks the result.

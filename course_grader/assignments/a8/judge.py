@@ -1,0 +1,219 @@
+"""The judges of A8: an answer's messages and search walk against the simulator, mistakes named.
+
+A8.1's forward halos and backward gradients are compared with the simulator's messages, pair by
+pair, and a wrong one is matched with the usual mistakes (a halo for an edge worker's missing
+neighbour, float64 bytes, no backward messages, gradients sent the wrong way, a padding that is
+not ``k // 2``). A8.2's search must return the best strategy it saw and the exhaustive optimum on
+the small space, and on the three levels its walk must spend its time as the Boltzmann weights
+say (a statistical test that names exp(+beta delta) and a walk that never moves). The cases are
+:mod:`course_grader.assignments.a8.cases`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import numpy as np
+
+from course_grader.assignments.a8.cases import simulated_halo
+
+__all__ = ["BYTES", "STATS_TOLERANCE", "judge_halo", "judge_search"]
+
+BYTES = 4  # float32
+STATS_TOLERANCE = 0.04  # on each level's fraction of the walk (about 5 standard errors)
+
+
+# -- A8.1 ------------------------------------------------------------------------------------
+def _messages(got, what: str, workers: int) -> dict:
+    """Return ``{(src, dst): bytes}`` from a list of (src, dst, bytes); refuse what is not."""
+    if got is None or isinstance(got, (str, bytes)) or not hasattr(got, "__len__"):
+        raise AssertionError(f"the {what} messages must be a list of (src, dst, bytes) tuples")
+    out: dict = {}
+    for m in got:
+        try:
+            src, dst, nbytes = (float(v) for v in np.asarray(m, dtype=float).reshape(-1))
+        except (ValueError, TypeError):
+            raise AssertionError(
+                f"each {what} message must be a (src, dst, bytes) tuple of numbers, got {m!r}"
+            ) from None
+        src, dst = int(src), int(dst)
+        if not (0 <= src < workers and 0 <= dst < workers):
+            raise AssertionError(
+                f"{what} message {src} -> {dst}: there is no worker {dst if 0 <= src else src} "
+                f"(workers 0..{workers - 1}); an edge worker has one neighbour only, the image's "
+                "top and bottom rows are padding, not a halo"
+            )
+        if src == dst:
+            raise AssertionError(f"{what} message {src} -> {dst}: a worker does not send to itself")
+        if (src, dst) in out:
+            raise AssertionError(
+                f"two {what} messages {src} -> {dst}: send the whole halo as one message per "
+                "neighbour and pass (as the simulator does)"
+            )
+        out[(src, dst)] = nbytes
+    return out
+
+
+def _where(case: dict) -> str:
+    return (
+        f"batch {case['batch']}, {case['channels']} x {case['height']} x {case['width']} input, "
+        f"{case['kernel']}x{case['kernel']} kernel, padding {case['padding']}, "
+        f"stride {case['stride']}, {case['workers']} workers"
+    )
+
+
+def _compare(got: dict, want: dict, what: str, case: dict) -> None:
+    n, where = case["workers"], _where(case)
+    row = BYTES * case["batch"] * case["channels"] * case["width"]  # one input row, float32
+    if want and not got:
+        if what == "backward":
+            raise AssertionError(
+                f"no backward messages ({where}): the gradient of every halo row travels back "
+                "to the worker that holds the row (the same bytes, dst -> src)"
+            )
+        raise AssertionError(f"no forward messages ({where}), but the simulator sends {want}")
+    if (
+        got
+        and want
+        and all(got.get(k) == 2 * v for k, v in want.items())
+        and got.keys() == want.keys()
+    ):
+        raise AssertionError(
+            f"{what} bytes are twice the simulator's ({where}): float64; the kit's activations "
+            "and gradients are float32, 4 bytes each"
+        )
+    reversed_ = {(d, s): b for (s, d), b in got.items()}
+    if what == "backward" and got != want and reversed_ == want:
+        raise AssertionError(
+            f"the backward messages go the wrong way ({where}): a halo row's gradient goes back "
+            "from the worker that used it to the worker that holds the row"
+        )
+    for s, d in sorted(got):
+        if (s, d) not in want:
+            hint = (
+                ": workers 0 and the last are not neighbours; an edge worker has a halo on one "
+                "side only"
+                if {s, d} == {0, n - 1} and n > 2
+                else ""
+            )
+            raise AssertionError(
+                f"{what} message {s} -> {d} ({where}), but the simulator sends none: worker "
+                f"{d if what == 'forward' else s}'s output rows need none of worker "
+                f"{s if what == 'forward' else d}'s input rows{hint}"
+            )
+    for (s, d), nbytes in sorted(want.items()):
+        if (s, d) not in got:
+            raise AssertionError(
+                f"no {what} message {s} -> {d} ({where}): the simulator sends {nbytes} bytes "
+                f"({nbytes // row} rows of batch x channels x width float32)"
+            )
+        if got[(s, d)] != nbytes:
+            k, p = case["kernel"], case["padding"]
+            hint = (
+                f"; with padding {p} != {k // 2} the halo is not k // 2 rows on each side: worker "
+                "j needs input rows [o0 * stride - padding, (o1 - 1) * stride - padding + kernel) "
+                "clipped to the image, for its output rows [o0, o1)"
+                if p != k // 2 or case["stride"] > 1
+                else ""
+            )
+            raise AssertionError(
+                f"{what} message {s} -> {d} ({where}): {got[(s, d)]:g} bytes, the simulator "
+                f"sends {nbytes} ({nbytes // row} rows of {row} bytes){hint}"
+            )
+
+
+def judge_halo(answer: Callable, case: dict) -> None:
+    """Judge ``answer()``'s (forward, backward) messages on one A8.1 case; raise naming the mistake."""
+    got = answer()
+    if not isinstance(got, (tuple, list)) or len(got) != 2:
+        raise AssertionError("halo_messages must return a tuple (forward, backward)")
+    forward, backward = (
+        _messages(g, w, case["workers"]) for g, w in zip(got, ("forward", "backward"), strict=True)
+    )
+    want_f, want_b = simulated_halo(**case)
+    _compare(forward, want_f, "forward", case)
+    _compare(backward, want_b, "backward", case)
+
+
+# -- A8.2 ------------------------------------------------------------------------------------
+def _judge_space(got, case: dict) -> None:
+    table = np.asarray(case["table"], dtype=float)
+    best, best_time, walk = got
+    best = tuple(int(v) for v in np.asarray(best).reshape(-1))
+    walk = np.asarray(walk, dtype=float).reshape(-1)
+    if len(best) != table.ndim or any(
+        not 0 <= b < n for b, n in zip(best, table.shape, strict=True)
+    ):
+        raise AssertionError(
+            f"best must be a strategy: one configuration index per operator, "
+            f"{table.ndim} indices below {table.shape}; got {best}"
+        )
+    if len(walk) != case["iterations"]:
+        raise AssertionError(
+            f"the walk has {len(walk)} entries for {case['iterations']} iterations: record the "
+            "current strategy's time after every iteration"
+        )
+    values = np.unique(table)
+    if not np.all(np.isin(walk, values)):
+        raise AssertionError("the walk holds times that no strategy has: record cost(current)")
+    if not math.isclose(float(best_time), float(table[best]), rel_tol=1e-12):
+        raise AssertionError(
+            f"best_time {float(best_time):.6g} s is not the cost of best ({table[best]:.6g} s)"
+        )
+    seen = min(float(table[tuple(case["start"])]), float(walk.min()))
+    if float(best_time) > seen:
+        raise AssertionError(
+            f"not keeping the best seen: the walk reached {seen * 1e3:.4f} ms but best is "
+            f"{float(best_time) * 1e3:.4f} ms (the last state, not the best one, is returned?)"
+        )
+    if float(best_time) > table.min():
+        raise AssertionError(
+            f"after {case['iterations']} proposals on {table.size} strategies the best is "
+            f"{float(best_time) * 1e3:.4f} ms, the exhaustive optimum {table.min() * 1e3:.4f} ms"
+        )
+
+
+def _judge_levels(got, case: dict) -> None:
+    table = np.asarray(case["table"], dtype=float)
+    walk = np.asarray(got[2], dtype=float).reshape(-1)
+    if len(walk) != case["iterations"]:
+        raise AssertionError(
+            f"the walk has {len(walk)} entries for {case['iterations']} iterations: record the "
+            "current strategy's time after every iteration"
+        )
+    level = np.abs(walk[:, None] - table[None, :]).argmin(axis=1)
+    frac = np.bincount(level, minlength=len(table)) / len(walk)
+    weights = np.exp(-case["beta"] * (table - table[0]))
+    want = weights / weights.sum()
+    shown = f"fractions of the walk at t0, t0 + d, t0 + 2d: {np.round(frac, 3).tolist()}"
+    if np.all(np.abs(frac - want) <= STATS_TOLERANCE):
+        return
+    rate = math.exp(-case["beta"] * (table[1] - table[0]))
+    if np.all(np.abs(frac - 1 / len(table)) <= STATS_TOLERANCE / 2):
+        raise AssertionError(
+            f"{shown}, nearly uniform: every worse move is accepted; accepting with exp(+beta "
+            f"delta)? A move worse by delta > 0 is accepted with probability exp(-beta delta) "
+            f"(here {rate:.2f} for one level), not min(1, exp(+beta delta)) = 1"
+        )
+    if frac[0] > 1 - STATS_TOLERANCE:
+        raise AssertionError(
+            f"{shown}: the walk never leaves the best state, so no worse move is accepted; "
+            f"accept a move worse by delta with probability exp(-beta delta) ({rate:.2f} here)"
+        )
+    raise AssertionError(
+        f"{shown}; the Boltzmann weights exp(-beta t) give {np.round(want, 3).tolist()} "
+        f"(+-{STATS_TOLERANCE}): accept a move worse by delta with probability exp(-beta delta) "
+        f"= {rate:.2f} for one level, every better or equal move always"
+    )
+
+
+def judge_search(answer: Callable, case: dict) -> None:
+    """Judge ``answer(case)``'s (best, best_time, walk) on one A8.2 case; raise naming the mistake."""
+    got = answer(case)
+    if not isinstance(got, (tuple, list)) or len(got) != 3:
+        raise AssertionError("mh_search must return a tuple (best, best_time, walk)")
+    if case["what"] in ("space", "hot"):
+        _judge_space(got, case)
+    else:
+        _judge_levels(got, case)
