@@ -1,4 +1,4 @@
-"""No lecture (the kit's plumbing). ``./kit test``: ruff on the code, then pytest on ``tests/`` and every notebook (what CI runs)."""
+"""No lecture (the kit's plumbing). ``./kit test``: ruff on the code, then pytest on ``tests/`` and every notebook (what CI runs); ``--quick`` a developer's subset."""
 
 from __future__ import annotations
 
@@ -8,16 +8,24 @@ from importlib.util import find_spec
 
 from course_kit.jobs.handover import ROOT, checkout_problem, hand_over
 
-__all__ = ["LINTED", "PYTEST_ARGS", "test_job"]
+__all__ = ["LINTED", "PYTEST_ARGS", "QUICK_ARGS", "test_job"]
 
 LINTED = ("course_lib", "course_grader", "course_kit", "tests", "bench")
 # Two workers: most tests wait on engines, ranks or a kernel, so two keep two cores busy. A file
 # stays on one worker (--dist loadfile): a module's fixtures start once and a notebook's cells
 # run in order in one kernel; each worker has its own engine pool.
 PYTEST_ARGS = ("tests", "notebooks", "-n", "2", "--dist", "loadfile", "--durations=30")
+# The inner loop (``--quick``, a few minutes): the library's tests and the layout's, no emulated
+# room, no MPI, nothing marked slow, no notebook; the grader's and the lab's whole runs are CI's.
+QUICK_ARGS = (
+    "tests/lib", "tests/test_layout.py", "tests/grader/assignments/test_checks_a1.py",
+    "tests/kit/jobs", "-n", "2", "--dist", "loadfile", "--durations=10",
+    "-m", "not slow and not room and not mpi",
+)  # fmt: skip
 USAGE = (
-    f"usage: ./kit test [PYTEST ARGS...]: ruff check and ruff format --check {' '.join(LINTED)}, then "
-    f"pytest {' '.join(PYTEST_ARGS)} PYTEST ARGS (pytest --help lists pytest's options)"
+    f"usage: ./kit test [--quick] [PYTEST ARGS...]: ruff check and ruff format --check "
+    f"{' '.join(LINTED)}, then pytest {' '.join(PYTEST_ARGS)} PYTEST ARGS (pytest --help lists "
+    f"pytest's options); --quick runs pytest {' '.join(QUICK_ARGS)} instead"
 )
 
 
@@ -40,4 +48,7 @@ def test_job(argv: list[str]) -> int:
         lint = subprocess.run([sys.executable, "-m", "ruff", *ruff, *LINTED], cwd=ROOT, check=False)
         if lint.returncode != 0:
             return lint.returncode
-    return hand_over([sys.executable, "-m", "pytest", *PYTEST_ARGS, *argv], ROOT)
+    args = PYTEST_ARGS
+    if argv[:1] == ["--quick"]:
+        args, argv = QUICK_ARGS, argv[1:]
+    return hand_over([sys.executable, "-m", "pytest", *args, *argv], ROOT)

@@ -47,7 +47,7 @@ _USAGE = {  # ./kit help's lines per job: (usage, what it does)
             ("lab mpi HOSTS.toml -- CMD", "CMD as MPI ranks on the lab's PCs"),
             ("lab start|status|stop|mpi SLURM.toml", "the same on a Slurm cluster ([slurm])")),
     "demo": (("demo [--engines N] [--kind local|mpi|connect]", "headless live demo on engines"),),
-    "test": (("test [PYTEST ARGS]", "ruff, then the whole test suite"),),
+    "test": (("test [--quick] [PYTEST ARGS]", "ruff, then the whole test suite (--quick: a subset)"),),
     "bench": (("bench NAME [ARGS] | --all | --help", "benchmarks in bench/"),),
     "doctor": (("doctor --profile NAME [--network] [--heatmap net.png]",
                 "check a running (lab) cluster"),),
