@@ -13,8 +13,8 @@ from __future__ import annotations
 import numpy as np
 
 from course_lib.collectives.common import TAGS, reduce_into, reducible_flat
-from course_lib.comm.buffers import Buffer, as_flat_array, chunk_bounds
-from course_lib.comm.communicator import Communicator
+from course_lib.comm.buffers import Buffer, as_flat_array, chunk_bounds, dtype_name
+from course_lib.comm.communicator import CommError, CommMismatchError, Communicator
 
 __all__ = ["ring_allgather", "ring_allreduce", "ring_reduce_scatter", "ring_schedule"]
 
@@ -45,10 +45,13 @@ def ring_reduce_scatter(
     bounds = chunk_bounds(arr.size, p)
     scratch = np.empty(bounds[0][1] - bounds[0][0], dtype=arr.dtype)  # chunk 0 is the longest
     right, left = (r + 1) % p, (r - 1) % p
-    for _, sent, got in ring_schedule(r, p)[: p - 1]:
-        (a, b), (c, d) = bounds[sent], bounds[got]
-        comm.sendrecv(arr[a:b], right, scratch[: d - c], left, tag=TAGS["ring_rs"], eager=eager)
-        reduce_into(arr[c:d], scratch[: d - c], op)
+    try:
+        for _, sent, got in ring_schedule(r, p)[: p - 1]:
+            (a, b), (c, d) = bounds[sent], bounds[got]
+            comm.sendrecv(arr[a:b], right, scratch[: d - c], left, tag=TAGS["ring_rs"], eager=eager)
+            reduce_into(arr[c:d], scratch[: d - c], op)
+    except CommError as exc:
+        raise _blame_sizes(comm, tensor, exc) from exc
     return tensor
 
 
@@ -65,9 +68,12 @@ def ring_allgather(comm: Communicator, tensor: Buffer, *, eager: bool = False) -
         return tensor
     bounds = chunk_bounds(arr.size, p)
     right, left = (r + 1) % p, (r - 1) % p
-    for _, sent, got in ring_schedule(r, p)[p - 1 :]:
-        (a, b), (c, d) = bounds[sent], bounds[got]
-        comm.sendrecv(arr[a:b], right, arr[c:d], left, tag=TAGS["ring_ag"], eager=eager)
+    try:
+        for _, sent, got in ring_schedule(r, p)[p - 1 :]:
+            (a, b), (c, d) = bounds[sent], bounds[got]
+            comm.sendrecv(arr[a:b], right, arr[c:d], left, tag=TAGS["ring_ag"], eager=eager)
+    except CommError as exc:
+        raise _blame_sizes(comm, tensor, exc) from exc
     return tensor
 
 
@@ -82,3 +88,38 @@ def ring_allreduce(
     """
     ring_reduce_scatter(comm, tensor, op, eager=eager)
     return ring_allgather(comm, tensor, eager=eager)
+
+
+def _blame_sizes(comm: Communicator, tensor: Buffer, exc: CommError) -> CommError:
+    """Return the error to raise for ``exc``: one naming the rank whose buffer differs, if any.
+
+    A rank sees only its neighbours: the one that catches a mismatch blamed its left neighbour
+    (even when its own size was the odd one), and the others timed out blaming theirs. So every
+    rank whose ring failed swaps its size and dtype with the others; where the reports differ,
+    the ranks outside the majority are named (with two ranks, or a tie, every size is listed).
+    """
+    arr, name = as_flat_array(tensor), dtype_name(tensor)
+    theirs, silent = comm.compare_after_failure(arr, name, isinstance(exc, CommMismatchError))
+    groups: dict[tuple[int, str], list[int]] = {}
+    for rank, value in sorted({comm.rank: (arr.size, name), **theirs}.items()):
+        groups.setdefault(value, []).append(rank)
+    if len(groups) == 1:
+        return exc  # the sizes agree (or nobody answered): not a mismatch, the error as it was
+
+    def has(value: tuple[int, str]) -> str:
+        ranks = groups[value]
+        who = f"rank {ranks[0]} has" if len(ranks) == 1 else f"ranks {ranks} have"
+        return f"{who} {value[0]} {value[1]} elements"
+
+    common = max(groups, key=lambda v: len(groups[v]))
+    if 2 * len(groups[common]) > len(theirs) + 1:  # a majority agrees: the others differ
+        verdict = "; ".join(has(v) for v in groups if v != common)
+        verdict += f" where the other ranks {groups[common]} have {common[0]} {common[1]}"
+    else:  # two ranks, or a tie: every size, none blamed
+        verdict = "; ".join(has(v) for v in groups)
+    unknown = f" (rank(s) {silent} did not report)" if silent else ""
+    return CommMismatchError(
+        f"rank {comm.rank}: the ring failed because the ranks' buffers differ: {verdict}"
+        f"{unknown}. Every rank must pass a buffer of the same size and dtype. What rank "
+        f"{comm.rank} saw itself: {exc}"
+    )

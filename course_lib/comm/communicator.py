@@ -37,6 +37,13 @@ __all__ = [
 
 TAG_LIMIT = 8192  # user tags are 0..8191; raw tags 2*tag and 2*tag+1 stay under MPI's minimum 32767
 _AGREE_TAG = 2 * TAG_LIMIT + 1  # raw tag of the header exchange before a built-in collective
+_REPORT_TAG = 2 * TAG_LIMIT + 3  # raw tag of the sizes swapped after a failed collective
+#: Seconds a rank that saw no mismatch waits for the others' reports after a failure: theirs
+#: are queued already when a rank caught one, and a rank that died must not cost a timeout more.
+_GLANCE = 0.5
+# Reports sent after a failure, with their buffers, never waited for: a rank that left never
+# reads its report, and a send's buffer freed while MPI may still read it would send garbage.
+_UNREAD_REPORTS: list[Any] = []
 _COLLECTIVES = ("allreduce", "broadcast", "allgather", "reduce_scatter", "barrier")
 
 
@@ -369,6 +376,44 @@ class Communicator(ABC):
             raise CommMismatchError(f"rank {self.rank} called {desc(mine)} but {others}")
         if name not in ("broadcast", "allgather", "barrier") and not self.reducible(dname):
             raise TypeError(f"the {self.backend} backend cannot reduce {dname}; convert to float32")
+
+    def compare_after_failure(
+        self, arr: np.ndarray, dname: str, mismatch_seen: bool
+    ) -> tuple[dict[int, tuple[int, str]], list[int]]:
+        """Swap this rank's buffer size and dtype with every rank after a failed collective.
+
+        For a collective written from point-to-point messages, which every rank whose call
+        failed calls in its error path: each rank talks only to some ranks (a ring: its two
+        neighbours), so the rank that catches a size mismatch cannot tell whether its own size
+        or its neighbour's is the odd one, and the ranks left waiting only time out. Returns
+        ``({rank: (size, dtype)}, ranks that did not answer)``. Where a mismatch is known (this
+        rank saw one, or a report says so) it waits up to twice the timeout, as the others
+        report only once their own waits have timed out; else only a glance (``_GLANCE``).
+        The reports a rank never read stay behind: rebuild the communicator after a failure.
+        """
+        mine = np.array([arr.size, DTYPE_NAMES.index(dname), int(mismatch_seen)], np.int64)
+        peers = [r for r in range(self.world_size) if r != self.rank]
+        theirs = {r: np.zeros(len(mine), np.int64) for r in peers}
+        recvs = {r: self._post_recv(theirs[r], r, _REPORT_TAG) for r in peers}
+        _UNREAD_REPORTS.append((mine, [self._post_send(mine, r, _REPORT_TAG) for r in peers]))
+        start, answered, known = time.time(), {}, mismatch_seen
+        # a second pass when a report said "mismatch" after the ones before it had been given up
+        for _ in range(2):
+            deadline = start + (2 * self.timeout if known else min(self.timeout, _GLANCE))
+            for r in [r for r in peers if r not in answered]:
+                try:
+                    if self._wait_raw(recvs[r], deadline):
+                        answered[r] = (int(theirs[r][0]), DTYPE_NAMES[int(theirs[r][1])])
+                        known = known or bool(theirs[r][2])
+                except CommError:  # a closed connection (gloo after a timeout): no report
+                    answered[r] = None
+            if not known or len(answered) == len(peers):
+                break
+        silent = [r for r in peers if answered.get(r) is None]
+        for r in silent:
+            if r not in answered:
+                self._cancel(recvs[r])
+        return {r: v for r, v in answered.items() if v is not None}, silent
 
     def allreduce(self, tensor: Buffer, op: str = "sum") -> Buffer:
         """Reduce ``tensor`` over all ranks in place with the backend's algorithm; every rank calls it."""

@@ -261,6 +261,23 @@ def suite_timeouts(comm) -> dict:
     return seen
 
 
+def suite_ring_sizes(comm) -> dict:
+    """Each rank in turn passes the ring one element more than the others (mpi: rebuilt after)."""
+    p, r, seen = comm.world_size, comm.rank, {}
+    for odd in range(p):
+        comm.timeout = 30.0
+        comm.barrier()  # start together, so that only the mismatch makes a rank wait
+        comm.timeout = SHORT
+        try:
+            C.ring_allreduce(comm, np.ones(12 * p + (r == odd), np.float32))
+            seen[str(odd)] = "no error"
+        except CommError as exc:
+            seen[str(odd)] = f"{type(exc).__name__}: {exc}"
+        comm.timeout = 30.0
+        comm.rebuild()  # the failed ring's messages stay behind in the old communicator
+    return seen
+
+
 def suite_p2p_timeout(comm) -> dict:
     """Rank 0 receives from rank N-1, which never sends; on its own world, as gloo then closes."""
     p, r, seen = comm.world_size, comm.rank, {}

@@ -78,6 +78,22 @@ def test_timeouts_name_the_silent_rank(backend, n):
     assert all(f"[{n - 1}]" in r["collective timeout"] for r in results[: n - 1])
 
 
+@pytest.mark.mpi
+@pytest.mark.timeout(200)
+def test_a_ring_of_unequal_sizes_names_the_rank_that_differs_on_every_rank():
+    # Each rank sees only its neighbours: the one that catches the mismatch blamed its left
+    # neighbour, and the others timed out blaming theirs (rank 0 named rank 2 when rank 0 or
+    # rank 1 had the odd size). Every rank must name the rank whose size differs.
+    if mpiexec() is None:
+        pytest.skip("no mpiexec beside this Python")
+    n = 3
+    results = launch("mpi", n, "ring_sizes")
+    for odd in range(n):
+        for res in results:
+            error = res[str(odd)]
+            assert f"rank {odd} has {12 * n + 1} float32" in error, (odd, res["rank"], error)
+
+
 @pytest.mark.timeout(200)
 def test_gloo_recv_timeout_names_the_silent_rank():
     # gloo closes every connection after a timeout, so this one gets a world of its own
