@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import csv
 import io
-import os
 import sys
-import tempfile
 from collections import defaultdict
 from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
@@ -19,6 +17,7 @@ from course_grader.cells import check_id, check_points
 from course_grader.grade import ExerciseResult, GradingLimits, grade_notebook, resolve_sandbox
 from course_grader.sandbox.config import SandboxLimits, grader_package, kit_package
 from course_grader.sandbox.integrity import EnvironmentGuard
+from course_lib.files import atomic_write_text
 
 __all__ = [
     "assignment_of",
@@ -183,19 +182,6 @@ def _grade_guarded(batch, pool, grade, guard: EnvironmentGuard) -> list[Exercise
     return rows
 
 
-def _atomic_write_text(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` through a temporary file, removed if anything fails."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8", newline="") as handle:
-            handle.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
 def write_gradebook(rows: list[ExerciseResult], path: Path, warning: str = "") -> None:
     """Write the gradebook CSV (student, assignment, exercise, points, max_points, reason).
 
@@ -208,7 +194,7 @@ def write_gradebook(rows: list[ExerciseResult], path: Path, warning: str = "") -
     writer.writerow(FIELDS)
     for row in rows:
         writer.writerow([getattr(row, field) for field in FIELDS])
-    _atomic_write_text(Path(path), buffer.getvalue())
+    atomic_write_text(Path(path), buffer.getvalue())
 
 
 def write_feedback(rows: list[ExerciseResult], folder: Path) -> list[Path]:
@@ -226,6 +212,6 @@ def write_feedback(rows: list[ExerciseResult], folder: Path) -> list[Path]:
             for r in results
         ]
         path = Path(folder) / f"{student}.md"
-        _atomic_write_text(path, "\n".join(lines) + "\n")
+        atomic_write_text(path, "\n".join(lines) + "\n")
         written.append(path)
     return written

@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import copy
 import hashlib
-import os
-import tempfile
 from pathlib import Path
 
 import nbformat
@@ -25,6 +23,7 @@ from course_grader.cells import (
     output_is_compared,
     stub_solution,
 )
+from course_lib.files import atomic_write_text
 
 __all__ = [
     "checking_copy",
@@ -43,15 +42,8 @@ CHECKING_NOTE = (
 
 def write_notebook_atomically(nb: nbformat.NotebookNode, path: Path) -> None:
     """Write ``nb`` to ``path`` through a temporary file, so a crash never leaves half a file."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".ipynb.tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            nbformat.write(nb, handle)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    text = nbformat.writes(nb)
+    atomic_write_text(path, text if text.endswith("\n") else text + "\n")  # as nbformat.write
 
 
 def release_notebook(source: nbformat.NotebookNode, assignment: str) -> nbformat.NotebookNode:

@@ -34,7 +34,7 @@ from typing import Any
 
 from course_kit.lab.hosts import LabHosts
 from course_kit.lab.mpi import MPI_ENV, lab_mpiexec, mpiexec_options
-from course_kit.lab.roster import write_atomically
+from course_lib.files import atomic_write_text
 
 __all__ = [
     "MPI_ENGINES_FILE",
@@ -85,7 +85,7 @@ def start_mpi_engines(
             start_new_session=True,  # its own group: stopping it ends hydra and its proxies
         )  # fmt: skip
     record = {"pid": proc.pid, "ids_by_rank": [], "hosts_file": str(hosts.path or "")}
-    write_atomically(security / MPI_ENGINES_FILE, json.dumps(record))
+    atomic_write_text(security / MPI_ENGINES_FILE, json.dumps(record))
     started, deadline, seen = time.monotonic(), time.monotonic() + timeout, -1
     while (count := len(set(client.ids) - before)) < ranks:
         if proc.poll() is not None:
@@ -106,7 +106,7 @@ def start_mpi_engines(
             f"the MPI engines report ranks {sorted(by_rank.values())}, not 0..{ranks - 1}"
         )
     record["ids_by_rank"] = ids = sorted(new, key=by_rank.__getitem__)
-    write_atomically(security / MPI_ENGINES_FILE, json.dumps(record))
+    atomic_write_text(security / MPI_ENGINES_FILE, json.dumps(record))
     progress(
         f"lab start: {ranks} of {ranks} MPI ranks registered "
         f"({time.monotonic() - started:.0f} s; engines {ids})"

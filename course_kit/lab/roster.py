@@ -24,13 +24,13 @@ from __future__ import annotations
 import json
 import os
 import socket
-import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from course_kit.lab.hosts import LabHosts, LabPC
+from course_lib.files import atomic_write_text
 
 __all__ = [
     "HEARTBEAT_MISSES",
@@ -41,7 +41,6 @@ __all__ = [
     "read_roster",
     "record_roster",
     "roster_report",
-    "write_atomically",
 ]
 
 # ipyparallel's defaults are a ping every 3 s and 10 misses (30-33 s to notice a dead engine);
@@ -55,7 +54,6 @@ ROSTER_FILE = "lab-roster.json"
 
 def engine_place() -> dict[str, Any]:
     """Return where this engine runs: host name, IPv4 addresses and pid (runs on the engine)."""
-    import os
     import socket
 
     import psutil
@@ -103,14 +101,6 @@ def read_roster(security: Path) -> dict[int, dict[str, Any]]:
     return {int(eid): row for eid, row in json.loads(path.read_text()).items()}
 
 
-def write_atomically(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` through a temporary file and a rename (readers see all or none)."""
-    handle, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
-    with os.fdopen(handle, "w") as out:
-        out.write(text)
-    os.replace(tmp, path)
-
-
 def record_roster(security: Path, hosts: LabHosts, client: Any, timeout: float = 60.0) -> None:
     """Ask the engines not yet in the roster where they run, and add them to it."""
     roster = {eid: row for eid, row in read_roster(security).items() if eid in client.ids}
@@ -120,7 +110,7 @@ def record_roster(security: Path, hosts: LabHosts, client: Any, timeout: float =
         place = result.get(timeout=timeout)
         pc = pc_of(hosts, place)
         roster[eid] = {"pc": pc.host if pc else None, "host": place["host"], "pid": place["pid"]}
-    write_atomically(security / ROSTER_FILE, json.dumps(roster, indent=1, sort_keys=True))
+    atomic_write_text(security / ROSTER_FILE, json.dumps(roster, indent=1, sort_keys=True))
 
 
 def _answers(client: Any, within: float) -> tuple[set[int], set[int]]:

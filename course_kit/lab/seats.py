@@ -39,6 +39,7 @@ from typing import Any
 
 from course_kit.lab.mpi_engines import mpi_engine_ids, restart_mpi_engines
 from course_lib.cluster.seat import SEATS_FILE, ask_seat_service, cluster_digest
+from course_lib.files import atomic_write_text
 
 __all__ = [
     "EXPIRY_SECONDS",
@@ -258,9 +259,7 @@ def serve(security: Path, host: str, address_for_clients: str) -> None:
         "pid": os.getpid(),
         "digest": server.seats.digest,
     }  # type: ignore[attr-defined]
-    tmp = security / f".{SEATS_FILE}.tmp"
-    tmp.write_text(json.dumps(record))
-    os.replace(tmp, security / SEATS_FILE)
+    atomic_write_text(security / SEATS_FILE, json.dumps(record))
     server.serve_forever()
 
 

@@ -210,14 +210,15 @@ def _job_line(job: str, record: dict[str, str], env: dict[str, str]) -> tuple[bo
 
 def _record_places(security: Path, client: Any, timeout: float) -> None:
     """Write the roster: every engine's node (from the engine itself), as ``lab start`` does."""
-    from course_kit.lab.roster import ROSTER_FILE, engine_place, write_atomically
+    from course_kit.lab.roster import ROSTER_FILE, engine_place
+    from course_lib.files import atomic_write_text
 
     places = {eid: client[eid].apply_async(engine_place) for eid in client.ids}
     roster = {}
     for eid, result in places.items():
         place = result.get(timeout=timeout)
         roster[eid] = {"pc": place["host"], "host": place["host"], "pid": place["pid"]}
-    write_atomically(security / ROSTER_FILE, json.dumps(roster, indent=1, sort_keys=True))
+    atomic_write_text(security / ROSTER_FILE, json.dumps(roster, indent=1, sort_keys=True))
 
 
 def start_slurm_lab(

@@ -30,6 +30,7 @@ import time
 from pathlib import Path
 
 from course_kit.room.namespaces import Room
+from course_lib.files import atomic_write_text
 
 __all__ = ["PARTITION", "slurm_down", "slurm_env", "slurm_unavailable_reason", "slurm_up"]
 
@@ -210,9 +211,7 @@ def _wait_for(condition, within: float, log: Path) -> None:  # noqa: ANN001
 
 
 def _write_pids(folder: Path, pids: dict[str, int]) -> None:
-    tmp = folder / f".{PIDS_FILE}.tmp"
-    tmp.write_text(json.dumps(pids))
-    os.replace(tmp, folder / PIDS_FILE)
+    atomic_write_text(folder / PIDS_FILE, json.dumps(pids))
 
 
 def slurm_down(folder: Path, wait: float = 10.0) -> list[str]:

@@ -1,7 +1,8 @@
 """Lectures 1 and 4: The checkpoint file: written atomically and durably, checked on load, the last few kept.
 
 A file is a header (magic, payload length, payload SHA-256) and a ``torch.save`` payload. A save
-goes through a temporary file in the same folder (fsync, ``os.replace``, fsync of the folder);
+goes through a temporary file in the same folder (fsync, ``os.replace``, fsync of the folder:
+:func:`course_lib.files.atomic_write_bytes`);
 see :mod:`course_lib.checkpoint` for why, and for what the payload holds.
 """
 
@@ -18,6 +19,8 @@ from typing import Any
 
 import torch
 from torch import nn
+
+from course_lib.files import PARTIAL_SUFFIX, atomic_write_bytes
 
 __all__ = [
     "FORMAT",
@@ -81,33 +84,6 @@ def latest_checkpoint(folder: str | os.PathLike) -> Path | None:
     return files[-1] if files else None
 
 
-def _write_durably(path: Path, data: bytes) -> None:
-    """Write ``data`` to ``path`` atomically: temp file, fsync, os.replace, fsync the folder."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.partial")
-    try:
-        with open(tmp, "wb") as handle:
-            _write_all(handle, data)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
-    except BaseException:  # a full disk, say; a killed process leaves it to the next save
-        tmp.unlink(missing_ok=True)
-        raise
-    # The rename lives in the folder's entry: without this fsync a power cut can undo it.
-    folder = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(folder)
-    finally:
-        os.close(folder)
-
-
-def _write_all(handle: io.BufferedWriter, data: bytes, chunk: int = 1 << 20) -> None:
-    """Write ``data`` in 1 MiB pieces (a large checkpoint is several writes, as on disk)."""
-    view = memoryview(data)
-    for start in range(0, len(view), chunk):
-        handle.write(view[start : start + chunk])
-
-
 def save_checkpoint(
     where: CheckpointConfig | str | os.PathLike, checkpoint: dict[str, Any]
 ) -> Path:
@@ -118,14 +94,14 @@ def save_checkpoint(
     config = where if isinstance(where, CheckpointConfig) else CheckpointConfig(where)
     folder = Path(config.folder)
     folder.mkdir(parents=True, exist_ok=True)
-    for stale in folder.glob(".*.partial"):  # left by a save that was killed
+    for stale in folder.glob(f".*{PARTIAL_SUFFIX}"):  # left by a save that was killed
         stale.unlink(missing_ok=True)
     buffer = io.BytesIO()
     torch.save(checkpoint, buffer)
     payload = buffer.getvalue()
     header = HEADER.pack(MAGIC, len(payload), hashlib.sha256(payload).digest())
     path = folder / f"epoch{checkpoint['epochs_done']:04d}-step{checkpoint['steps_done']:06d}.ckpt"
-    _write_durably(path, header + payload)
+    atomic_write_bytes(path, header + payload)
     # Later positions are from a run this one resumed from an earlier point: superseded.
     kept = [p for p in checkpoint_files(folder) if p.name <= path.name]
     for old in [p for p in checkpoint_files(folder) if p.name > path.name] + kept[: -config.keep]:

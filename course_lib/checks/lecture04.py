@@ -34,8 +34,6 @@ __all__ = [
     "REFUSED",
     "check_parameter_server",
     "check_sync_time",
-    "stub_ps_average",
-    "stub_sync_time",
 ]
 
 EXERCISE_METHOD = "exercise_4_1"
@@ -68,11 +66,6 @@ def check_digits() -> TensorDataset:
 
 
 # ---- Exercise 4.1: the parameter server's averaging -------------------------------------------
-def stub_ps_average(comm: Communicator, flat: np.ndarray) -> None:
-    """The released stub of Exercise 4.1."""
-    raise NotImplementedError("Exercise 4.1: write the parameter server's averaging")
-
-
 def _exercise_exchange(fn: Callable) -> Any:
     """Return an exchange method (named ``EXERCISE_METHOD``) that averages with ``fn(comm, flat)``.
 
@@ -171,11 +164,6 @@ def check_parameter_server(
 
 
 # ---- Exercise 4.2: predict one exchange ---------------------------------------------------------
-def stub_sync_time(method: str, nbytes: float, world_size: int, alpha: float, beta: float) -> float:
-    """The released stub of Exercise 4.2."""
-    raise NotImplementedError("Exercise 4.2: predict the exchange's time")
-
-
 def _model_sync_time(
     method: str, nbytes: float, world_size: int, alpha: float, beta: float
 ) -> float:

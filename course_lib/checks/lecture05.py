@@ -19,8 +19,6 @@ __all__ = [
     "REFUSED",
     "check_ssp_gate",
     "check_staleness",
-    "stub_may_proceed",
-    "stub_staleness",
 ]
 
 _LEDGER = "course_lib.parallel.asynchronous.staleness.StalenessLedger"
@@ -37,11 +35,6 @@ REFUSED = {  # exercise -> the library functions that answer it, and what to wri
 
 
 # ---- Exercise 5.1: staleness of a scripted order ------------------------------------------------
-def stub_staleness(order: list[int], workers: int) -> list[int]:
-    """The released stub of Exercise 5.1."""
-    raise NotImplementedError("Exercise 5.1: compute the staleness of each applied gradient")
-
-
 def _orders(seed: int, count: int) -> list[tuple[list[int], int]]:
     rng = random.Random(seed)
     cases = [([1, 2, 1, 2], 2), ([1, 1, 1, 2], 2), ([3, 1, 2, 1, 1, 3], 3)]
@@ -79,13 +72,6 @@ def check_staleness(fn: Callable, *, verbose: bool = True) -> Verdict:
 
 
 # ---- Exercise 5.2: the SSP gate -----------------------------------------------------------------
-def stub_may_proceed(
-    clocks: dict[int, int], live: set[int], worker: int, bound: int | None
-) -> bool:
-    """The released stub of Exercise 5.2."""
-    raise NotImplementedError("Exercise 5.2: write the stale-synchronous gate")
-
-
 class _StudentGate(StalenessLedger):
     def __init__(self, workers: list[int], bound: int | None, fn: Callable) -> None:
         super().__init__(workers, bound)

@@ -28,8 +28,6 @@ __all__ = [
     "check_gossip_matrix",
     "check_spectral_gap",
     "eigenvalue_gap",
-    "stub_gossip_matrix",
-    "stub_spectral_gap",
     "wrong_gossip_matrix",
 ]
 
@@ -46,11 +44,6 @@ REFUSED = {  # exercise -> the library functions that answer it, and what to wri
 
 
 # ---- Exercise 6.1: the mixing matrix of one gossip step -----------------------------------------
-def stub_gossip_matrix(world_size: int, s: int) -> np.ndarray:
-    """The released stub of Exercise 6.1."""
-    raise NotImplementedError("Exercise 6.1: build the gossip step's mixing matrix")
-
-
 def wrong_gossip_matrix(world_size: int, s: int) -> np.ndarray:
     """A tempting mistake: assignments instead of additions, so a shared partner gets only 1/3."""
     w = np.zeros((world_size, world_size))
@@ -91,11 +84,6 @@ def check_gossip_matrix(fn: Callable, *, verbose: bool = True) -> Verdict:
 
 
 # ---- Exercise 6.2: the spectral gap -------------------------------------------------------------
-def stub_spectral_gap(w: np.ndarray) -> float:
-    """The released stub of Exercise 6.2."""
-    raise NotImplementedError("Exercise 6.2: compute the spectral gap")
-
-
 def eigenvalue_gap(w: np.ndarray) -> float:
     """A tempting shortcut: 1 - the second-largest |eigenvalue|; wrong for non-symmetric W."""
     values = np.sort(np.abs(np.linalg.eigvals(w)))

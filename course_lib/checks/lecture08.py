@@ -32,7 +32,6 @@ __all__ = [
     "check_values_sent",
     "one_hop_regime_rate",
     "stub_regime_rate",
-    "stub_values_sent",
     "two_messages_values_sent",
 ]
 
@@ -45,11 +44,6 @@ REFUSED = {  # the library function that answers the exercise, and what to write
 
 
 # ---- Exercise 8.1: predict the values sent ------------------------------------------------------
-def stub_values_sent(averaging: str, size: int, world_size: int, steps: int, period: int) -> float:
-    """The released stub of Exercise 8.1."""
-    raise NotImplementedError("Exercise 8.1: predict the values one rank sends")
-
-
 def two_messages_values_sent(
     averaging: str, size: int, world_size: int, steps: int, period: int
 ) -> float:

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import os
-import tempfile
 from pathlib import Path
 
 import course_lib
+from course_lib.files import atomic_write_bytes  # the one writer; kept here for lecture 1
 
 __all__ = ["ENV_VAR", "datasets_dir", "cache_dir", "atomic_write_bytes"]
 
@@ -28,23 +28,4 @@ def cache_dir(root: str | os.PathLike | None = None) -> Path:
     """Return the (git-ignored) cache folder inside :func:`datasets_dir`, creating it."""
     path = datasets_dir(root) / "cache"
     path.mkdir(parents=True, exist_ok=True)
-    return path
-
-
-def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> Path:
-    """Write ``data`` to ``path`` through a temporary file and ``os.replace``.
-
-    A reader (or a second engine writing the same file) sees the old file or the new one,
-    never a half-written one.
-    """
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
     return path

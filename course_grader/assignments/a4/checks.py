@@ -35,7 +35,8 @@ from course_grader.assignments.a4.judge import (
     local_sgd_shards,
     simulate_local_sgd_numpy,
 )
-from course_lib.checks.verdict import Verdict, reraise_stub, run_check
+from course_grader.assignments.engine_check import cluster_run, run_engine_check
+from course_lib.checks.verdict import Verdict
 
 __all__ = [
     "A4_DETAILS",
@@ -152,20 +153,17 @@ def _check(
     verbose: bool,
 ) -> Verdict:
     def body() -> str:
-        assert cluster.world_size == 4, f"the check needs 4 engines, not {cluster.world_size}"
         # The function runs on the engines; under its own name there, later answers can call it.
         cluster.view.push({fn.__name__: fn}, block=True)
         for args in cases:
-            try:
-                reasons = cluster.run(runner, fn, *args, comm_name, timeout=60)
-            except Exception as exc:
-                reraise_stub(exc)
-                raise
-            for why in reasons:
+            for why in cluster_run(cluster, runner, fn, *args, comm_name, timeout=60):
                 assert not why, why
         return detail
 
-    return run_check(exercise, name, body, max_points=A4_POINTS[exercise], verbose=verbose)
+    points = A4_POINTS[exercise]
+    return run_engine_check(
+        exercise, name, cluster, body, world_size=4, max_points=points, verbose=verbose
+    )
 
 
 def check_weighted_average(

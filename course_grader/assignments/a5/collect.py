@@ -4,8 +4,8 @@ The notebook's check cells call these functions in the kernel and judge what the
 :mod:`course_grader.assignments.a5.exchange`; the grader ships this module's *source* into
 the graded kernel (where ``course_lib.checks`` is hidden) and judges the same data in its own
 process. So this module imports nothing from ``course_lib.checks`` and returns arrays, numbers and
-strings, never the answer's objects. The inner compressors that A5.4 wraps are the block formats
-(the checks' reference compares them bit for bit with its own).
+strings, never the answer's objects. The inner compressors that A5.4 wraps are the block formats;
+the judges in :mod:`course_grader.assignments.a5.exchange` compare with these same compressors.
 """
 
 from __future__ import annotations

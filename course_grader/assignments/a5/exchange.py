@@ -1,7 +1,8 @@
 """The exchange's part of assignment A5's checks: error feedback, compressor objects, training.
 
 A5.4 checks error feedback step by step and by its running sum (what is not sent now is sent
-later) around the reference compressors at the end of this module;
+later) around the block formats of :func:`course_grader.assignments.a5.collect.inner_compressor`
+(the very compressors the answer wraps);
 A5.5 sends the student's compressor objects' payloads through the wire format; A5.6 trains on
 real engines through the kit's compressed exchange, which must reach the float32 run's test
 accuracy (within :data:`A5_ACCURACY_SLACK`) in the same steps. What the answer does is
@@ -15,7 +16,6 @@ checks' own inputs; the grader passes a fresh one.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
 
 import numpy as np
 
@@ -24,15 +24,13 @@ from course_grader.assignments.a5.collect import (
     A5_CONFIG,
     EF_PROBE_CALLS,
     EF_PROBE_SMALL,
+    inner_compressor,
 )
-from course_lib.compression.base import Compressor, Payload
 
 __all__ = [
     "A5_ACCURACY_SLACK",
     "A5_BLOCK",
     "A5_CONFIG",
-    "ReferenceBlockInt8",
-    "ReferenceBlockTopK",
     "block_int8_bytes",
     "block_topk_bytes",
     "blocks",
@@ -84,11 +82,7 @@ def error_feedback_body(collect: Callable[[dict], list], seed: int | None = None
     """A5.4's judge: ``collect(case)`` (what each call sent) is compress(g + residual) by name."""
     for case in error_feedback_cases(seed):
         label = case["label"]
-        inner = (
-            ReferenceBlockInt8(case["block"])
-            if case["kind"] == "int8"
-            else ReferenceBlockTopK(case["block"], case["k"])
-        )
+        inner = inner_compressor(case["kind"], int(case["block"]), int(case["k"]))
         sent_all = collect(case)
         residual = {n: np.zeros(size, np.float32) for n, size in _EF_NAMES.items()}
         total_g = {n: np.zeros(size) for n, size in _EF_NAMES.items()}
@@ -161,7 +155,7 @@ def compressors_body(collect: Callable[[dict], tuple], seed: int | None = None) 
         if case["kind"] == "int8":
             want = reference_decode(*reference_encode(g, block), block)
         else:
-            ref = ReferenceBlockTopK(block, k)
+            ref = inner_compressor("topk", block, k)
             want = ref.decode_values(ref.compress(g)[0])
         assert len(result) == 1 and np.array_equal(np.asarray(result[0]).reshape(-1), want), (
             f"{label}: decompress(compress(g)) after the wire differs from your functions' "
@@ -244,40 +238,3 @@ def block_int8_bytes(n: int, block: int) -> int:
 def block_topk_bytes(n: int, block: int, k: int) -> int:
     """Return the payload bytes of block top-k: a uint32 index and a float32 value per kept value."""
     return 8 * sum(min(k, hi - lo) for lo, hi in blocks(n, block))
-
-
-class ReferenceBlockInt8(Compressor):
-    """Block int8 max-abs as a compressor: :func:`reference_encode`, :func:`reference_decode`."""
-
-    name = "ref_block_int8"
-
-    def __init__(self, block: int) -> None:
-        self.block = block
-
-    def compress(self, tensor: Any, name: str = "") -> tuple[Payload, Any]:
-        g = np.asarray(tensor, np.float32).reshape(-1)
-        q, scales = reference_encode(g, self.block)
-        return Payload(self.name, (g.size,), "float32", {"q": q, "scales": scales}), None
-
-    def decode_values(self, payload: Payload) -> np.ndarray:
-        return reference_decode(payload.parts["q"], payload.parts["scales"], self.block)
-
-
-class ReferenceBlockTopK(Compressor):
-    """Block top-k as a compressor: :func:`reference_topk`, a uint32 index and a value each."""
-
-    name = "ref_block_topk"
-
-    def __init__(self, block: int, k: int) -> None:
-        self.block, self.k = block, k
-
-    def compress(self, tensor: Any, name: str = "") -> tuple[Payload, Any]:
-        g = np.asarray(tensor, np.float32).reshape(-1)
-        idx = reference_topk(g, self.block, self.k)
-        parts = {"indices": idx.astype(np.uint32), "values": g[idx]}
-        return Payload(self.name, (g.size,), "float32", parts), None
-
-    def decode_values(self, payload: Payload) -> np.ndarray:
-        out = np.zeros(payload.numel, np.float32)
-        out[payload.parts["indices"]] = payload.parts["values"]
-        return out

@@ -43,7 +43,12 @@ from course_grader.assignments.a6.row_parallel import (
     judge_row_training,
     row_parallel_cases,
 )
-from course_lib.checks.verdict import Verdict, reraise_stub, run_check
+from course_grader.assignments.engine_check import (
+    judge_ranks,
+    run_engine_check,
+    shipped_case_runner,
+)
+from course_lib.checks.verdict import Verdict
 
 __all__ = [
     "A6_DETAILS",
@@ -90,16 +95,11 @@ def _judge_rank(exercise: str, case: dict, rank: int, world_size: int, data: Any
 
 def a6_body(exercise: str, run_case: Callable[[dict], Any], seed: int | None = None) -> str:
     """Judge ``run_case(case)`` (every rank's (rank, world size, data)) case by case."""
-    for case in a6_cases(exercise, seed):
-        ranks = run_case(case)
-        assert isinstance(ranks, list) and ranks, "the engines returned no result"
-        results = sorted((int(r[0]), int(r[1]), r[2]) for r in ranks if len(r) == 3)
-        world_size = results[0][1] if results else 0
-        assert world_size == 3, f"the check needs 3 engines, not {world_size}"
-        assert [r[0] for r in results] == [0, 1, 2], "the engines' results are not one per rank"
-        for rank, _, data in results:  # the first rank with a problem names it
-            why = _judge_rank(exercise, case, rank, world_size, data)
-            assert not why, why
+
+    def judge(case: dict, rank: int, world_size: int, data: Any) -> str:
+        return _judge_rank(exercise, case, rank, world_size, data)
+
+    judge_ranks(a6_cases(exercise, seed), run_case, judge, world_size=3)
     return A6_DETAILS[exercise]
 
 
@@ -120,21 +120,12 @@ def _check(
     exercise: str, name: str, payload: Any, cluster: Any, comm_name: str, verbose: bool
 ) -> Verdict:
     def body() -> str:
-        import cloudpickle
+        return a6_body(exercise, shipped_case_runner(cluster, _run, payload, comm_name))
 
-        assert cluster.world_size == 3, f"the check needs 3 engines, not {cluster.world_size}"
-        blob = cloudpickle.dumps(payload)  # by value: notebook functions and their helpers
-
-        def run_case(case: dict) -> Any:
-            try:
-                return cluster.run(_run, blob, case, comm_name, timeout=120)
-            except Exception as exc:
-                reraise_stub(exc)
-                raise
-
-        return a6_body(exercise, run_case)
-
-    return run_check(exercise, name, body, max_points=A6_POINTS[exercise], verbose=verbose)
+    points = A6_POINTS[exercise]
+    return run_engine_check(
+        exercise, name, cluster, body, world_size=3, max_points=points, verbose=verbose
+    )
 
 
 def check_row_parallel_forward(

@@ -21,7 +21,12 @@ from typing import Any
 
 from course_grader.assignments.a7.collect import TRAIN_STEPS
 from course_grader.assignments.a7.judge import a7_cases, judge_rank
-from course_lib.checks.verdict import Verdict, reraise_stub, run_check
+from course_grader.assignments.engine_check import (
+    judge_ranks,
+    run_engine_check,
+    shipped_case_runner,
+)
+from course_lib.checks.verdict import Verdict
 
 __all__ = [
     "A7_DETAILS",
@@ -49,16 +54,11 @@ A7_DETAILS = {
 
 def a7_body(exercise: str, run_case: Callable[[dict], Any], seed: int | None = None) -> str:
     """Judge ``run_case(case)`` (every rank's (rank, world size, data)) case by case."""
-    for case in a7_cases(exercise, seed):
-        ranks = run_case(case)
-        assert isinstance(ranks, list) and ranks, "the engines returned no result"
-        results = sorted((int(r[0]), int(r[1]), r[2]) for r in ranks if len(r) == 3)
-        world_size = results[0][1] if results else 0
-        assert world_size == 3, f"the check needs 3 engines, not {world_size}"
-        assert [r[0] for r in results] == [0, 1, 2], "the engines' results are not one per rank"
-        for rank, _, data in results:  # the first rank with a problem names it
-            why = judge_rank(exercise, case, rank, world_size, data)
-            assert not why, why
+
+    def judge(case: dict, rank: int, world_size: int, data: Any) -> str:
+        return judge_rank(exercise, case, rank, world_size, data)
+
+    judge_ranks(a7_cases(exercise, seed), run_case, judge, world_size=3)
     return A7_DETAILS[exercise]
 
 
@@ -87,21 +87,12 @@ def _check(
     exercise: str, name: str, answer: Callable, cluster: Any, comm_name: str, verbose: bool
 ) -> Verdict:
     def body() -> str:
-        import cloudpickle
+        return a7_body(exercise, shipped_case_runner(cluster, _run, answer, comm_name))
 
-        assert cluster.world_size == 3, f"the check needs 3 engines, not {cluster.world_size}"
-        blob = cloudpickle.dumps(answer)  # by value: notebook functions and their helpers
-
-        def run_case(case: dict) -> Any:
-            try:
-                return cluster.run(_run, blob, case, comm_name, timeout=120)
-            except Exception as exc:
-                reraise_stub(exc)
-                raise
-
-        return a7_body(exercise, run_case)
-
-    return run_check(exercise, name, body, max_points=A7_POINTS[exercise], verbose=verbose)
+    points = A7_POINTS[exercise]
+    return run_engine_check(
+        exercise, name, cluster, body, world_size=3, max_points=points, verbose=verbose
+    )
 
 
 def check_reduce_scatter_mean(

@@ -33,7 +33,6 @@ __all__ = [
     "RunSpec",
     "broadcast_parameters",
     "engine_comm_key",
-    "engine_link_model",
     "engine_prepare",
     "engine_progress",
     "engine_train",
@@ -133,17 +132,6 @@ def engine_comm_key(new: str | None = None) -> str | None:
     if new is not None:
         ns["_course_dp_comm_key"] = new
     return ns.get("_course_dp_comm_key")
-
-
-def engine_link_model(comm_name: str) -> tuple[float, float]:
-    """Return ``(alpha, beta)`` of the real link between ranks 0 and 1, by ping-pong; all call it."""
-    from IPython import get_ipython
-
-    from course_lib.cost_model.alpha_beta import ping_pong
-
-    comm = get_ipython().user_ns[comm_name]
-    model = ping_pong(comm, sizes=[2**k for k in range(10, 23, 3)], repeats=3).model
-    return model.alpha, model.beta
 
 
 def engine_progress() -> int:

@@ -44,7 +44,6 @@ __all__ = [
     "formula_bytes",
     "held_bytes",
     "rss_bytes",
-    "state_bytes_per_value",
 ]
 
 LEDGER_KEYS = ("ledger_params_bytes", "ledger_grads_bytes", "ledger_optimizer_bytes")
@@ -75,15 +74,6 @@ def held_bytes(tensors: Iterable[torch.Tensor | None], seen: set[int]) -> int:
         seen.add(key)
         total += storage.nbytes()
     return total
-
-
-def state_bytes_per_value(optimizer: Any) -> int:
-    """Return the optimiser state's bytes per float32 value: Adam 8 (m, v), SGD with momentum 4."""
-    name = type(optimizer).__name__
-    if name in ("Adam", "AdamW"):
-        return 8
-    momentum = optimizer.param_groups[0].get("momentum", 0) if name == "SGD" else 0
-    return 4 if momentum else 0
 
 
 def formula_bytes(stage: int, psi: float, world_size: int, k: int = 8) -> float:

@@ -11,10 +11,7 @@ data collector ``a3_engine``.
 
 from __future__ import annotations
 
-import base64
 import copy
-import io
-import json
 import re
 import subprocess
 import sys
@@ -23,6 +20,7 @@ from pathlib import Path
 import nbformat
 import numpy as np
 import pytest
+from probe_lines import probe_line
 
 from course_grader.assignments.a3.checks import A3_POINTS, PROBE_SIZES, PS_CASES, layout_cases
 from course_grader.assignments.a3.engine import a3net_sizes, probe_gradients
@@ -34,7 +32,7 @@ from course_grader.assignments.a3.judge import (
 from course_grader.assignments.a3.probe import a3_spec, kit_hidden
 from course_grader.cells import answer_id
 from course_grader.grade import GradingLimits, grade_notebook
-from course_grader.verdict.probe import MARK, judge
+from course_grader.verdict.probe import judge
 from course_lib.parallel.exchanges.parameter_server import source000_combine
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -42,23 +40,6 @@ SOURCE = ROOT / "assignments" / "source" / "A3_data_parallel.ipynb"
 RELEASED = ROOT / "notebooks" / "assignments" / "A3_data_parallel.ipynb"
 LIMITS = GradingLimits(cell_seconds=240, total_seconds=900)
 SEED = 77
-
-
-def _enc(x):
-    """Encode one value as the probe cell's kernel code does (arrays as .npy, no pickle)."""
-    if isinstance(x, (tuple, list)):
-        return {type(x).__name__: [_enc(v) for v in x]}
-    if x is None:
-        return {"none": 1}
-    if isinstance(x, str):
-        return {"str": x}
-    buf = io.BytesIO()
-    np.save(buf, np.asarray(x), allow_pickle=False)
-    return {"npy": base64.b64encode(buf.getvalue()).decode()}
-
-
-def _line(results: list) -> str:
-    return MARK + json.dumps([{"value": _enc(r)} for r in results])
 
 
 def _ps_ranks(size: int, server: int, *, source000: bool = False) -> list[tuple]:
@@ -92,17 +73,17 @@ def _ps_training(*, off: float = 0.0) -> tuple:
 def test_the_grader_judges_a3_1_from_data_with_the_notebooks_reasons():
     spec = a3_spec()
     right = [_ps_ranks(size, server) for size, server in PS_CASES]
-    passed, reason = judge(spec, "A3.1", SEED, _line([*right, _ps_training()]))
+    passed, reason = judge(spec, "A3.1", SEED, probe_line([*right, _ps_training()]))
     assert (passed, reason) == (True, "PASS"), reason
     wrong = [_ps_ranks(size, server, source000=True) for size, server in PS_CASES]
-    passed, reason = judge(spec, "A3.1", SEED, _line([*wrong, _ps_training()]))
+    passed, reason = judge(spec, "A3.1", SEED, probe_line([*wrong, _ps_training()]))
     assert not passed and reason.startswith(
         "FAIL (size 1, server rank 0: rank 0 holds source 000's published combination"
     ), reason
-    passed, reason = judge(spec, "A3.1", SEED, _line([*right, _ps_training(off=1e-2)]))
+    passed, reason = judge(spec, "A3.1", SEED, probe_line([*right, _ps_training(off=1e-2)]))
     assert not passed and "agree with each other but not with one process" in reason, reason
     # The right numbers for another seed's gradients (held from an earlier run) fail.
-    passed, reason = judge(spec, "A3.1", SEED + 1, _line([*right, _ps_training()]))
+    passed, reason = judge(spec, "A3.1", SEED + 1, probe_line([*right, _ps_training()]))
     assert not passed and "server rank 0: rank 0" in reason, reason
 
 
@@ -116,30 +97,32 @@ def _ring_ranks(size: int, *, whole_buffers: bool = False) -> list[tuple]:
 def test_the_grader_judges_a3_3_probes_from_data_with_the_notebooks_reasons():
     spec = a3_spec()
     whole = [_ring_ranks(size, whole_buffers=True) for size in PROBE_SIZES]
-    passed, reason = judge(spec, "A3.3", SEED, _line(whole))
+    passed, reason = judge(spec, "A3.3", SEED, probe_line(whole))
     assert reason == (
         "FAIL (size 1: rank 0 sent 12 bytes; a ring allreduce sends 2(N-1)/N of the buffer, "
         "0 to 8 bytes here: one chunk of S/N per step, N - 1 steps of reduce-scatter then N - 1 "
         "of allgather)"
     ), reason
     right = [_ring_ranks(size) for size in PROBE_SIZES]
-    passed, reason = judge(spec, "A3.3", SEED, _line(right))  # the probes pass; no training run
+    passed, reason = judge(
+        spec, "A3.3", SEED, probe_line(right)
+    )  # the probes pass; no training run
     assert reason == "FAIL (the answer returned no result for this case)", reason
-    passed, reason = judge(spec, "A3.3", SEED, _line([*right, "trained"]))
+    passed, reason = judge(spec, "A3.3", SEED, probe_line([*right, "trained"]))
     assert reason == "FAIL (the training run returned no result)", reason
 
 
 def test_the_grader_judges_a3_2_from_the_buckets_alone():
     spec = a3_spec()
     layouts = [reference_layout(sizes, cap) for sizes, cap in layout_cases(SEED)]
-    assert judge(spec, "A3.2", SEED, _line(["ValueError"] * 2 + layouts)) == (True, "PASS")
+    assert judge(spec, "A3.2", SEED, probe_line(["ValueError"] * 2 + layouts)) == (True, "PASS")
     forward = [  # the same rule, first to last
         [[len(sizes) - 1 - i for i in b] for b in reference_layout(sizes[::-1], cap)]
         for sizes, cap in layout_cases(SEED)
     ]
-    passed, reason = judge(spec, "A3.2", SEED, _line(["ValueError"] * 2 + forward))
+    passed, reason = judge(spec, "A3.2", SEED, probe_line(["ValueError"] * 2 + forward))
     assert not passed and "start from the last parameter" in reason, reason
-    passed, reason = judge(spec, "A3.2", SEED, _line(["no error", "ValueError", *layouts]))
+    passed, reason = judge(spec, "A3.2", SEED, probe_line(["no error", "ValueError", *layouts]))
     assert reason == ("FAIL (bucket_bytes=0 must raise ValueError (a bucket holds bytes))"), reason
 
 

@@ -9,46 +9,27 @@ reason that names it.
 
 from __future__ import annotations
 
-import base64
 import copy
-import io
-import json
 import re
 from pathlib import Path
 
 import nbformat
 import numpy as np
 import pytest
+from probe_lines import probe_line
 
 from course_grader.assignments.a4.checks import A4_POINTS
 from course_grader.assignments.a4.judge import average_inputs
 from course_grader.assignments.a4.probe import a4_cases, a4_spec
 from course_grader.cells import answer_id
 from course_grader.grade import GradingLimits, grade_notebook
-from course_grader.verdict.probe import MARK, judge
+from course_grader.verdict.probe import judge
 
 ROOT = Path(__file__).resolve().parents[3]
 SOURCE = ROOT / "assignments" / "source" / "A4_local_sgd_gossip.ipynb"
 RELEASED = ROOT / "notebooks" / "assignments" / "A4_local_sgd_gossip.ipynb"
 LIMITS = GradingLimits(cell_seconds=90, total_seconds=600)
 SEED = 1234
-
-
-def _enc(x):
-    """Encode one value as the probe cell's kernel code does (arrays as .npy, no pickle)."""
-    if isinstance(x, (tuple, list)):
-        return {type(x).__name__: [_enc(v) for v in x]}
-    if x is None:
-        return {"none": 1}
-    if isinstance(x, str):
-        return {"str": x}
-    buf = io.BytesIO()
-    np.save(buf, np.asarray(x), allow_pickle=False)
-    return {"npy": base64.b64encode(buf.getvalue()).decode()}
-
-
-def _line(per_case: list[list[tuple]]) -> str:
-    return MARK + json.dumps([{"value": _enc(ranks)} for ranks in per_case])
 
 
 def _average_ranks(case: dict, *, plain: bool = False, p2p: bool = False) -> list[tuple]:
@@ -66,27 +47,32 @@ def _average_ranks(case: dict, *, plain: bool = False, p2p: bool = False) -> lis
 
 def test_the_grader_judges_a4_1_from_data_with_the_notebooks_reasons():
     spec, cases = a4_spec(), a4_cases("average", SEED)
-    assert judge(spec, "A4.1", SEED, _line([_average_ranks(c) for c in cases])) == (True, "PASS")
+    assert judge(spec, "A4.1", SEED, probe_line([_average_ranks(c) for c in cases])) == (
+        True,
+        "PASS",
+    )
     passed, reason = judge(
-        spec, "A4.1", SEED, _line([_average_ranks(c, plain=True) for c in cases])
+        spec, "A4.1", SEED, probe_line([_average_ranks(c, plain=True) for c in cases])
     )
     assert not passed and reason == (
         "FAIL (size 1 (float32): the result on rank 0 is wrong "
         "(that is the plain mean; weight each rank's w by its n))"
     ), reason
-    passed, reason = judge(spec, "A4.1", SEED, _line([_average_ranks(c, p2p=True) for c in cases]))
+    passed, reason = judge(
+        spec, "A4.1", SEED, probe_line([_average_ranks(c, p2p=True) for c in cases])
+    )
     assert (
         not passed
         and reason == "FAIL (rank 0 sent point-to-point messages to [1]; use the allreduce)"
     )
     # Right numbers for another seed's inputs (results held from an earlier run) fail.
-    passed, reason = judge(spec, "A4.1", SEED + 1, _line([_average_ranks(c) for c in cases]))
+    passed, reason = judge(spec, "A4.1", SEED + 1, probe_line([_average_ranks(c) for c in cases]))
     assert not passed and "the result on rank 0 is wrong" in reason, reason
     three = [_average_ranks(c)[:3] for c in cases]
-    passed, reason = judge(spec, "A4.1", SEED, _line(three))
+    passed, reason = judge(spec, "A4.1", SEED, probe_line(three))
     assert reason == "FAIL (the engines' results do not come one from each rank)", reason
     passed, reason = judge(
-        spec, "A4.1", SEED, _line([[(r, 2, None, [], [], []) for r in range(2)]])
+        spec, "A4.1", SEED, probe_line([[(r, 2, None, [], [], []) for r in range(2)]])
     )
     assert reason == "FAIL (the check needs 4 engines, not 2)", reason
 

@@ -15,7 +15,7 @@ import psutil
 import pytest
 
 from course_grader import grade as grade_module
-from course_grader import gradebook, runner
+from course_grader import runner
 from course_grader.assignments.a2.checks import (
     check_allgather_doubling,
     check_rabenseifner_allreduce,
@@ -33,6 +33,7 @@ from course_grader.verdict.guard import (
     rejected_answers,
 )
 from course_lib import collectives as C
+from course_lib import files
 from course_lib.comm import chunk_bounds
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -146,10 +147,17 @@ def test_every_check_cell_imports_its_own_checker():
             assert checkers and checkers <= imported, (name, cell.source)
 
 
-def test_gradebook_write_leaves_no_temporary_file_when_it_fails(tmp_path):
-    with pytest.raises(TypeError):  # not text: the write fails after the temporary file exists
-        gradebook._atomic_write_text(tmp_path / "gradebook.csv", None)  # type: ignore[arg-type]
-    assert list(tmp_path.iterdir()) == []
+def test_gradebook_write_leaves_no_temporary_file_when_it_fails(tmp_path, monkeypatch):
+    path = tmp_path / "gradebook.csv"
+    path.write_text("old\n")
+
+    def full_disk(*args):
+        raise OSError("No space left on device")
+
+    monkeypatch.setattr(files.os, "replace", full_disk)  # the one writer: course_lib.files
+    with pytest.raises(OSError):
+        write_gradebook([], path)
+    assert path.read_text() == "old\n" and list(tmp_path.iterdir()) == [path]
 
 
 def test_stub_keeps_indentation_and_refuses_unbalanced_markers():

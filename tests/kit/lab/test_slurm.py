@@ -21,6 +21,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from room_helpers import kit
 from test_room import _allreduce_on_engine
 
 from course_kit.room.build import room_unavailable_reason
@@ -33,18 +34,6 @@ pytestmark = [pytest.mark.room, pytest.mark.slow, pytest.mark.timeout(1200)]
 
 ROOT = Path(__file__).resolve().parents[3]
 NODES, PER_NODE = 3, 2
-
-
-def _kit(env: dict[str, str], *argv: str, timeout: float = 600) -> subprocess.CompletedProcess:
-    """Run ``python -m course_kit.jobs.cluster ARGV`` (what ``./kit ARGV`` runs)."""
-    return subprocess.run(
-        [sys.executable, "-m", "course_kit.jobs.cluster", *argv],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        cwd=ROOT,
-    )
 
 
 def _slurm(env: dict[str, str], *argv: str) -> str:
@@ -85,7 +74,7 @@ def slurm_room(tmp_path_factory: pytest.TempPathFactory):
     env = dict(os.environ, IPYTHONDIR=str(folder / "instructor"), OMP_NUM_THREADS="1")
     state = folder / "room.json"
     try:
-        up = _kit(env, "room", "--state", str(state), "up", str(NODES), "--engines",
+        up = kit(env, "room", "--state", str(state), "up", str(NODES), "--engines",
                   str(PER_NODE), "--slurm")  # fmt: skip
         assert up.returncode == 0, up.stdout + up.stderr
         lab_file = lab_folder(state) / "slurm.toml"
@@ -94,7 +83,7 @@ def slurm_room(tmp_path_factory: pytest.TempPathFactory):
         yield env, slurm_env, lab_file, read_state(state)
     finally:
         if (lab_folder(state) / "slurm.toml").exists():
-            _kit(env, "lab", "stop", str(lab_folder(state) / "slurm.toml"), timeout=120)
+            kit(env, "lab", "stop", str(lab_folder(state) / "slurm.toml"), timeout=120)
         room_down(state)
 
 
@@ -108,7 +97,7 @@ def _slurm_logs(lab_file: Path) -> str:
 
 def _start(env: dict[str, str], lab_file: Path) -> str:
     """``lab start`` the Slurm lab; return the job id it names."""
-    started = _kit(env, "lab", "start", str(lab_file))
+    started = kit(env, "lab", "start", str(lab_file))
     assert started.returncode == 0, (
         started.stdout + started.stderr[-3000:] + "\n" + _slurm_logs(lab_file)
     )
@@ -124,7 +113,7 @@ def test_engines_through_slurm_a_notebook_connects_and_mpi_crosses_the_links(
     env, slurm_env, lab_file, room = slurm_room
     job = _start(env, lab_file)
     assert _slurm(slurm_env, "squeue", "-h", "-j", job, "-o", "%T").strip() == "RUNNING"
-    status = _kit(env, "lab", "status", str(lab_file))
+    status = kit(env, "lab", "status", str(lab_file))
     assert status.returncode == 0 and f"Slurm job {job} RUNNING on" in status.stdout, status.stdout
     for pc in room.pcs:
         assert f"{pc.hostname}: {PER_NODE} of {PER_NODE} engines registered" in status.stdout
@@ -152,7 +141,7 @@ def test_engines_through_slurm_a_notebook_connects_and_mpi_crosses_the_links(
     before = [int(Path(f"/sys/class/net/{pc.host_veth}/statistics/rx_bytes").read_text())
               for pc in room.pcs]  # fmt: skip
     mib = 2.0
-    done = _kit(env, "lab", "mpi", str(lab_file), "--ranks", str(NODES), "--", sys.executable,
+    done = kit(env, "lab", "mpi", str(lab_file), "--ranks", str(NODES), "--", sys.executable,
                 "-m", "course_lib.collectives.mpi_across_pcs", "--mib", str(mib), timeout=300)  # fmt: skip
     sent = [int(Path(f"/sys/class/net/{pc.host_veth}/statistics/rx_bytes").read_text()) - b
             for pc, b in zip(room.pcs, before, strict=True)]  # fmt: skip
@@ -173,7 +162,7 @@ def test_engines_through_slurm_a_notebook_connects_and_mpi_crosses_the_links(
     )  # fmt: skip
     assert doctor.returncode == 0, doctor.stdout[-3000:] + doctor.stderr[-2000:]
     # Stop: no job, no engine on any node.
-    stopped = _kit(env, "lab", "stop", str(lab_file))
+    stopped = kit(env, "lab", "stop", str(lab_file))
     assert stopped.returncode == 0 and "Slurm job is cancelled" in stopped.stdout, stopped.stderr
     _wait_for(lambda: not _slurm(slurm_env, "squeue", "-h").strip(), "the queue to empty")
     for pc in room.pcs:
@@ -196,7 +185,7 @@ def test_a_job_left_pending_is_cancelled_and_said_in_one_line(slurm_room, tmp_pa
         impatient.write_text(
             lab_file.read_text().replace("pending_limit = 120", "pending_limit = 5")
         )
-        failed = _kit(env, "lab", "start", str(impatient))
+        failed = kit(env, "lab", "start", str(impatient))
     finally:
         _slurm(slurm_env, "scancel", blocker)
     assert failed.returncode == 2 and "Traceback" not in failed.stderr, failed.stderr
@@ -207,7 +196,7 @@ def test_a_job_left_pending_is_cancelled_and_said_in_one_line(slurm_room, tmp_pa
     job = said[0].split("Slurm job ")[1].split()[0]
     assert job != blocker and job not in _slurm(slurm_env, "squeue", "-h", "-o", "%i").split()
     _wait_for(lambda: not _slurm(slurm_env, "squeue", "-h").strip(), "no job in the queue")
-    status = _kit(env, "lab", "status", str(impatient))
+    status = kit(env, "lab", "status", str(impatient))
     assert "no lab cluster is running" in status.stdout, status.stdout
 
 
@@ -224,7 +213,7 @@ def test_a_cancelled_job_and_a_node_gone_down_are_named_in_one_line(
         _slurm(slurm_env, "scancel", job)
         status = _wait_for(  # COMPLETING first, while Slurm ends the job's steps
             lambda: (
-                (s := _kit(env, "lab", "status", str(lab_file))).returncode == 1
+                (s := kit(env, "lab", "status", str(lab_file))).returncode == 1
                 and f"Slurm job {job} CANCELLED" in s.stdout
                 and s
             ),
@@ -238,7 +227,7 @@ def test_a_cancelled_job_and_a_node_gone_down_are_named_in_one_line(
         assert "engines of the room's cluster" in cluster.where()
     finally:
         cluster.stop()
-    assert _kit(env, "lab", "stop", str(lab_file)).returncode == 0
+    assert kit(env, "lab", "stop", str(lab_file)).returncode == 0
     # A node that goes down (switched off, its cable pulled): Slurm ends the job, status says why.
     job = _start(env, lab_file)
     down = room.pcs[1].hostname
@@ -246,7 +235,7 @@ def test_a_cancelled_job_and_a_node_gone_down_are_named_in_one_line(
     try:
         status = _wait_for(
             lambda: (
-                (s := _kit(env, "lab", "status", str(lab_file))).returncode == 1
+                (s := kit(env, "lab", "status", str(lab_file))).returncode == 1
                 and f"node {down} is DOWN" in s.stdout
                 and s
             ),
@@ -259,5 +248,5 @@ def test_a_cancelled_job_and_a_node_gone_down_are_named_in_one_line(
         # (Slurm may have returned it to service already: its slurmd still answers.)
         subprocess.run(["scontrol", "update", f"NodeName={down}", "State=RESUME"], env=slurm_env,
                        capture_output=True, timeout=60)  # fmt: skip
-        assert _kit(env, "lab", "stop", str(lab_file)).returncode == 0
+        assert kit(env, "lab", "stop", str(lab_file)).returncode == 0
     _wait_for(lambda: not _slurm(slurm_env, "squeue", "-h").strip(), "no job in the queue")

@@ -13,8 +13,6 @@ from __future__ import annotations
 
 import hashlib
 import os
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -29,6 +27,7 @@ from browser_lab import (
     tracebacks,
 )
 from browser_lab import tracebacks as error_outputs
+from room_helpers import kit, pids_in
 
 from course_kit.room.build import room_unavailable_reason
 from course_kit.room.state import lab_folder, read_state, room_down
@@ -130,23 +129,6 @@ ROOM_LECTURE = (
 )
 
 
-def _kit(env: dict[str, str], *argv: str, timeout: float = 600) -> subprocess.CompletedProcess:
-    """Run ``python -m course_kit.jobs.cluster ARGV`` (what ``./kit ARGV`` runs)."""
-    return subprocess.run(
-        [sys.executable, "-m", "course_kit.jobs.cluster", *argv],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        cwd=REPO,
-    )
-
-
-def _pids_in(netns: str) -> list[int]:
-    done = subprocess.run(["ip", "netns", "pids", netns], capture_output=True, text=True)
-    return [int(p) for p in done.stdout.split()]
-
-
 def _wait_for(condition, what: str, within: float) -> None:  # noqa: ANN001
     deadline = time.monotonic() + within
     while not condition():
@@ -164,15 +146,15 @@ def room_lab(tmp_path: Path):
     state = tmp_path / "room.json"
     hosts_file = lab_folder(state) / "hosts.toml"
     try:
-        up = _kit(env, "room", "--state", str(state), "up", "2", "--engines", "2")
+        up = kit(env, "room", "--state", str(state), "up", "2", "--engines", "2")
         assert up.returncode == 0, up.stdout + up.stderr
-        started = _kit(env, "lab", "start", str(hosts_file), "--timeout", "600")
+        started = kit(env, "lab", "start", str(hosts_file), "--timeout", "600")
         assert started.returncode == 0, started.stdout + started.stderr[-3000:]
         assert "4 engines on 2 PCs answered" in started.stdout, started.stdout
         yield env, state, hosts_file
     finally:
         if hosts_file.exists():  # what a failed test left running
-            _kit(env, "lab", "stop", str(hosts_file), timeout=120)
+            kit(env, "lab", "stop", str(hosts_file), timeout=120)
         room_down(state)
 
 
@@ -229,12 +211,12 @@ def test_lecture4_runs_on_a_seat_of_the_rooms_cluster_in_the_browser(
     )
     # The student's Lab is gone: its seat is free again, then the instructor ends the class.
     deadline = time.monotonic() + 120
-    while "seats: 0 held" not in (status := _kit(env, "lab", "status", str(hosts_file)).stdout):
+    while "seats: 0 held" not in (status := kit(env, "lab", "status", str(hosts_file)).stdout):
         assert time.monotonic() < deadline, f"the seat was not given back within 120 s:\n{status}"
         time.sleep(0.5)
-    stopped = _kit(env, "lab", "stop", str(hosts_file))
+    stopped = kit(env, "lab", "stop", str(hosts_file))
     assert stopped.returncode == 0 and "lab cluster stopped" in stopped.stdout, stopped.stderr
     for pc in room.pcs:
-        _wait_for(lambda pc=pc: not _pids_in(pc.netns), f"no process left in {pc.hostname}", 120)
-    down = _kit(env, "room", "--state", str(state), "down")
+        _wait_for(lambda pc=pc: not pids_in(pc.netns), f"no process left in {pc.hostname}", 120)
+    down = kit(env, "room", "--state", str(state), "down")
     assert down.returncode == 0 and not hosts_file.parent.exists(), down.stdout + down.stderr

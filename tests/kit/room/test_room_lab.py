@@ -19,6 +19,7 @@ from pathlib import Path
 
 import psutil
 import pytest
+from room_helpers import pids_in
 
 from course_kit.lab.hosts import read_hosts
 from course_kit.room.build import emulated_room, room_unavailable_reason
@@ -45,11 +46,6 @@ def _lab(env: dict[str, str], *argv: str, timeout: float = 900) -> subprocess.Co
     )
     print(f"\nkit lab {argv[0]}: {time.monotonic() - start:.1f} s")
     return done
-
-
-def _pids_in(netns: str) -> list[int]:
-    done = subprocess.run(["ip", "netns", "pids", netns], capture_output=True, text=True)
-    return [int(p) for p in done.stdout.split()]
 
 
 def _marked(ipython_dir: str, within: float = 10.0) -> list[int]:
@@ -84,7 +80,7 @@ def _square(x: int) -> int:
 def _faults_during_class(env: dict, hosts_file: Path, room, student) -> None:  # noqa: ANN001
     """Kill pc2's engines and cut pc3's link; the rest works; ``lab add`` brings both back."""
     killed, cut = room.pcs[1], room.pcs[2]
-    for pid in _pids_in(killed.netns):
+    for pid in pids_in(killed.netns):
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
     subprocess.run(["ip", "link", "set", cut.host_veth, "down"], check=True)
@@ -113,11 +109,11 @@ def _faults_during_class(env: dict, hosts_file: Path, room, student) -> None:  #
     finally:
         subprocess.run(["ip", "link", "set", cut.host_veth, "up"], check=True)
     # One command re-adds both; pc1's engines are left as they were.
-    pc1_pids = set(_pids_in(room.pcs[0].netns))
+    pc1_pids = set(pids_in(room.pcs[0].netns))
     added = _lab(env, "add", str(hosts_file), killed.hostname, cut.hostname, "--timeout", "600")
     assert added.returncode == 0, added.stdout + added.stderr[-3000:]
     assert f"re-added {killed.hostname}, {cut.hostname}" in added.stdout, added.stdout
-    assert pc1_pids <= set(_pids_in(room.pcs[0].netns))
+    assert pc1_pids <= set(pids_in(room.pcs[0].netns))
     again = _lab(env, "add", str(hosts_file), killed.hostname)
     assert again.returncode == 0 and "nothing to add" in again.stdout, again.stdout
     status = _lab(env, "status", str(hosts_file))
@@ -155,7 +151,7 @@ def test_lab_cluster_starts_from_a_hosts_file_over_ssh_and_stops_cleanly(tmp_pat
             assert f"{sum(ENGINES)} engines on {len(ENGINES)} PCs answered" in started.stdout
             # The engines run inside the PCs' namespaces, as many as the hosts file asks.
             for pc, n in zip(room.pcs, ENGINES, strict=True):
-                assert len(_pids_in(pc.netns)) >= n, pc.netns
+                assert len(pids_in(pc.netns)) >= n, pc.netns
             status = _lab(env, "status", str(hosts_file))
             assert status.returncode == 0, status.stdout + status.stderr[-2000:]
             for pc, n in zip(room.pcs, ENGINES, strict=True):
@@ -184,7 +180,7 @@ def test_lab_cluster_starts_from_a_hosts_file_over_ssh_and_stops_cleanly(tmp_pat
         assert "lab cluster stopped" in stopped.stdout
         # stop left no engine in any PC, and no controller here.
         for pc in room.pcs:
-            left = _pids_in(pc.netns)
+            left = pids_in(pc.netns)
             assert left == [], (pc.netns, left)
         assert _marked(env["IPYTHONDIR"]) == []
         again = _lab(env, "status", str(hosts_file))

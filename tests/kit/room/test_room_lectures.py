@@ -22,6 +22,7 @@ import time
 from pathlib import Path
 
 import pytest
+from room_helpers import kit_after
 
 from course_kit.lab.seats import SEATS_LOG
 from course_kit.room.build import room_unavailable_reason
@@ -31,6 +32,7 @@ pytestmark = [pytest.mark.room, pytest.mark.slow, pytest.mark.timeout(1200)]
 
 ROOT = Path(__file__).resolve().parents[3]
 START = re.compile(r"\bstart_cluster\((.*)\)")
+_kit = kit_after(900)  # the lectures' jobs take longer
 
 
 def _start_calls(notebook: Path) -> list[str]:
@@ -47,18 +49,6 @@ def _start_calls(notebook: Path) -> list[str]:
 LECTURES = [
     path for path in sorted((ROOT / "notebooks").glob("[0-9]*.ipynb")) if _start_calls(path)
 ]
-
-
-def _kit(env: dict[str, str], *argv: str, timeout: float = 900) -> subprocess.CompletedProcess:
-    """Run ``python -m course_kit.jobs.cluster ARGV`` (what ``./kit ARGV`` runs)."""
-    return subprocess.run(
-        [sys.executable, "-m", "course_kit.jobs.cluster", *argv],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        cwd=ROOT,
-    )
 
 
 @pytest.fixture(scope="module")

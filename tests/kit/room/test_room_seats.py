@@ -20,6 +20,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from room_helpers import kit, pids_in
 
 from course_kit.lab.preflight import leftover_controllers
 from course_kit.room.build import emulated_room, room_unavailable_reason
@@ -31,23 +32,6 @@ pytestmark = [pytest.mark.room, pytest.mark.slow, pytest.mark.timeout(1200)]
 
 ROOT = Path(__file__).resolve().parents[3]
 STUDENT = Path(__file__).resolve().parents[2] / "lab_student.py"
-
-
-def _kit(env: dict[str, str], *argv: str, timeout: float = 600) -> subprocess.CompletedProcess:
-    """Run ``python -m course_kit.jobs.cluster ARGV`` (what ``./kit ARGV`` runs)."""
-    return subprocess.run(
-        [sys.executable, "-m", "course_kit.jobs.cluster", *argv],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        cwd=ROOT,
-    )
-
-
-def _pids_in(netns: str) -> list[int]:
-    done = subprocess.run(["ip", "netns", "pids", netns], capture_output=True, text=True)
-    return [int(p) for p in done.stdout.split()]
 
 
 def _wait_for(condition, what: str, within: float = 300.0):  # noqa: ANN001, ANN202
@@ -67,7 +51,7 @@ def room_env(tmp_path: Path):
     env = dict(os.environ, IPYTHONDIR=str(tmp_path / "instructor"), OMP_NUM_THREADS="1")
     yield env
     for hosts in tmp_path.rglob("hosts*.toml"):  # whatever a failed test left running
-        _kit(env, "lab", "stop", str(hosts), timeout=120)
+        kit(env, "lab", "stop", str(hosts), timeout=120)
     room_down(tmp_path / "room.json")
 
 
@@ -94,12 +78,12 @@ def test_three_students_hold_seats_of_their_own_and_a_fourth_is_told(
     )
 
     state = tmp_path / "room.json"
-    up = _kit(room_env, "room", "--state", str(state), "up", "3", "--engines", "2")
+    up = kit(room_env, "room", "--state", str(state), "up", "3", "--engines", "2")
     assert up.returncode == 0, up.stdout + up.stderr
     hosts_file = lab_folder(state) / "hosts.toml"
     assert f"./kit lab start {hosts_file}" in up.stdout, up.stdout  # it says where
     room = read_state(state)
-    started = _kit(room_env, "lab", "start", str(hosts_file), "--timeout", "600")
+    started = kit(room_env, "lab", "start", str(hosts_file), "--timeout", "600")
     assert started.returncode == 0, started.stdout + started.stderr[-3000:]
     assert "lab start: 6 of 6 engines registered" in started.stdout, started.stdout
     assert "6 engines on 3 PCs answered" in started.stdout
@@ -123,7 +107,7 @@ def test_three_students_hold_seats_of_their_own_and_a_fourth_is_told(
     assert len(set.union(*seats)) == 6, f"seats overlap: {seats}"
     for r in ready:  # a seat spreads over PCs, and the cluster says which
         assert len(set(r["hosts"])) == 2 and "of the room's cluster" in r["where"], r
-    status = _kit(room_env, "lab", "status", str(hosts_file))
+    status = kit(room_env, "lab", "status", str(hosts_file))
     assert "seats: 3 held" in status.stdout, status.stdout
     # A fourth student: no free seat, one line, and local engines instead.
     fourth = _student(room, 0, out, dict(env, IPYTHONDIR=str(tmp_path / "student3")), 1, "hold")
@@ -146,16 +130,16 @@ def test_three_students_hold_seats_of_their_own_and_a_fourth_is_told(
         assert weights_match(got, reference), (path, max_weight_difference(got, reference))
     # The seats are free again (two closed, one dropped with its process): the whole room.
     _wait_for(
-        lambda: "seats: 0 held" in _kit(room_env, "lab", "status", str(hosts_file)).stdout,
+        lambda: "seats: 0 held" in kit(room_env, "lab", "status", str(hosts_file)).stdout,
         "the seats to be given back",
         within=60,
     )
     with connect_cluster(connection_file=env["COURSE_CLUSTER_FILE"], timeout=60) as demo:
         assert demo.world_size == 6 and demo.seat is not None
-    stopped = _kit(room_env, "lab", "stop", str(hosts_file))
+    stopped = kit(room_env, "lab", "stop", str(hosts_file))
     assert stopped.returncode == 0 and "lab cluster stopped" in stopped.stdout, stopped.stderr
     assert not (security / "lab-seats.json").exists()
-    down = _kit(room_env, "room", "--state", str(state), "down")
+    down = kit(room_env, "room", "--state", str(state), "down")
     assert down.returncode == 0 and not hosts_file.parent.exists(), down.stdout + down.stderr
 
 
@@ -168,7 +152,7 @@ def test_lab_start_names_an_unreachable_pc_and_leaves_nothing(
         hosts_file = write_lab_files(room, tmp_path / "lab")
         cut = room.pcs[2]
         subprocess.run(["ip", "link", "set", cut.host_veth, "down"], check=True)
-        failed = _kit(room_env, "lab", "start", str(hosts_file))
+        failed = kit(room_env, "lab", "start", str(hosts_file))
         assert failed.returncode == 2, failed.stdout + failed.stderr
         assert "Traceback" not in failed.stderr
         named = [line for line in failed.stderr.splitlines() if cut.hostname in line]
@@ -180,7 +164,7 @@ def test_lab_start_names_an_unreachable_pc_and_leaves_nothing(
         text = hosts_file.read_text()
         without = tmp_path / "lab" / "hosts-without.toml"
         without.write_text(text.replace(f'\n[[pc]]\nhost = "{cut.hostname}"\n', ""))
-        started = _kit(room_env, "lab", "start", str(without), "--timeout", "600")
+        started = kit(room_env, "lab", "start", str(without), "--timeout", "600")
         assert started.returncode == 0, started.stdout + started.stderr[-3000:]
         assert "2 engines on 2 PCs answered" in started.stdout, started.stdout
         # A notebook's start_cluster(n=...) connects to the room when the environment says so.
@@ -190,16 +174,16 @@ def test_lab_start_names_an_unreachable_pc_and_leaves_nothing(
             hosts = sorted(student.view.apply_sync(socket.gethostname))
             assert student.kind == "connect" and hosts == sorted(pc.hostname for pc in room.pcs[:2])
             assert "2 engines of the room's cluster (profile 'lab')" in student.where()
-        stopped = _kit(room_env, "lab", "stop", str(without))
+        stopped = kit(room_env, "lab", "stop", str(without))
         assert stopped.returncode == 0, stopped.stderr
         # A start that fails after it began (engines not up in time) stops what it started.
         subprocess.run(["ip", "link", "set", cut.host_veth, "up"], check=True)
-        late = _kit(room_env, "lab", "start", str(hosts_file), "--timeout", "0.01")
+        late = kit(room_env, "lab", "start", str(hosts_file), "--timeout", "0.01")
         assert late.returncode == 2 and "stopped again" in late.stderr, late.stdout + late.stderr
         assert "Traceback" not in late.stderr
         assert leftover_controllers(profile_dir) == []
         assert not list(security.glob("*.json")), list(security.glob("*.json"))
         for pc in room.pcs:
-            _wait_for(lambda pc=pc: not _pids_in(pc.netns), f"no engine left in {pc.hostname}", 120)
-        status = _kit(room_env, "lab", "status", str(hosts_file))
+            _wait_for(lambda pc=pc: not pids_in(pc.netns), f"no engine left in {pc.hostname}", 120)
+        status = kit(room_env, "lab", "status", str(hosts_file))
         assert "no lab cluster is running" in status.stdout, status.stdout

@@ -267,7 +267,7 @@ KILLED_SAVE = """
 import os, sys, time
 import torch
 from course_lib import checkpoint
-from course_lib.checkpoint import files
+from course_lib import files  # the one atomic writer
 from course_lib.training.models import MLP
 from course_lib.training.loop import History, TrainConfig
 

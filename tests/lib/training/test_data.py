@@ -8,7 +8,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from course_lib import data
+from course_lib import data, files
 from course_lib.data import (
     CLASS_COLOURS,
     DatasetUnavailableError,
@@ -112,6 +112,21 @@ def test_atomic_write_leaves_no_temp_file(tmp_path):
     data.atomic_write_bytes(target, b"4567")
     assert target.read_bytes() == b"4567"
     assert [p.name for p in target.parent.iterdir()] == ["f.bin"]
+
+
+def test_a_failed_atomic_write_leaves_no_temp_file_and_the_old_content(tmp_path, monkeypatch):
+    target = files.atomic_write_text(tmp_path / "f.txt", "old\n")
+    with pytest.raises(TypeError):  # not bytes: fails while writing, after the temp file exists
+        files.atomic_write_bytes(target, None)  # type: ignore[arg-type]
+
+    def full_disk(*args):
+        raise OSError("No space left on device")
+
+    monkeypatch.setattr(files.os, "replace", full_disk)  # written and fsynced, not renamed
+    with pytest.raises(OSError, match="No space"):
+        files.atomic_write_text(target, "new\n")
+    assert target.read_text() == "old\n"
+    assert [p.name for p in tmp_path.iterdir()] == ["f.txt"]
 
 
 # ---- generated segmentation set ---------------------------------------------------------------
