@@ -53,7 +53,7 @@ from course_grader.release import write_notebook_atomically
 from course_grader.runner import run_nbval
 from course_grader.sandbox.config import SandboxLimits, kit_package, sandbox_problem
 from course_grader.verdict.guard import rejected_answers
-from course_grader.verdict.probe import convert_notebook, judge
+from course_grader.verdict.probe import ProbeSpec, convert_notebook, judge
 
 __all__ = [
     "ExerciseResult",
@@ -199,6 +199,7 @@ def grade_notebook(
     sandbox: SandboxLimits | None | str = "auto",
     hidden: tuple[str, ...] = (),
     seed: int | None = None,
+    spec: ProbeSpec | None = None,
 ) -> list[ExerciseResult]:
     """Grade one submission against its pristine source; return one result per exercise.
 
@@ -206,10 +207,11 @@ def grade_notebook(
     "auto" (the default) sandboxes with the default limits where this machine can. ``hidden``:
     paths the kernel must not see (it sees none outside the system, Python and the kit anyway).
     ``seed``: the inputs of a converted assignment's probes (default: a fresh one, so that no
-    answer can hold the results for the notebook's own inputs).
+    answer can hold the results for the notebook's own inputs). ``spec``: how its check cells
+    are probed and judged (default: the assignment's folder, found by the registry).
     """
     sandbox = resolve_sandbox(sandbox)
-    spec = probe_spec(pristine)
+    spec = spec if spec is not None else probe_spec(pristine)
     seed = secrets.randbelow(2**31) if seed is None else seed
     forbidden = tuple(pristine.metadata.get("course", {}).get("forbidden_imports", []))
     blocked = forbidden if spec.blocked else ()
