@@ -10,6 +10,9 @@ the graded engines (``course_lib.checks`` is hidden there) and judges the same d
 process. So this module imports nothing from ``course_lib.checks``. The counters and the
 ledger are counted inside the student's processes (the grader also counts the bytes on the
 wire: :mod:`course_grader.verdict.wire`).
+
+Its ``_counters`` and ``_array`` repeat :mod:`course_grader.assignments.a6.collect`'s on purpose:
+each module is exec'd alone from its source on the engines, so it shares nothing.
 """
 
 from __future__ import annotations
