@@ -11,8 +11,8 @@ process. So this module imports nothing from ``course_lib.checks``. The counters
 ledger are counted inside the student's processes (the grader also counts the bytes on the
 wire: :mod:`course_grader.verdict.wire`).
 
-Its ``_counters`` and ``_array`` repeat :mod:`course_grader.assignments.a6.collect`'s on purpose:
-each module is exec'd alone from its source on the engines, so it shares nothing.
+Copied on purpose from :mod:`course_grader.assignments.a6.collect`: ``_counters``, ``_array``
+(the engines exec each collect module alone, from its source; it can import no sibling).
 """
 
 from __future__ import annotations
