@@ -9,12 +9,18 @@ into a verdict (:func:`course_lib.checks.verdict.run_check`). A6 and A7 ship the
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from course_lib.checks.verdict import Verdict, reraise_stub, run_check
 
-__all__ = ["cluster_run", "judge_ranks", "run_engine_check", "shipped_case_runner"]
+__all__ = [
+    "cluster_run",
+    "judge_ranks",
+    "run_engine_check",
+    "run_shipped_check",
+    "shipped_case_runner",
+]
 
 
 def cluster_run(cluster: Any, task: Callable, *args: Any, timeout: float) -> Any:
@@ -80,3 +86,28 @@ def run_engine_check(
         return body()
 
     return run_check(exercise, name, checked, max_points=max_points, verbose=verbose)
+
+
+def run_shipped_check(
+    exercise: str,
+    name: str,
+    answer: Any,
+    cluster: Any,
+    comm_name: str,
+    verbose: bool,
+    *,
+    body: Callable[[str, Callable[[dict], Any]], str],
+    task: Callable,
+    points: Mapping[str, float],
+) -> Verdict:
+    """Return the verdict of ``body(exercise, run_case)`` on 3 engines (A6, A7), ``run_case``
+    running ``task`` on every engine with ``answer`` shipped by value (:func:`shipped_case_runner`).
+    """
+
+    def checked() -> str:
+        return body(exercise, shipped_case_runner(cluster, task, answer, comm_name))
+
+    max_points = points[exercise]
+    return run_engine_check(
+        exercise, name, cluster, checked, world_size=3, max_points=max_points, verbose=verbose
+    )

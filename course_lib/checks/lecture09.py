@@ -182,37 +182,39 @@ def _check(
     return run_check(exercise, title, body, verbose=verbose)
 
 
-def check_column_parallel(
-    fn: Callable,
-    cluster: Any,
-    *,
-    comm_name: str = "comm",
-    verbose: bool = True,
-    timeout: float = 90.0,
-) -> Verdict:
-    """Exercise 9.1: ``fn(comm, X, W_shard)`` returns the full ``X @ W.T`` on every rank."""
-    return _check("9.1", "column-parallel matmul", fn, cluster, comm_name, verbose, timeout)
+def _public_check(exercise: str, title: str, name: str, doc: str) -> Callable[..., Verdict]:
+    """Return the notebook's check ``name`` of ``exercise``: the answer runs on every engine."""
+
+    def check(
+        fn: Callable,
+        cluster: Any,
+        *,
+        comm_name: str = "comm",
+        verbose: bool = True,
+        timeout: float = 90.0,
+    ) -> Verdict:
+        return _check(exercise, title, fn, cluster, comm_name, verbose, timeout)
+
+    check.__name__ = check.__qualname__ = name
+    check.__doc__ = doc
+    return check
 
 
-def check_row_parallel(
-    fn: Callable,
-    cluster: Any,
-    *,
-    comm_name: str = "comm",
-    verbose: bool = True,
-    timeout: float = 90.0,
-) -> Verdict:
-    """Exercise 9.2: ``fn(comm, X_shard, W_shard)`` returns the full ``X @ W.T`` on every rank."""
-    return _check("9.2", "row-parallel matmul", fn, cluster, comm_name, verbose, timeout)
-
-
-def check_features_grad(
-    fn: Callable,
-    cluster: Any,
-    *,
-    comm_name: str = "comm",
-    verbose: bool = True,
-    timeout: float = 90.0,
-) -> Verdict:
-    """Exercise 9.3: ``fn(comm, grad_whole)`` returns the summed gradient of this rank's samples."""
-    return _check("9.3", "the features' gradient", fn, cluster, comm_name, verbose, timeout)
+check_column_parallel = _public_check(
+    "9.1",
+    "column-parallel matmul",
+    "check_column_parallel",
+    "Exercise 9.1: ``fn(comm, X, W_shard)`` returns the full ``X @ W.T`` on every rank.",
+)
+check_row_parallel = _public_check(
+    "9.2",
+    "row-parallel matmul",
+    "check_row_parallel",
+    "Exercise 9.2: ``fn(comm, X_shard, W_shard)`` returns the full ``X @ W.T`` on every rank.",
+)
+check_features_grad = _public_check(
+    "9.3",
+    "the features' gradient",
+    "check_features_grad",
+    "Exercise 9.3: ``fn(comm, grad_whole)`` returns the summed gradient of this rank's samples.",
+)

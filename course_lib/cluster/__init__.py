@@ -7,16 +7,14 @@ way only: ``launch`` uses ``settings`` and ``course_cluster`` (the cluster it re
 ``lab/`` (the instructor's cluster across the room's PCs) and ``room/`` (the emulated room).
 """
 
-from course_lib.cluster.launch import (
+from course_lib.cluster.course_cluster import CourseCluster
+from course_lib.cluster.launch import connect_cluster, find_mpiexec, start_cluster
+from course_lib.cluster.recovery import EngineTimeout
+from course_lib.cluster.settings import (
     KINDS,
     ClusterError,
     ClusterSettings,
-    CourseCluster,
-    EngineTimeout,
-    connect_cluster,
     default_engine_count,
-    find_mpiexec,
-    start_cluster,
 )
 
 __all__ = [

@@ -16,7 +16,8 @@ printed when it starts)::
 
 An explicit ``kind="local"`` still means this PC, whatever the environment says. The settings
 and errors are :mod:`course_lib.cluster.settings`; the cluster returned is
-:mod:`course_lib.cluster.course_cluster`'s :class:`CourseCluster` (both importable from here).
+:mod:`course_lib.cluster.course_cluster`'s :class:`CourseCluster` (both importable from
+:mod:`course_lib.cluster`).
 """
 
 from __future__ import annotations
@@ -31,29 +32,15 @@ from typing import Any
 import ipyparallel as ipp
 
 from course_lib.cluster.course_cluster import CourseCluster
-from course_lib.cluster.recovery import EngineTimeout
 from course_lib.cluster.seat import NoSeatError, take_seat
 from course_lib.cluster.settings import (
-    KINDS,
     ClusterError,
     ClusterSettings,
     default_engine_count,
     threads_per_engine,
 )
 
-# KINDS, the settings, the errors and CourseCluster live beside this module; they are named here
-# too so that ``from course_lib.cluster.launch import ...`` keeps working.
-__all__ = [
-    "KINDS",
-    "ClusterError",
-    "ClusterSettings",
-    "CourseCluster",
-    "EngineTimeout",
-    "connect_cluster",
-    "default_engine_count",
-    "find_mpiexec",
-    "start_cluster",
-]
+__all__ = ["connect_cluster", "find_mpiexec", "start_cluster"]
 
 
 def find_mpiexec() -> str | None:

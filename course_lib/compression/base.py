@@ -25,6 +25,7 @@ __all__ = [
     "Payload",
     "PayloadError",
     "as_float32",
+    "finite_float32",
     "mean_in_rank_order",
 ]
 
@@ -135,6 +136,13 @@ def check_finite(flat: np.ndarray, name: str, kind: str) -> None:
             f"gradient {name or '(unnamed)'} holds {bad} inf/NaN values; {kind} cannot encode them. "
             "Lower the learning rate or clip gradients (torch.nn.utils.clip_grad_norm_)"
         )
+
+
+def finite_float32(tensor: Any, name: str, kind: str) -> tuple[np.ndarray, tuple[int, ...], str]:
+    """Return :func:`as_float32` of ``tensor``; raise ValueError when it holds inf or NaN."""
+    flat, shape, dtype = as_float32(tensor)
+    check_finite(flat, name, kind)
+    return flat, shape, dtype
 
 
 def mean_in_rank_order(arrays: list[np.ndarray]) -> np.ndarray:

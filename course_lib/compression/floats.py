@@ -12,7 +12,13 @@ from typing import Any
 import numpy as np
 import torch
 
-from course_lib.compression.base import Compressor, Payload, as_float32, check_finite, payload_of
+from course_lib.compression.base import (
+    Compressor,
+    Payload,
+    as_float32,
+    finite_float32,
+    payload_of,
+)
 
 __all__ = ["Float16", "NoCompression"]
 
@@ -54,8 +60,7 @@ class Float16(Compressor):
 
     def compress(self, tensor: Any, name: str = "") -> tuple[Payload, Any]:
         """Return a payload holding ``tensor`` rounded to float16."""
-        flat, shape, dtype = as_float32(tensor)
-        check_finite(flat, name, "float16")
+        flat, shape, dtype = finite_float32(tensor, name, "float16")
         if flat.size and float(np.abs(flat).max()) > _FLOAT16_MAX:
             raise ValueError(
                 f"gradient {name or '(unnamed)'} has values above {_FLOAT16_MAX:g}, the largest "

@@ -23,8 +23,7 @@ from course_lib.compression.base import (
     Compressor,
     Payload,
     PayloadError,
-    as_float32,
-    check_finite,
+    finite_float32,
     payload_of,
 )
 
@@ -62,6 +61,12 @@ class _Sparse(Compressor):
         """Return the dense vector: the sent values at their indices, zeros elsewhere."""
         return scatter_values(payload.parts["indices"], payload.parts["values"], payload.numel)
 
+    def _payload(
+        self, shape: tuple[int, ...], dtype: str, idx: np.ndarray, values: np.ndarray, numel: int
+    ) -> Payload:
+        """Return the payload of ``values`` at indices ``idx`` of a tensor of ``numel`` values."""
+        return payload_of(self.name, shape, dtype, indices=_indices(idx, numel), values=values)
+
 
 @dataclass(frozen=True)
 class ThresholdSettings:
@@ -87,12 +92,9 @@ class Threshold(_Sparse):
 
     def compress(self, tensor: Any, name: str = "") -> tuple[Payload, Any]:
         """Return the indices and values of ``tensor`` above the threshold."""
-        flat, shape, dtype = as_float32(tensor)
-        check_finite(flat, name, "threshold sparsification")
+        flat, shape, dtype = finite_float32(tensor, name, "threshold sparsification")
         idx = np.flatnonzero(np.abs(flat) > np.float32(self.settings.threshold))
-        return payload_of(
-            self.name, shape, dtype, indices=_indices(idx, flat.size), values=flat[idx]
-        ), None
+        return self._payload(shape, dtype, idx, flat[idx], flat.size), None
 
 
 @dataclass(frozen=True)
@@ -124,14 +126,11 @@ class TopK(_Sparse):
 
     def compress(self, tensor: Any, name: str = "") -> tuple[Payload, Any]:
         """Return the indices and values of the ``k`` largest magnitudes of ``tensor``."""
-        flat, shape, dtype = as_float32(tensor)
-        check_finite(flat, name, "top-k")
+        flat, shape, dtype = finite_float32(tensor, name, "top-k")
         k = self.settings.count(flat.size)
         idx = np.sort(np.argpartition(np.abs(flat), flat.size - k)[flat.size - k :]) if k else []
         idx = np.asarray(idx, dtype=np.int64)
-        return payload_of(
-            self.name, shape, dtype, indices=_indices(idx, flat.size), values=flat[idx]
-        ), None
+        return self._payload(shape, dtype, idx, flat[idx], flat.size), None
 
 
 class RandomK(_Sparse):
@@ -150,10 +149,9 @@ class RandomK(_Sparse):
 
     def compress(self, tensor: Any, name: str = "") -> tuple[Payload, Any]:
         """Return ``k`` random indices of ``tensor`` and their values times n / k."""
-        flat, shape, dtype = as_float32(tensor)
-        check_finite(flat, name, "random-k")
+        flat, shape, dtype = finite_float32(tensor, name, "random-k")
         n, k = flat.size, self.settings.count(flat.size)
         idx = np.sort(self.rng.choice(n, size=k, replace=False)) if k else np.zeros(0, np.int64)
         # Each index is kept with probability k / n; scaling by n / k makes E[decoded] = g.
         values = flat[idx] * np.float32(n / k) if k else flat[idx]
-        return payload_of(self.name, shape, dtype, indices=_indices(idx, n), values=values), None
+        return self._payload(shape, dtype, idx, values, n), None

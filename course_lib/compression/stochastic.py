@@ -32,7 +32,7 @@ from course_lib.compression.base import (
     Payload,
     PayloadError,
     as_float32,
-    check_finite,
+    finite_float32,
     payload_of,
 )
 
@@ -132,8 +132,7 @@ class QSGD(Compressor):
 
     def levels_of(self, tensor: Any, name: str = "") -> tuple[np.ndarray, np.ndarray]:
         """Return the signed levels (int8, one a value) and the float32 norms (one a bucket)."""
-        flat, _, _ = as_float32(tensor)
-        check_finite(flat, name, "QSGD")
+        flat, _, _ = finite_float32(tensor, name, "QSGD")
         s, d = self.settings.levels, self.settings.bucket
         norms = _float32_norms(flat, d, name)
         if not flat.size:
@@ -222,8 +221,7 @@ class Sign(Compressor):
 
     def compress(self, tensor: Any, name: str = "") -> tuple[Payload, Any]:
         """Return ``bits`` (1 where negative, packed 8 a byte) and ``scale`` for ``tensor``."""
-        flat, shape, dtype = as_float32(tensor)
-        check_finite(flat, name, "sign")
+        flat, shape, dtype = finite_float32(tensor, name, "sign")
         if self.settings.scale == "mean":
             scale = np.float32(_mean_abs(flat))
         else:

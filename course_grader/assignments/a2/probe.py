@@ -27,8 +27,8 @@ from typing import Any
 import numpy as np
 
 from course_grader.verdict.claims import Claims, ClaimsBuilder
-from course_grader.verdict.probe import ExerciseProbe, ProbeSpec
-from course_lib.checks.verdict import Verdict, run_check
+from course_grader.verdict.engine_probe import pushed_spec
+from course_grader.verdict.probe import ProbeSpec
 
 __all__ = ["a2_claims", "a2_inputs", "a2_spec"]
 
@@ -227,26 +227,21 @@ def _judge_case(case: dict, ranks: Any) -> int:
     return world_size
 
 
-def _check(exercise: str, name: str, kind: str):
-    from course_grader.assignments.a2.checks import A2_POINTS, A2_SIZES
+def _body(exercise: str, answer: Any, seed: int) -> str:
+    """Judge the replayed answer on every case of ``exercise``; return the PASS detail."""
+    from course_grader.assignments.a2.checks import A2_SIZES
 
-    def check(answer, *, verbose: bool = False, seed: int = 0) -> Verdict:
-        def body() -> str:
-            world_size = 0
-            for case in a2_inputs(kind, seed):
-                world_size = _judge_case(case, answer(case))
-            more = {
-                "reduce_scatter": f"; ValueError on {world_size - 1} ranks",
-                "allreduce": f"; {world_size - 1} ranks folded into {world_size // 2}",
-            }.get(kind, "")
-            return (
-                f"{world_size} ranks, partners r XOR 2^k, {len(A2_SIZES)} sizes, "
-                f"float32 and float64{more}"
-            )
-
-        return run_check(exercise, name, body, max_points=A2_POINTS[exercise], verbose=verbose)
-
-    return check
+    kind = _EXERCISES[exercise][1]
+    world_size = 0
+    for case in a2_inputs(kind, seed):
+        world_size = _judge_case(case, answer(case))
+    more = {
+        "reduce_scatter": f"; ValueError on {world_size - 1} ranks",
+        "allreduce": f"; {world_size - 1} ranks folded into {world_size // 2}",
+    }.get(kind, "")
+    return (
+        f"{world_size} ranks, partners r XOR 2^k, {len(A2_SIZES)} sizes, float32 and float64{more}"
+    )
 
 
 def a2_claims(cases: list) -> Claims:
@@ -274,16 +269,15 @@ def a2_claims(cases: list) -> Claims:
 
 def a2_spec() -> ProbeSpec:
     """A2's probes: the engines run the answers, the grader judges every rank's data."""
-    exercises = {}
-    for exercise, (name, kind) in _EXERCISES.items():
-        exercises[exercise] = ExerciseProbe(
-            lambda seed, kind=kind: a2_inputs(kind, seed),
-            _CALL.format(name=name),
-            _check(exercise, name, kind),
-            _ENGINE_SETUP.format(name=name),
-            claims=a2_claims,
-            wire_slack=_WIRE_SLACK[exercise],
-        )
-    # The engines need the communicators (gloo runs on torch): torch stays importable, and the
-    # kit is shown without its checks.
-    return ProbeSpec("", exercises, blocked=False, kit=True)
+    from course_grader.assignments.a2.checks import A2_POINTS
+
+    return pushed_spec(
+        _EXERCISES,
+        _CALL,
+        _ENGINE_SETUP,
+        inputs=a2_inputs,
+        body=_body,
+        points=A2_POINTS,
+        claims=a2_claims,
+        wire_slack=_WIRE_SLACK,
+    )

@@ -24,8 +24,8 @@ from typing import Any
 import numpy as np
 
 from course_grader.verdict.claims import Claims, ClaimsBuilder
-from course_grader.verdict.probe import ExerciseProbe, ProbeSpec
-from course_lib.checks.verdict import Verdict, run_check
+from course_grader.verdict.engine_probe import pushed_spec
+from course_grader.verdict.probe import ProbeSpec
 
 __all__ = ["a4_cases", "a4_claims", "a4_spec"]
 
@@ -170,18 +170,13 @@ def _judge_case(case: dict, ranks: Any) -> None:
             raise AssertionError(why)
 
 
-def _check(exercise: str, name: str, kind: str):
-    from course_grader.assignments.a4.checks import A4_DETAILS, A4_POINTS
+def _body(exercise: str, answer: Any, seed: int) -> str:
+    """Judge the replayed answer on every case of ``exercise``; return the PASS detail."""
+    from course_grader.assignments.a4.checks import A4_DETAILS
 
-    def check(answer, *, verbose: bool = False, seed: int = 0) -> Verdict:
-        def body() -> str:
-            for case in a4_cases(kind, seed):  # the grader's own copy of the inputs
-                _judge_case(case, answer(case))
-            return A4_DETAILS[exercise]
-
-        return run_check(exercise, name, body, max_points=A4_POINTS[exercise], verbose=verbose)
-
-    return check
+    for case in a4_cases(_EXERCISES[exercise][1], seed):  # the grader's own copy of the inputs
+        _judge_case(case, answer(case))
+    return A4_DETAILS[exercise]
 
 
 def a4_claims(cases: list) -> list[Claims]:
@@ -202,16 +197,15 @@ def a4_claims(cases: list) -> list[Claims]:
 
 def a4_spec() -> ProbeSpec:
     """A4's probes: the engines run the answers, the grader judges every rank's data."""
-    exercises = {}
-    for exercise, (name, kind) in _EXERCISES.items():
-        exercises[exercise] = ExerciseProbe(
-            lambda seed, kind=kind: a4_cases(kind, seed),
-            _CALL.format(name=name),
-            _check(exercise, name, kind),
-            _ENGINE_SETUP.format(name=name),
-            claims=a4_claims,
-            wire_slack=_WIRE_SLACK[exercise],
-        )
-    # The engines need the communicators (gloo runs on torch): torch stays importable, and the
-    # kit is shown without its checks.
-    return ProbeSpec("", exercises, blocked=False, kit=True)
+    from course_grader.assignments.a4.checks import A4_POINTS
+
+    return pushed_spec(
+        _EXERCISES,
+        _CALL,
+        _ENGINE_SETUP,
+        inputs=a4_cases,
+        body=_body,
+        points=A4_POINTS,
+        claims=a4_claims,
+        wire_slack=_WIRE_SLACK,
+    )

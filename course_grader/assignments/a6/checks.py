@@ -24,6 +24,7 @@ cases and judges every rank, here in the kernel and in the grader's process for 
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -43,11 +44,7 @@ from course_grader.assignments.a6.row_parallel import (
     judge_row_training,
     row_parallel_cases,
 )
-from course_grader.assignments.engine_check import (
-    judge_ranks,
-    run_engine_check,
-    shipped_case_runner,
-)
+from course_grader.assignments.engine_check import judge_ranks, run_shipped_check
 from course_lib.checks.verdict import Verdict
 
 __all__ = [
@@ -96,9 +93,7 @@ def _judge_rank(exercise: str, case: dict, rank: int, world_size: int, data: Any
 def a6_body(exercise: str, run_case: Callable[[dict], Any], seed: int | None = None) -> str:
     """Judge ``run_case(case)`` (every rank's (rank, world size, data)) case by case."""
 
-    def judge(case: dict, rank: int, world_size: int, data: Any) -> str:
-        return _judge_rank(exercise, case, rank, world_size, data)
-
+    judge = functools.partial(_judge_rank, exercise)
     judge_ranks(a6_cases(exercise, seed), run_case, judge, world_size=3)
     return A6_DETAILS[exercise]
 
@@ -116,16 +111,8 @@ def _run(blob: bytes, case: dict, comm_name: str) -> tuple:
 # -- the check cells ------------------------------------------------------------------------------
 
 
-def _check(
-    exercise: str, name: str, payload: Any, cluster: Any, comm_name: str, verbose: bool
-) -> Verdict:
-    def body() -> str:
-        return a6_body(exercise, shipped_case_runner(cluster, _run, payload, comm_name))
-
-    points = A6_POINTS[exercise]
-    return run_engine_check(
-        exercise, name, cluster, body, world_size=3, max_points=points, verbose=verbose
-    )
+#: ``_check(exercise, name, answer, cluster, comm_name, verbose)``: the check cells' verdict
+_check = functools.partial(run_shipped_check, body=a6_body, task=_run, points=A6_POINTS)
 
 
 def check_row_parallel_forward(

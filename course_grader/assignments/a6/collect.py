@@ -9,6 +9,9 @@ the grader ships this module's *source* to the graded engines (``course_lib.chec
 there) and judges the same data in its own process. So this module imports nothing from
 ``course_lib.checks``. The counters are counted inside the student's processes (the grader
 also counts the GPipe exercises' bytes on the wire: :mod:`course_grader.verdict.wire`).
+
+Its ``_counters`` and ``_array`` repeat :mod:`course_grader.assignments.a7.collect`'s on purpose:
+each module is exec'd alone from its source on the engines, so it shares nothing.
 """
 
 from __future__ import annotations

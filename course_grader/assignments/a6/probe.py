@@ -21,55 +21,18 @@ guard (no private attributes) is the line there. The engines talk over gloo, so
 
 from __future__ import annotations
 
-import base64
-import inspect
-from collections.abc import Callable
-
 from course_grader.verdict.claims import counter_claims, p2p_claims
-from course_grader.verdict.probe import ExerciseProbe, ProbeSpec
-from course_lib.checks.verdict import Verdict, run_check
+from course_grader.verdict.engine_probe import collect_spec
+from course_grader.verdict.probe import ProbeSpec
 
 __all__ = ["a6_spec"]
 
-_ENGINE_SETUP = """\
-    import cloudpickle
-
-    source = base64.b64decode("{source}").decode()
-
-    def engine_case(blob, source, case):
-        import cloudpickle
-        from IPython import get_ipython
-
-        ns = {{"__name__": "course_probe_a6"}}  # the collectors, as source: the module is hidden
-        exec(source, ns)
-        return ns["collect"](get_ipython().user_ns["comm"], cloudpickle.loads(blob), case)
-
-    def run_case(fns, case):
-        assert cluster.world_size == 3, f"the check needs 3 engines, not {{cluster.world_size}}"
-        return cluster.run(engine_case, cloudpickle.dumps(fns), source, case, timeout=120)
-"""
 _CALLS = {  # exercise: (name, what the engines call)
     "A6.1": ("row_parallel_forward", "(row_parallel_forward,)"),
     "A6.2": ("row_parallel_backward", "(row_parallel_forward, row_parallel_backward)"),
     "A6.3": ("gpipe_step", "gpipe_step"),
     "A6.4": ("gpipe_training", "train_pipeline"),
 }
-
-
-def _check(exercise: str, name: str) -> Callable[..., Verdict]:
-    """A check over the replayed engines' data: the notebook's own body, on the grader's seed."""
-    from course_grader.assignments.a6.checks import A6_POINTS, a6_body
-
-    def check(answer: Callable, *, verbose: bool = False, seed: int = 0) -> Verdict:
-        return run_check(
-            exercise,
-            name,
-            lambda: a6_body(exercise, answer, seed),
-            max_points=A6_POINTS[exercise],
-            verbose=verbose,
-        )
-
-    return check
 
 
 def _row_counters(data: tuple) -> list[tuple]:
@@ -92,20 +55,13 @@ _CLAIMS = {
 
 def a6_spec() -> ProbeSpec:
     """A6's probes: the engines run the answers, the grader judges every rank's data."""
-    from course_grader.assignments.a6 import checks as a6
-    from course_grader.assignments.a6 import collect as a6_collect
+    from course_grader.assignments.a6 import checks, collect
 
-    source = base64.b64encode(inspect.getsource(a6_collect).encode()).decode()
-    setup = _ENGINE_SETUP.format(source=source)
-    exercises = {}
-    for exercise, (name, fns) in _CALLS.items():
-        exercises[exercise] = ExerciseProbe(
-            lambda seed, exercise=exercise: a6.a6_cases(exercise, seed),
-            f"run_case({fns}, case)",
-            _check(exercise, name),
-            setup,
-            claims=_CLAIMS[exercise],
-        )
-    # The engines' communicators run on torch.distributed (gloo): it stays importable, and the
-    # kit is shown without its checks (the references).
-    return ProbeSpec("", exercises, blocked=False, kit=True)
+    return collect_spec(
+        collect,
+        _CALLS,
+        inputs=checks.a6_cases,
+        body=checks.a6_body,
+        points=checks.A6_POINTS,
+        claims=_CLAIMS,
+    )

@@ -16,16 +16,13 @@ grader's process for ``./kit grade`` (:mod:`course_grader.assignments.a7.probe`)
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any
 
 from course_grader.assignments.a7.collect import TRAIN_STEPS
 from course_grader.assignments.a7.judge import a7_cases, judge_rank
-from course_grader.assignments.engine_check import (
-    judge_ranks,
-    run_engine_check,
-    shipped_case_runner,
-)
+from course_grader.assignments.engine_check import judge_ranks, run_shipped_check
 from course_lib.checks.verdict import Verdict
 
 __all__ = [
@@ -55,9 +52,7 @@ A7_DETAILS = {
 def a7_body(exercise: str, run_case: Callable[[dict], Any], seed: int | None = None) -> str:
     """Judge ``run_case(case)`` (every rank's (rank, world size, data)) case by case."""
 
-    def judge(case: dict, rank: int, world_size: int, data: Any) -> str:
-        return judge_rank(exercise, case, rank, world_size, data)
-
+    judge = functools.partial(judge_rank, exercise)
     judge_ranks(a7_cases(exercise, seed), run_case, judge, world_size=3)
     return A7_DETAILS[exercise]
 
@@ -83,16 +78,8 @@ def _run(blob: bytes, case: dict, comm_name: str) -> tuple:
         return collect(get_ipython().user_ns[comm_name], answer, case)
 
 
-def _check(
-    exercise: str, name: str, answer: Callable, cluster: Any, comm_name: str, verbose: bool
-) -> Verdict:
-    def body() -> str:
-        return a7_body(exercise, shipped_case_runner(cluster, _run, answer, comm_name))
-
-    points = A7_POINTS[exercise]
-    return run_engine_check(
-        exercise, name, cluster, body, world_size=3, max_points=points, verbose=verbose
-    )
+#: ``_check(exercise, name, answer, cluster, comm_name, verbose)``: the check cells' verdict
+_check = functools.partial(run_shipped_check, body=a7_body, task=_run, points=A7_POINTS)
 
 
 def check_reduce_scatter_mean(

@@ -10,6 +10,9 @@ the graded engines (``course_lib.checks`` is hidden there) and judges the same d
 process. So this module imports nothing from ``course_lib.checks``. The counters and the
 ledger are counted inside the student's processes (the grader also counts the bytes on the
 wire: :mod:`course_grader.verdict.wire`).
+
+Copied on purpose from :mod:`course_grader.assignments.a6.collect`: ``_counters``, ``_array``
+(the engines exec each collect module alone, from its source; it can import no sibling).
 """
 
 from __future__ import annotations

@@ -18,55 +18,18 @@ ledger (the bytes of state an answer keeps) is still measured inside the engines
 
 from __future__ import annotations
 
-import base64
-import inspect
-from collections.abc import Callable
-
 from course_grader.verdict.claims import Claims, p2p_claims
-from course_grader.verdict.probe import ExerciseProbe, ProbeSpec
-from course_lib.checks.verdict import Verdict, run_check
+from course_grader.verdict.engine_probe import collect_spec
+from course_grader.verdict.probe import ProbeSpec
 
 __all__ = ["a7_claims", "a7_spec"]
 
-_ENGINE_SETUP = """\
-    import cloudpickle
-
-    source = base64.b64decode("{source}").decode()
-
-    def engine_case(blob, source, case):
-        import cloudpickle
-        from IPython import get_ipython
-
-        ns = {{"__name__": "course_probe_a7"}}  # the collector, as source: the module is hidden
-        exec(source, ns)
-        return ns["collect"](get_ipython().user_ns["comm"], cloudpickle.loads(blob), case)
-
-    def run_case(fn, case):
-        assert cluster.world_size == 3, f"the check needs 3 engines, not {{cluster.world_size}}"
-        return cluster.run(engine_case, cloudpickle.dumps(fn), source, case, timeout=120)
-"""
 _CALLS = {  # exercise: (name, the answer the engines call)
     "A7.1": ("reduce_scatter_mean", "reduce_scatter_mean"),
     "A7.2": ("adam_on_shard", "adam_on_shard"),
     "A7.3": ("allgather_shards", "allgather_shards"),
     "A7.4": ("stage2_step", "stage2_step"),
 }
-
-
-def _check(exercise: str, name: str) -> Callable[..., Verdict]:
-    """A check over the replayed engines' data: the notebook's own body, on the grader's seed."""
-    from course_grader.assignments.a7.checks import A7_POINTS, a7_body
-
-    def check(answer: Callable, *, verbose: bool = False, seed: int = 0) -> Verdict:
-        return run_check(
-            exercise,
-            name,
-            lambda: a7_body(exercise, answer, seed),
-            max_points=A7_POINTS[exercise],
-            verbose=verbose,
-        )
-
-    return check
 
 
 def a7_claims(cases: list) -> Claims:
@@ -81,19 +44,13 @@ def a7_claims(cases: list) -> Claims:
 
 def a7_spec() -> ProbeSpec:
     """A7's probes: the engines run the answers, the grader judges every rank's data."""
-    from course_grader.assignments.a7 import collect, judge
+    from course_grader.assignments.a7 import checks, collect, judge
 
-    source = base64.b64encode(inspect.getsource(collect).encode()).decode()
-    setup = _ENGINE_SETUP.format(source=source)
-    exercises = {}
-    for exercise, (name, fn) in _CALLS.items():
-        exercises[exercise] = ExerciseProbe(
-            lambda seed, exercise=exercise: judge.a7_cases(exercise, seed),
-            f"run_case({fn}, case)",
-            _check(exercise, name),
-            setup,
-            claims=a7_claims,
-        )
-    # The engines' communicators run on torch.distributed (gloo): it stays importable, and the
-    # kit is shown without its checks (the references).
-    return ProbeSpec("", exercises, blocked=False, kit=True)
+    return collect_spec(
+        collect,
+        _CALLS,
+        inputs=judge.a7_cases,
+        body=checks.a7_body,
+        points=checks.A7_POINTS,
+        claims=dict.fromkeys(_CALLS, a7_claims),
+    )

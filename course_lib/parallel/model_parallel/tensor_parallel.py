@@ -21,6 +21,8 @@ the same layers on the same input, in the same order.
 
 from __future__ import annotations
 
+from typing import TypeVar
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -38,6 +40,8 @@ __all__ = [
     "scatter_to_parallel",
     "shard_bounds",
 ]
+
+_Layer = TypeVar("_Layer", bound="_ShardedLinear")
 
 
 def shard_bounds(width: int, world_size: int, what: str = "layer width") -> list[tuple[int, int]]:
@@ -134,7 +138,28 @@ def scatter_to_parallel(x: torch.Tensor, comm: Communicator, bounds: list) -> to
 
 
 # ---- the two layers ------------------------------------------------------------------------
-class ColumnParallelLinear(nn.Module):
+class _ShardedLinear(nn.Module):
+    """What both split layers share: :meth:`from_linear` copies this rank's shard of a full one."""
+
+    def shard_of(self, linear: nn.Linear) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Return this rank's parts of ``linear``'s weight and bias (each split layer says which)."""
+        raise NotImplementedError
+
+    @classmethod
+    def from_linear(cls: type[_Layer], linear: nn.Linear, comm: Communicator, **kw) -> _Layer:
+        """Return this rank's shard of ``linear`` (same numbers as the full layer, copied)."""
+        layer = cls(
+            linear.in_features, linear.out_features, comm, bias=linear.bias is not None, **kw
+        )
+        weight, bias = layer.shard_of(linear)
+        with torch.no_grad():
+            layer.weight.copy_(weight)
+            if layer.bias is not None:
+                layer.bias.copy_(bias)
+        return layer
+
+
+class ColumnParallelLinear(_ShardedLinear):
     """A linear layer split by output neurons: this rank holds rows ``out_bounds[rank]`` of W.
 
     With ``gather_output=True`` the forward returns the full output on every rank (an allgather);
@@ -162,18 +187,10 @@ class ColumnParallelLinear(nn.Module):
         self.weight = nn.Parameter(torch.empty(b - a, in_features))
         self.bias = nn.Parameter(torch.zeros(b - a)) if bias else None
 
-    @classmethod
-    def from_linear(cls, linear: nn.Linear, comm: Communicator, **kw) -> ColumnParallelLinear:
-        """Return this rank's shard of ``linear`` (same numbers as the full layer, copied)."""
-        layer = cls(
-            linear.in_features, linear.out_features, comm, bias=linear.bias is not None, **kw
-        )
-        a, b = layer.out_bounds[comm.rank]
-        with torch.no_grad():
-            layer.weight.copy_(linear.weight[a:b])
-            if layer.bias is not None:
-                layer.bias.copy_(linear.bias[a:b])
-        return layer
+    def shard_of(self, linear: nn.Linear) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Return this rank's rows of ``linear``'s weight and bias."""
+        a, b = self.out_bounds[self.comm.rank]
+        return linear.weight[a:b], None if linear.bias is None else linear.bias[a:b]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # f: every rank uses all of X, so dL/dX is the sum of every rank's contribution
@@ -182,7 +199,7 @@ class ColumnParallelLinear(nn.Module):
         return gather_from_parallel(y, self.comm, self.out_bounds) if self.gather_output else y
 
 
-class RowParallelLinear(nn.Module):
+class RowParallelLinear(_ShardedLinear):
     """A linear layer split by input features: this rank holds columns ``in_bounds[rank]`` of W.
 
     With ``input_is_parallel=True`` the input is already this rank's slice of the features (the
@@ -206,18 +223,10 @@ class RowParallelLinear(nn.Module):
         self.weight = nn.Parameter(torch.empty(out_features, b - a))
         self.bias = nn.Parameter(torch.zeros(out_features)) if bias else None
 
-    @classmethod
-    def from_linear(cls, linear: nn.Linear, comm: Communicator, **kw) -> RowParallelLinear:
-        """Return this rank's shard of ``linear`` (same numbers as the full layer, copied)."""
-        layer = cls(
-            linear.in_features, linear.out_features, comm, bias=linear.bias is not None, **kw
-        )
-        a, b = layer.in_bounds[comm.rank]
-        with torch.no_grad():
-            layer.weight.copy_(linear.weight[:, a:b])
-            if layer.bias is not None:
-                layer.bias.copy_(linear.bias)
-        return layer
+    def shard_of(self, linear: nn.Linear) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Return this rank's columns of ``linear``'s weight, and its whole bias (added once)."""
+        a, b = self.in_bounds[self.comm.rank]
+        return linear.weight[:, a:b], linear.bias
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if not self.input_is_parallel:
