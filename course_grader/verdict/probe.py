@@ -171,10 +171,15 @@ def convert_notebook(
             cell.source = probe_source(probe, exercise, seed)
             cell.metadata.setdefault("course", {})["probe"] = exercise
             cell.outputs = []
-        elif "course_lib.checks" in cell.source and spec.kernel_setup:
+        elif _imports_the_checks(cell.source) and spec.kernel_setup:
             cell.source = "" if setup_done else spec.kernel_setup
             setup_done = True
     return graded
+
+
+def _imports_the_checks(source: str) -> bool:
+    """Whether a set-up cell imports the assignment's checks (the grader's or the lectures')."""
+    return "course_grader" in source or "course_lib.checks" in source
 
 
 class _Unsupported(str):
