@@ -91,9 +91,14 @@ def judge_probe(
                 f"the sum divided by N - 1 = {n - 1}: the server computes a gradient too, "
                 f"divide by N = {n}"
             ] = total / (n - 1)
-        for why, value in known.items():
-            if got.shape == (size,) and np.allclose(got, value, rtol=1e-6):
-                return f"{case}: rank {rank} holds {why}"
+        matches = [
+            why
+            for why, value in known.items()
+            if got.shape == (size,) and np.allclose(got, value, rtol=1e-6)
+        ]
+        if matches:  # on small integers two mistakes can give equal values (a fresh seed each
+            # grading: seen once in four runs for size 1): name each, never the first alone
+            return f"{case}: rank {rank} holds " + "; equally, ".join(matches)
         return f"{case}: rank {rank} does not hold the mean of the {n} gradients"
     if kind == "ps":
         nbytes = size * 4
