@@ -46,7 +46,7 @@ from course_grader.sandbox.config import SandboxLimits, grader_package, kit_pack
 from course_grader.sandbox.wire_audit import wire_problem_here
 from course_grader.verdict.guard import parse_python
 from course_grader.verdict.probe import convert_notebook
-from course_lib.data.paths import atomic_write_bytes
+from course_lib.files import atomic_write_bytes
 
 __all__ = [
     "GradingMachineError",

@@ -22,7 +22,8 @@ from typing import Any
 from course_lib.cost_model.configs import ParallelConfig
 from course_lib.cost_model.op_costs import machine_description, shard_signature, time_shard
 from course_lib.cost_model.operators import Operator, OperatorGraph
-from course_lib.data.paths import atomic_write_bytes, cache_dir
+from course_lib.data.paths import cache_dir
+from course_lib.files import atomic_write_bytes
 
 __all__ = ["EngineCosts", "time_on_engine"]
 

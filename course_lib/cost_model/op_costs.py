@@ -20,7 +20,8 @@ from pathlib import Path
 
 from course_lib.cost_model.configs import ParallelConfig, in_boxes, shard_scale
 from course_lib.cost_model.operators import Operator
-from course_lib.data.paths import atomic_write_bytes, cache_dir
+from course_lib.data.paths import cache_dir
+from course_lib.files import atomic_write_bytes
 
 __all__ = [
     "FlopsCosts",

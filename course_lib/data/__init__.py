@@ -12,7 +12,7 @@ import os
 from torch.utils.data import TensorDataset
 
 from course_lib.data.digits import digits_arrays, load_digits
-from course_lib.data.paths import ENV_VAR, atomic_write_bytes, cache_dir, datasets_dir
+from course_lib.data.paths import ENV_VAR, cache_dir, datasets_dir
 from course_lib.data.segmentation import (
     CLASS_COLOURS,
     CLASS_NAMES,
@@ -53,7 +53,6 @@ __all__ = [
     "ShardSampler",
     "datasets_dir",
     "cache_dir",
-    "atomic_write_bytes",
     "ENV_VAR",
 ]
 

@@ -6,9 +6,8 @@ import os
 from pathlib import Path
 
 import course_lib
-from course_lib.files import atomic_write_bytes  # the one writer; kept here for lecture 1
 
-__all__ = ["ENV_VAR", "datasets_dir", "cache_dir", "atomic_write_bytes"]
+__all__ = ["ENV_VAR", "datasets_dir", "cache_dir"]
 
 #: Environment variable that moves the whole datasets folder (e.g. to a shared lab drive).
 ENV_VAR = "COURSE_DATASETS_DIR"

@@ -18,7 +18,7 @@ import numpy as np
 import torch
 from torch.utils.data import TensorDataset
 
-from course_lib.data.paths import atomic_write_bytes
+from course_lib.files import atomic_write_bytes
 
 __all__ = [
     "CLASS_NAMES",

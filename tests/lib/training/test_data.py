@@ -108,8 +108,8 @@ def test_default_datasets_dir_is_the_repos():
 
 
 def test_atomic_write_leaves_no_temp_file(tmp_path):
-    target = data.atomic_write_bytes(tmp_path / "a" / "f.bin", b"123")
-    data.atomic_write_bytes(target, b"4567")
+    target = files.atomic_write_bytes(tmp_path / "a" / "f.bin", b"123")
+    files.atomic_write_bytes(target, b"4567")
     assert target.read_bytes() == b"4567"
     assert [p.name for p in target.parent.iterdir()] == ["f.bin"]
 
