@@ -143,3 +143,47 @@ def shared_engines(local_engines):
         return sub
 
     return take
+
+
+# -- each lecture runs once: on the emulated room's cluster where there is a room -----------------
+ROOM_LECTURES = "tests/kit/room/test_room_lectures.py::test_lecture_runs_on_the_rooms_cluster["
+
+
+@pytest.hookimpl(trylast=True)  # after ``-m`` and ``-k`` have deselected what they deselect
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Deselect a lecture's local nbval run when the room's test runs that lecture on the room's cluster.
+
+    ``tests/kit/room/test_room_lectures.py`` runs every lecture that starts engines under nbval,
+    top to bottom, connected to the room (the same cells, the same checks), so running it a second
+    time on local engines only repeats its cells. Where this machine cannot host a room (not root,
+    no ``ip``), or ``-m "not room"`` deselected the room's test, the lectures run locally as before.
+    """
+    from course_kit.room.build import missing_prerequisite
+
+    in_the_room = {
+        i.nodeid[len(ROOM_LECTURES) : -1] for i in items if i.nodeid.startswith(ROOM_LECTURES)
+    }
+    if not in_the_room or missing_prerequisite() is not None:
+        return
+    kept, left = [], []
+    for item in items:
+        is_lecture = item.nodeid.startswith("notebooks/") and item.path.stem in in_the_room
+        (left if is_lecture else kept).append(item)
+    if left:
+        config.hook.pytest_deselected(items=left)
+        items[:] = kept
+
+
+def pytest_terminal_summary(terminalreporter) -> None:  # noqa: ANN001 - pytest's reporter
+    """Name the lectures that ran only on the room's cluster (their local run was deselected)."""
+    from course_kit.room.build import missing_prerequisite
+
+    reports = [r for rs in terminalreporter.stats.values() for r in rs if hasattr(r, "when")]
+    ran = sorted(
+        {r.nodeid[len(ROOM_LECTURES) : -1] for r in reports if r.nodeid.startswith(ROOM_LECTURES)}
+    )
+    if ran and missing_prerequisite() is None:
+        terminalreporter.write_line(
+            f"{len(ran)} lectures ran once, on the emulated room's cluster "
+            f"(tests/kit/room/test_room_lectures.py), not again on local engines: {', '.join(ran)}"
+        )
