@@ -127,17 +127,18 @@ def too_noisy(spread: Spread, limit: float = 0.5) -> bool:
 
 def compare(
     first: str, a: Spread | Sequence[float], second: str, b: Spread | Sequence[float],
-    *, quantity: str = "time",
+    *, quantity: str = "time", unit: str = "ms", scale: float = 1e3,
 ) -> Comparison:  # fmt: skip
     """Compare two spreads of a time (smaller is better) and write the sentence the numbers support.
 
     Apart ranges give "FIRST is R× faster than SECOND (medians …)"; overlapping ranges give
-    "FIRST and SECOND are within this run's noise" with both ranges, never a winner.
+    "FIRST and SECOND are within this run's noise" with both ranges, never a winner. The ranges
+    are written in ``unit`` (samples times ``scale``: milliseconds by default).
     """
     a = a if isinstance(a, Spread) else Spread.of(a)
     b = b if isinstance(b, Spread) else Spread.of(b)
     ratio = b.median / a.median if a.median else float("inf")
-    ranges = f"{first} {a.describe()}, {second} {b.describe()}"
+    ranges = f"{first} {a.describe(unit, scale)}, {second} {b.describe(unit, scale)}"
     if a.overlaps(b):
         sentence = f"{first} and {second} are within this run's noise on {quantity} ({ranges})"
         return Comparison(first, second, ratio, True, sentence)

@@ -163,7 +163,7 @@ def lab_main(args: argparse.Namespace) -> int:
             ok, text = lab_status(hosts)
             print(text)
             return 0 if ok else 1
-        if not stop_lab(hosts):
+        if not stop_lab(hosts, progress=lambda line: print(line, flush=True)):
             print(f"no lab cluster is running in profile {hosts.profile!r}: nothing to stop")
         else:
             print(f"lab cluster stopped: engines on {len(hosts.pcs)} PCs and the controller")

@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from course_kit.lab.hosts import LabHosts, LabPC
+from course_kit.lab.launcher import PCEngineSetLauncher
 from course_kit.lab.mpi_engines import (
     MPI_ENGINES_FILE,
     mpi_engine_ids,
@@ -108,11 +109,8 @@ def _load(hosts: LabHosts) -> Any | None:
         return None
     quiet = logging.getLogger("course_lib.lab")
     quiet.setLevel(logging.CRITICAL)
-    # Loading starts a watcher per engine (`ssh PC python -c "wait for pid, N s"`); ipyparallel's
-    # N for ssh is 60 s, which ``add`` and ``stop`` would wait out when they end the watchers.
-    config = Config()
-    config.SSHLauncher.poll_seconds = WATCH_SECONDS
-    return ipp.Cluster.from_file(str(state), config=config, log=quiet)
+    # The engines' launcher keeps their pids per PC and starts no watcher (course_kit.lab.launcher).
+    return ipp.Cluster.from_file(str(state), config=Config(), log=quiet)
 
 
 def start_lab(hosts: LabHosts, timeout: float = 120.0, progress: Any = print) -> tuple[Any, float]:
@@ -140,11 +138,12 @@ def start_lab(hosts: LabHosts, timeout: float = 120.0, progress: Any = print) ->
             f"{len(bad)} of {len(hosts.pcs)} PCs are not ready; nothing was "
             "started:\n" + "\n".join(f"  {line}" for line in bad)
         )
+    progress(f"lab start: {len(hosts.pcs)} PCs ready over SSH ({time.monotonic() - started:.0f} s)")
     cluster = ipp.Cluster(
         profile=hosts.profile,
         cluster_id=LAB_CLUSTER_ID,
         controller_ip=hosts.controller_ip,
-        engine_launcher_class="ssh",
+        engine_launcher_class=PCEngineSetLauncher,  # one SSH round trip per PC, PCs at once
         n=hosts.engines,
         shutdown_atexit=False,  # the lab outlives this command; ./kit lab stop ends it
         log_level=logging.CRITICAL,  # a failure is reported in one line below, not a traceback
@@ -155,10 +154,17 @@ def start_lab(hosts: LabHosts, timeout: float = 120.0, progress: Any = print) ->
         f"--HeartMonitor.max_heartmonitor_misses={HEARTBEAT_MISSES}",
     ]
     _configure_launcher(cluster, hosts, hosts.pcs)
+    cluster.config.PCEngineSetLauncher.progress = progress
     _remove_lab_files(hosts)  # stale files of an earlier run would mislead the students' clients
     try:
         with _stderr_to_devnull():  # the launcher's remote tracebacks: reported below in a line
-            cluster.start_cluster_sync()
+            cluster.start_controller_sync()
+            progress(
+                f"lab start: controller listening on {hosts.controller_ip}; starting "
+                f"{hosts.engines} engines on {len(hosts.pcs)} PCs at once "
+                f"({time.monotonic() - started:.0f} s)"
+            )
+            cluster.start_engines_sync()
         with cluster.connect_client_sync() as client:
             _wait_with_progress(client, hosts.engines, timeout, started, progress)
             if hosts.mpi_ranks:
@@ -231,10 +237,8 @@ def _teardown(cluster: Any, hosts: LabHosts) -> None:
 
 
 def _configure_launcher(cluster: Any, hosts: LabHosts, pcs: tuple[LabPC, ...]) -> None:
-    """Point the cluster's SSH engine launcher at ``pcs``: their engines, Python, ssh and scp."""
-    launcher = cluster.config.SSHEngineSetLauncher
-    # Per PC: its Python, and the engine command made from it (the launcher builds that command
-    # once, from its own remote_python, and would not see a per-PC one).
+    """Point the cluster's engine launcher at ``pcs``: their engines, Python and the ssh command."""
+    launcher = cluster.config.PCEngineSetLauncher
     launcher.engines = {
         pc.host: {
             "n": pc.engines,
@@ -245,10 +249,6 @@ def _configure_launcher(cluster: Any, hosts: LabHosts, pcs: tuple[LabPC, ...]) -
         if pc.engines
     }
     launcher.ssh_cmd = list(hosts.ssh)
-    launcher.scp_cmd = list(hosts.scp)
-    # The launcher watches each engine with `ssh PC python -c "wait for pid, N s"`; a short N
-    # lets this command end those watchers soon after the engines answer (see below).
-    launcher.poll_seconds = WATCH_SECONDS
 
 
 def _pcs_named(hosts: LabHosts, names: list[str]) -> tuple[LabPC, ...]:
@@ -381,12 +381,14 @@ def lab_status(hosts: LabHosts) -> tuple[bool, str]:
     return ok, "\n".join([head, *lines])
 
 
-def stop_lab(hosts: LabHosts) -> bool:
+def stop_lab(hosts: LabHosts, progress: Any = None) -> bool:
     """Stop the engines on every PC, the controller and the seat service; False: none was running.
 
     Also ends a controller of the profile that an earlier start left behind, and removes the
-    connection files, so the next start begins clean.
+    connection files, so the next start begins clean. ``progress`` gets a line per step.
     """
+    started = time.monotonic()
+    say = progress or (lambda line: None)
     cluster = _load(hosts) if _is_running(hosts) else None
     leftover = _leftovers(hosts)
     if cluster is None and not leftover:
@@ -394,9 +396,14 @@ def stop_lab(hosts: LabHosts) -> bool:
         return False
     try:
         if cluster is not None:
+            say(f"lab stop: stopping the engines on {len(hosts.pcs)} PCs at once")
             with _stderr_to_devnull():  # `kill` of an engine that died earlier prints a traceback
                 with contextlib.suppress(Exception):  # what is left is ended by _teardown
-                    cluster.stop_cluster_sync()
+                    cluster.stop_engines_sync()
+            say(f"lab stop: engines stopped ({time.monotonic() - started:.0f} s)")
+            with _stderr_to_devnull(), contextlib.suppress(Exception):
+                cluster.stop_controller_sync()
+            say(f"lab stop: controller stopped ({time.monotonic() - started:.0f} s)")
     finally:
         if cluster is not None:
             _stop_watchers(cluster)  # they end at once: the engines they watch are gone

@@ -1,7 +1,7 @@
-"""``./kit lab start | status | stop hosts.toml`` in the emulated room, through ipyparallel's
-SSH engine launcher: ``ssh`` and ``scp`` are stand-ins that run the launcher's commands inside
-the PCs' namespaces (:mod:`course_kit.room.ssh`), so the launcher's own code runs as in
-a real lab. The same room and cluster then lose two PCs during the "class" (one PC's engines
+"""``./kit lab start | status | stop hosts.toml`` in the emulated room, through the lab's engine
+launcher (:mod:`course_kit.lab.launcher`: one SSH call per PC, the PCs at once): ``ssh`` is a
+stand-in that runs the launcher's command inside the PC's namespace (:mod:`course_kit.room.ssh`),
+so the launcher's own code runs as in a real lab; ``start`` prints a line per PC while it runs. The same room and cluster then lose two PCs during the "class" (one PC's engines
 killed, another PC's link cut), and ``./kit lab add`` brings them back. Deselect with
 ``-m "not room"``.
 """
@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -46,6 +48,27 @@ def _lab(env: dict[str, str], *argv: str, timeout: float = 900) -> subprocess.Co
     )
     print(f"\nkit lab {argv[0]}: {time.monotonic() - start:.1f} s")
     return done
+
+
+def _lab_streamed(
+    env: dict[str, str], *argv: str, timeout: float = 900
+) -> tuple[subprocess.CompletedProcess, list[tuple[float, str]]]:
+    """Run ``lab ARGV`` as :func:`_lab` does, noting when each line of its output arrived."""
+    command = [sys.executable, "-m", "course_kit.jobs.cluster", "lab", *argv]
+    arrivals: list[tuple[float, str]] = []
+    with (
+        tempfile.TemporaryFile("w+") as errors,  # a file: a full stderr pipe cannot block it
+        subprocess.Popen(
+            command, env=env, stdout=subprocess.PIPE, stderr=errors, text=True, cwd=ROOT
+        ) as proc,
+    ):
+        for line in proc.stdout:  # the job flushes each progress line
+            arrivals.append((time.monotonic(), line.rstrip("\n")))
+        returncode = proc.wait(timeout=timeout)
+        errors.seek(0)
+        stderr = errors.read()
+    stdout = "\n".join(line for _, line in arrivals)
+    return subprocess.CompletedProcess(command, returncode, stdout, stderr), arrivals
 
 
 def _marked(ipython_dir: str, within: float = 10.0) -> list[int]:
@@ -145,9 +168,19 @@ def test_lab_cluster_starts_from_a_hosts_file_over_ssh_and_stops_cleanly(tmp_pat
         )
         env = dict(os.environ, IPYTHONDIR=str(tmp_path / "instructor"), OMP_NUM_THREADS="1")
         try:
-            started = _lab(env, "start", str(hosts_file), "--timeout", "600")
+            started, arrivals = _lab_streamed(env, "start", str(hosts_file), "--timeout", "600")
             print(started.stdout, started.stderr[-3000:])
             assert started.returncode == 0, started.stderr[-3000:]
+            # A line per PC as its engines are launched, printed while start still runs (well
+            # before the last line: registration and the roster follow), elapsed times rising.
+            launched = [(at, line) for at, line in arrivals if "engines launched" in line
+                        or "engine launched" in line]  # fmt: skip
+            assert sorted(line.split(":")[1].strip() for _, line in launched) == sorted(
+                pc.hostname for pc in room.pcs
+            ), started.stdout
+            assert max(at for at, _ in launched) < arrivals[-1][0] - 0.2, arrivals
+            elapsed = [int(m) for m in re.findall(r"\((\d+) s\)", started.stdout)]
+            assert elapsed == sorted(elapsed) and len(elapsed) >= len(room.pcs), started.stdout
             assert f"{sum(ENGINES)} engines on {len(ENGINES)} PCs answered" in started.stdout
             # The engines run inside the PCs' namespaces, as many as the hosts file asks.
             for pc, n in zip(room.pcs, ENGINES, strict=True):
