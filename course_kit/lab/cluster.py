@@ -45,6 +45,7 @@ from course_kit.lab.roster import (
     HEARTBEAT_MISSES,
     HEARTBEAT_MS,
     ROSTER_FILE,
+    read_roster,
     record_roster,
     roster_report,
 )
@@ -236,17 +237,20 @@ def _teardown(cluster: Any, hosts: LabHosts) -> None:
     _remove_lab_files(hosts)
 
 
-def _configure_launcher(cluster: Any, hosts: LabHosts, pcs: tuple[LabPC, ...]) -> None:
-    """Point the cluster's engine launcher at ``pcs``: their engines, Python and the ssh command."""
+def _configure_launcher(
+    cluster: Any, hosts: LabHosts, pcs: tuple[LabPC, ...], counts: dict[str, int] | None = None
+) -> None:
+    """Point the engine launcher at ``pcs``: engines (``counts`` per PC, else the hosts file's), Python, ssh."""
     launcher = cluster.config.PCEngineSetLauncher
+    counts = counts if counts is not None else {pc.host: pc.engines for pc in pcs}
     launcher.engines = {
         pc.host: {
-            "n": pc.engines,
+            "n": counts[pc.host],
             "remote_python": pc.python,
             "engine_cmd": [pc.python, "-m", "ipyparallel.engine"],
         }
         for pc in pcs
-        if pc.engines
+        if counts[pc.host]
     }
     launcher.ssh_cmd = list(hosts.ssh)
 
@@ -267,11 +271,13 @@ def _pcs_named(hosts: LabHosts, names: list[str]) -> tuple[LabPC, ...]:
 
 
 def add_pcs(hosts: LabHosts, names: list[str], timeout: float = 120.0) -> tuple[list[str], float]:
-    """Start again the engines of the PCs ``names`` that dropped out; return those PCs, seconds.
+    """Start again the missing engines of the PCs ``names`` that dropped out; return those PCs, seconds.
 
-    PCs whose engines all answer are left alone. What is left of a re-added PC's earlier engines
-    (one that lost its link and is back, unregistered) is stopped first. Engines elsewhere and
-    the students' clients are not touched; a student's client sees the new engines at once.
+    PCs whose engines all answer are left alone; on a re-added PC the engines that still answer
+    keep running (a student's seat on them is not disturbed) and only the missing ones start.
+    What is left of its earlier engines that no longer answer (one that lost its link and is
+    back, unregistered) is stopped first. Engines elsewhere and the students' clients are not
+    touched; a student's client sees the new engines at once.
     """
     started = time.monotonic()
     pcs = _pcs_named(hosts, names)
@@ -281,30 +287,43 @@ def add_pcs(hosts: LabHosts, names: list[str], timeout: float = 120.0) -> tuple[
             "start one with ./kit lab start HOSTS"
         )
     security = _security(hosts)
+    mpi_ids = mpi_engine_ids(security)
     with _client(hosts) as client:
-        _, _, dropped = roster_report(hosts, security, client, mpi_ids=mpi_engine_ids(security))
+        _, _, dropped = roster_report(hosts, security, client, mpi_ids=mpi_ids)
         todo = tuple(pc for pc in pcs if pc.host in dropped)
         if not todo:
             return [], time.monotonic() - started
+        # roster_report waited for the heartbeat: what is registered now answers.
+        roster, registered = read_roster(security), set(client.ids) - set(mpi_ids)
+        alive = {
+            pc.host: [e for e in registered if roster.get(e, {}).get("pc") == pc.host]
+            for pc in todo
+        }
+        missing = {pc.host: max(0, pc.engines - len(alive[pc.host])) for pc in todo}
         cluster = _load(hosts)
         try:
-            _stop_engines_on(cluster, {pc.host for pc in todo})
+            keep = {roster[e]["pid"] for ids in alive.values() for e in ids}
+            _stop_engines_on(cluster, {pc.host for pc in todo}, keep=keep)
             before = len(client.ids)
-            _configure_launcher(cluster, hosts, todo)
+            _configure_launcher(cluster, hosts, todo, counts=missing)
             cluster.start_engines_sync()
-            client.wait_for_engines(before + sum(pc.engines for pc in todo), timeout=timeout)
+            client.wait_for_engines(before + sum(missing.values()), timeout=timeout)
             record_roster(security, hosts, client, timeout=timeout)
         finally:
             _stop_watchers(cluster)
     return [pc.host for pc in todo], time.monotonic() - started
 
 
-def _stop_engines_on(cluster: Any, pcs: set[str]) -> None:
-    """Kill what the launcher started earlier on ``pcs`` (for a dead engine that fails, quietly)."""
+def _stop_engines_on(cluster: Any, pcs: set[str], keep: set[int] = frozenset()) -> None:
+    """Kill what the launcher started earlier on ``pcs``, except the pids ``keep`` (engines that answer)."""
     import signal
 
     with _stderr_to_devnull():  # a dead engine's `kill` prints a remote traceback: expected
-        _signal_launchers_on(cluster, pcs, signal.SIGKILL)
+        for engine_set in cluster.engines.values():
+            for launcher in getattr(engine_set, "launchers", {}).values():
+                if launcher.location in pcs and launcher.state == "running":
+                    with contextlib.suppress(Exception):  # gone, or the PC is unreachable
+                        launcher.signal(signal.SIGKILL, keep=keep)
 
 
 @contextlib.contextmanager
@@ -319,16 +338,6 @@ def _stderr_to_devnull() -> Iterator[None]:
     finally:
         os.dup2(saved, 2)
         os.close(saved)
-
-
-def _signal_launchers_on(cluster: Any, pcs: set[str], sig: int) -> None:
-    for engine_set in cluster.engines.values():
-        for launcher in getattr(engine_set, "launchers", {}).values():
-            if launcher.location in pcs and launcher.state == "running":
-                try:
-                    launcher.signal(sig)
-                except Exception:  # noqa: BLE001 - gone already, or the PC is unreachable:
-                    pass  # either way nothing of it can answer the controller any more
 
 
 def _client(hosts: LabHosts) -> Any:

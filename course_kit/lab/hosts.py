@@ -119,7 +119,10 @@ def read_hosts(path: str | Path) -> LabHosts:
     """Read and check a hosts file; a mistake raises ValueError that names the fix."""
     path = Path(path)
     if not path.is_file():
-        raise ValueError(f"{path} does not exist: write the lab's hosts file (see docs above)")
+        raise ValueError(
+            f"{path} does not exist: write the lab's hosts file (docs/instructor.md, section 2: "
+            "'Start the room's cluster', has one to copy)"
+        )
     toml = _toml()
     try:
         data = toml.loads(path.read_text())

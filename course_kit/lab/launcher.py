@@ -130,9 +130,9 @@ class PCEngine:
     owner: PCEngineSetLauncher
     state: str = "running"
 
-    def signal(self, sig: int) -> None:
-        """Send ``sig`` to this PC's engines (one SSH round trip); those that ended are forgotten."""
-        self.pids = self.owner.signal_pc(self.location, sig, wait=0.0)
+    def signal(self, sig: int, keep: set[int] = frozenset()) -> None:
+        """Send ``sig`` to this PC's engines but ``keep`` (one SSH round trip); forget those that ended."""
+        self.pids = self.owner.signal_pc(self.location, sig, wait=0.0, keep=keep)
         self.state = "running" if self.pids else "after"
 
 

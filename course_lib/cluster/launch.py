@@ -218,16 +218,19 @@ def _connect(settings: ClusterSettings) -> CourseCluster:
             # ipp.Client(url_file=...) is ignored in ipyparallel 9.2: pass the file positionally.
             client = ipp.Client(str(path), timeout=settings.timeout)
         else:
+            if not _profile_client_file(settings.profile).is_file():  # no controller: say so now
+                raise OSError("no controller has written its connection file")
             client = ipp.Client(profile=settings.profile, timeout=settings.timeout)
     except ClusterError:
         raise
     except (OSError, ipp.error.TimeoutError, TimeoutError) as exc:
         where = f"profile {settings.profile!r}" if settings.profile else settings.connection_file
+        why = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
         raise ClusterError(
-            f"no running cluster for {where}: start one with "
-            f"`ipcluster start -n 4 --profile={settings.profile or 'NAME'} --daemonize` "
-            f"(or ask the instructor), then connect again ({type(exc).__name__}: {exc})"
-        ) from exc
+            f"no running cluster for {where} ({why}): start the lab's cluster "
+            f"(./kit lab start HOSTS.toml) or one of your own (ipcluster start -n 4 "
+            f"--profile={settings.profile or 'NAME'} --daemonize), or ask the instructor"
+        ) from None
     n = settings.n or 1
     try:
         client.wait_for_engines(n, timeout=settings.timeout, interactive=False)
@@ -259,11 +262,14 @@ def _client_file(client: ipp.Client, settings: ClusterSettings) -> Path:
     """Return the ipcontroller-client.json this client was made from (its folder: the seats)."""
     if settings.connection_file:
         return Path(settings.connection_file).expanduser()
-    from IPython.core.profiledir import ProfileDir
+    return _profile_client_file(settings.profile)
+
+
+def _profile_client_file(profile: str) -> Path:
+    """Return where a profile's running controller keeps ipcontroller-client.json."""
     from IPython.paths import get_ipython_dir
 
-    location = ProfileDir.find_profile_dir_by_name(get_ipython_dir(), settings.profile).location
-    return Path(location) / "security" / "ipcontroller-client.json"
+    return Path(get_ipython_dir()) / f"profile_{profile}" / "security" / "ipcontroller-client.json"
 
 
 def _engine_output(owned: ipp.Cluster) -> str:

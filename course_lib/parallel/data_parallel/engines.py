@@ -19,12 +19,14 @@ from course_lib.training.loop import TrainConfig
 __all__ = [
     "COMM_NAME",
     "DataParallelError",
+    "after_a_death",
     "check_replicas_alike",
     "describe_rank",
     "engine_alive",
     "ensure_communicators",
     "first_error_line",
     "run_on_engines",
+    "same_errors_together",
     "select_engines",
 ]
 
@@ -178,12 +180,38 @@ def run_on_engines(
         done = cluster.client[survivors].apply_sync(replica.engine_progress) if survivors else []
         when = f" after step {min(done)} of this run" if done else ""
         parts += [f"{describe_rank(cluster, ids, r)} died{when}" for r in died]
-        parts.append("restart the engines (cluster.recover(), or start_cluster again) and re-run")
+        if failed:  # the survivors' errors only echo the death (their collective lost a peer)
+            parts.append(f"ranks {[r for r, _ in failed]} stopped with it")
+            failed = []
+        parts.append(after_a_death(cluster))
     if hung:
         report = cluster.recover()
         parts.append(f"ranks {hung} did not finish within {timeout:g} s; recovered: {report}")
-    parts += [f"{describe_rank(cluster, ids, r)} raised {first_error_line(e)}" for r, e in failed]
+    parts += same_errors_together(failed)
     raise DataParallelError("data-parallel run failed: " + "; ".join(parts))
+
+
+def after_a_death(cluster: Any) -> str:
+    """Return the next step that works after an engine died, where this cluster lives."""
+    if getattr(cluster, "owned", None) is not None:  # this notebook started the engines
+        return "cluster.recover() restarts the engines; then re-run"
+    if getattr(cluster, "seat", None) is not None:  # a seat of the instructor's room
+        return (
+            "the room's engine is gone: tell the instructor (./kit lab status names the PC, "
+            "./kit lab add repairs it), then run start_cluster again for a fresh seat"
+        )
+    return "ask whoever started the cluster to restart its engines, then connect again"
+
+
+def same_errors_together(failed: list[tuple[int, BaseException]], limit: int = 200) -> list[str]:
+    """Return one line per distinct error, naming every rank that raised it (each cut to ``limit``)."""
+    ranks_by_error: dict[str, list[int]] = {}
+    for rank, exc in failed:
+        ranks_by_error.setdefault(first_error_line(exc)[:limit], []).append(rank)
+    return [
+        f"rank{'s' * (len(ranks) > 1)} {', '.join(map(str, ranks))} raised {error}"
+        for error, ranks in ranks_by_error.items()
+    ]
 
 
 def check_replicas_alike(

@@ -1,14 +1,17 @@
 """``./kit lab start | status | stop hosts.toml`` in the emulated room, through the lab's engine
 launcher (:mod:`course_kit.lab.launcher`: one SSH call per PC, the PCs at once): ``ssh`` is a
 stand-in that runs the launcher's command inside the PC's namespace (:mod:`course_kit.room.ssh`),
-so the launcher's own code runs as in a real lab; ``start`` prints a line per PC while it runs. The same room and cluster then lose two PCs during the "class" (one PC's engines
-killed, another PC's link cut), and ``./kit lab add`` brings them back. Deselect with
-``-m "not room"``.
+so the launcher's own code runs as in a real lab; ``start`` prints a line per PC while it runs.
+The same room and cluster then lose engines during the "class" (one of a PC's two engines
+killed, another PC's engines killed, a third PC's link cut), and one ``./kit lab add`` repairs
+the three in place: the surviving engine keeps its pid and id, only the missing ones start.
+Deselect with ``-m "not room"``.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import re
 import signal
@@ -101,49 +104,59 @@ def _square(x: int) -> int:
 
 
 def _faults_during_class(env: dict, hosts_file: Path, room, student) -> None:  # noqa: ANN001
-    """Kill pc2's engines and cut pc3's link; the rest works; ``lab add`` brings both back."""
-    killed, cut = room.pcs[1], room.pcs[2]
+    """Kill one of pc1's two engines and all of pc2's, cut pc3's link; the rest works; ``lab add``
+    repairs all three in place: pc1's surviving engine keeps running, only the missing start."""
+    pc1, killed, cut = room.pcs
+    security = Path(env["IPYTHONDIR"]) / "profile_lab" / "security"
+    roster = json.loads((security / "lab-roster.json").read_text())
+    (lost_id, lost_pid), (kept_id, kept_pid) = sorted(
+        (int(eid), row["pid"]) for eid, row in roster.items() if row["pc"] == pc1.hostname
+    )
+    os.kill(lost_pid, signal.SIGKILL)
     for pid in pids_in(killed.netns):
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
     subprocess.run(["ip", "link", "set", cut.host_veth, "down"], check=True)
     try:
-        # The controller's heartbeat unregisters both PCs' engines; status names both PCs.
-        def both_named() -> subprocess.CompletedProcess | None:
+        # The controller's heartbeat unregisters the lost engines; status names all three PCs.
+        def all_named() -> subprocess.CompletedProcess | None:
             done = _lab(env, "status", str(hosts_file))
             lines = done.stdout.splitlines()
             named = [
                 pc.hostname
-                for pc in (killed, cut)
+                for pc in room.pcs
                 if any(pc.hostname in ln and "DROPPED OUT" in ln for ln in lines)
             ]
-            return done if len(named) == 2 and done.returncode == 1 else None
+            return done if len(named) == 3 and done.returncode == 1 else None
 
-        status = _wait_for(both_named, "status to name pc2 and pc3 as dropped out")
-        assert f"{room.pcs[0].hostname}: 2 of 2 engines answer" in status.stdout, status.stdout
-        assert "DROPPED OUT" not in _line_of(status.stdout, room.pcs[0].hostname)
-        # The student's client, connected before, keeps working on the engines that remain.
-        _wait_for(lambda: len(student.client.ids) == 2, "the student's client to drop 2 engines")
-        hosts = student.client[student.client.ids].apply_sync(socket.gethostname)
-        assert hosts == [room.pcs[0].hostname] * 2
+        status = _wait_for(all_named, "status to name pc1, pc2 and pc3 as dropped out")
+        assert f"{pc1.hostname}: 1 of 2 engines answer" in status.stdout, status.stdout
+        # The student's client, connected before, keeps working on the engine that remains.
+        _wait_for(lambda: student.client.ids == [kept_id], "the student's client to drop 3 engines")
+        assert student.client[kept_id].apply_sync(socket.gethostname) == pc1.hostname
         assert student.client.load_balanced_view().map_sync(_square, range(6)) == [
             x * x for x in range(6)
         ]
     finally:
         subprocess.run(["ip", "link", "set", cut.host_veth, "up"], check=True)
-    # One command re-adds both; pc1's engines are left as they were.
-    pc1_pids = set(pids_in(room.pcs[0].netns))
-    added = _lab(env, "add", str(hosts_file), killed.hostname, cut.hostname, "--timeout", "600")
+    # One command repairs the three; pc1's surviving engine is left as it was (same pid, same id).
+    pc1_pids = set(pids_in(pc1.netns))
+    added = _lab(env, "add", str(hosts_file), pc1.hostname, killed.hostname, cut.hostname,
+                 "--timeout", "600")  # fmt: skip
     assert added.returncode == 0, added.stdout + added.stderr[-3000:]
-    assert f"re-added {killed.hostname}, {cut.hostname}" in added.stdout, added.stdout
-    assert pc1_pids <= set(pids_in(room.pcs[0].netns))
+    assert f"re-added {pc1.hostname}, {killed.hostname}, {cut.hostname}" in added.stdout
+    assert pc1_pids <= set(pids_in(pc1.netns)) and psutil.pid_exists(kept_pid)
     again = _lab(env, "add", str(hosts_file), killed.hostname)
     assert again.returncode == 0 and "nothing to add" in again.stdout, again.stdout
     status = _lab(env, "status", str(hosts_file))
     assert status.returncode == 0, status.stdout
+    assert f"{pc1.hostname}: 2 of 2 engines answer" in status.stdout, status.stdout
     _wait_for(lambda: len(student.client.ids) == sum(ENGINES), "the student to see 4 engines")
+    assert kept_id in student.client.ids
     hosts = sorted(student.client[:].apply_sync(socket.gethostname))
-    assert hosts == sorted([room.pcs[0].hostname] * 2 + [pc.hostname for pc in room.pcs[1:]])
+    assert hosts == sorted([pc1.hostname] * 2 + [pc.hostname for pc in room.pcs[1:]])
+    # The repaired room computes correctly on every engine, the new ones included.
+    assert student.client[:].apply_sync(_square, 7) == [49] * sum(ENGINES)
 
 
 def _line_of(text: str, word: str) -> str:

@@ -23,6 +23,7 @@ from torch.utils.data import TensorDataset
 
 from course_lib.cluster import start_cluster
 from course_lib.data.digits import load_digits
+from course_lib.parallel.data_parallel.engines import after_a_death, same_errors_together
 from course_lib.parallel.data_parallel.replica import GlobalBatchSampler
 from course_lib.parallel.data_parallel.timeline import bucket_overlap
 from course_lib.parallel.data_parallel.train import DataParallelError, train_data_parallel
@@ -281,7 +282,7 @@ def test_engine_dying_mid_epoch_is_reported_and_the_client_survives():
     with start_cluster("local", 2) as cl:
         with pytest.raises(
             DataParallelError, match=r"rank 1 \(engine \d+ on host \S+, pid \d+\) died"
-        ):
+        ) as info:
             train_data_parallel(
                 cl,
                 model=DiesMidEpoch,
@@ -291,5 +292,21 @@ def test_engine_dying_mid_epoch_is_reported_and_the_client_survives():
                 comm_timeout=20,
                 timeout=240,
             )
+        # One short message with the step that works for engines this notebook started.
+        assert "cluster.recover() restarts the engines" in str(info.value)
+        assert len(str(info.value)) < 400, str(info.value)
         survivor = cl.ids_by_rank[0]
         assert cl.client[survivor].apply_sync(lambda: 6 * 7) == 42
+
+
+def test_errors_of_several_ranks_are_said_once_and_the_advice_fits_the_cluster():
+    same = RuntimeError("gloo: connection closed by peer " + "x" * 500)
+    lines = same_errors_together([(0, same), (2, same), (3, ValueError("other"))])
+    assert lines[0].startswith("ranks 0, 2 raised RuntimeError: gloo") and len(lines[0]) < 230
+    assert lines[1] == "rank 3 raised ValueError: other"
+
+    class Seated:  # what after_a_death looks at: a room's seat, engines not ours
+        owned, seat = None, object()
+
+    assert "tell the instructor" in after_a_death(Seated())
+    assert "cluster.recover()" not in after_a_death(Seated())
