@@ -82,6 +82,7 @@ def room_main(args: argparse.Namespace) -> int:
                 engines=args.engines,
                 mpi_ranks=args.mpi_ranks,
                 slurm=args.slurm,
+                seat=args.seat,
             )
             print(room_state.describe_room(room, state))
         elif args.action == "down":
@@ -284,6 +285,12 @@ def main(argv: list[str] | None = None, prog: str = "python -m course_kit.jobs.c
         type=int,
         default=0,
         help="also that many engines that are MPI ranks ([mpi] ranks in the hosts file)",
+    )
+    up.add_argument(
+        "--seat",
+        type=int,
+        default=None,
+        help="engines per student's seat ([controller] seat in the hosts file; default: as asked)",
     )
     up.add_argument(
         "--slurm",

@@ -171,7 +171,7 @@ def start_lab(hosts: LabHosts, timeout: float = 120.0, progress: Any = print) ->
             if hosts.mpi_ranks:
                 start_mpi_engines(hosts, _security(hosts), client, timeout, progress)
             record_roster(_security(hosts), hosts, client, timeout=timeout)
-        start_seat_service(_security(hosts), hosts.controller_ip)
+        start_seat_service(_security(hosts), hosts.controller_ip, seat_size=hosts.seat)
     except BaseException as exc:
         _teardown(cluster, hosts)
         if isinstance(exc, Exception):

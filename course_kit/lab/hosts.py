@@ -5,6 +5,7 @@ A small TOML file the instructor writes once per room::
     [controller]
     ip = "192.168.10.1"        # the instructor's address on the lab network ("*": every one)
     profile = "lab"
+    seat = 2                   # engines per student's notebook (omit: as many as it asks for)
 
     [defaults]
     python = "/opt/course/.venv/bin/python"   # the same venv path on every PC
@@ -62,6 +63,7 @@ class LabHosts:
     ssh: tuple[str, ...] = ("ssh",)
     scp: tuple[str, ...] = ("scp",)
     mpi_ranks: int = 0  # engines that are MPI ranks of one world, besides the PCs' engines
+    seat: int | None = None  # engines per notebook's seat; None: what the notebook asks for
     path: Path | None = field(default=None, compare=False)
 
     def __post_init__(self) -> None:
@@ -76,6 +78,11 @@ class LabHosts:
                 f"[mpi] ranks = {self.mpi_ranks}; use 0..{self.engines} (the ranks go where the "
                 "engines are, at most one per engine slot)"
             )
+        if self.seat is not None and not 1 <= self.seat <= self.engines:
+            raise ValueError(
+                f"[controller] seat = {self.seat}; use 1..{self.engines} engines per student's "
+                "notebook (e.g. 2 seats a room of 8 engines four at a time)"
+            )
         if self.mpi_ranks and len({pc.python for pc in self.pcs if pc.engines}) > 1:
             raise ValueError(
                 "[mpi] ranks needs the same python path on every PC with engines "
@@ -88,7 +95,7 @@ class LabHosts:
         return sum(pc.engines for pc in self.pcs)
 
 
-_KNOWN = {"controller": {"ip", "profile"}, "defaults": {"python", "engines"},
+_KNOWN = {"controller": {"ip", "profile", "seat"}, "defaults": {"python", "engines"},
           "ssh": {"command", "scp"}, "pc": {"host", "engines", "python"},
           "mpi": {"ranks"}}  # fmt: skip
 
@@ -113,6 +120,17 @@ def _toml() -> Any:
                 "reading a hosts file needs Python 3.11+ or: pip install tomli"
             ) from None
     return tomllib
+
+
+def _seat_size(value: Any, path: Path) -> int | None:
+    """Return ``[controller] seat`` as a number of engines (None when not given)."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(
+            f"{path}: [controller] seat = {value!r}; give a whole number, e.g. seat = 2"
+        )
+    return value
 
 
 def read_hosts(path: str | Path) -> LabHosts:
@@ -154,6 +172,7 @@ def read_hosts(path: str | Path) -> LabHosts:
         pcs=tuple(pcs),
         controller_ip=str(controller.get("ip", "*")),
         profile=str(controller.get("profile", "lab")),
+        seat=_seat_size(controller.get("seat"), path),
         ssh=tuple(ssh.get("command", ["ssh"])),
         scp=tuple(ssh.get("scp", ["scp"])),
         mpi_ranks=int(mpi.get("ranks", 0)),

@@ -72,6 +72,7 @@ class _Seats:
 
     security: Path
     digest: str
+    seat_size: int | None = None  # the instructor's engines per notebook; None: as asked
     held: dict[int, dict[str, Any]] = field(default_factory=dict)  # seat number -> seat
     lock: threading.Lock = field(default_factory=threading.Lock)
     restarting: threading.Lock = field(default_factory=threading.Lock)
@@ -101,6 +102,8 @@ class _Seats:
                 free = [eid for eid in ordinary if eid not in busy]
                 busy_here = len(ordinary) - len(free)
                 want = request.get("n")
+                if want is not None and self.seat_size is not None:
+                    want = min(want, self.seat_size)  # the room's seats, whatever was asked
                 if want is None:  # the whole room (the instructor's demo)
                     if busy_here:
                         return {
@@ -126,12 +129,10 @@ class _Seats:
             }
             what = "MPI ranks" if request.get("mpi") else "engines"
             self._log(f"seat {number} to {self.held[number]['who']}: {what} {ids}")
-        return {
-            "ok": True,
-            "seat": number,
-            "ids": ids,
-            "pcs": {str(e): pcs.get(e) for e in ids},
-        }
+        answer = {"ok": True, "seat": number, "ids": ids, "pcs": {str(e): pcs.get(e) for e in ids}}
+        if not request.get("mpi") and request.get("n") is not None and len(ids) < request["n"]:
+            answer["asked"] = request["n"]  # dealt the room's seat size: the client says so
+        return answer
 
     def release(self, number: int | None) -> None:
         with self.lock:
@@ -247,32 +248,42 @@ class _Server(socketserver.ThreadingTCPServer):
     allow_reuse_address = True
 
 
-def serve(security: Path, host: str, address_for_clients: str) -> None:
+def serve(
+    security: Path, host: str, address_for_clients: str, seat_size: int | None = None
+) -> None:
     """Run the seat service for the cluster in ``security`` until killed (``lab stop``)."""
     connection_file = security / "ipcontroller-client.json"
     server = _Server((host, 0), _Handler)
-    server.seats = _Seats(security, cluster_digest(connection_file))  # type: ignore[attr-defined]
+    digest = cluster_digest(connection_file)
+    server.seats = _Seats(security, digest, seat_size)  # type: ignore[attr-defined]
     port = server.server_address[1]
     record = {
         "ip": address_for_clients,
         "port": port,
         "pid": os.getpid(),
-        "digest": server.seats.digest,
-    }  # type: ignore[attr-defined]
+        "digest": digest,
+        "seat": seat_size,
+    }
     atomic_write_text(security / SEATS_FILE, json.dumps(record))
     server.serve_forever()
 
 
-def start_seat_service(security: Path, listen_ip: str, timeout: float = 30.0) -> int:
-    """Start :func:`serve` as a process of its own for the cluster in ``security``; return its pid."""
+def start_seat_service(
+    security: Path, listen_ip: str, timeout: float = 30.0, seat_size: int | None = None
+) -> int:
+    """Start :func:`serve` as a process of its own for the cluster in ``security``; return its pid.
+
+    ``seat_size``: the engines each notebook's seat gets at most (the hosts file's
+    ``[controller] seat``); a notebook that asks for more runs on that many and says so.
+    """
     client = json.loads((security / "ipcontroller-client.json").read_text())
     host = "0.0.0.0" if listen_ip in ("*", "0.0.0.0", "") else listen_ip
     reach = client.get("location") if host == "0.0.0.0" else listen_ip
     (security / SEATS_FILE).unlink(missing_ok=True)
     code = "import sys; from pathlib import Path; from course_kit.lab.seats import serve; "
-    code += "serve(Path(sys.argv[1]), sys.argv[2], sys.argv[3])"
+    code += "serve(Path(sys.argv[1]), sys.argv[2], sys.argv[3], int(sys.argv[4]) or None)"
     proc = subprocess.Popen(
-        [sys.executable, "-c", code, str(security), host, str(reach)],
+        [sys.executable, "-c", code, str(security), host, str(reach), str(seat_size or 0)],
         stdin=subprocess.DEVNULL,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
@@ -317,7 +328,8 @@ def seat_lines(security: Path, timeout: float = 5.0) -> list[str]:
     except (OSError, ValueError) as exc:
         return [f"  seats: the seat service does not answer ({exc}); restart the lab"]
     seats = answer.get("seats", [])
-    lines = [f"  seats: {len(seats)} held"]
+    size = json.loads(path.read_text()).get("seat")
+    lines = [f"  seats: {len(seats)} held" + (f" (seats of {size} engines)" if size else "")]
     for seat in seats:
         held = time.time() - seat["since"]
         lines.append(f"    {seat['who']}: engines {seat['ids']} for {held / 60:.0f} min")

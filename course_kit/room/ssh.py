@@ -83,17 +83,24 @@ def write_ssh_standins(room: Room, folder: Path) -> tuple[Path, Path]:
 
 
 def write_lab_files(
-    room: Room, folder: Path, engines: int = 1, profile: str = "lab", mpi_ranks: int = 0
+    room: Room,
+    folder: Path,
+    engines: int = 1,
+    profile: str = "lab",
+    mpi_ranks: int = 0,
+    seat: int | None = None,
 ) -> Path:
-    """Write the stand-ins and ``hosts.toml`` (``engines`` per PC, ``mpi_ranks`` MPI engines)
-    for ``room``; return the file."""
+    """Write the stand-ins and ``hosts.toml`` (``engines`` per PC, ``mpi_ranks`` MPI engines,
+    ``seat`` engines per student's seat) for ``room``; return the file."""
     ssh, scp = write_ssh_standins(room, folder / "bin")
     pcs = "".join(f'\n[[pc]]\nhost = "{pc.hostname}"\n' for pc in room.pcs)
     mpi = f"[mpi]\nranks = {mpi_ranks}\n\n" if mpi_ranks else ""
     hosts = folder / "hosts.toml"
     hosts.write_text(
         f"# The emulated room {room.tag} as a lab: ./kit lab start {hosts}\n"
-        f'[controller]\nip = "{room.instructor_ip}"\nprofile = "{profile}"\n\n'
+        f'[controller]\nip = "{room.instructor_ip}"\nprofile = "{profile}"\n'
+        + (f"seat = {seat}\n" if seat else "")
+        + "\n"
         f'[defaults]\npython = "{sys.executable}"\nengines = {engines}\n\n'
         f'{mpi}[ssh]\ncommand = ["{ssh}"]\nscp = ["{scp}"]\n{pcs}'
     )

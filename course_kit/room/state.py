@@ -140,6 +140,7 @@ def room_up(
     state_file: Path | None = None,
     engines: int = 1,
     mpi_ranks: int = 0,
+    seat: int | None = None,
     slurm: bool = False,
 ) -> Room:
     """Build a room of ``n_pcs`` PCs that stays up, record it in the state file; return it.
@@ -179,7 +180,7 @@ def room_up(
         path.unlink(missing_ok=True)  # build_room removed what it had built
         raise RoomError(f"building the room failed: {exc}") from None
     _write_state(path, room, BURST)
-    write_lab_files(room, lab_folder(path), engines=engines, mpi_ranks=mpi_ranks)
+    write_lab_files(room, lab_folder(path), engines=engines, mpi_ranks=mpi_ranks, seat=seat)
     if slurm:
         try:
             write_slurm_lab(room, lab_folder(path), engines)

@@ -94,7 +94,15 @@ class CourseCluster:
             if self.seat and self.seat.lost
             else ""
         )
-        return f"{held} {self.world_size} {what} of the room's cluster ({source}) on {on}{lost}"
+        sized = (
+            f"; the room's seats are {self.world_size} {what} (this notebook asked for "
+            f"{self.seat.asked}): it runs on {self.world_size}"
+            if self.seat and self.seat.asked
+            else ""
+        )
+        return (
+            f"{held} {self.world_size} {what} of the room's cluster ({source}) on {on}{lost}{sized}"
+        )
 
     # -- life cycle ---------------------------------------------------------------------------
     def setup_engines(self) -> None:

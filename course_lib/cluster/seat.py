@@ -66,6 +66,9 @@ class Seat:
     ids: list[int]
     pcs: dict[int, str | None]  # engine -> its PC in the lab's roster (None: not in it)
     sock: socket.socket
+    asked: int | None = (
+        None  # engines the notebook asked for, when the room dealt fewer (its seat size)
+    )
     lost: bool = False
     released: bool = False
     _stop: threading.Event = field(default_factory=threading.Event)
@@ -150,7 +153,10 @@ def take_seat(
         raise NoSeatError(answer.get("why", "no seat"))
     sock.settimeout(None)
     seat = Seat(
-        [int(e) for e in answer["ids"]], {int(e): pc for e, pc in answer["pcs"].items()}, sock
+        [int(e) for e in answer["ids"]],
+        {int(e): pc for e, pc in answer["pcs"].items()},
+        sock,
+        asked=answer.get("asked"),
     )
     threading.Thread(target=seat._beat, name="course-seat-heartbeat", daemon=True).start()
     return seat

@@ -1,9 +1,10 @@
 """A class in the emulated room with the lab's own commands: seats for a room of students.
 
-``./kit room up 3 --engines 2`` writes the hosts file and SSH stand-ins, ``./kit lab start``
-starts the cluster over them; three students' notebooks (processes inside different PCs'
-namespaces, pointed at the room by ``COURSE_CLUSTER_FILE``) each get a seat of their own and
-train lecture 4's check network with the ring at the same time; a fourth student finds no free
+``./kit room up 3 --engines 2 --seat 2`` writes the hosts file (seats of 2 engines) and SSH
+stand-ins, ``./kit lab start`` starts the cluster over them; three students' notebooks (processes
+inside different PCs' namespaces, pointed at the room by ``COURSE_CLUSTER_FILE``) ask for 4
+engines as the lectures do, each is dealt a seat of 2 of its own and says so, and they train
+lecture 4's check network with the ring at the same time, each equal to one process; a fourth student finds no free
 seat and is told so in one line. Then ``lab start`` against an unreachable PC, and a start that
 fails after it began: both leave nothing behind. Deselect with ``-m "not room"``.
 """
@@ -78,7 +79,7 @@ def test_three_students_hold_seats_of_their_own_and_a_fourth_is_told(
     )
 
     state = tmp_path / "room.json"
-    up = kit(room_env, "room", "--state", str(state), "up", "3", "--engines", "2")
+    up = kit(room_env, "room", "--state", str(state), "up", "3", "--engines", "2", "--seat", "2")
     assert up.returncode == 0, up.stdout + up.stderr
     hosts_file = lab_folder(state) / "hosts.toml"
     assert f"./kit lab start {hosts_file}" in up.stdout, up.stdout  # it says where
@@ -94,7 +95,7 @@ def test_three_students_hold_seats_of_their_own_and_a_fourth_is_told(
     students = []
     for k, mode in enumerate(("train", "train", "exit")):  # the third's kernel dies at the end
         student_env = dict(env, IPYTHONDIR=str(tmp_path / f"student{k}"))
-        students.append(_student(room, k, out, student_env, 2, mode))
+        students.append(_student(room, k, out, student_env, 4, mode))  # as a lecture asks
     ready = _wait_for(
         lambda: (
             len(list(out.glob("ready-*.json"))) == 3
@@ -105,10 +106,11 @@ def test_three_students_hold_seats_of_their_own_and_a_fourth_is_told(
     seats = [set(r["ids"]) for r in ready]
     assert all(r["kind"] == "connect" and len(r["ids"]) == 2 for r in ready), ready
     assert len(set.union(*seats)) == 6, f"seats overlap: {seats}"
-    for r in ready:  # a seat spreads over PCs, and the cluster says which
+    for r in ready:  # a seat spreads over PCs, and the cluster says which, and that it is smaller
         assert len(set(r["hosts"])) == 2 and "of the room's cluster" in r["where"], r
+        assert "the room's seats are 2 engines (this notebook asked for 4)" in r["where"], r
     status = kit(room_env, "lab", "status", str(hosts_file))
-    assert "seats: 3 held" in status.stdout, status.stdout
+    assert "seats: 3 held (seats of 2 engines)" in status.stdout, status.stdout
     # A fourth student: no free seat, one line, and local engines instead.
     fourth = _student(room, 0, out, dict(env, IPYTHONDIR=str(tmp_path / "student3")), 1, "hold")
     said, _ = fourth.communicate(timeout=300)
