@@ -249,7 +249,11 @@ class _Server(socketserver.ThreadingTCPServer):
 
 
 def serve(
-    security: Path, host: str, address_for_clients: str, seat_size: int | None = None
+    security: Path,
+    host: str,
+    address_for_clients: str,
+    seat_size: int | None = None,
+    slurm_job: str | None = None,
 ) -> None:
     """Run the seat service for the cluster in ``security`` until killed (``lab stop``)."""
     connection_file = security / "ipcontroller-client.json"
@@ -263,13 +267,18 @@ def serve(
         "pid": os.getpid(),
         "digest": digest,
         "seat": seat_size,
+        "slurm_job": slurm_job,  # a notebook whose engines die names the job (engine_death)
     }
     atomic_write_text(security / SEATS_FILE, json.dumps(record))
     server.serve_forever()
 
 
 def start_seat_service(
-    security: Path, listen_ip: str, timeout: float = 30.0, seat_size: int | None = None
+    security: Path,
+    listen_ip: str,
+    timeout: float = 30.0,
+    seat_size: int | None = None,
+    slurm_job: str | None = None,
 ) -> int:
     """Start :func:`serve` as a process of its own for the cluster in ``security``; return its pid.
 
@@ -281,9 +290,11 @@ def start_seat_service(
     reach = client.get("location") if host == "0.0.0.0" else listen_ip
     (security / SEATS_FILE).unlink(missing_ok=True)
     code = "import sys; from pathlib import Path; from course_kit.lab.seats import serve; "
-    code += "serve(Path(sys.argv[1]), sys.argv[2], sys.argv[3], int(sys.argv[4]) or None)"
+    code += "serve(Path(sys.argv[1]), sys.argv[2], sys.argv[3], int(sys.argv[4]) or None, "
+    code += "sys.argv[5] or None)"
+    argv = [str(security), host, str(reach), str(seat_size or 0), str(slurm_job or "")]
     proc = subprocess.Popen(
-        [sys.executable, "-c", code, str(security), host, str(reach), str(seat_size or 0)],
+        [sys.executable, "-c", code, *argv],
         stdin=subprocess.DEVNULL,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,

@@ -243,6 +243,7 @@ def start_slurm_lab(
         _stop_watchers,
         _teardown,
     )
+    from course_kit.lab.roster import HEARTBEAT_MISSES, HEARTBEAT_MS
     from course_kit.lab.seats import start_seat_service
 
     if _is_running(lab) or _leftovers(lab):  # type: ignore[arg-type]
@@ -260,6 +261,12 @@ def start_slurm_lab(
         shutdown_atexit=False,
         log_level=50,
     )
+    # The lab's heartbeat (course_kit.lab.roster): a cancelled job's engines are unregistered
+    # within 12 s, so a seated notebook hears of it then, not after ipyparallel's 30 s.
+    cluster.controller_args = [
+        f"--HeartMonitor.period={HEARTBEAT_MS}",
+        f"--HeartMonitor.max_heartmonitor_misses={HEARTBEAT_MISSES}",
+    ]
     security = _security(lab)  # type: ignore[arg-type]
     launcher = cluster.config.SlurmEngineSetLauncher
     launcher.engine_cmd = [lab.python, "-m", "ipyparallel.engine"]
@@ -287,7 +294,7 @@ def start_slurm_lab(
             with cluster.connect_client_sync() as client:
                 _wait_for_job(lab, job, client, timeout, started, progress)
                 _record_places(security, client, timeout)
-            start_seat_service(security, lab.controller_ip)
+            start_seat_service(security, lab.controller_ip, slurm_job=str(job))
     except BaseException as exc:
         with _slurm_environment(lab):
             _teardown(cluster, lab)  # type: ignore[arg-type]

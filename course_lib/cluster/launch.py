@@ -32,6 +32,7 @@ from typing import Any
 import ipyparallel as ipp
 
 from course_lib.cluster.course_cluster import CourseCluster
+from course_lib.cluster.engine_death import show_deaths_in_one_line
 from course_lib.cluster.seat import NoSeatError, take_seat
 from course_lib.cluster.settings import (
     ClusterError,
@@ -115,6 +116,7 @@ def start_cluster(
         raise
     if activate:
         cluster.activate()
+    show_deaths_in_one_line(cluster)  # in a notebook: a dead engine is one line, not a screen
     print(f"course_lib: {cluster.where()}")
     if notebook and cluster.seat is not None:
         _NOTEBOOK_SEAT[settings.mpi] = weakref.ref(cluster)

@@ -66,9 +66,8 @@ class Seat:
     ids: list[int]
     pcs: dict[int, str | None]  # engine -> its PC in the lab's roster (None: not in it)
     sock: socket.socket
-    asked: int | None = (
-        None  # engines the notebook asked for, when the room dealt fewer (its seat size)
-    )
+    asked: int | None = None  # what the notebook asked for, when the room dealt fewer
+    job: str | None = None  # the Slurm job that runs the room's engines (a Slurm lab)
     lost: bool = False
     released: bool = False
     _stop: threading.Event = field(default_factory=threading.Event)
@@ -157,6 +156,7 @@ def take_seat(
         {int(e): pc for e, pc in answer["pcs"].items()},
         sock,
         asked=answer.get("asked"),
+        job=record.get("slurm_job"),
     )
     threading.Thread(target=seat._beat, name="course-seat-heartbeat", daemon=True).start()
     return seat

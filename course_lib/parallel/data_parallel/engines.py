@@ -12,6 +12,7 @@ import time
 from types import SimpleNamespace
 from typing import Any
 
+from course_lib.cluster.engine_death import next_step_after_a_death
 from course_lib.comm.setup import setup_communicators
 from course_lib.parallel.data_parallel import replica
 from course_lib.training.loop import TrainConfig
@@ -19,7 +20,6 @@ from course_lib.training.loop import TrainConfig
 __all__ = [
     "COMM_NAME",
     "DataParallelError",
-    "after_a_death",
     "check_replicas_alike",
     "describe_rank",
     "engine_alive",
@@ -183,24 +183,12 @@ def run_on_engines(
         if failed:  # the survivors' errors only echo the death (their collective lost a peer)
             parts.append(f"ranks {[r for r, _ in failed]} stopped with it")
             failed = []
-        parts.append(after_a_death(cluster))
+        parts.append(next_step_after_a_death(cluster))
     if hung:
         report = cluster.recover()
         parts.append(f"ranks {hung} did not finish within {timeout:g} s; recovered: {report}")
     parts += same_errors_together(failed)
     raise DataParallelError("data-parallel run failed: " + "; ".join(parts))
-
-
-def after_a_death(cluster: Any) -> str:
-    """Return the next step that works after an engine died, where this cluster lives."""
-    if getattr(cluster, "owned", None) is not None:  # this notebook started the engines
-        return "cluster.recover() restarts the engines; then re-run"
-    if getattr(cluster, "seat", None) is not None:  # a seat of the instructor's room
-        return (
-            "the room's engine is gone: tell the instructor (./kit lab status names the PC, "
-            "./kit lab add repairs it), then run start_cluster again for a fresh seat"
-        )
-    return "ask whoever started the cluster to restart its engines, then connect again"
 
 
 def same_errors_together(failed: list[tuple[int, BaseException]], limit: int = 200) -> list[str]:

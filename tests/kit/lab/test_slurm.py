@@ -19,6 +19,7 @@ import sys
 import time
 from pathlib import Path
 
+import ipyparallel as ipp
 import numpy as np
 import pytest
 from room_helpers import kit
@@ -28,6 +29,7 @@ from course_kit.room.build import room_unavailable_reason
 from course_kit.room.slurm import slurm_unavailable_reason
 from course_kit.room.state import lab_folder, read_state, room_down
 from course_lib.cluster import start_cluster
+from course_lib.cluster.engine_death import death_message
 from course_lib.comm import setup_communicators
 
 pytestmark = [pytest.mark.room, pytest.mark.slow, pytest.mark.timeout(1200)]
@@ -210,7 +212,17 @@ def test_a_cancelled_job_and_a_node_gone_down_are_named_in_one_line(
     job = _start(env, lab_file)
     cluster = start_cluster(n=2, timeout=120)
     try:
+        running = cluster.view.apply_async(time.sleep, 600)  # a student's cell, mid-training
+        cancelled = time.monotonic()
         _slurm(slurm_env, "scancel", job)
+        with pytest.raises(ipp.error.CompositeError) as raw:
+            running.get(timeout=300)
+        heard = time.monotonic() - cancelled
+        print(f"\nthe notebook heard of the cancelled job after {heard:.1f} s")
+        # One kit line naming the job and what to do, long before the cell would have ended.
+        said = death_message(cluster, raw.value)
+        assert said is not None and f"the Slurm job {job} that ran" in said, said
+        assert "tell the instructor" in said and heard < 120, (heard, said)
         status = _wait_for(  # COMPLETING first, while Slurm ends the job's steps
             lambda: (
                 (s := kit(env, "lab", "status", str(lab_file))).returncode == 1

@@ -358,3 +358,35 @@ def test_a_killed_engine_is_reported_and_restarted():
         assert recovery.action == "restarted" and recovery.lost_state
         assert cl.view.pull("rank") == [0, 1]
         assert victim not in cl.view.apply_sync(__import__("os").getpid)
+
+
+def test_an_engine_killed_under_a_raw_view_call_is_one_line_in_a_notebook(capsys):
+    from IPython.core.interactiveshell import InteractiveShell
+
+    from course_lib.cluster.engine_death import death_message, show_deaths_in_one_line
+
+    shell = InteractiveShell.instance()  # a notebook's kernel runs its cells through this shell
+    try:
+        with start_cluster("local", 2) as cl:
+            assert show_deaths_in_one_line(cl)
+            victim = cl.view.apply_sync(__import__("os").getpid)[1]
+            shell.user_ns.update(cl=cl, time=time)
+            pending = cl.view.apply_async(time.sleep, 3)  # rank 1 dies while it runs
+            psutil.Process(victim).kill()
+            with pytest.raises(ipp.error.CompositeError) as raw:
+                pending.get(timeout=120)
+            assert death_message(cl, raw.value) == (
+                f"course_lib: rank 1 (engine {cl.ids_by_rank[1]}) died while running this "
+                "cell; cluster.recover() restarts the engines; then re-run"
+            )
+            capsys.readouterr()
+            shell.user_ns["raw"] = raw.value
+            shell.run_cell("raise raw")  # what a cell meeting the dead engine raises
+            said = capsys.readouterr()
+            assert "rank 1 (engine" in said.err and "Traceback" not in said.out + said.err
+            assert said.err.count("\n") == 1, said.err
+            shell.run_cell("1 / 0")  # any other error keeps its traceback
+            assert "ZeroDivisionError" in capsys.readouterr().out
+    finally:
+        shell.set_custom_exc((), None)
+        InteractiveShell.clear_instance()

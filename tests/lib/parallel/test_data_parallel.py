@@ -22,8 +22,9 @@ from torch import nn
 from torch.utils.data import TensorDataset
 
 from course_lib.cluster import start_cluster
+from course_lib.cluster.engine_death import next_step_after_a_death
 from course_lib.data.digits import load_digits
-from course_lib.parallel.data_parallel.engines import after_a_death, same_errors_together
+from course_lib.parallel.data_parallel.engines import same_errors_together
 from course_lib.parallel.data_parallel.replica import GlobalBatchSampler
 from course_lib.parallel.data_parallel.timeline import bucket_overlap
 from course_lib.parallel.data_parallel.train import DataParallelError, train_data_parallel
@@ -308,5 +309,5 @@ def test_errors_of_several_ranks_are_said_once_and_the_advice_fits_the_cluster()
     class Seated:  # what after_a_death looks at: a room's seat, engines not ours
         owned, seat = None, object()
 
-    assert "tell the instructor" in after_a_death(Seated())
-    assert "cluster.recover()" not in after_a_death(Seated())
+    assert "tell the instructor" in next_step_after_a_death(Seated())
+    assert "cluster.recover()" not in next_step_after_a_death(Seated())
