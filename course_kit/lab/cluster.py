@@ -156,6 +156,7 @@ def start_lab(hosts: LabHosts, timeout: float = 120.0, progress: Any = print) ->
     ]
     _configure_launcher(cluster, hosts, hosts.pcs)
     cluster.config.PCEngineSetLauncher.progress = progress
+    cluster.config.PCEngineSetLauncher.started_at = started  # its lines count from the start
     _remove_lab_files(hosts)  # stale files of an earlier run would mislead the students' clients
     try:
         with _stderr_to_devnull():  # the launcher's remote tracebacks: reported below in a line

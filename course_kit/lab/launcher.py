@@ -147,6 +147,7 @@ class PCEngineSetLauncher(EngineLauncher):
     stop_seconds_until_kill = Float(5.0, config=True)
     remote_profile_dir = Unicode("").tag(to_dict=True)
     progress = AnyTrait(None, allow_none=True).tag(config=True)  # a callable taking one line
+    started_at = Float(0.0, config=True, help="time.monotonic() the caller's lines count from")
 
     @property
     def launchers(self) -> dict[str, PCEngine]:
@@ -166,7 +167,7 @@ class PCEngineSetLauncher(EngineLauncher):
 
     def start(self, n: int) -> list[str]:
         """Start up to ``n`` engines over the PCs of ``engines``, every PC at once; return the PCs."""
-        started, plan, left = time.monotonic(), {}, n
+        started, plan, left = self.started_at or time.monotonic(), {}, n
         env = dict(self.get_env(), IPP_PROFILE_DIR=self._profile_on_pc())
         for host, config in self.engines.items():
             count = min(int(config.get("n", 1)) if isinstance(config, dict) else int(config), left)
