@@ -115,3 +115,13 @@ def test_the_two_mixed_precision_schemes_are_told_apart():
     assert mixed["DDP"][1] == f32["DDP"][1] / 2  # 16-bit gradients on the wire
     with pytest.raises(ValueError, match="use one of float32, autocast, mixed"):
         choose_technique(psi, n, 1e9, 0.0, precision="fp16")
+
+
+def test_the_transformer_activation_formula_is_korthikantis():
+    from course_lib.parallel.sharded.activations import transformer_activation_bytes
+
+    s, b, h, a, n_layers = 2048, 1, 2048, 16, 24  # GPT-3 XL's shapes, one sequence
+    fused = transformer_activation_bytes(s, b, h, n_layers)
+    assert fused == 34 * s * b * h * n_layers  # 16-bit, no attention probabilities
+    textbook = transformer_activation_bytes(s, b, h, n_layers, heads=a)
+    assert textbook == s * b * h * (34 + 5 * a * s / h) * n_layers
