@@ -235,6 +235,7 @@ def _library_lars(case: dict) -> tuple[np.ndarray, np.ndarray]:
         momentum=case["momentum"],
         weight_decay=case["weight_decay"],
         trust_coefficient=case["eta"],
+        exclude_bias_and_norm=False,  # the exercise is the adaptive step of one tensor
     )
     opt.state[w]["velocity"] = torch.from_numpy(case["v"].copy())
     opt.step()
@@ -254,7 +255,8 @@ def _lars_body(fn: Callable) -> str:
             if not np.all(np.isfinite(got_w)):
                 raise AssertionError(
                     f"{name}: the new weights are not finite; where a norm is 0 the trust ratio "
-                    "is undefined: take 1 there, as the reference implementations do"
+                    "is undefined: the reference implementations take the whole trust ratio "
+                    "(eta included) as 1 there"
                 )
             if not (np.allclose(got_v, want_v, rtol=1e-7, atol=1e-12)
                     and np.allclose(got_w, want_w, rtol=1e-7, atol=1e-12)):  # fmt: skip
@@ -266,8 +268,8 @@ def _lars_body(fn: Callable) -> str:
 def _lars_hint(case: dict) -> str:
     if not np.any(case["w"]):
         return (
-            "where a norm is 0 the trust ratio is undefined: take 1 there, as the reference "
-            "implementations do"
+            "where a norm is 0 the trust ratio is undefined: the reference implementations "
+            "(TensorFlow's, Apex's) take the whole trust ratio, eta included, as 1 there"
         )
     if case["weight_decay"]:
         return (

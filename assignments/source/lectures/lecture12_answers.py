@@ -57,9 +57,9 @@ def my_lars_update(
     """Exercise 12.3: one LARS step of one layer (You et al. 2017, Algorithm 1): new (w, v)."""
     ### BEGIN SOLUTION
     w_norm, g_norm = np.linalg.norm(w), np.linalg.norm(g)
-    denominator = g_norm + weight_decay * w_norm
-    # undefined when a norm is 0 (a bias at zero): trust ratio 1, as the reference code does
-    ratio = w_norm / denominator if w_norm > 0 and denominator > 0 else 1.0
-    v = momentum * v + lr * eta * ratio * (g + weight_decay * w)
+    # undefined when a norm is 0 (a bias at zero): trust ratio 1, as TensorFlow's and Apex's code
+    ok = w_norm > 0 and g_norm > 0
+    local = eta * w_norm / (g_norm + weight_decay * w_norm) if ok else 1.0
+    v = momentum * v + lr * local * (g + weight_decay * w)
     return w - v, v
     ### END SOLUTION

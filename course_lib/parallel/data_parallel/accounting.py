@@ -83,7 +83,8 @@ class StepRecorder:
 
     def attach(self, module: nn.Module, optimizer: Any) -> None:
         """Register forward hooks on ``module`` and step hooks on ``optimizer``."""
-        self._handles.append(module.register_forward_pre_hook(self._on_forward))
+        # first of the pre-hooks: stage 3 gathers the root's unit in one, and those bytes are the step's
+        self._handles.append(module.register_forward_pre_hook(self._on_forward, prepend=True))
         self._handles.append(module.register_forward_hook(self._on_forward_end))
         self._handles.append(optimizer.register_step_pre_hook(self._on_step_start))
         self._handles.append(optimizer.register_step_post_hook(self._on_step_end))

@@ -19,12 +19,19 @@ from __future__ import annotations
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-__all__ = ["ActivationMemory", "SavedBytes", "activation_memory", "recomputation_cost"]
+__all__ = [
+    "ActivationMemory",
+    "SavedBytes",
+    "activation_memory",
+    "recomputation_cost",
+    "transformer_activation_bytes",
+]
 
 
 @dataclass(frozen=True)
@@ -144,19 +151,20 @@ def activation_memory(net: nn.Module, x: torch.Tensor, segments: int = 0) -> Act
 
 def recomputation_cost(
     net: nn.Module, x: torch.Tensor, y: torch.Tensor, segments: int, repeats: int = 5
-) -> dict[str, float]:
+) -> dict[str, Any]:
     """Measure activation bytes and the forward + backward time, without and with checkpoints.
 
     The time is the fastest of ``repeats`` runs (as ``timeit`` does: on a shared machine the
     slower runs measure the other programs), the plain and checkpointed runs taking turns so
     that both see the same load.
 
-    Returns ``plain_bytes``, ``checkpointed_bytes``, ``plain_s``, ``checkpointed_s``, and the
+    Returns ``plain_bytes``, ``checkpointed_bytes``, ``plain_s``, ``checkpointed_s`` (and every
+    run's seconds, ``plain_samples`` and ``checkpointed_samples``), and the
     checkpointed run's gradients' largest difference from the plain run's (``grad_difference``:
     recomputation must give the same gradients).
     """
     variants = (("plain", 0), ("checkpointed", segments))
-    out: dict[str, float] = {
+    out: dict[str, Any] = {
         f"{label}_bytes": activation_memory(net, x, k).total_bytes for label, k in variants
     }
     times: dict[str, list[float]] = {label: [] for label, _ in variants}
@@ -171,9 +179,22 @@ def recomputation_cost(
             grads[label] = [p.grad.clone() for p in net.parameters()]
     for label, _ in variants:
         out[f"{label}_s"] = min(times[label])
+        out[f"{label}_samples"] = tuple(times[label])  # every run, for course_lib.timing
     net.zero_grad(set_to_none=True)
     out["grad_difference"] = max(
         float((a - b).abs().max())
         for a, b in zip(grads["plain"], grads["checkpointed"], strict=True)
     )
     return out
+
+
+def transformer_activation_bytes(
+    seq: int, batch: int, width: int, layers: int, heads: int | None = None
+) -> float:
+    """Return a transformer's activation bytes in 16-bit (Korthikanti et al. 2022, equation 1).
+
+    Per layer $s b h (34 + 5 a s / h)$: ``heads`` = $a$ gives the textbook attention's $s^2$
+    term; None leaves it out, as a fused attention kernel keeps no probabilities (a **prediction**).
+    """
+    quadratic = 5 * heads * seq / width if heads else 0.0
+    return seq * batch * width * (34 + quadratic) * layers

@@ -5,8 +5,12 @@ send every chunk but one: ``M - |chunk|`` values, where the reduce-scatter keeps
 and the allgather chunk ``r + 1`` (:func:`~course_lib.collectives.ring.ring_schedule`). Stages
 0-2 make two passes per unit, 2(N-1)/N Psi values per rank; stage 3 three (the weights
 gathered before forward and before backward, the gradients reduce-scattered),
-3(N-1)/N Psi. With chunks of unequal length (``Psi`` not a multiple of ``N``) a rank's exact
-count differs from the formula by less than one value per pass and unit.
+3(N-1)/N Psi, except for the root module's own unit (the parameters the model registers
+itself): it stays gathered from its forward to its backward, as FSDP2 keeps its root's
+(``reshard_after_forward`` is False for the root), so it makes two passes. With a root unit of
+``Psi_root`` values stage 3 sends (N-1)/N (3 Psi - Psi_root). With chunks of unequal length
+(``Psi`` not a multiple of ``N``) a rank's exact count differs from the formula by less than
+one value per pass and unit.
 """
 
 from __future__ import annotations
@@ -18,42 +22,60 @@ from course_lib.comm.buffers import chunk_bounds
 __all__ = ["audit_bytes", "exact_values_sent", "formula_values", "passes_per_step"]
 
 
-def passes_per_step(stage: int) -> int:
-    """Return how many ring passes each unit makes per step: 2 (stages 0-2) or 3 (stage 3)."""
-    return 3 if stage == 3 else 2
+def passes_per_step(stage: int, root: bool = False) -> int:
+    """Return the ring passes a unit makes per step: 2 (stages 0-2, stage 3's root unit) or 3."""
+    return 3 if stage == 3 and not root else 2
 
 
-def formula_values(stage: int, psi: int, world_size: int) -> float:
-    """Return the values each rank sends per step: 2(N-1)/N Psi, or 3(N-1)/N Psi at stage 3."""
-    return passes_per_step(stage) * (world_size - 1) / world_size * psi
+def formula_values(stage: int, psi: int, world_size: int, root_values: int = 0) -> float:
+    """Return the values each rank sends per step: 2(N-1)/N Psi, or (N-1)/N (3 Psi - Psi_root) at stage 3.
+
+    ``root_values``: the values in the root module's own unit (stage 3 gathers them once).
+    """
+    n = world_size
+    if stage != 3:
+        return 2 * (n - 1) / n * psi
+    return (n - 1) / n * (3 * psi - root_values)
 
 
-def exact_values_sent(stage: int, units: list[int], rank: int, world_size: int) -> int:
-    """Return the values rank ``rank`` sends per step for units of ``units`` values each."""
+def exact_values_sent(
+    stage: int, units: list[int], rank: int, world_size: int, root: bool = False
+) -> int:
+    """Return the values rank ``rank`` sends per step for units of ``units`` values each.
+
+    ``root``: ``units[0]`` is the root module's own unit (at stage 3 it travels twice, not three times).
+    """
     n, total = world_size, 0
     if n == 1:
         return 0
-    for m in units:
+    for k, m in enumerate(units):
         size = [b - a for a, b in chunk_bounds(m, n)]
         reduce_scatter, allgather = m - size[rank], m - size[(rank + 1) % n]
-        total += reduce_scatter + allgather * (passes_per_step(stage) - 1)
+        total += reduce_scatter + allgather * (passes_per_step(stage, root and k == 0) - 1)
     return total
 
 
 def audit_bytes(
-    records: list[dict[str, Any]], stage: int, units: list[int], world_size: int, itemsize: int = 4
+    records: list[dict[str, Any]],
+    stage: int,
+    units: list[int],
+    world_size: int,
+    itemsize: int = 4,
+    root: bool = False,
 ) -> list[dict[str, Any]]:
     """Return one row per rank and step: bytes sent (the counters), exact and formula bytes.
 
     ``ok`` is True when the counters equal the exact count and that is within one value per
-    pass and unit of the formula. ``records``: a data-parallel result's step records.
+    pass and unit of the formula. ``records``: a data-parallel result's step records;
+    ``root``: ``units[0]`` is the root module's own unit (:func:`~.units.root_unit`).
     """
     psi = sum(units)
     slack = itemsize * passes_per_step(stage) * len(units)
+    root_values = units[0] if root and units else 0
     rows = []
     for rec in records:
-        exact = itemsize * exact_values_sent(stage, units, rec["rank"], world_size)
-        formula = itemsize * formula_values(stage, psi, world_size)
+        exact = itemsize * exact_values_sent(stage, units, rec["rank"], world_size, root)
+        formula = itemsize * formula_values(stage, psi, world_size, root_values)
         rows.append(
             {
                 "rank": rec["rank"],

@@ -6,24 +6,21 @@ released right after it (the parameters keep their shapes; their storage is resi
 FSDP does); a hook on the module's output gathers it again when backward reaches the module,
 and once backward has produced all of the unit's gradients they are reduce-scattered (stage
 2's hook) and the unit released. Each unit travels three times per step: 3(N-1)/N Psi values
-per rank, half as much again as DDP. A tied parameter is gathered with its unit by every module
-that uses it (more bytes than the formula; the formula assumes none).
-
-Every allgather and reduce-scatter runs on one communication thread
-(:class:`~course_lib.parallel.exchanges.comm_thread.CommThread`), in the order the training
-thread asks for them: the same order on every rank. The ranks agree on the units' sizes at
-attach, so each ring step posts its receive before the message comes ("eager", as the bucketed
-allreduce does), which saves a header's round trip per message. ``prefetch=True`` (the default) takes them
-off the critical path, as FSDP does (Zhao et al. 2023, "PyTorch FSDP", sections 3.3 and 4,
-forward and backward prefetch): the first step records the order in which the modules run
-forward and backward; from then on, when a module's units are needed, the allgather of the
-next module's units in that order is queued too (depth 1), so it travels while this module
-computes. A rank then holds at most the current and the next module's units gathered (or on
-their way), one unit more than without prefetching: each step's record notes the most at once
-(``zero3_units_held_peak``). Reduce-scatters are queued without waiting (at most
-``QUEUED_REDUCE_SCATTERS`` at once); ``exchange`` waits for them all before the optimiser
-step. ``prefetch=False`` waits for every collective where it is issued: each one on the
-critical path, the naive schedule, kept to compare against.
+per rank, half as much again as DDP, except the root's: parameters the model registers itself
+(not through a submodule) stay gathered from its forward to its backward, which begins right
+after, so they travel twice, as FSDP2's root does (``fully_shard``'s ``reshard_after_forward``
+defaults to False for the root). The auditor counts both (:mod:`.audit`). A tied parameter is
+gathered with its unit by every module that uses it (more bytes than the formula assumes).
+Every allgather and reduce-scatter runs on one communication thread (``CommThread``), in the
+order the training thread asks for them, the same on every rank. The ranks agree on the units' sizes at attach, so each ring step posts
+its receive before the message comes ("eager"). ``prefetch=True`` (the default) takes them off
+the critical path, as FSDP does (Zhao et al. 2023, "PyTorch FSDP", sections 3.3 and 4): the
+first step records the order in which the modules run forward and backward; from then on, when
+a module's units are needed, the next module's allgather is queued too (depth 1), so it travels
+while this module computes: one unit more held at once (``zero3_units_held_peak``).
+Reduce-scatters are queued without waiting (at most ``QUEUED_REDUCE_SCATTERS``); ``exchange``
+waits for them all before the optimiser step. ``prefetch=False`` waits for every collective
+where it is issued: the naive schedule, kept to compare against.
 """
 
 from __future__ import annotations
@@ -81,9 +78,11 @@ class Zero3(Zero2):
         self.handles.append(net.register_forward_pre_hook(self._new_pass))  # before its units'
         owner = {id(p): u for u in self.units for p in u.params}
         self.groups: list[list[FlatUnit]] = []  # per hooked module: the units it needs
+        self.root_group = -1  # the group of the model's own parameters, if it registers any
         for module in net.modules():
             mine = [owner[id(p)] for p in module.parameters(recurse=False) if id(p) in owner]
             if units := list({u.index: u for u in mine}.values()):
+                self.root_group = len(self.groups) if module is net else self.root_group
                 group = len(self.groups)
                 self.handles.append(module.register_forward_pre_hook(self._before(group)))
                 self.handles.append(module.register_forward_hook(self._after(group)))
@@ -222,9 +221,10 @@ class Zero3(Zero2):
         def release_units(module: nn.Module, args: Any, output: Any) -> None:
             if self.in_step:
                 self.events.append({"kind": "forward_end", "group": group, "end": next_seq()})
-            for unit in self.groups[group]:
-                self._free(unit)
             out = _first_grad_tensor(output)
+            if group != self.root_group or out is None or not self.in_step:
+                for unit in self.groups[group]:  # (the root's: backward needs them next)
+                    self._free(unit)
             if out is not None:  # backward reaches this module: gather its weights again first
                 out.register_hook(lambda grad: self._need(group, "backward"))
 

@@ -19,7 +19,7 @@ from torch import nn
 
 from course_lib.comm.buffers import chunk_bounds
 
-__all__ = ["FlatUnit", "plan_units", "unit_sizes"]
+__all__ = ["FlatUnit", "plan_units", "root_unit", "unit_sizes"]
 
 
 class FlatUnit:
@@ -138,3 +138,11 @@ def unit_sizes(
 ) -> list[int]:
     """Return the number of values in each unit :func:`plan_units` makes (for the bytes auditor)."""
     return [u.numel for u in plan_units(net, stage, world_size, bucket_bytes)]
+
+
+def root_unit(net: nn.Module, stage: int) -> bool:
+    """Return True when stage ``stage``'s first unit holds only parameters ``net`` registers itself.
+
+    At stage 3 that unit is the root's, gathered once per step (the bytes auditor's ``root``).
+    """
+    return stage == 3 and any(p.requires_grad for p in net.parameters(recurse=False))

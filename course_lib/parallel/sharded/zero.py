@@ -11,7 +11,9 @@ Data parallelism keeps N copies of everything: weights, gradients and optimiser 
 * ``zero2``: + gradients sharded: each bucket is reduce-scattered from a post-accumulate hook
   as soon as backward has produced it, and its full-size gradients are freed.
 * ``zero3``: + weights sharded (FSDP): each module's unit is allgathered just before its
-  forward and again before its backward, and freed after each; 3(N-1)/N Psi values per rank.
+  forward and again before its backward, and freed after each; 3(N-1)/N Psi values per rank
+  (the root module's own parameters, kept gathered from forward to backward as FSDP2 keeps its
+  root's, 2(N-1)/N of theirs).
   Its collectives run on one communication thread, the next module's allgather prefetched
   while this one computes (``Zero3(prefetch=False)``: each waited for where it is issued).
 * ``zero0``: plain data parallelism (ring allreduce, every rank the whole optimiser) with the

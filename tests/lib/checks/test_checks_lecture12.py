@@ -123,11 +123,19 @@ def no_zero_guard(w, g, v, *, lr, momentum, weight_decay, eta):
     return w - v, v
 
 
+def eta_where_the_norm_is_zero(w, g, v, *, lr, momentum, weight_decay, eta):
+    """The trust coefficient kept where the ratio is undefined: a zero bias moves 1/eta less."""
+    wn, gn = np.linalg.norm(w), np.linalg.norm(g)
+    ratio = wn / (gn + weight_decay * wn) if wn > 0 and gn > 0 else 1.0
+    v = momentum * v + lr * eta * ratio * (g + weight_decay * w)
+    return w - v, v
+
+
 def decay_outside_the_ratio(w, g, v, *, lr, momentum, weight_decay, eta):
     """Trust ratio ||w|| / ||g||, leaving weight decay out of the denominator."""
     wn, gn = np.linalg.norm(w), np.linalg.norm(g)
-    ratio = wn / gn if wn > 0 and gn > 0 else 1.0
-    v = momentum * v + lr * eta * ratio * (g + weight_decay * w)
+    local = eta * wn / gn if wn > 0 and gn > 0 else 1.0
+    v = momentum * v + lr * local * (g + weight_decay * w)
     return w - v, v
 
 
@@ -145,9 +153,10 @@ def test_lars_update_check():
     assert passed, passed.detail
     _fails(check_lars_update(notebook_stub("my_lars_update"), verbose=False), "not implemented")
     _fails(
-        check_lars_update(no_zero_guard, verbose=False), "bias initialised at zero", "take 1 there"
+        check_lars_update(no_zero_guard, verbose=False), "bias initialised at zero", "eta included"
     )
     _fails(check_lars_update(decay_outside_the_ratio, verbose=False), "||g|| + beta ||w||")
+    _fails(check_lars_update(eta_where_the_norm_is_zero, verbose=False), "eta included")
     _fails(check_lars_update(delegating_lars, verbose=False), "library's", "LARS.step")
     assert check_lars_update(delegating_lars, verbose=False).passed is False
     assert check_lars_update(my_lars_update, verbose=False)  # LARS.step restored

@@ -31,21 +31,27 @@ SHAPES = [(5, 7), (7,), (3, 4, 2), (1,)]
 STEPS = 6
 
 
-def lars_reference(ws, grads, lr, m, beta, eta):
-    """You et al. 2017, Algorithm 1, in NumPy: one list of per-layer arrays per step's gradients."""
+def lars_reference(ws, grads, lr, m, beta, eta, exclude=True):
+    """You et al. 2017, Algorithm 1, in NumPy, with TensorFlow's LARSOptimizer's conventions: the
+    trust ratio is 1 where ||w|| or ||g|| is 0; biases and norms (1-D) take ratio 1, no decay."""
     ws, vs = [w.copy() for w in ws], [np.zeros_like(w) for w in ws]
     for step_grads in grads:
         for layer, g in enumerate(step_grads):
             w = ws[layer]
             wn, gn = np.sqrt(np.sum(w * w)), np.sqrt(np.sum(g * g))
-            local_lr = eta * wn / (gn + beta * wn) if wn > 0 and gn > 0 else eta
-            vs[layer] = m * vs[layer] + lr * local_lr * (g + beta * w)
+            if exclude and w.ndim <= 1:
+                local_lr, decay = 1.0, 0.0
+            else:
+                local_lr = eta * wn / (gn + beta * wn) if wn > 0 and gn > 0 else 1.0
+                decay = beta
+            vs[layer] = m * vs[layer] + lr * local_lr * (g + decay * w)
             ws[layer] = w - vs[layer]
     return ws
 
 
-def lamb_reference(ws, grads, lr, b1, b2, eps, lam):
-    """You et al. 2019, Algorithm 2 (phi = identity), in NumPy."""
+def lamb_reference(ws, grads, lr, b1, b2, eps, lam, exclude=True):
+    """You et al. 2019, Algorithm 2 (phi = identity), in NumPy; ratio 1 where a norm is 0, and
+    for excluded biases and norms (1-D: no decay either), as TensorFlow's and Apex's LAMB."""
     ws = [w.copy() for w in ws]
     ms, vs = [np.zeros_like(w) for w in ws], [np.zeros_like(w) for w in ws]
     for t, step_grads in enumerate(grads, start=1):
@@ -55,6 +61,9 @@ def lamb_reference(ws, grads, lr, b1, b2, eps, lam):
             m_hat, v_hat = ms[i] / (1 - b1**t), vs[i] / (1 - b2**t)
             r = m_hat / (np.sqrt(v_hat) + eps)
             x = ws[i]
+            if exclude and x.ndim <= 1:
+                ws[i] = x - lr * r
+                continue
             u = r + lam * x
             xn, un = np.linalg.norm(x.ravel()), np.linalg.norm(u.ravel())
             ws[i] = x - lr * (xn / un if xn > 0 and un > 0 else 1.0) * u
@@ -65,6 +74,7 @@ def _random_problem(seed):
     rng = np.random.default_rng(seed)
     ws = [rng.normal(size=s).astype(np.float32) for s in SHAPES]
     ws[1][:] = 0  # a bias initialised at zero: its trust ratio is undefined, taken as 1
+    ws[2][:] = 0  # a zero matrix (adapted even when biases are excluded): ratio 1 too
     grads = [
         [(rng.normal(size=s) * rng.uniform(0.01, 10)).astype(np.float32) for s in SHAPES]
         for _ in range(STEPS)
@@ -87,15 +97,16 @@ def _assert_close(got, want):
         np.testing.assert_allclose(g, w, rtol=2e-5, atol=2e-6)
 
 
-@pytest.mark.parametrize("seed", range(4))
+@pytest.mark.parametrize("seed, exclude", [(0, True), (1, True), (2, False), (3, False)])
 @pytest.mark.parametrize("momentum, weight_decay", [(0.9, 5e-4), (0.0, 0.0), (0.5, 0.1)])
-def test_lars_equals_the_numpy_reference(seed, momentum, weight_decay):
+def test_lars_equals_the_numpy_reference(seed, exclude, momentum, weight_decay):
     ws, grads = _random_problem(seed)
     settings = {
         "lr": 2.0,
         "momentum": momentum,
         "weight_decay": weight_decay,
         "trust_coefficient": 0.01,
+        "exclude_bias_and_norm": exclude,
     }
     got = _run_torch(lambda p: LARS(p, **settings), ws, grads)
     want = lars_reference(
@@ -105,17 +116,19 @@ def test_lars_equals_the_numpy_reference(seed, momentum, weight_decay):
         m=momentum,
         beta=weight_decay,
         eta=0.01,
+        exclude=exclude,
     )
     _assert_close(got, want)
     assert not np.allclose(got[0], ws[0], atol=1e-3)  # the weights did move
 
 
-@pytest.mark.parametrize("seed", range(4))
+@pytest.mark.parametrize("seed, exclude", [(0, True), (1, True), (2, False), (3, False)])
 @pytest.mark.parametrize("betas, weight_decay", [((0.9, 0.999), 0.01), ((0.5, 0.9), 0.0)])
-def test_lamb_equals_the_numpy_reference(seed, betas, weight_decay):
+def test_lamb_equals_the_numpy_reference(seed, exclude, betas, weight_decay):
     ws, grads = _random_problem(seed)
+    settings = {"betas": betas, "eps": 1e-6, "weight_decay": weight_decay}
     got = _run_torch(
-        lambda p: LAMB(p, lr=0.05, betas=betas, eps=1e-6, weight_decay=weight_decay), ws, grads
+        lambda p: LAMB(p, lr=0.05, exclude_bias_and_norm=exclude, **settings), ws, grads
     )
     want = lamb_reference(
         [w.astype(np.float64) for w in ws],
@@ -125,6 +138,7 @@ def test_lamb_equals_the_numpy_reference(seed, betas, weight_decay):
         b2=betas[1],
         eps=1e-6,
         lam=weight_decay,
+        exclude=exclude,
     )
     _assert_close(got, want)
     assert not np.allclose(got[0], ws[0], atol=1e-3)
@@ -133,11 +147,40 @@ def test_lamb_equals_the_numpy_reference(seed, betas, weight_decay):
 def test_the_trust_ratio_makes_the_step_relative_to_the_weight():
     """Scaling a layer's weights and gradient by 1000 scales its LAMB step by 1000 too."""
     for scale in (1.0, 1000.0):
-        p = torch.nn.Parameter(torch.full((4,), scale))
-        p.grad = torch.tensor([1.0, -2.0, 3.0, 0.5]) * scale
+        p = torch.nn.Parameter(torch.full((2, 2), scale))  # a matrix: biases are not adapted
+        p.grad = torch.tensor([[1.0, -2.0], [3.0, 0.5]]) * scale
         LAMB([p], lr=0.01).step()
         relative = torch.linalg.vector_norm(p.detach() - scale) / (2 * scale)
         assert relative.item() == pytest.approx(0.01, rel=1e-5)  # lr * ||w||, whatever the scale
+
+
+@pytest.mark.parametrize("exclude", [True, False])
+def test_a_zero_initialised_bias_moves_as_under_the_reference_convention(exclude):
+    # TensorFlow's LARSOptimizer and Apex's LARC: trust ratio 1 where ||w|| = 0 (and biases
+    # excluded from the adaptation): the bias moves by lr * g, not lr * eta * g (1000x less).
+    layer = torch.nn.Linear(3, 2)
+    torch.nn.init.zeros_(layer.bias)
+    g = torch.tensor([0.5, -2.0])
+    layer.weight.grad, layer.bias.grad = torch.ones(2, 3), g.clone()
+    LARS(layer.parameters(), lr=0.1, momentum=0.9, exclude_bias_and_norm=exclude).step()
+    torch.testing.assert_close(layer.bias.detach(), -0.1 * g)
+    # LAMB: Adam's first step is sign(g) (bias-corrected, eps apart), taken at the global rate
+    torch.nn.init.zeros_(layer.bias)
+    layer.bias.grad = g.clone()
+    LAMB([layer.bias], lr=0.01, exclude_bias_and_norm=exclude).step()
+    torch.testing.assert_close(layer.bias.detach(), -0.01 * torch.sign(g), rtol=0, atol=1e-7)
+
+
+def test_excluded_biases_take_no_weight_decay_and_no_trust_ratio():
+    b = torch.nn.Parameter(torch.full((4,), 2.0))
+    b.grad = torch.full((4,), 0.1)
+    LARS([b], lr=1.0, momentum=0.0, weight_decay=0.5).step()
+    torch.testing.assert_close(b.detach(), torch.full((4,), 1.9))  # w - lr g: no eta, no decay
+    adapted = torch.nn.Parameter(torch.full((4,), 2.0))
+    adapted.grad = torch.full((4,), 0.1)
+    LARS([adapted], lr=1.0, momentum=0.0, weight_decay=0.5, exclude_bias_and_norm=False).step()
+    # eta ||w|| / (||g|| + beta ||w||) = 0.001 * 4 / (0.2 + 2) applied to g + 0.5 w = 1.1
+    torch.testing.assert_close(adapted.detach(), torch.full((4,), 2.0 - 0.004 / 2.2 * 1.1))
 
 
 def test_a_parameter_without_gradient_is_left_alone():

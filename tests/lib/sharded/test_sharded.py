@@ -31,7 +31,7 @@ from course_lib.parallel.exchanges.base import (
 from course_lib.parallel.exchanges.registry import EXCHANGES, make_exchange
 from course_lib.parallel.sharded.audit import audit_bytes, exact_values_sent, formula_values
 from course_lib.parallel.sharded.ledger import LEDGER_KEYS, formula_bytes
-from course_lib.parallel.sharded.units import plan_units, unit_sizes
+from course_lib.parallel.sharded.units import plan_units, root_unit, unit_sizes
 from course_lib.training.loop import TrainConfig
 
 pytestmark = pytest.mark.timeout(900)
@@ -74,6 +74,20 @@ class TiedFrozen(nn.Module):
         h = torch.relu(self.inp(x.flatten(1)))
         h = torch.relu(self.h1(h))
         return self.out(torch.relu(self.h2(h)))
+
+
+class RootOwned(nn.Module):
+    """A hidden layer, then a classifier the model registers itself: a root unit of 150 values."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.hidden = nn.Linear(64, 15)
+        self.head = nn.Parameter(
+            torch.randn(15, 10, generator=torch.Generator().manual_seed(0)) / 4
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.relu(self.hidden(x.flatten(1))) @ self.head
 
 
 def relative_error(got: dict[str, np.ndarray], want: dict[str, np.ndarray]) -> float:
@@ -177,6 +191,24 @@ def test_wire_bytes_per_rank_equal_the_formula(runs, stage, n):
     assert len(rows) == 4 * n and all(r["ok"] for r in rows), [r for r in rows if not r["ok"]]
 
 
+def test_stage_3_gathers_the_root_modules_own_unit_once_and_the_auditor_counts_it(pool):
+    # FSDP2 keeps its root's parameters gathered from forward to backward; so does stage 3.
+    n = 3
+    result = train_data_parallel(pool, model=RootOwned, dataset=small_digits, config=ADAM,
+                                 method="zero3", world_size=n, comm_timeout=30, timeout=300)  # fmt: skip
+    units = unit_sizes(RootOwned(), 3, n)
+    assert units == [150, 975] and root_unit(RootOwned(), 3) and not root_unit(uneven_mlp(), 3)
+    rows = audit_bytes(result.records, 3, units, n, root=True)
+    assert len(rows) == 4 * n and all(r["ok"] for r in rows), [r for r in rows if not r["ok"]]
+    # the counters hold one allgather fewer of the root's unit than three passes would send
+    three_passes = audit_bytes(result.records, 3, units, n)
+    assert not any(r["ok"] for r in three_passes)
+    gathers = [e["unit"] for e in result.records[-1]["events"] if e["kind"] == "allgather"]
+    assert gathers.count(0) == 1 and gathers.count(1) == 2
+    want = train_one_process(RootOwned, small_digits, ADAM)
+    assert relative_error(result.weights, want) <= DP_RTOL
+
+
 def test_the_auditor_counts_the_ring_and_the_formulas_relate():
     psi, n = 1375, 4
     assert formula_values(3, psi, n) == 1.5 * formula_values(1, psi, n)
@@ -184,6 +216,11 @@ def test_the_auditor_counts_the_ring_and_the_formulas_relate():
     # uneven chunks [344, 344, 344, 343]: rank 2 keeps 344 and passes on chunk 3 (343)
     assert exact_values_sent(2, [psi], 2, n) == (psi - 344) + (psi - 343)
     assert exact_values_sent(3, [psi], 2, n) == (psi - 344) + 2 * (psi - 343)
+    # a root unit of 150 values (chunks of 38, 38, 37, 37) travels twice: (N-1)/N (3 Psi - Psi_root)
+    assert exact_values_sent(3, [150, psi], 2, n, root=True) == (
+        (150 - 37) + (150 - 37) + (psi - 344) + 2 * (psi - 343)
+    )
+    assert formula_values(3, psi + 150, n, root_values=150) == 0.75 * (3 * (psi + 150) - 150)
 
 
 @pytest.mark.parametrize("n", [2, 3, 4])

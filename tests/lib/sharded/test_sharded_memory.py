@@ -69,12 +69,59 @@ def test_bfloat16_autocast_keeps_float32_master_weights_and_learns_like_float32(
     assert abs(bf16["losses"][-1] - fp32["losses"][-1]) < 0.1 * fp32["losses"][0]
 
 
-def test_the_cheapest_scheme_that_fits_is_chosen_in_order():
-    from course_lib.parallel.sharded.budget import cheapest_fit
+def test_the_decision_procedure_takes_the_first_rung_that_fits_counting_adams_state():
+    from course_lib.parallel.sharded.technique import choose_technique
 
-    psi, n, act = 1e9, 8, 2e9  # float32 Adam: DDP 16 GB + 2 GB of activations
-    assert cheapest_fit(psi, n, act, 20e9)[0] == "DDP"
-    assert cheapest_fit(psi, n, act, 12e9)[0] == "ZeRO-1"  # 8 + 1 + 2 GB
-    assert cheapest_fit(psi, n, act, 3e9)[0] == "ZeRO-3 + recomputation"  # 2 + 0.5 GB
-    choice, rows = cheapest_fit(psi, n, act, 1e9)
-    assert choice.startswith("none") and rows[0] == ("DDP", 18e9)
+    psi, n, act = 1e9, 8, 2e9  # float32 Adam: DDP 16 GB (weights 4, gradients 4, moments 8) + 2 GB
+    assert choose_technique(psi, n, 20e9, act).technique == "DDP"
+    assert choose_technique(psi, n, 17e9, act).technique == "ZeRO-1"  # 18 GB with Adam: no DDP
+    assert choose_technique(psi, n, 12e9, act).technique == "ZeRO-1"  # 8 + 1 + 2 GB
+    assert choose_technique(psi, n, 8e9, act).technique == "ZeRO-2"  # 4 + 1.5 + 2 GB
+    assert choose_technique(psi, n, 4.5e9, act).technique == "ZeRO-3 (FSDP)"  # 2 + 2 GB
+    # 16 layers: recomputation keeps 2/sqrt(16) of the activations (Chen et al.'s sqrt(n) rule)
+    deep = choose_technique(psi, n, 3.1e9, act, layers=16)
+    assert deep.technique == "ZeRO-3 + recomputation" and deep.rows[4][1] == 2e9 + 1e9
+    choice = choose_technique(psi, n, 1e9, act)
+    assert (
+        not choice.fits
+        and choice.rows[0][:2] == ("DDP", 18e9)
+        and "add workers" in choice.sentence()
+    )
+    assert len(choice.rows) == 5  # no tensor parallelism unless the room has a fast group
+    tp = choose_technique(psi, n, 2.6e9, act, layers=16, tensor_parallel=4)
+    assert tp.technique.endswith("tensor parallelism") and tp.rows[-1][1] == 2e9 + 0.25e9
+
+
+def test_the_decision_counts_the_gathered_unit_at_stage_3s_peak():
+    from course_lib.parallel.sharded.technique import choose_technique
+
+    # one layer holds most of the model: stage 3's peak gains little over stage 1's
+    psi, n = 1e6, 4
+    rows = {r[0]: r[1] for r in choose_technique(psi, n, 1e9, 0.0, largest_unit=0.8e6).rows}
+    assert rows["ZeRO-3 (FSDP)"] == 16e6 / 4 + 2 * 4 * 0.8e6
+    assert rows["ZeRO-3 (FSDP)"] > rows["ZeRO-2"]
+
+
+def test_the_two_mixed_precision_schemes_are_told_apart():
+    from course_lib.parallel.sharded.technique import choose_technique
+
+    psi, n = 1e9, 8
+    f32, auto, mixed = (
+        {r[0]: r[1:] for r in choose_technique(psi, n, 1e12, 0.0, precision=p).rows}
+        for p in ("float32", "autocast", "mixed")
+    )
+    assert auto == f32  # autocast keeps float32 weights and gradients: 4 + 4 + 8
+    assert mixed["ZeRO-1"][0] == 4 * psi + 12 * psi / n < f32["ZeRO-1"][0]  # 2 + 2 + 12
+    assert mixed["DDP"][1] == f32["DDP"][1] / 2  # 16-bit gradients on the wire
+    with pytest.raises(ValueError, match="use one of float32, autocast, mixed"):
+        choose_technique(psi, n, 1e9, 0.0, precision="fp16")
+
+
+def test_the_transformer_activation_formula_is_korthikantis():
+    from course_lib.parallel.sharded.activations import transformer_activation_bytes
+
+    s, b, h, a, n_layers = 2048, 1, 2048, 16, 24  # GPT-3 XL's shapes, one sequence
+    fused = transformer_activation_bytes(s, b, h, n_layers)
+    assert fused == 34 * s * b * h * n_layers  # 16-bit, no attention probabilities
+    textbook = transformer_activation_bytes(s, b, h, n_layers, heads=a)
+    assert textbook == s * b * h * (34 + 5 * a * s / h) * n_layers
