@@ -1,4 +1,4 @@
-"""The instructor's lab (docs/instructor.md): the lab's engines started with one SSH round trip per PC, every PC at once.
+"""The instructor's lab (docs/instructor.md; lecture 0 connects to it): the lab's engines started with one SSH round trip per PC, every PC at once.
 
 ipyparallel's ``SSHEngineSetLauncher`` starts engines one after another, and for each engine asks
 the PC for its shell and its Python, creates the remote profile, copies the connection file and
