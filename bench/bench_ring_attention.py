@@ -36,7 +36,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="2 engines, one length, 3 rounds")
     args = parser.parse_args()
-    sizes, lengths, rounds = ((2,), (512,), 3) if args.quick else ((2, 4), (256, 1024), 7)
+    sizes, lengths, rounds = ((2,), (1024,), 3) if args.quick else ((2, 4), (512, 2048), 7)
     for n in sizes:
         with start_cluster(n=n, seed=0) as cluster:
             setup_communicators(cluster, backend="gloo", timeout=120)
