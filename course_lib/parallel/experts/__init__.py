@@ -8,6 +8,7 @@ from course_lib.parallel.experts.train import (
     moe_data,
     train_moe_expert_parallel,
     train_moe_one_process,
+    train_skewed_router,
 )
 
 __all__ = [
@@ -24,4 +25,5 @@ __all__ = [
     "route",
     "train_moe_expert_parallel",
     "train_moe_one_process",
+    "train_skewed_router",
 ]

@@ -19,7 +19,13 @@ import torch
 from course_lib.parallel.experts.expert_parallel import ExpertParallelMoE
 from course_lib.parallel.experts.layer import MoE
 
-__all__ = ["MoEConfig", "moe_data", "train_moe_expert_parallel", "train_moe_one_process"]
+__all__ = [
+    "MoEConfig",
+    "moe_data",
+    "train_moe_expert_parallel",
+    "train_moe_one_process",
+    "train_skewed_router",
+]
 
 
 @dataclass(frozen=True)
@@ -74,10 +80,21 @@ def train_moe_one_process(cfg: MoEConfig, world_size: int, steps: int) -> dict[s
 
 
 def train_moe_expert_parallel(
-    comm: Any, cfg: MoEConfig, steps: int, exchange: Callable | None = None
+    comm: Any,
+    cfg: MoEConfig,
+    steps: int,
+    exchange: Callable | None = None,
+    dp_comm: Any = None,
 ) -> dict[str, Any]:
-    """Train this rank's share on its tokens (every rank calls it); return its weights by global name."""
-    N, r = comm.world_size, comm.rank
+    """Train this rank's share on its tokens (every rank calls it); return its weights by global name.
+
+    ``comm`` holds the experts (expert parallelism). With ``dp_comm`` (a data axis of a grid,
+    :class:`course_lib.parallel.grid.ProcessGrid`) each line of ``comm`` is one replica of the
+    whole layer, fed its own tokens: rank ``(d, e)`` of the grid is group ``d * E_ranks + e`` of
+    the one-process reference, and every gradient is also summed along the data axis.
+    """
+    D, d = (dp_comm.world_size, dp_comm.rank) if dp_comm is not None else (1, 0)
+    N, r = comm.world_size * D, d * comm.world_size + comm.rank
     net = ExpertParallelMoE(cfg.build(), comm, exchange)
     opt = torch.optim.Adam(net.parameters(), lr=cfg.lr)
     dropped, sent = [], []
@@ -91,18 +108,51 @@ def train_moe_expert_parallel(
         sent.append(_bytes_sent(comm))
         comm.allreduce(net.router.weight.grad)  # replicated: the mean of every rank's gradient
         for p in net.parameters():
+            if dp_comm is not None:  # replicas of the layer: add what the other replicas saw
+                dp_comm.allreduce(p.grad)
             p.grad /= N  # experts' gradients came summed over the ranks by the all-to-all
         opt.step()
         dropped.append(routing.dropped)
-    first = r * net.local
+    first = comm.rank * net.local
     weights = {"router.weight": net.router.weight.detach().numpy().copy()}
     for i, e in enumerate(net.experts):
         for n, p in e.named_parameters():
             weights[f"experts.{first + i}.{n}"] = p.detach().numpy().copy()
-    return {"weights": weights, "dropped": dropped, "bytes_sent": sent, "rank": r}
+    return {"weights": weights, "dropped": dropped, "bytes_sent": sent, "rank": r, "group": r}
 
 
 def _bytes_sent(comm: Any) -> int:
     """Bytes this rank sent in the step so far: point-to-point plus the built-in all-to-all's."""
     a2a = comm.stats.collectives.get("all_to_all")
     return int(comm.stats.bytes_sent + (a2a.bytes if a2a else 0))
+
+
+def train_skewed_router(cfg: MoEConfig, steps: int, skew: float = 0.5) -> dict[str, Any]:
+    """Train one group from a router that favours expert 0; return where a fresh batch's tokens go.
+
+    The router starts with expert 0's row pushed towards the (shifted) inputs, so most tokens
+    prefer it: without the balancing loss the router learns to keep them there and the full
+    expert drops them; ``cfg.aux_weight`` > 0 spreads them (Switch Transformer, §2.2).
+    """
+    net = cfg.build()
+    with torch.no_grad():
+        g = torch.Generator().manual_seed(cfg.seed + 1)
+        net.router.weight[0] += skew * torch.randn(cfg.d_model, generator=g).abs()
+    opt = torch.optim.Adam(net.parameters(), lr=cfg.lr)
+    for step in range(steps + 1):
+        X, Y = moe_data(cfg, 1, step if step < steps else 10**6)
+        X = X + 0.5  # inputs off-centre, so the skewed row scores high on most tokens
+        if step == steps:
+            break
+        opt.zero_grad()
+        y, aux, _ = net(X)
+        _loss(y, Y, aux, cfg).backward()
+        opt.step()
+    with torch.no_grad():
+        y, aux, (routing,) = net(X)
+    return {
+        "wanted": routing.wanted.tolist(),
+        "dropped": routing.dropped,
+        "aux_loss": float(aux),
+        "mse": float(torch.nn.functional.mse_loss(y, Y)),
+    }
