@@ -1,5 +1,6 @@
-"""torch.profiler traces read back by code: one training step with a built-in all-to-all and an
-allreduce on 2 real engines (gloo), its compute and communication events counted."""
+"""The bridge to PyTorch's tools on 2 real engines (gloo): torch.profiler traces read back by
+code (one step's compute and communication events counted), and DeviceMesh / DTensor tensor
+parallelism (ColwiseParallel, RowwiseParallel) equal to the kit's column / row-parallel MLP."""
 
 from __future__ import annotations
 
@@ -56,3 +57,18 @@ def test_a_step_with_collectives_counts_them_from_the_trace(cluster):
         assert res["names"].get("gloo:all_to_all") == 1, res
         assert res["names"].get("gloo:all_reduce") == 1, res
         assert res["counts"]["compute"] >= 3 and res["seconds"]["communication"] > 0, res
+
+
+def _device_mesh_case() -> dict:
+    from IPython import get_ipython
+
+    from course_lib.parallel.bridge import compare_mlp
+
+    return compare_mlp(get_ipython().user_ns["comm"])
+
+
+@pytest.mark.timeout(200)
+def test_device_mesh_plans_equal_the_kits_tensor_parallel_mlp(cluster):
+    for res in cluster.run(_device_mesh_case):
+        assert res.pop("shard shapes equal") == 1.0
+        assert max(res.values()) < 1e-5, res
