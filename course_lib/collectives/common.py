@@ -13,6 +13,7 @@ TAGS = {
     "star": 8100, "naive": 8101, "ring_rs": 8102, "ring_ag": 8103, "doubling": 8104,
     "bcast": 8105, "bcast_naive": 8106, "gossip": 8107, "ping": 8108,
     "gossip_sparse": 8110,  # and 8111, 8112: count, indices, values
+    "all_to_all": 8113, "all_to_all_counts": 8114,
 }  # fmt: skip
 
 _UFUNCS = {"sum": np.add, "max": np.maximum, "min": np.minimum}

@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 
 from course_lib.comm.buffers import DTYPE_NAMES, Buffer, as_flat_array, dtype_name
+from course_lib.comm.splits import row_split
 from course_lib.comm.stats import CommStats
 
 __all__ = [
@@ -44,7 +45,7 @@ _GLANCE = 0.5
 # Reports sent after a failure, with their buffers, never waited for: a rank that left never
 # reads its report, and a send's buffer freed while MPI may still read it would send garbage.
 _UNREAD_REPORTS: list[Any] = []
-_COLLECTIVES = ("allreduce", "broadcast", "allgather", "reduce_scatter", "barrier")
+_COLLECTIVES = ("allreduce", "broadcast", "allgather", "reduce_scatter", "barrier", "all_to_all")
 
 
 class CommError(RuntimeError):
@@ -319,13 +320,13 @@ class Communicator(ABC):
         arr = as_flat_array(buf)
         deadline = time.time() + self.timeout
         t0 = time.perf_counter()
-        self._agree(name, arr, dtype_name(buf), code, deadline)
+        self._agree(name, arr.size, dtype_name(buf), code, deadline)
         out = self._builtin(name, buf, arr, deadline, **kw)
         self._after_collective(name, arr.nbytes * (self.world_size if name == "allgather" else 1))
         self.stats.collective(name).add(arr.nbytes, time.perf_counter() - t0)
         return out
 
-    def _agree(self, name: str, arr: np.ndarray, dname: str, code: int, deadline: float) -> None:
+    def _agree(self, name: str, size: int, dname: str, code: int, deadline: float) -> None:
         """Exchange (collective, size, dtype, op/root, call number) with every rank first.
 
         The call number tells ranks that are out of step (one skipped a collective that timed out
@@ -335,7 +336,7 @@ class Communicator(ABC):
         """
         self._calls += 1
         mine = np.array(
-            [_COLLECTIVES.index(name), arr.size, DTYPE_NAMES.index(dname), code, self._calls],
+            [_COLLECTIVES.index(name), size, DTYPE_NAMES.index(dname), code, self._calls],
             np.int64,
         )
         peers = [r for r in range(self.world_size) if r != self.rank]
@@ -374,7 +375,9 @@ class Communicator(ABC):
             desc = lambda h: f"{_COLLECTIVES[h[0]]} of {h[1]} {DTYPE_NAMES[h[2]]} (op/root {h[3]})"  # noqa: E731
             others = "; ".join(f"rank {r} called {desc(h)}" for r, h in sorted(bad.items()))
             raise CommMismatchError(f"rank {self.rank} called {desc(mine)} but {others}")
-        if name not in ("broadcast", "allgather", "barrier") and not self.reducible(dname):
+        if name not in ("broadcast", "allgather", "barrier", "all_to_all") and not self.reducible(
+            dname
+        ):
             raise TypeError(f"the {self.backend} backend cannot reduce {dname}; convert to float32")
 
     def compare_after_failure(
@@ -434,6 +437,42 @@ class Communicator(ABC):
     def reduce_scatter(self, tensor: Buffer, op: str = "sum") -> Buffer:
         """Return this rank's chunk (``chunk_bounds`` layout) of the reduced flat ``tensor``; input unchanged."""
         return self._collective("reduce_scatter", tensor, _op_code(op), op=op)
+
+    def all_to_all(
+        self,
+        tensor: Buffer,
+        send_counts: list[int] | None = None,
+        recv_counts: list[int] | None = None,
+    ) -> Buffer:
+        """Send ``send_counts[j]`` rows of ``tensor`` to rank ``j``; return the rows received.
+
+        Rows are the first dimension; block ``j`` is the ``j``-th run of rows. The result holds
+        rank 0's rows for this rank first, then rank 1's, ...; the input is unchanged. Without
+        counts the rows split into equal blocks (MPI's ``Alltoall``); with ``send_counts`` but no
+        ``recv_counts`` the ranks first swap their counts in an all-to-all of one int64 each
+        (counted too). Every rank calls it. Its counter records the bytes sent to other ranks
+        (the block a rank keeps never leaves it): ``(N-1)/N`` of the buffer for equal blocks.
+        """
+        split = row_split(tensor, self.world_size, send_counts, recv_counts)
+        if split.recv_counts is None:
+            split = split.with_recv(self.all_to_all(np.asarray(split.send_counts, np.int64)))
+        arr = as_flat_array(tensor)
+        deadline, t0 = time.time() + self.timeout, time.perf_counter()
+        # equal blocks: the ranks agree on the whole size; uneven: only on the row's width
+        even = send_counts is None
+        self._agree(
+            "all_to_all",
+            arr.size if even else split.width,
+            dtype_name(tensor),
+            int(not even),
+            deadline,
+        )
+        flat = self._builtin("all_to_all", tensor, arr, deadline, split=split)
+        a, b = split.send_bounds()[self.rank]
+        leaving = arr.itemsize * (arr.size - (b - a))
+        self._after_collective("all_to_all", leaving)
+        self.stats.collective("all_to_all").add(leaving, time.perf_counter() - t0)
+        return flat.reshape(split.out_shape)
 
     def barrier(self) -> None:
         """Wait until every rank has called ``barrier``."""

@@ -58,6 +58,8 @@ class EmulatedLink:
             return 2 * (p - 1) * (a + nbytes / p * b)
         if name in ("allgather", "reduce_scatter"):  # nbytes = the whole (gathered) buffer
             return (p - 1) * (a + nbytes / p * b)
+        if name == "all_to_all":  # nbytes = the blocks for other ranks, one message to each
+            return (p - 1) * a + nbytes * b
         if name == "broadcast":
             return math.ceil(math.log2(p)) * (a + nbytes * b)
         return 2 * math.ceil(math.log2(p)) * a  # barrier

@@ -167,6 +167,8 @@ class GlooCommunicator(Communicator):
         g = self.group
         with warnings.catch_warnings():  # the *_into_tensor names print deprecation warnings
             warnings.simplefilter("ignore", FutureWarning)
+            if name == "all_to_all":
+                return self._all_to_all(buf, t, kw["split"], deadline)
             if name == "barrier":
                 self._run(dist.all_reduce(torch.zeros(1), group=g, async_op=True), name, deadline)
             elif name == "broadcast":
@@ -194,6 +196,23 @@ class GlooCommunicator(Communicator):
             else:
                 raise ValueError(f"unknown collective {name!r}")
         return None
+
+    def _all_to_all(self, buf: Buffer, t: torch.Tensor, split: Any, deadline: float) -> Any:
+        """gloo's ``all_to_all_single`` with blocks of any size, in this group's rank order."""
+        # torch orders a group's blocks by its own member numbering: put ours in that order
+        order = sorted(range(self.world_size), key=lambda i: self._rows[i])
+        sent, got = split.send_bounds(), split.recv_bounds()
+        src = torch.cat([t[slice(*sent[i])] for i in order]) if order else t
+        out = torch.empty(split.out_shape[0] * split.width, dtype=t.dtype)
+        outs = [got[i][1] - got[i][0] for i in order]
+        ins = [sent[i][1] - sent[i][0] for i in order]
+        work = dist.all_to_all_single(out, src, outs, ins, group=self.group, async_op=True)
+        self._run(work, "all_to_all", deadline)
+        pieces, start = {}, 0
+        for i, size in zip(order, outs, strict=True):
+            pieces[i], start = out[start : start + size], start + size
+        out = torch.cat([pieces[i] for i in range(self.world_size)])
+        return out if isinstance(buf, torch.Tensor) else out.numpy()
 
     def _split(self, ranks: list[int]) -> GlooCommunicator | None:
         members = [self.global_ranks[r] for r in ranks]

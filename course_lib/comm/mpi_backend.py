@@ -152,6 +152,17 @@ class MPICommunicator(Communicator):
             out = np.empty((self.world_size, arr.size), dtype=arr.dtype)
             self._wait_or_raise(comm.Iallgather(arr, out), name, deadline)
             return like(buf, out.reshape((self.world_size, *buf.shape)))
+        if name == "all_to_all":  # Alltoallv always: MPICH's Alltoall may pick Bruck's algorithm,
+            # which forwards blocks through other ranks (more bytes than the formula)
+            split, width = kw["split"], kw["split"].width
+            out = np.empty(split.out_shape[0] * width, dtype=arr.dtype)
+            sends = [c * width for c in split.send_counts]
+            recvs = [c * width for c in split.recv_counts]
+            send_at = [a for a, _ in split.send_bounds()]
+            recv_at = [a for a, _ in split.recv_bounds()]
+            req = comm.Ialltoallv([arr, (sends, send_at)], [out, (recvs, recv_at)])
+            self._wait_or_raise(req, name, deadline)
+            return like(buf, out)
         if name == "reduce_scatter":
             counts = [b - a for a, b in chunk_bounds(arr.size, self.world_size)]
             out = np.empty(counts[self.rank], dtype=arr.dtype)

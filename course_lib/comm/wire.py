@@ -35,6 +35,12 @@ The algorithms assumed (each with where it is chosen):
   ``reduce_scatter``: recursive halving below 512 KiB, pairwise exchange above,
   $\\frac{N-1}{N}S$ on a power of two (recursive halving folds the extra ranks in first).
 
+- **all_to_all** (both backends; gloo's ``all_to_all_single``, MPI's ``Alltoallv``): each block
+  goes straight to its rank, so the counter records the bytes addressed to the other ranks,
+  and those are the wire bytes: $\frac{N-1}{N}S$ for equal blocks of an ``S``-byte buffer.
+  (MPICH's ``Alltoall`` of short blocks may take Bruck's algorithm, which forwards blocks
+  through other ranks; the kit calls ``Alltoallv``, which does not.)
+
 MPICH may pick other algorithms where its tuning file or an SMP-aware path applies (ranks
 sharing a node exchange through shared memory, not a link); the rules above are what it runs
 between PCs with the default settings.
@@ -91,6 +97,10 @@ def _mpich_reduce_scatter(nbytes: float, n: int) -> float:
     return (rem * nbytes + (pof2 - 1) * nbytes + rem * nbytes / n) / n
 
 
+def _all_to_all(nbytes: float, n: int) -> float:
+    return nbytes  # counted as the bytes addressed to other ranks, each sent once, directly
+
+
 _WIRE = {
     "gloo": {
         "allreduce": _ring_allreduce,
@@ -98,6 +108,7 @@ _WIRE = {
         "allgather": lambda s, n: (n - 1) * s,
         "broadcast": _tree_broadcast,
         "barrier": lambda s, n: 0.0,
+        "all_to_all": _all_to_all,
     },
     "mpi": {
         "allreduce": _mpich_allreduce,
@@ -105,6 +116,7 @@ _WIRE = {
         "allgather": lambda s, n: (n - 1) * s,
         "broadcast": _mpich_broadcast,
         "barrier": lambda s, n: 0.0,
+        "all_to_all": _all_to_all,
     },
 }
 
@@ -113,7 +125,8 @@ def collective_wire_bytes(name: str, nbytes: float, world_size: int, backend: st
     """Return the bytes one call of built-in ``name`` puts on a rank's link (mean over ranks).
 
     ``nbytes`` is the buffer handed to the call, as the counters record it: the whole buffer
-    for ``allreduce``, ``broadcast`` and ``reduce_scatter``, this rank's part for ``allgather``.
+    for ``allreduce``, ``broadcast`` and ``reduce_scatter``, this rank's part for ``allgather``,
+    the blocks addressed to other ranks for ``all_to_all``.
     """
     if backend not in _WIRE:
         raise ValueError(f"no wire model for backend {backend!r}; known: {sorted(_WIRE)}")

@@ -414,6 +414,79 @@ def suite_subgroup(comm) -> dict:
     return {"member": True, "sub_rank": sub.rank}
 
 
+def _all_to_all_expected(blocks: dict, rank: int, p: int) -> np.ndarray:
+    """The rows rank ``rank`` must end with: block (i, rank) of every rank i, rank 0's first."""
+    return np.concatenate([blocks[i][rank] for i in range(p)])
+
+
+def suite_all_to_all(comm) -> dict:
+    """Built-in, pairwise and naive all-to-all on equal, uneven and empty blocks; their bytes."""
+    p, r, out = comm.world_size, comm.rank, {"cases": 0}
+    impls = {
+        "builtin": lambda c, x, *a: c.all_to_all(x, *a),
+        "pairwise": C.pairwise_all_to_all,
+        "naive": C.all_to_all_naive,
+    }
+    rng = np.random.default_rng(77)
+    # counts[i][j]: rows rank i sends rank j (None: equal blocks of 2); rows of shape (3, 2)
+    plans = [None, rng.integers(0, 4, (p, p)), np.zeros((p, p), int), np.eye(p, dtype=int) * 3]
+    for case, counts in enumerate(plans):
+        for dtype, use_torch in [(np.float32, case % 2 == 0), (np.int64, case % 2 == 1)]:
+            sizes = np.full((p, p), 2) if counts is None else counts
+            blocks = {
+                i: [inputs(1000 * case + 10 * i + j, int(sizes[i, j]), 6, dtype).reshape(-1, 3, 2)
+                    for j in range(p)]
+                for i in range(p)
+            }  # fmt: skip
+            mine = as_kind(np.concatenate(blocks[r]), use_torch)
+            want = _all_to_all_expected(blocks, r, p)
+            args = [] if counts is None else [list(sizes[r])]
+            for name, fn in impls.items():
+                for given in [False, True] if args else [False]:
+                    extra = args + ([list(sizes[:, r])] if given else [])
+                    comm.stats.reset()
+                    got = fn(comm, mine, *extra)
+                    assert type(got) is type(mine) and np.array_equal(np_of(got), want), (
+                        name,
+                        case,
+                    )
+                    assert np.array_equal(np_of(mine), np.concatenate(blocks[r]))  # unchanged
+                    sent = (
+                        sum(int(sizes[r, j]) for j in range(p) if j != r)
+                        * 6
+                        * np.dtype(dtype).itemsize
+                    )
+                    counted = (
+                        comm.stats.collectives["all_to_all"].bytes
+                        if name == "builtin"
+                        else comm.stats.bytes_sent
+                    )
+                    counts_bytes = 0 if (counts is None or given) else 8 * (p - 1)
+                    assert counted == sent + counts_bytes, (name, case, counted, sent)
+                    if name == "builtin":
+                        assert collectives_wire_bytes(comm.stats, p, comm.backend) == counted
+                    out["cases"] += 1
+    # a subgroup in reversed order: blocks follow the sub-ranks, not the global ranks
+    ranks = list(range(p))[::-1]
+    sub = comm.subgroup(ranks)
+    x = np.array([100 * sub.rank + j for j in range(sub.world_size)], np.float32)
+    want = np.array([100 * i + sub.rank for i in range(sub.world_size)], np.float32)
+    assert np.array_equal(sub.all_to_all(x), want) and np.array_equal(
+        C.pairwise_all_to_all(sub, x), want
+    )
+    # bad arguments: one line naming the fix, before any message
+    for bad, words in [
+        (np.zeros(p + 1) if p > 1 else np.zeros(()), "equal blocks" if p > 1 else "one dimension"),
+        (np.zeros(p), "add up"),
+    ]:
+        try:
+            comm.all_to_all(bad, None if "equal" in words or "dimension" in words else [0] * p)
+            raise AssertionError("accepted a bad all_to_all")
+        except ValueError as exc:
+            assert words in str(exc), exc
+    return out
+
+
 def suite_check(comm) -> dict:
     from lecture03_answers import my_ring_allgather  # the check refuses the library's ring
 

@@ -169,3 +169,14 @@ def test_setup_communicators_gloo_and_the_exercise_check(shared_engines):
     verdict = check_ring_allgather(_fails_on_rank_1, cluster, verbose=False)
     assert not verdict.passed and "EngineTimeout" not in verdict.detail, verdict
     assert cluster.run(os.getpid, timeout=30) == pids
+
+
+@pytest.mark.timeout(200)
+@pytest.mark.parametrize("n", [2, 3])
+def test_all_to_all_pairwise_and_naive_equal_the_builtin_and_count_their_bytes(backend, n):
+    # every rank checks its rows against the transpose of every rank's blocks, for the
+    # backend's own all_to_all (gloo's all_to_all_single, MPI's Alltoallv) and both
+    # from-scratch ones, on equal, uneven (counts given or swapped first) and empty blocks;
+    # the bytes each counted equal the rows it addressed to other ranks
+    results = launch(backend, n, "all_to_all")
+    assert all(r["cases"] == 2 * 3 + 3 * 2 * 3 * 2 for r in results), results

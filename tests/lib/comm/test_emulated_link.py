@@ -54,6 +54,8 @@ def test_collective_time_follows_the_ring_and_tree_formulas():
     assert LINK.collective_time("allgather", n, p) == pytest.approx(3 * (0.5 + 2.0))
     assert LINK.collective_time("broadcast", n, p) == pytest.approx(2 * (0.5 + 8.0))
     assert LINK.collective_time("allreduce", n, 1) == 0.0
+    # all_to_all: n = the bytes for the other ranks, one message to each (pairwise exchange)
+    assert LINK.collective_time("all_to_all", 6000, p) == pytest.approx(3 * 0.5 + 6.0)
 
 
 class _CountingClock(LinkClock):

@@ -90,3 +90,10 @@ def test_a_builtin_puts_on_the_wire_what_the_from_scratch_algorithm_sends(backen
             assert derived == pytest.approx(ring), (numel, derived, ring)
     derived = [r["allgather_250"][0] for r in results]
     assert derived == [r["allgather_250"][1] for r in results] == [(n - 1) * 1000] * n
+
+
+def test_all_to_all_wire_bytes_are_the_blocks_sent_to_other_ranks():
+    # the counter records the blocks addressed to other ranks, each sent once and directly
+    for backend in ("gloo", "mpi"):
+        assert collective_wire_bytes("all_to_all", 3000, 4, backend) == 3000
+        assert collective_wire_bytes("all_to_all", 3000, 1, backend) == 0.0
