@@ -9,23 +9,24 @@ all-to-all moves $(P-1)/P$ of a rank's $q, k, v$ (or output): per rank and step
 $4 \\cdot B \\frac{T}{P} d \\frac{P-1}{P}$ floats forward, as many backward, a factor $P/2$ less
 than ring attention's $2 B T d \\frac{P-1}{P}$ forward. Its limit: $P$ cannot exceed the heads.
 
-The all-to-all is written here from the communicator's point-to-point calls (pairwise exchange:
-at step $k$ rank r sends to $r + k$ and receives from $r - k$), because lecture 14's
-communicator has none; the Communicator's own ``all_to_all`` (lecture 15) does the same job.
+The all-to-all is lecture 15's, written from the communicator's point-to-point calls (pairwise
+exchange: at step $k$ rank r sends to $r + k$ and receives from $r - k$); the Communicator's
+own ``all_to_all`` (the backend's) does the same job.
 """
 
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.nn.functional as F
 
+from course_lib.collectives.all_to_all import pairwise_all_to_all as all_to_all_by_pairs
 from course_lib.comm.communicator import Communicator
 from course_lib.parallel.model_parallel.tensor_parallel import shard_bounds
 from course_lib.parallel.transformer.layouts import Layout
 
 __all__ = ["heads_to_sequence", "pairwise_all_to_all", "sequence_to_heads", "ulysses_attention"]
-
-_TAG = 1403
 
 
 def pairwise_all_to_all(
@@ -33,17 +34,14 @@ def pairwise_all_to_all(
 ) -> list[torch.Tensor]:
     """Send ``chunks[j]`` to rank j; return the list of what each rank j sent here (shape ``incoming[j]``).
 
-    Pairwise exchange in $P - 1$ steps of one ``sendrecv``; every rank calls it.
+    The chunks travel flat through lecture 15's pairwise exchange
+    (:func:`course_lib.collectives.all_to_all.pairwise_all_to_all`: $P - 1$ steps of one
+    ``sendrecv``), every chunk a block of its own size; every rank calls it.
     """
-    p, r = comm.world_size, comm.rank
-    out: list[torch.Tensor] = [torch.empty(0)] * p
-    out[r] = chunks[r].clone()
-    for k in range(1, p):
-        dst, src = (r + k) % p, (r - k) % p
-        buf = torch.empty(incoming[src], dtype=chunks[dst].dtype)
-        comm.sendrecv(chunks[dst].contiguous(), dst, buf, src, _TAG, eager=True)
-        out[src] = buf
-    return out
+    sizes = [math.prod(shape) for shape in incoming]
+    flat = torch.cat([chunk.contiguous().reshape(-1) for chunk in chunks])
+    out = all_to_all_by_pairs(comm, flat, [c.numel() for c in chunks], sizes)
+    return [piece.reshape(shape) for piece, shape in zip(out.split(sizes), incoming, strict=True)]
 
 
 def _to_heads(x: torch.Tensor, comm: Communicator, layout: Layout) -> torch.Tensor:
