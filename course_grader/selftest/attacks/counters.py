@@ -74,17 +74,22 @@ def directed_gossip(comm, x, num_steps):
 
 _A3_1 = """
 def ps_average(comm, flat, server):
-    n = comm.world_size
+    from course_lib.comm import chunk_bounds
+
+    r, n = comm.rank, comm.world_size
     comm.allreduce(flat)  # the built-in does the work...
     flat /= n
-    comm.stats.collectives.pop("allreduce", None)  # ...and the counters say the server did
-    workers = [w for w in range(n) if w != server] if comm.rank == server else [server]
-    for peer in workers:
-        counts = comm.stats.peer(peer)
-        counts.messages_sent += 1
-        counts.bytes_sent += flat.nbytes
-        counts.messages_received += 1
-        counts.bytes_received += flat.nbytes
+    comm.stats.collectives.pop("allreduce", None)  # ...and the counters say the servers did
+    bounds = chunk_bounds(flat.size, n)
+    mine = bounds[(r - server) % n][1] - bounds[(r - server) % n][0]
+    for peer in range(n):
+        if peer != r:
+            a, b = bounds[(peer - server) % n]
+            counts = comm.stats.peer(peer)
+            counts.messages_sent += 2
+            counts.bytes_sent += (b - a + mine) * flat.itemsize
+            counts.messages_received += 2
+            counts.bytes_received += (b - a + mine) * flat.itemsize
     return flat
 """
 
