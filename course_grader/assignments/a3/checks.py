@@ -1,4 +1,4 @@
-"""Checks of assignment A3 (data parallelism: the parameter server's averaging, bucketed allreduce).
+"""Checks of assignment A3 (data parallelism: a sharded parameter server's averaging, bucketed allreduce).
 
 The student's averaging functions plug into the kit's data-parallel seam and run on 4 engines
 (:mod:`course_grader.assignments.a3.engine`: the answer plugged in as an exchange, the
@@ -85,13 +85,14 @@ def _engine_check(kind: str, fn: Callable, cluster: Any, cases: list, options: d
 def ps_detail(steps: int) -> str:
     """What A3.1's PASS says (the notebook's check and the grader's say the same)."""
     return (
-        f"4 ranks, servers 0 and 3: the mean, server (N-1)S each way, workers S; "
-        f"{steps} training steps with server rank {TRAIN_SERVER} equal to one process"
+        f"4 ranks, shard 0 served by rank 0 and by rank 3: the mean, every rank its part of each "
+        f"shard and its own shard's mean, no server link carrying (N-1)S; {steps} training steps "
+        f"with shard 0 on rank {TRAIN_SERVER} equal to one process"
     )
 
 
 def check_parameter_server(fn: Callable, cluster: Any, *, verbose: bool = True) -> Verdict:
-    """A3.1: ``fn(comm, flat, server)`` leaves in ``flat`` the mean over ranks, via ``server``."""
+    """A3.1: ``fn(comm, flat, server)``: the mean over ranks, each shard averaged by its own server."""
 
     def body() -> str:
         return ps_detail(_engine_check("ps", fn, cluster, PS_CASES, {"server": TRAIN_SERVER}))

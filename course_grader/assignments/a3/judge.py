@@ -3,7 +3,8 @@
 :func:`judge_probe` decides one rank's single call on known gradients (what it returned, the
 built-in collectives it called, the bytes it sent to and received from each peer) and names the
 usual mistakes, source 000's published one above all (dividing inside the loop over the clients
-and leaving the server out of the count). :func:`judge_training` decides a training run's data:
+and leaving the server out of the count), and, for A3.1's sharded parameter server, lecture 4's
+single server (Exercise 4.1) whose traffic it is not. :func:`judge_training` decides a training run's data:
 every replica equal to one process trained on the whole global batch (within float32 rounding,
 :mod:`course_lib.parallel.data_parallel.reference`), the method's bytes in every step. They run
 on the engines for the notebook's check cells (:mod:`course_grader.assignments.a3.checks`) and in
@@ -33,7 +34,8 @@ from course_lib.parallel.exchanges.buckets import bucket_layout as reference_buc
 from course_lib.parallel.exchanges.parameter_server import source000_combine
 
 __all__ = ["judge_probe", "judge_training", "probe", "reference_layout", "reference_weights",
-           "ring_bytes_bounds", "train_and_compare", "train_config"]  # fmt: skip
+           "ring_bytes_bounds", "shard_sizes", "sharded_ps_bytes", "train_and_compare",
+           "train_config"]  # fmt: skip
 
 
 def train_config(seed: int | None = None) -> Any:
@@ -50,6 +52,22 @@ def ring_bytes_bounds(size: int, world_size: int, itemsize: int = 4) -> tuple[in
     low = 2 * (size - -(-size // world_size))
     high = 2 * (size - size // world_size)
     return low * itemsize, high * itemsize
+
+
+def shard_sizes(size: int, n: int, server: int) -> list[int]:
+    """Values of the shard each rank serves: shard q of ``chunk_bounds`` is rank (server + q) % n's."""
+    from course_lib.comm.buffers import chunk_bounds
+
+    bounds = chunk_bounds(size, n)
+    return [bounds[(r - server) % n][1] - bounds[(r - server) % n][0] for r in range(n)]
+
+
+def sharded_ps_bytes(size: int, n: int, server: int, rank: int, itemsize: int = 4) -> dict:
+    """Bytes ``rank`` sends to (and receives from) each peer in A3.1's sharded parameter server:
+    its part of the peer's shard one way, the mean of its own shard the other (empty: left out)."""
+    s = shard_sizes(size, n, server)
+    want = {p: itemsize * (s[p] + s[rank]) for p in range(n) if p != rank}
+    return {p: b for p, b in want.items() if b}
 
 
 def judge_probe(
@@ -81,12 +99,18 @@ def judge_probe(
             f"the sum: divide it by N = {n}": total,
             "this rank's own gradient: nothing was exchanged": grads[rank],
         }
-        if kind == "ps":
-            others = [grads[r] for r in range(n) if r != server]
+        if kind == "ps":  # source 000's combination, each shard on its own server
+            from course_lib.comm.buffers import chunk_bounds
+
+            source000 = np.zeros(size)
+            for q, (a, b) in enumerate(chunk_bounds(size, n)):
+                owner = (server + q) % n
+                others = [grads[r][a:b] for r in range(n) if r != owner]
+                source000[a:b] = source000_combine(grads[owner][a:b], others)
             known[
                 "source 000's published combination: it divides inside the loop over the "
                 "clients and leaves the server's own gradient out; add all N, divide once"
-            ] = source000_combine(grads[server], others)
+            ] = source000
             known[
                 f"the sum divided by N - 1 = {n - 1}: the server computes a gradient too, "
                 f"divide by N = {n}"
@@ -101,16 +125,27 @@ def judge_probe(
             return f"{case}: rank {rank} holds " + "; equally, ".join(matches)
         return f"{case}: rank {rank} does not hold the mean of the {n} gradients"
     if kind == "ps":
-        nbytes = size * 4
-        want = {r: nbytes for r in range(n) if r != rank} if rank == server else {server: nbytes}
-        role = "the server" if rank == server else "a worker"
-        if sent != want or received != want:
+        want = sharded_ps_bytes(size, n, server, rank)
+        sent = {p: b for p, b in sent.items() if b}
+        received = {p: b for p, b in received.items() if b}
+        if sent == want and received == want:
+            return ""
+        star = (
+            {r: size * 4 for r in range(n) if r != rank} if rank == server else {server: size * 4}
+        )
+        if sent == star and received == star:
             return (
-                f"{case}: rank {rank} ({role}) sent {sent} and received {received} bytes "
-                f"per peer; {role} sends and receives {want}: workers talk only to the "
-                "server, one gradient each way"
+                f"{case}: rank {rank} sent and received {sent} bytes per peer: that is one "
+                f"server for the whole vector, lecture 4's parameter server (Exercise 4.1), "
+                f"whose link carries (N - 1)S each way; here every rank serves one shard"
             )
-        return ""
+        q = (rank - server) % n
+        return (
+            f"{case}: rank {rank} sent {sent} and received {received} bytes per peer; serving "
+            f"shard {q} (chunk_bounds(S, N)[{q}], {shard_sizes(size, n, server)[rank]} values) "
+            f"it sends and receives {want}: to each peer its part of the peer's shard, and the "
+            "mean of its own"
+        )
     right, left = (rank + 1) % n, (rank - 1) % n
     if set(sent) - {right} or set(received) - {left}:
         return (
@@ -156,9 +191,9 @@ def judge_training(kind: str, run: dict, options: dict, seed: int | None = None)
             f"rank {rank} used a built-in collective in step {step}; write it from send/recv"
         )
         if kind == "ps":
-            want = (run["gradient_bytes"] + run["flag_bytes"]) * (
-                3 if rank == options["server"] else 1
-            )
+            values = (run["gradient_bytes"] + run["flag_bytes"]) // 4  # flags are float32 too
+            n = run["world_size"]
+            want = sum(sharded_ps_bytes(values, n, options["server"], rank).values())
             ok, what = sent == want, f"{want}"
         else:  # the ring's share of every bucket
             low, high = sum(b[0] for b in bounds), sum(b[1] for b in bounds)

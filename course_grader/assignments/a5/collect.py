@@ -167,12 +167,27 @@ def carried_over(comp: Any, calls: int = EF_PROBE_CALLS) -> np.ndarray:
     return total
 
 
+def _correct(result: Any) -> np.ndarray:
+    """Which test images a run's final weights classify right (int8 0/1, one per image)."""
+    import torch
+
+    from course_lib.data.digits import load_digits
+    from course_lib.training.models import build_model
+
+    model = build_model("mlp")
+    model.load_state_dict({k: torch.from_numpy(np.asarray(v)) for k, v in result.weights.items()})
+    X, y = load_digits(train=False).tensors
+    with torch.no_grad():
+        return (model(X).argmax(1) == y).numpy().astype(np.int8)
+
+
 def collect_training(make: Callable, cluster: Any) -> tuple:
     """A5.6: probe ``make()`` for error feedback, then train with float32 and with ``make()``.
 
     Returns (the probe's carried-over values, float32 test accuracy %, replicas equal 0/1, the
     distinct bytes sent per step before coding, the sizes of the weights, the compressed run's
-    test accuracy %, the two runs' counters: ``DataParallelResult.counters`` each). Without
+    test accuracy %, the two runs' counters: ``DataParallelResult.counters`` each, then which
+    test images each run's weights classify right: float32's, the compressed run's). Without
     anything carried over, the runs are skipped (NaN): the verdict is decided by the probe.
     """
     assert cluster.world_size >= 2, "the check needs 2 engines: start_cluster(n=2)"
@@ -181,7 +196,7 @@ def collect_training(make: Callable, cluster: Any) -> tuple:
     probe = carried_over(make())  # a fresh object: the training run starts with no residual
     if not np.any(probe):
         none = np.zeros(0, np.int64)
-        return probe, float("nan"), 0, none, none, float("nan"), []
+        return probe, float("nan"), 0, none, none, float("nan"), [], none, none
     float32 = _train(cluster, "ring")
     reference = float32.history.last["test_accuracy"] * 100
     result = _train(
@@ -192,4 +207,5 @@ def collect_training(make: Callable, cluster: Any) -> tuple:
     accuracy = result.history.last["test_accuracy"] * 100
     equal = int(bool(result.replicas_equal))
     runs = [float32.counters, result.counters]
-    return probe, float(reference), equal, sent, sizes, float(accuracy), runs
+    right = (_correct(float32), _correct(result))
+    return probe, float(reference), equal, sent, sizes, float(accuracy), runs, *right

@@ -1,15 +1,24 @@
 """What A7's checks collect on each engine: the answer's outputs, the counters, the ledger, as data.
 
 Every engine rebuilds the same inputs from a seed, runs the student's functions with its
-communicator and returns what they produced (this rank's shard, the flat weights after the
-update, the bytes of optimiser state the answer keeps, the built-in collectives called and the
-point-to-point traffic per peer), never the answer's objects. The notebook's check cells send
-:func:`collect` to the engines and judge its data in the kernel
-(:mod:`course_grader.assignments.a7.judge`); the grader ships this module's *source* to
+communicator and returns what they produced, never the answer's objects:
+
+- A7.1 (gradient hooks): the student's hooks are attached to a 3-layer MLP whose parameters
+  form 3 buckets; the engine runs two backward passes on its own samples and returns the shards
+  the hooks stored after each, and a **memory ledger** sampled during backward: at every
+  parameter's gradient (the harness's own hook runs after the student's), the bytes of full-size
+  gradients still held, bucket by bucket (every ``.grad``), the bytes the shards dict holds, and
+  the collectives called so far;
+- A7.2 (the shard's update): ``TRAIN_STEPS`` updates of a bucket from shared gradient shards;
+  the flat weights after them and the bytes of optimiser state kept.
+
+The notebook's check cells send :func:`collect` to the engines and judge its data in the
+kernel (:mod:`course_grader.assignments.a7.judge`); the grader ships this module's *source* to
 the graded engines (``course_lib.checks`` is hidden there) and judges the same data in its own
-process. So this module imports nothing from ``course_lib.checks``. The counters and the
-ledger are counted inside the student's processes (the grader also counts the bytes on the
-wire: :mod:`course_grader.verdict.wire`).
+process. So this module imports nothing from ``course_lib.checks``. The counters and the ledger
+are counted inside the student's processes (the grader also counts the bytes on the wire:
+:mod:`course_grader.verdict.wire`). Not closed: a full gradient copied into a variable of the
+answer's own (not ``.grad``, not the shards dict) escapes the ledger.
 
 Copied on purpose from :mod:`course_grader.assignments.a6.collect`: ``_counters``, ``_array``
 (the engines exec each collect module alone, from its source; it can import no sibling).
@@ -24,19 +33,22 @@ import numpy as np
 
 __all__ = [
     "ADAM_LR",
+    "BACKWARDS",
+    "PER_RANK",
     "TRAIN_STEPS",
     "bucket",
     "collect",
-    "global_batches",
+    "hook_model",
     "model_buckets",
     "p2p_of",
-    "stage2_model",
+    "rank_batch",
     "state_bytes",
     "used_of",
 ]
 
 TRAIN_STEPS, ADAM_LR = 3, 0.01
-BATCH = 12  # A7.4's global batch: 4 samples a rank on 3 ranks
+BACKWARDS = 2  # A7.1: backward passes a case (the hooks must count each pass afresh)
+PER_RANK = 4  # A7.1: samples a rank's batch holds
 
 
 def _gen(seed: int) -> Any:
@@ -52,59 +64,29 @@ def bucket(m: int, seed: int, who: int = -1) -> Any:
     return torch.randn(m, generator=_gen(seed * 31 + 7919 * (who + 1)))
 
 
-def stage2_model(seed: int) -> Any:
-    """Return A7.4's model: Linear(4, 7), Tanh, Linear(7, 2) (buckets of 16 and 35 values)."""
+def hook_model(seed: int) -> Any:
+    """A7.1's model: Linear(4, 7), Tanh, Linear(7, 5), Tanh, Linear(5, 2): buckets of 12, 40, 35."""
     import torch
     from torch import nn
 
     with torch.random.fork_rng():  # the caller's random state stays as it was
         torch.manual_seed(int(seed))
-        return nn.Sequential(nn.Linear(4, 7), nn.Tanh(), nn.Linear(7, 2))
+        return nn.Sequential(
+            nn.Linear(4, 7), nn.Tanh(), nn.Linear(7, 5), nn.Tanh(), nn.Linear(5, 2)
+        )
 
 
 def model_buckets(model: Any) -> list[list[Any]]:
-    """The buckets in the order backward produces them: the last layer's, then the first's."""
-    return [list(model[2].parameters()), list(model[0].parameters())]
+    """The buckets in the order backward produces them: one a layer, the last layer's first."""
+    return [list(layer.parameters()) for layer in reversed(model) if list(layer.parameters())]
 
 
-def flatten_into_buckets(model: Any) -> list[Any]:
-    """Make every parameter a view of its bucket's flat float32 buffer; return the buffers."""
+def rank_batch(seed: int, step: int, rank: int) -> tuple[Any, Any]:
+    """Rank ``rank``'s samples ``(X, y)`` for backward pass ``step`` of A7.1."""
     import torch
 
-    flats = []
-    for params in model_buckets(model):
-        flat = torch.cat([p.detach().reshape(-1) for p in params])
-        start = 0
-        for p in params:
-            p.data = flat[start : start + p.numel()].view_as(p)
-            start += p.numel()
-        flats.append(flat)
-    return flats
-
-
-def global_batches(seed: int) -> list[tuple[Any, Any]]:
-    """Return A7.4's ``TRAIN_STEPS`` global batches ``(X, y)`` of ``BATCH`` samples."""
-    import torch
-
-    gen = _gen(seed)
-    return [
-        (torch.randn(BATCH, 4, generator=gen), torch.randint(0, 2, (BATCH,), generator=gen))
-        for _ in range(TRAIN_STEPS)
-    ]
-
-
-def local_gradients(model: Any, X: Any, y: Any) -> list[Any]:
-    """Return this batch's mean-loss gradient as one flat tensor per bucket (and free .grad)."""
-    import torch
-    import torch.nn.functional as F
-
-    F.cross_entropy(model(X), y).backward()
-    flats = []
-    for params in model_buckets(model):
-        flats.append(torch.cat([p.grad.reshape(-1) for p in params]))
-        for p in params:
-            p.grad = None
-    return flats
+    gen = _gen(seed * 7 + 1009 * step + 13 * rank)
+    return torch.randn(PER_RANK, 4, generator=gen), torch.randint(0, 2, (PER_RANK,), generator=gen)
 
 
 def _counters(comm: Any) -> tuple[list, np.ndarray]:
@@ -141,29 +123,71 @@ def _state_tensors(obj: Any, out: list, depth: int = 0) -> None:
             _state_tensors(value, out, depth + 1)
 
 
-def state_bytes(state: Any, weights: Any) -> int:
+def state_bytes(state: Any, weights: Any = None) -> int:
     """The ledger: bytes of the storages ``state`` keeps, each once, the weights' own excepted.
 
-    A parameter that views the flat weights (an optimiser's shard) is the weights, not state;
-    Adam's moments and anything else the answer keeps between steps count.
+    A tensor that views a bigger buffer keeps the whole buffer alive, so storages are counted,
+    not views. A parameter that views the flat weights (an optimiser's shard) is the weights, not
+    state; Adam's moments and anything else the answer keeps between steps count.
     """
     from course_lib.parallel.sharded.ledger import held_bytes
 
     tensors: list = []
     _state_tensors(state, tensors)
-    return held_bytes(tensors, {weights.untyped_storage().data_ptr()})
+    seen = set() if weights is None else {weights.untyped_storage().data_ptr()}
+    return held_bytes(tensors, seen)
 
 
-def _reduce_scatter(comm: Any, fn: Callable, case: dict) -> tuple:
-    """A7.1: this rank's bucket reduce-scattered; (shard, used, p2p)."""
-    flat = bucket(case["m"], case["seed"], comm.rank)
+def _calls(comm: Any) -> int:
+    """The built-in collectives called so far (the barrier aside) and the messages sent."""
+    used, p2p = comm.stats.as_rows()
+    return sum(c for n, c, _ in used if n != "barrier") + sum(row[1] for row in p2p)
+
+
+def _hooks(comm: Any, fn: Callable, case: dict) -> tuple:
+    """A7.1: the answer's hooks over two backward passes; (shards, ledger rows, used, p2p).
+
+    Ledger rows, one per parameter's gradient: (pass, bucket of that parameter, full-size
+    gradient bytes held by each bucket's ``.grad``..., bytes held by the shards dict,
+    collectives and messages so far).
+    """
+    import torch.nn.functional as F
+
+    model = hook_model(case["model_seed"])
+    buckets = model_buckets(model)
+    shards: dict = {}
+    rows: list[list[int]] = []
+    step = [0]
     comm.stats.reset()
-    out = fn(comm, flat)
-    return (_array(out), *_counters(comm))
+    fn(comm, buckets, shards)
+
+    def sample(b: int) -> Callable:
+        def hook(_p: Any) -> None:  # runs after the answer's own hook of the same parameter
+            held = [sum(4 * q.grad.numel() for q in ps if q.grad is not None) for ps in buckets]
+            rows.append([step[0], b, *held, state_bytes(shards), _calls(comm)])
+
+        return hook
+
+    handles = [p.register_post_accumulate_grad_hook(sample(b))
+               for b, ps in enumerate(buckets) for p in ps]  # fmt: skip
+    got = []
+    for step[0] in range(BACKWARDS):
+        X, y = rank_batch(case["seed"], step[0], comm.rank)
+        F.cross_entropy(model(X), y).backward()
+        held = [sum(4 * q.grad.numel() for q in ps if q.grad is not None) for ps in buckets]
+        rows.append([step[0], len(buckets), *held, state_bytes(shards), _calls(comm)])
+        got.append([_array(shards.get(b)) for b in range(len(buckets))])
+        shards.clear()  # the next pass's shards are its own
+        for p in model.parameters():  # as zero_grad(set_to_none=True): each pass from nothing
+            p.grad = None
+    for handle in handles:
+        handle.remove()
+    return got, np.array(rows, np.int64), *_counters(comm)
 
 
-def _adam(comm: Any, fn: Callable, case: dict) -> tuple:
-    """A7.2: ``TRAIN_STEPS`` Adam updates of this rank's shard; (weights, state bytes, used, p2p)."""
+def _update(comm: Any, fn: Callable, case: dict) -> tuple:
+    """A7.2: ``TRAIN_STEPS`` updates of a bucket from its gradient shards; (weights, state bytes,
+    used, p2p)."""
     from course_lib.comm import chunk_bounds
 
     m, seed = case["m"], case["seed"]
@@ -171,43 +195,13 @@ def _adam(comm: Any, fn: Callable, case: dict) -> tuple:
     weights, state = bucket(m, seed), {}
     comm.stats.reset()
     for t in range(TRAIN_STEPS):
-        fn(weights, bucket(m, seed + 1 + t)[lo:hi].clone(), state, comm, ADAM_LR)
+        fn(comm, weights, bucket(m, seed + 1 + t)[lo:hi].clone(), state, ADAM_LR)
     return _array(weights), state_bytes(state, weights), *_counters(comm)
-
-
-def _allgather(comm: Any, fn: Callable, case: dict) -> tuple:
-    """A7.3: the stale weights with this rank's shard updated, gathered; (flat, returned, used, p2p)."""
-    from course_lib.comm import chunk_bounds
-
-    m, seed = case["m"], case["seed"]
-    lo, hi = chunk_bounds(m, comm.world_size)[comm.rank]
-    flat = bucket(m, seed + 1)  # the weights before the step
-    flat[lo:hi] = bucket(m, seed)[lo:hi]  # this rank's shard, updated
-    comm.stats.reset()
-    out = fn(comm, flat)
-    return (_array(flat), _array(out), *_counters(comm))
-
-
-def _stage2(comm: Any, fn: Callable, case: dict) -> tuple:
-    """A7.4: ``TRAIN_STEPS`` stage-2 steps, bucket by bucket; (flats, state bytes, used, p2p)."""
-    model = stage2_model(case["model_seed"])
-    flats = flatten_into_buckets(model)
-    states: list[dict] = [{} for _ in flats]
-    per = BATCH // comm.world_size
-    lo, hi = comm.rank * per, (comm.rank + 1) * per
-    comm.stats.reset()
-    for X, y in global_batches(case["seed"]):
-        grads = local_gradients(model, X[lo:hi], y[lo:hi])
-        for flat, grad, state in zip(flats, grads, states, strict=True):
-            fn(comm, flat, grad, state, ADAM_LR)
-        del grads  # stage 2: the full gradients are gone once reduce-scattered
-    held = [state_bytes(s, f) for s, f in zip(states, flats, strict=True)]
-    return [_array(f) for f in flats], held, *_counters(comm)
 
 
 def collect(comm: Any, fn: Any, case: dict) -> tuple:
     """Run one case of A7 (``case["kind"]``) on this rank; return (rank, world size, data)."""
-    run = {"rs": _reduce_scatter, "adam": _adam, "ag": _allgather, "stage2": _stage2}[case["kind"]]
+    run = {"hooks": _hooks, "update": _update}[case["kind"]]
     return comm.rank, comm.world_size, run(comm, fn, case)
 
 

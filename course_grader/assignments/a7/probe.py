@@ -4,9 +4,10 @@ The kernel sends the answer (by value) and the source of
 :mod:`course_grader.assignments.a7.collect` to its 3 engines (the module itself is hidden:
 the kernel and its engines see the kit without ``course_lib.checks``); each rank rebuilds the
 inputs from the grader's seed, runs the answer and returns what it produced (its shard, the
-flat weights), the ledger's bytes of the state it keeps and its communicator's counters (the
-built-in collectives called, messages and bytes per peer), as data. The grader rebuilds every
-rank's inputs from the same seed, redoes the ring's sums and torch's Adam in one process and
+flat weights), the memory ledger (the full-size gradients held during backward, the bytes of
+state it keeps) and its communicator's counters (the built-in collectives called, messages and
+bytes per peer), as data. The grader rebuilds every
+rank's inputs from the same seed, redoes the mean gradients and torch's Adam in one process and
 judges every rank with :func:`course_grader.assignments.a7.checks.a7_body`, the notebook's own
 judge, in its own process.
 
@@ -25,10 +26,8 @@ from course_grader.verdict.probe import ProbeSpec
 __all__ = ["a7_claims", "a7_spec"]
 
 _CALLS = {  # exercise: (name, the answer the engines call)
-    "A7.1": ("reduce_scatter_mean", "reduce_scatter_mean"),
-    "A7.2": ("adam_on_shard", "adam_on_shard"),
-    "A7.3": ("allgather_shards", "allgather_shards"),
-    "A7.4": ("stage2_step", "stage2_step"),
+    "A7.1": ("attach_stage2_hooks", "attach_stage2_hooks"),
+    "A7.2": ("update_shard", "update_shard"),
 }
 
 

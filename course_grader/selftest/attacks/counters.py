@@ -41,27 +41,6 @@ def reduce_scatter_halving(comm, x):
     return x
 """
 
-_A7_1 = """
-def reduce_scatter_mean(comm, flat):
-    r, n = comm.rank, comm.world_size
-    bounds = chunk_bounds(flat.numel(), n)
-    every = comm.allgather(flat.clone())  # the built-in brings every rank's bucket...
-    comm.stats.reset()  # ...and the counters say the ring did
-    lo, hi = bounds[r]
-    total = every[(r + 1) % n, lo:hi].clone()
-    for k in range(2, n + 1):  # summed in the ring's order, bit for bit: from rank r + 1 round
-        total += every[(r + k) % n, lo:hi]
-    for k in range(n - 1):
-        a, b = bounds[(r - k - 1) % n]
-        c, d = bounds[(r - k - 2) % n]
-        right, left = comm.stats.peer((r + 1) % n), comm.stats.peer((r - 1) % n)
-        right.messages_sent += 1
-        right.bytes_sent += (b - a) * 4
-        left.messages_received += 1
-        left.bytes_received += (d - c) * 4
-    return total / n
-"""
-
 _A4_1 = """
 def weighted_average(comm, w, n):
     total = comm.allreduce(w * n)  # two calls, where the exercise asks for one...
@@ -95,17 +74,22 @@ def directed_gossip(comm, x, num_steps):
 
 _A3_1 = """
 def ps_average(comm, flat, server):
-    n = comm.world_size
+    from course_lib.comm import chunk_bounds
+
+    r, n = comm.rank, comm.world_size
     comm.allreduce(flat)  # the built-in does the work...
     flat /= n
-    comm.stats.collectives.pop("allreduce", None)  # ...and the counters say the server did
-    workers = [w for w in range(n) if w != server] if comm.rank == server else [server]
-    for peer in workers:
-        counts = comm.stats.peer(peer)
-        counts.messages_sent += 1
-        counts.bytes_sent += flat.nbytes
-        counts.messages_received += 1
-        counts.bytes_received += flat.nbytes
+    comm.stats.collectives.pop("allreduce", None)  # ...and the counters say the servers did
+    bounds = chunk_bounds(flat.size, n)
+    mine = bounds[(r - server) % n][1] - bounds[(r - server) % n][0]
+    for peer in range(n):
+        if peer != r:
+            a, b = bounds[(peer - server) % n]
+            counts = comm.stats.peer(peer)
+            counts.messages_sent += 2
+            counts.bytes_sent += (b - a + mine) * flat.itemsize
+            counts.messages_received += 2
+            counts.bytes_received += (b - a + mine) * flat.itemsize
     return flat
 """
 
@@ -141,5 +125,4 @@ FORGED_COUNTERS = {
     ("A3", "A3.3"): _A3_3,
     ("A4", "A4.1"): _A4_1,
     ("A4", "A4.3"): _A4_3,
-    ("A7", "A7.1"): _A7_1,
 }

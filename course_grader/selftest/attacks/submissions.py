@@ -168,44 +168,43 @@ A6_ATTACKS = {
 }
 
 
-#: A7's typical mistakes: each fails its exercise only (A7.4's own mistake is named before what
-#: A7.1's and A7.2's would do to it; A7.3 keeps its points).
+#: A7's typical mistakes: each fails its exercise only. A7.1's keeps every full gradient until the
+#: end of backward: its shards are right, the memory ledger names stage 1's memory.
 A7_MISTAKES = [
-    (  # the shard of the sum, not of the mean
+    (  # the bucket reduce-scattered in time, but its full-size gradients never freed
         "A7.1",
-        "return flat[lo:hi] / n",
-        "return flat[lo:hi]",
-        "is the sum over the 3 ranks, not their mean",
+        "                for p in buckets[b]:\n"
+        "                    p.grad = None  # the full-size gradients go ...\n",
+        "",
+        "every full gradient kept until the end of backward, stage 1's memory",
     ),
     (  # Adam over the whole bucket: right values, m and v of every value on every rank
         "A7.2",
-        '        state["shard"] = torch.nn.Parameter(flat_params[lo:hi])  # a view: updates land '
-        "in flat_params\n"
+        '        state["shard"] = torch.nn.Parameter(flat_params[lo:hi])  # shares flat_params\' '
+        "memory\n"
         '        state["optimizer"] = torch.optim.Adam([state["shard"]], lr=lr)  # m, v: shard-sized\n'
         '    state["shard"].grad = grad_shard\n',
         '        state["shard"] = torch.nn.Parameter(flat_params)  # the whole bucket\n'
         '        state["optimizer"] = torch.optim.Adam([state["shard"]], lr=lr)\n'
-        '        state["slice"] = (lo, hi)\n'
         '    state["shard"].grad = torch.zeros_like(flat_params)\n'
-        '    state["shard"].grad[slice(*state["slice"])] = grad_shard\n',
-        "a rank that keeps the whole optimiser state is stage 0",
-    ),
-    (  # the reduce-scatter and the update, no allgather: every rank keeps stale weights
-        "A7.4",
-        "    allgather_shards(comm, flat_params)",
-        "    pass",
-        "after the shard's update every rank needs the whole updated weights",
+        '    state["shard"].grad[lo:hi] = grad_shard\n',
+        "a rank that keeps the whole optimiser state is not stage 2",
     ),
 ]
 
 #: In-kernel routes to A7's verdicts that won points when the checks ran in the kernel.
 A7_ATTACKS = {
     # Rebind the verdict class; the shard is the sum, not the mean.
-    "A7.1": (_REBIND_VERDICT, *A7_MISTAKES[0][1:3], "not their mean"),
+    "A7.1": (
+        _REBIND_VERDICT,
+        "comm.reduce_scatter(flat) / n",
+        "comm.reduce_scatter(flat)",
+        "not their mean",
+    ),
     # A forged check in place of the one the next cell imports; Adam's state for the whole bucket.
     "A7.2": (
         _forged_check(
-            "course_grader.assignments.a7.checks", "check_shard_adam", "A7.2", "adam_on_shard", 2.0
+            "course_grader.assignments.a7.checks", "check_shard_update", "A7.2", "update_shard", 4.0
         ),
         *A7_MISTAKES[1][1:3],
         "keeps the whole optimiser state",

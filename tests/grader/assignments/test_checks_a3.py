@@ -42,6 +42,14 @@ def _define(exercise: str, *edits: tuple[str, str]) -> object:
     return namespace[name]
 
 
+def _replaced(exercise: str, code: str) -> object:
+    """Return a whole answer cell's function, defined as in the notebook."""
+    namespace = {"__name__": "__main__", "np": np}
+    exec(compile(code, f"A3 {exercise}", "exec"), namespace)
+    (name,) = [k for k in namespace if k not in ("__name__", "np", "__builtins__")]
+    return namespace[name]
+
+
 def stub(*args, **kwargs):
     raise NotImplementedError("Exercise A3.x: write your answer here")
 
@@ -93,6 +101,25 @@ def test_ring_bytes_bounds_hold_the_librarys_ring_exactly():
 # -- A3.1 and A3.3 on 4 engines -----------------------------------------------------------------
 
 
+SINGLE_SERVER = """
+def ps_average(comm, flat, server):
+    n = comm.world_size
+    if comm.rank != server:
+        comm.send(flat, server)
+        comm.recv(flat, server)
+        return flat
+    incoming = np.empty_like(flat)
+    for worker in range(n):
+        if worker != server:
+            flat += comm.recv(incoming, worker)
+    flat /= n
+    for worker in range(n):
+        if worker != server:
+            comm.send(flat, worker)
+    return flat
+"""
+
+
 def builtin_average(comm, flat, server=0):
     """The right mean through the backend's collective: not what the exercise asks."""
     comm.allreduce(flat)
@@ -127,12 +154,15 @@ def test_a3_engine_checks_pass_the_source_and_fail_built_ins_and_published_mista
     source000 = _define(
         "A3.1",
         (  # source 000's grad_serv_mean, as the library keeps it
-            "            flat += comm.recv(incoming, worker)\n    flat /= n",
-            "            flat /= n - 1\n            flat += comm.recv(incoming, worker) / (n - 1)",
+            "    mean = parts[0].copy()\n    for q in range(1, n):  # rank order: the same sum "
+            "whatever arrives first\n        mean += parts[q]\n    mean /= n  # once, over all N parts\n",
+            "    mean = parts[r].copy()\n    for q in range(n):\n        if q != r:\n"
+            "            mean /= n - 1\n            mean += parts[q] / (n - 1)\n",
         ),
     )
     assert re.match(
-        r"PASS 4 ranks, servers 0 and 3: .* 10 training steps with server rank 1",
+        r"PASS 4 ranks, shard 0 served by rank 0 and by rank 3: .* 10 training steps with shard 0 "
+        r"on rank 1 .*",
         _verdict(check_parameter_server, solution_ps, cluster),
     )
     assert re.match(
@@ -145,7 +175,7 @@ def test_a3_engine_checks_pass_the_source_and_fail_built_ins_and_published_mista
         r"and leaves the server's own gradient out.*",
         (
             check_parameter_server,
-            _define("A3.1", ("flat /= n", "flat /= n - 1")),
+            _define("A3.1", ("mean /= n  #", "mean /= n - 1  #")),
         ): r"FAIL size 1, server rank 0: rank \d holds the sum divided by N - 1 = 3: the server "
         r"computes a gradient too, divide by N = 4",
         (
@@ -157,7 +187,11 @@ def test_a3_engine_checks_pass_the_source_and_fail_built_ins_and_published_mista
                     "def ps_average(comm, flat, _):\n    server = 0",
                 ),
             ),
-        ): r"FAIL size 1, server rank 3: rank (0|3) \((the server|a worker)\) sent .*",
+        ): r"FAIL size 1, server rank 3: rank 0 sent \{1: 4, 2: 4, 3: 4\} and received .* "
+        r"serving shard 1 .*",
+        (check_parameter_server, _replaced("A3.1", SINGLE_SERVER)): r"FAIL size 10, server rank "
+        r"0: rank 0 sent .*: that is one server for the whole vector, lecture 4's parameter "
+        r"server \(Exercise 4.1\), .*",
         (check_parameter_server, builtin_average): r"FAIL size 1, server rank 0: rank \d uses the "
         r"built-in comm\.allreduce; write the exchange from send/recv",
         (check_bucket_average, builtin_average): r"FAIL size 1: rank \d uses the built-in "

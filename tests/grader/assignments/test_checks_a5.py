@@ -231,3 +231,36 @@ def test_block_int8_without_error_feedback_fails_a5_6_before_training(shared_eng
     )
     make = lambda: forgets["WithErrorFeedback"](forgets["BlockInt8"](64))  # noqa: E731
     _fails(check_training(make, shared_engines(2), verbose=False), "error feedback (A5.4)")
+
+
+def test_a5_6_judges_the_accuracy_loss_paired_on_the_test_images_beyond_their_noise():
+    # No engines: the training data as collect_training returns it. 6 of 297 images lost (2.0
+    # points, one standard error 0.8) is within 1 point beyond the noise; 30 lost (10.1 points)
+    # is not, and the verdict says by how much. The old rule (1 point flat) failed the first.
+    from course_grader.assignments.a5.collect import EF_PROBE_CALLS, EF_PROBE_SMALL
+    from course_grader.assignments.a5.exchange import (
+        A5_BLOCK,
+        accuracy_loss,
+        block_int8_bytes,
+        training_body,
+    )
+
+    assert accuracy_loss(np.ones(297), np.ones(297)) == (0.0, 0.0)
+    right32 = np.ones(297, np.int8)
+    loss, se = accuracy_loss(right32, np.r_[np.zeros(6), np.ones(291)])
+    assert round(loss, 2) == 2.02 and round(se, 2) == 0.82, (loss, se)
+    gained = np.r_[np.zeros(6), np.ones(291)]
+    assert accuracy_loss(gained, right32)[0] < 0  # better than float32: a gain
+
+    sizes = np.array([64 * 128, 128, 128 * 10, 10])
+    sent = np.array([sum(block_int8_bytes(int(s), A5_BLOCK) for s in sizes)])
+    probe = np.full(12, EF_PROBE_CALLS * EF_PROBE_SMALL)
+
+    def run(lost: int) -> tuple:
+        right = np.r_[np.zeros(lost), np.ones(297 - lost)].astype(np.int8)
+        acc = 100 * right.mean()
+        return probe, 100.0, 1, sent, sizes, acc, [], right32, right
+
+    assert training_body(lambda: run(6)).startswith("2 engines")
+    with pytest.raises(AssertionError, match=r"10\.1 points lost on the same 297 images, more "):
+        training_body(lambda: run(30))

@@ -28,11 +28,13 @@ from course_grader.assignments.a3.judge import (
     reference_layout,
     reference_weights,
     ring_bytes_bounds,
+    sharded_ps_bytes,
 )
 from course_grader.assignments.a3.probe import a3_spec, kit_hidden
 from course_grader.cells import answer_id
 from course_grader.grade import GradingLimits, grade_notebook
 from course_grader.verdict.probe import judge
+from course_lib.comm import chunk_bounds
 from course_lib.parallel.exchanges.parameter_server import source000_combine
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -43,27 +45,30 @@ SEED = 77
 
 
 def _ps_ranks(size: int, server: int, *, source000: bool = False) -> list[tuple]:
-    """Every rank's data for one A3.1 probe: the mean (or source 000's), the star's bytes."""
+    """Every rank's data for one A3.1 probe: the mean (or source 000's, shard by shard), the
+    sharded parameter server's bytes."""
     grads = probe_gradients(size, 4, SEED)
+    mean = np.sum(grads, axis=0) / 4
     if source000:
-        mean = source000_combine(grads[server], [g for r, g in enumerate(grads) if r != server])
-    else:
-        mean = np.sum(grads, axis=0) / 4
+        for q, (a, b) in enumerate(chunk_bounds(size, 4)):
+            owner = (server + q) % 4
+            others = [g[a:b] for r, g in enumerate(grads) if r != owner]
+            mean[a:b] = source000_combine(grads[owner][a:b], others)
     ranks = []
     for rank in range(4):
-        peers = [r for r in range(4) if r != rank] if rank == server else [server]
-        sent = [(q, size * 4) for q in peers]
+        sent = sorted(sharded_ps_bytes(size, 4, server, rank).items())
         ranks.append((rank, 4, mean.astype(np.float32), [], sent, sent))
     return ranks
 
 
 def _ps_training(*, off: float = 0.0) -> tuple:
-    """A run's data: rank 0's weights (the reference's, plus ``off``), the star's bytes a step,
-    and each rank's counts of the set-up and the steps (here none: no wire is read)."""
+    """A run's data: rank 0's weights (the reference's, plus ``off``), the sharded server's bytes
+    a step, and each rank's counts of the set-up and the steps (here none: no wire is read)."""
     weights = [(k, w + off) for k, w in sorted(reference_weights(SEED).items())]
     gradient_bytes = 4 * sum(a3net_sizes())
+    values = gradient_bytes // 4
     records = [
-        [rank, step, gradient_bytes * (3 if rank == 1 else 1), 0]
+        [rank, step, sum(sharded_ps_bytes(values, 4, 1, rank).values()), 0]
         for step in range(10)
         for rank in range(4)
     ]
@@ -193,8 +198,10 @@ def test_a3_source_full_marks_stub_none_and_each_mistake_costs_only_its_exercise
         source,
         "A3.1",
         (
-            "            flat += comm.recv(incoming, worker)\n    flat /= n",
-            "            flat /= n - 1\n            flat += comm.recv(incoming, worker) / (n - 1)",
+            "    mean = parts[0].copy()\n    for q in range(1, n):  # rank order: the same sum "
+            "whatever arrives first\n        mean += parts[q]\n    mean /= n  # once, over all N parts\n",
+            "    mean = parts[r].copy()\n    for q in range(n):\n        if q != r:\n"
+            "            mean /= n - 1\n            mean += parts[q] / (n - 1)\n",
         ),
     )
     forward = _source_answer(source, "A3.2", ("reversed(range(len(sizes)))", "range(len(sizes))"))

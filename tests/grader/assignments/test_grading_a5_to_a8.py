@@ -47,7 +47,7 @@ def test_a5_source_answers_get_their_points_and_a_stub_loses_its_own_and_its_use
 
 
 A6_FULL = {"A6.1": 2.0, "A6.2": 3.0, "A6.3": 3.0, "A6.4": 2.0}
-A7_FULL = {"A7.1": 3.0, "A7.2": 2.0, "A7.3": 2.0, "A7.4": 3.0}
+A7_FULL = {"A7.1": 6.0, "A7.2": 4.0}
 A8_FULL = {"A8.1": 5.0, "A8.2": 5.0}
 
 
@@ -116,23 +116,28 @@ def test_the_grader_judges_a5_a6_and_a7_from_probe_lines_alone():
     passed, reason = judge(a6_spec(), "A6.1", seed, a6_two_ranks)
     assert (passed, reason) == (False, "FAIL (the check needs 3 engines, not 2)")
 
-    # A7.1 from the ring's shards and counters made here: the grader's seed passes, a sum fails.
-    from course_grader.assignments.a7.collect import bucket
-    from course_grader.assignments.a7.judge import a7_cases, ring_mean, sizes_of
+    # A7.2 from weights and counters made here: the grader's seed passes, stale shards fail.
+    from course_grader.assignments.a7.judge import _adam, a7_cases
     from course_grader.assignments.a7.probe import a7_spec
 
-    def a7_ranks(case: dict, divide: bool) -> dict:
+    def a7_ranks(case: dict, gathered: bool) -> dict:
+        from course_grader.assignments.a7.collect import bucket
+
         m, n = case["m"], 3
-        whole = ring_mean([bucket(m, case["seed"], r) for r in range(n)], n, divide).numpy()
-        sizes, ranks = sizes_of(m, n), []
+        want, before = _adam(m, case["seed"]).numpy(), bucket(m, case["seed"]).numpy()
+        ranks = []
         for r, (lo, hi) in enumerate(chunk_bounds(m, n)):
-            out, back = 4 * (m - sizes[r]), 4 * (m - sizes[(r - 1) % n])
-            p2p = np.array(sorted([((r + 1) % n, 2, out, 0, 0), ((r - 1) % n, 0, 0, 2, back)]))
-            data = {"tuple": [_encode(whole[lo:hi]), {"list": []}, _encode(p2p)]}
+            weights = want.copy() if gathered else before.copy()
+            weights[lo:hi] = want[lo:hi]
+            call = [{"str": "allgather"}, _encode(np.array(3)), _encode(np.array(48))]
+            used = {"list": [{"tuple": call}]}
+            held = _encode(np.array(12 * (hi - lo) + 4))
+            data = {"tuple": [_encode(weights), held, used, _encode(np.zeros((0, 5), np.int64))]}
             ranks.append({"tuple": [_encode(np.array(r)), _encode(np.array(n)), data]})
         return {"list": ranks}
 
-    cases = a7_cases("A7.1", seed)
-    assert judge(a7_spec(), "A7.1", seed, line([a7_ranks(c, True) for c in cases]))[0]
-    passed, reason = judge(a7_spec(), "A7.1", seed, line([a7_ranks(c, False) for c in cases]))
-    assert not passed and "the sum over the 3 ranks, not their mean" in reason, reason
+    cases = a7_cases("A7.2", seed)
+    ok = judge(a7_spec(), "A7.2", seed, line([a7_ranks(c, True) for c in cases]))
+    assert ok[0], ok
+    passed, reason = judge(a7_spec(), "A7.2", seed, line([a7_ranks(c, False) for c in cases]))
+    assert not passed and "are the weights before the step" in reason, reason

@@ -463,20 +463,10 @@ def test_a3_counters_rewritten_lose_their_exercises_training_run_included(tmp_pa
 @pytest.mark.slow
 @needs_wire
 @pytest.mark.skipif(_SANDBOX is not None, reason=str(_SANDBOX))
-def test_a7_counters_rewritten_after_a_builtin_lose_their_exercise_only(tmp_path):
-    source, submission = _forged("A7_zero_stage2", "A7", "A7.1")
-    rows = _graded("forger", "A7", source, submission, tmp_path, 120)
-    got = _lost_to_the_wire(rows, "A7.1")
-    assert (got["A7.2"].points, got["A7.3"].points) == (2.0, 2.0), rows
-
-
-@pytest.mark.slow
-@needs_wire
-@pytest.mark.skipif(_SANDBOX is not None, reason=str(_SANDBOX))
 def test_an_honest_answer_with_barriers_keeps_every_point(tmp_path):
     """A barrier moves no data but has bytes on the wire: the ranks report it and it is allowed,
-    also where a later exercise calls the answer many times (A7.4: 6 calls a case)."""
-    anchor = "    r, n = comm.rank, comm.world_size\n"
+    also in an answer that only attaches hooks, whose traffic comes later, inside backward (A7.1)."""
+    anchor = "    n = comm.world_size\n"
 
     def with_barriers(answer: str) -> str:
         assert anchor in answer
@@ -484,6 +474,4 @@ def test_an_honest_answer_with_barriers_keeps_every_point(tmp_path):
 
     source, submission = _with_answer("A7_zero_stage2", "A7.1", with_barriers)
     rows = _graded("careful", "A7", source, submission, tmp_path, 120)
-    assert {r.exercise: r.points for r in rows} == {"A7.1": 3, "A7.2": 2, "A7.3": 2, "A7.4": 3}, (
-        rows
-    )
+    assert {r.exercise: r.points for r in rows} == {"A7.1": 6, "A7.2": 4}, rows

@@ -313,7 +313,7 @@ ROUTED = [
     ("A5", "A5_compression", {"A5.2": 1.0, "A5.3": 2.0},
      {"A5.6": "def a5_compressor():\n    raise NotImplementedError('Exercise A5.6')\n"}),
     ("A6", "A6_model_pipeline", {"A6.1": 2.0, "A6.3": 3.0}, {}),
-    ("A7", "A7_zero_stage2", {"A7.3": 2.0}, {}),
+    ("A7", "A7_zero_stage2", {}, {}),
 ]  # fmt: skip
 
 

@@ -117,6 +117,24 @@ def test_source001_claims_over_seeds() -> None:
         seed_claims([[r for r in runs[0] if r["number"] != 9]])
 
 
+def test_two_records_side_by_side_compact_and_judged_as_one() -> None:
+    # Lecture 8's compact view: one line per configuration and one per claim, a column per
+    # record; the claim's word is seed_claims' own, so other numbers print another word.
+    from course_lib.papers.source001_records import claims_side_by_side, configurations_side_by_side
+
+    near = [_s001_rows(a, {9: 0.02, 8: 0.02, 2: 0.10}, 1.0) for a in (0.84, 0.90, 0.87)]
+    far = [_s001_rows(a, {9: 0.08, 8: 0.08, 2: 0.10}, 1.0) for a in (0.84, 0.90, 0.87)]
+    records = {"fast": near, "slow": far}
+    table = configurations_side_by_side(records)
+    assert len(table.splitlines()) == 1 + 10 + 1  # a header, ten configurations, a note
+    claims = claims_side_by_side(records).splitlines()
+    assert len(claims) == 1 + 11 + 2  # a header, eleven claims, two lines of legend
+    best = claims[1]
+    assert best.startswith("best (9 vs 1): points lost") and "1 to 3" in best
+    assert "2.0 [2.0, 2.0] agrees" in best and "8.0 [8.0, 8.0] kit above" in best
+    assert [c["where"] for c in seed_claims(far)][0] == "above"
+
+
 def _s000(name: str, epoch_s: float, acc: float) -> dict:
     return {"name": name, "epoch_s": epoch_s, "sync_s": epoch_s / 2, "accuracy": acc}
 
