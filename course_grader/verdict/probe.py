@@ -236,8 +236,8 @@ def _claims(probe: ExerciseProbe, results: list) -> Claims | list[Claims] | str:
         return probe.claims([decode_value(r.get("value")) for r in results if isinstance(r, dict)])
     except ValueError as exc:  # the claims' own checks: negative, unknown, self-contradicting
         return f"the ranks' byte counts cannot be checked: {str(exc)[:200]}"
-    except (AssertionError, TypeError, KeyError, IndexError, OverflowError):
-        return "the ranks' byte counts are not data"
+    except (Exception, RecursionError, MemoryError) as exc:  # noqa: BLE001 - from the kernel
+        return f"the ranks' byte counts are not data ({type(exc).__name__})"
 
 
 def judge(

@@ -131,6 +131,11 @@ ROUTES = [
           "    _real(text, **kwargs)\n"
           "getattr(numpy, '__di' + 'ct__')['__builtins__']['print'] = _swap\n" + WRONG,
           others_intact=False),
+    # The grader itself: a cell that ast.parse recurses on (issue 35: it stopped the class).
+    Route("variant_unparsable", "a sum of 100 000 terms, past ast.parse's recursion limit",
+          "_x = " + "+".join(["1"] * 100_000) + "\n" + WRONG,
+          reason=r"^the grader could not judge this answer: its cell could not be read "
+          r"\((RecursionError|MemoryError)"),
     # The grading machine, from inside the sandbox.
     Route("machine_forged_cluster", "a forged cluster-*.json naming SSHControllerLauncher",
           "import json, os, pathlib\nprofile = pathlib.Path(os.environ['IPYTHONDIR'], "
