@@ -31,6 +31,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from course_grader.sandbox.output_caps import KERNEL_CODE
+
 __all__ = [
     "SandboxLimits",
     "host_tmpfs",
@@ -191,8 +193,8 @@ def prepare_sandbox(
         str(settings),
         "--",
         sys.executable,
-        "-m",
-        "ipykernel_launcher",
+        "-c",
+        KERNEL_CODE,  # ipykernel, its messages' texts cut in the sandbox (output_caps)
         "-f",
         "{connection_file}",
     ]
