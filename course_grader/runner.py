@@ -27,6 +27,7 @@ import tempfile
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
+from course_grader.sandbox.cgroup import sandbox_cgroup
 from course_grader.sandbox.config import (
     SandboxLimits,
     host_tmpfs,
@@ -135,17 +136,30 @@ def run_nbval(
         env["COURSE_PROBE_DIR"] = str(probes)
     env.pop("COURSE_IPC", None)
     env.pop("COURSE_WIRE_AUDIT", None)
+    share = contextlib.nullcontext([])
+    if sandbox is not None:
+        cpus = sandbox.cpus or float(os.cpu_count() or 1)
+        share = sandbox_cgroup(cpus, sandbox.total_memory_mb)
+    with share as cgroups:
+        return _run_nbval(cmd, path, env, total_seconds, ipython_dir, sandbox, hidden, blocked,
+                          kit, tuple(cgroups))  # fmt: skip
+
+
+def _run_nbval(cmd, path, env, total_seconds, ipython_dir, sandbox, hidden, blocked, kit, cgroups):
+    """:func:`run_nbval`'s second half: the sandbox's settings, the run, the report."""
+    xml = path.with_suffix(".xml")
     shared = contextlib.nullcontext(False)
     run_dir = None
     if sandbox is not None:
         # In the system's temporary folder, not beside the notebook: the kernel's Unix sockets
         # live in it, and a socket's path may not pass 107 bytes.
         run_dir = Path(tempfile.mkdtemp(prefix="sandbox-"))
-        env.update(prepare_sandbox(run_dir, sandbox, (*hidden, str(path.parent)), blocked, kit))
+        config = (*hidden, str(path.parent)), blocked, kit, cgroups
+        env.update(prepare_sandbox(run_dir, sandbox, *config))
         env["COURSE_IPC"] = "1"
         if wire_problem_here() is None:  # nbval counts the bytes between the sandbox's processes
             env["COURSE_WIRE_AUDIT"] = "1"
-        cmd += ["--nbval-kernel-name=" + kernel_name()]
+        cmd = [*cmd, "--nbval-kernel-name=" + kernel_name()]
         shared = host_tmpfs(run_dir / "runtime", RUNTIME_MB)
     with shared:
         finished = _run(cmd, path, env, total_seconds, ipython_dir)

@@ -58,6 +58,11 @@ class SandboxLimits:
     cpu_seconds: int = 900  # CPU time of each process
     disk_mb: int = 1024  # size of /tmp (and of /dev/shm) inside the sandbox
     hidden: tuple[str, ...] = field(default=())  # extra paths never to show the kernel
+    # The whole sandbox, in a control group of its own where one can be made (cgroup.py): its
+    # memory (every process together), and the cores it may use at most (0: all of them);
+    # every sandbox has the same CPU weight, whatever number of processes it starts.
+    total_memory_mb: int = 12288
+    cpus: float = 0.0
 
     def __post_init__(self) -> None:
         for name, least in (
@@ -155,13 +160,15 @@ def prepare_sandbox(
     hidden: tuple[str, ...] = (),
     blocked: tuple[str, ...] = (),
     kit: bool = True,
+    cgroups: tuple[str, ...] = (),
 ) -> dict[str, str]:
     """Write the run's kernelspec and sandbox settings; return the environment nbval needs.
 
     ``run_dir`` holds the sandbox's settings (never shown to the kernel), the kernelspec and
     the kernel's connection file and sockets (``run_dir/runtime``, the only folder shared).
     ``blocked``: packages that must not import inside (an assignment's forbidden imports);
-    ``kit``: whether the kernel sees ``course_lib`` (not when its checks run in the grader).
+    ``kit``: whether the kernel sees ``course_lib`` (not when its checks run in the grader);
+    ``cgroups``: the ``cgroup.procs`` files the sandbox's launcher joins (:mod:`.cgroup`).
     """
     runtime = run_dir / "runtime"
     runtime.mkdir(parents=True, exist_ok=True)
@@ -180,6 +187,7 @@ def prepare_sandbox(
         "processes": limits.processes,
         "cpu_seconds": limits.cpu_seconds,
         "disk_mb": limits.disk_mb,
+        "cgroups": list(cgroups),
     }
     settings = run_dir / "sandbox.json"
     settings.write_text(json.dumps(config))
