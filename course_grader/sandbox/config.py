@@ -35,6 +35,7 @@ from course_grader.sandbox.output_caps import KERNEL_CODE
 
 __all__ = [
     "SandboxLimits",
+    "foreign_site_packages",
     "host_tmpfs",
     "kernel_name",
     "grader_package",
@@ -104,6 +105,28 @@ def _readonly_paths(kit: bool = True) -> list[str]:
     if kit:  # the grader's folder too: a probe may show one helper of it (the rest is hidden)
         paths += [str(kit_package()), str(grader_package())]
     return [p for p in paths if os.path.lexists(p)]
+
+
+def foreign_site_packages() -> list[str]:
+    """Every other interpreter's package folder on a path the sandbox binds: the base Python's
+    ``site-packages`` (which the venv does not use), the system's ``dist-packages``.
+
+    The sandbox hides them all, so that only the venv's packages import there: a package an
+    assignment forbids is covered in the venv (``blocked``), and no other copy is left to find
+    (issue 35: scipy, forbidden in A1, imported from the base interpreter's site-packages).
+    """
+    import site
+
+    own = {str(Path(p).resolve()) for p in site.getsitepackages([sys.prefix])}
+    found = []
+    for prefix in {sys.base_prefix, sys.base_exec_prefix, "/usr", "/usr/local"}:
+        for pattern in ("lib/python3*/site-packages", "lib/python3*/dist-packages",
+                        "lib/python3/dist-packages", "lib64/python3*/site-packages"):  # fmt: skip
+            for folder in sorted(Path(prefix).glob(pattern)):
+                real = str(folder.resolve())
+                if real not in own and real not in found and folder.is_dir():
+                    found.append(real)
+    return found
 
 
 def package_folders(names: tuple[str, ...]) -> list[str]:
@@ -176,7 +199,10 @@ def prepare_sandbox(
         "root": str(run_dir / "root"),
         "readonly": _readonly_paths(kit),
         "writable": [str(runtime)],
-        "hidden": [str(Path(p).resolve()) for p in (*hidden, *limits.hidden)],
+        "hidden": [
+            *(str(Path(p).resolve()) for p in (*hidden, *limits.hidden)),
+            *foreign_site_packages(),
+        ],
         "blocked": package_folders(blocked),
         "blocked_reason": "this assignment forbids it; the grader runs its checks itself",
         "pythonpath": str(kit_package().parent) if kit else "",
