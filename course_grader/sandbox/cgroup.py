@@ -6,8 +6,10 @@ notebook graded beside it past its time limit. So each sandbox's processes go in
 group of their own (made by the grader before the kernel starts, joined by the sandbox's
 launcher before it forks, removed after the run with whatever is left in it), with
 
-- the same CPU weight as every other sandbox (``cpu.weight`` 100 in cgroup v2, ``cpu.shares``
-  1024 in v1): two notebooks on one core get half each, however many processes either starts;
+- the same CPU weight as every other sandbox (``cpu.weight`` 400 in cgroup v2, ``cpu.shares``
+  4096 in v1): two notebooks on one core get half each, however many processes either starts;
+  against processes outside any sandbox, a sandbox weighs as four busy processes (the engines
+  of the largest assignment), so on a loaded machine it keeps about the share it had before;
 - at most ``cpus`` cores (``cpu.max`` / ``cpu.cfs_quota_us``);
 - a memory limit for the whole sandbox (``memory.max`` / ``memory.limit_in_bytes``), beside the
   per-process address-space limit.
@@ -33,6 +35,7 @@ __all__ = ["CGROUP_ROOT", "cgroup_problem", "sandbox_cgroup"]
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 _PERIOD_US = 100_000
 _PREFIX = "course-sandbox-"
+_WEIGHT = 4 * 1024  # four busy processes' worth (v1 shares; v2's weight is 400)
 
 
 def _own_path(controller: str) -> str:
@@ -88,7 +91,7 @@ def _make(cpus: float, memory_mb: int) -> list[Path]:
     if base is not None:
         group = base / name
         group.mkdir()
-        (group / "cpu.weight").write_text("100")
+        (group / "cpu.weight").write_text(str(_WEIGHT // 1024 * 100))
         (group / "cpu.max").write_text(f"{int(cpus * _PERIOD_US)} {_PERIOD_US}")
         (group / "memory.max").write_text(str(memory_mb * 2**20))
         return [group]
@@ -101,7 +104,7 @@ def _make(cpus: float, memory_mb: int) -> list[Path]:
         for group in (cpu, memory):
             group.mkdir()
             made.append(group)
-        (cpu / "cpu.shares").write_text("1024")
+        (cpu / "cpu.shares").write_text(str(_WEIGHT))
         (cpu / "cpu.cfs_period_us").write_text(str(_PERIOD_US))
         (cpu / "cpu.cfs_quota_us").write_text(str(int(cpus * _PERIOD_US)))
         (memory / "memory.limit_in_bytes").write_text(str(memory_mb * 2**20))
