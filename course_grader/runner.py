@@ -137,7 +137,7 @@ def run_nbval(
     env.pop("COURSE_IPC", None)
     env.pop("COURSE_WIRE_AUDIT", None)
     share = contextlib.nullcontext([])
-    if sandbox is not None:
+    if sandbox is not None and sandbox.share:
         cpus = sandbox.cpus or float(os.cpu_count() or 1)
         share = sandbox_cgroup(cpus, sandbox.total_memory_mb)
     with share as cgroups:

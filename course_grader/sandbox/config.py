@@ -64,6 +64,7 @@ class SandboxLimits:
     # every sandbox has the same CPU weight, whatever number of processes it starts.
     total_memory_mb: int = 12288
     cpus: float = 0.0
+    share: bool = True  # False: no control group (bench/bench_grading_sandbox.py times both)
 
     def __post_init__(self) -> None:
         for name, least in (
