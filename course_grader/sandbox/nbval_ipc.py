@@ -79,7 +79,9 @@ nbval.kernel.KernelManager = (
     IpcKernelManager if os.environ.get("COURSE_IPC") == "1" else CappedKernelManager
 )
 
-_spent = {"notebook": 0, "cell": 0, "cell_id": None, "noted": False}
+# What the kernel's messages have cost so far; a probe cell (the grader's) spends only its own
+# cell's budget, so that an answer's flood cannot silence the probes of later exercises.
+_spent = {"notebook": 0, "cell": 0, "cell_id": None, "noted": False, "probe": False}
 
 
 def cap_message(msg: dict) -> dict:
@@ -113,9 +115,10 @@ def cap_message(msg: dict) -> dict:
 
 def _within_budget(text: str) -> str:
     """``text`` within what is left of the cell's and the notebook's budgets."""
-    left = max(0, min(CELL_CHARS - _spent["cell"], NOTEBOOK_CHARS - _spent["notebook"]))
+    notebook_left = CELL_CHARS if _spent["probe"] else NOTEBOOK_CHARS - _spent["notebook"]
+    left = max(0, min(CELL_CHARS - _spent["cell"], notebook_left))
     _spent["cell"] += len(text)
-    _spent["notebook"] += len(text)
+    _spent["notebook"] += 0 if _spent["probe"] else len(text)
     if len(text) <= left:
         return text
     note = "" if _spent["noted"] else _CUT.format(min(CELL_CHARS, NOTEBOOK_CHARS))
@@ -173,9 +176,11 @@ def _runtest_keeping_probes(self) -> None:
             loopback_before = wire_audit.loopback(netns)
         except Exception as exc:  # recorded: the grader then fails the exercise, naming it
             wire = {"error": f"the sockets could not be read before the cell: {exc}"[:300]}
+    _spent["probe"] = bool(probe)
     try:
         _runtest(self)
     finally:
+        _spent["probe"] = False
         if probe and before is not None:
             try:
                 wire = _wire_record(before, netns, loopback_before)
@@ -194,6 +199,9 @@ def _runtest_keeping_probes(self) -> None:
                 if wire is not None:
                     record["wire"] = wire
                 json.dump(record, handle)
+        # nbval keeps every cell's outputs to the end, and needs none of them (--nbval-lax;
+        # the probes' are stored above): at most one cell's are held at a time
+        self.test_outputs = []
 
 
 nbval.plugin.IPyNbCell.runtest = _runtest_keeping_probes
