@@ -89,9 +89,9 @@ ATTACKS = [
      "import os, time\nfor _ in range(200):\n    if os.fork() == 0:\n        os.setsid()\n"
      "        while True:\n            pass\ntime.sleep(20)\nraise RuntimeError('you wait')\n",
      "RuntimeError"),
-    ("attacker_e", "A1.2", "a 1 GiB stdout flood and a 200 MiB exception message",
+    ("attacker_d", "A1.3", "a 1 GiB stdout flood and a 200 MiB exception message",
      "for _ in range(1024):\n    print('x' * 2**20)\nraise RuntimeError('y' * 200 * 2**20)\n",
-     "RuntimeError: yyyyyyyyyy"),
+     "RuntimeError: yyyyyyyyyy|timed out"),
 ]  # fmt: skip
 HONEST = ("honest_1", "honest_2")  # all correct; A1.1 wrong (the other two correct)
 
