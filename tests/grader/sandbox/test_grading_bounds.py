@@ -35,8 +35,9 @@ pytestmark = [
     pytest.mark.skipif(_PROBLEM is not None, reason=str(_PROBLEM)),
 ]
 #: The host-side nbval process's resident memory, at most, while it grades a flooding notebook
-#: (measured 150-200 MiB; an honest A1 notebook: about 110 MiB). Without the caps, the issue's
-#: 2 GiB flood grew it to 3.5 GB.
+#: (measured: 338 MiB peak, twice, over both notebooks of the class; the messages nbval may hold
+#: at once, 4 queued and 1 read, of 33 MiB at most, and their decoded copies, above pytest's own).
+#: Without the caps, the issue's 2 GiB flood grew it to 3.5 GB.
 FLOOD_RSS_MB = 400
 FLOOD = "for _ in range(1024):\n    print('x' * 2**20)  # 1 GiB on stdout\n"
 RAISE = "raise RuntimeError('y' * 200 * 2**20)  # a 200 MiB exception message\n"
