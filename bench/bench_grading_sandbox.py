@@ -4,7 +4,8 @@ Writes N correct submissions of one assignment (A1 by default; ``--assignment A4
 whose engines talk, and whose bytes on the wire the sandboxed grading also counts), grades
 them unisolated and sandboxed (alternating, ``--rounds`` times each, 2 notebooks at once as
 ``./kit grade`` does), and prints the seconds per class, per notebook, and the sandboxed /
-unisolated ratio of the medians (target: at most 1.3). Both runs include the integrity checks
+unisolated ratio of the medians (target: at most 1.3), and what the sandboxes' control groups
+(their CPU share and memory limit, :mod:`course_grader.sandbox.cgroup`) cost. Both runs include the integrity checks
 after each pair of notebooks, and both decide the verdicts in the grader (probes); sandboxed,
 A1's kernel has no torch and no kit. Then it times
 the grader's self-check (``course_grader.selftest.selfcheck.preflight``), which ``./kit grade``
@@ -69,11 +70,13 @@ def main() -> int:
         print(f"no sandbox on this machine ({problem}): nothing to compare")
         return 1
     limits = GradingLimits(cell_seconds=120, total_seconds=900)
-    times: dict[str, list[float]] = {"unisolated": [], "sandboxed": []}
+    times: dict[str, list[float]] = {"unisolated": [], "sandboxed": [], "no CPU share": []}
+    modes = [("unisolated", None), ("sandboxed", SandboxLimits()),
+             ("no CPU share", SandboxLimits(share=False))]  # fmt: skip
     with tempfile.TemporaryDirectory(prefix="bench-grading-") as tmp:
         write_class(Path(tmp) / "class", args.students, args.assignment)
         for _ in range(args.rounds):
-            for mode, sandbox in (("unisolated", None), ("sandboxed", SandboxLimits())):
+            for mode, sandbox in modes:
                 started = time.perf_counter()
                 rows = grade_folder(
                     Path(tmp) / "class",
@@ -94,10 +97,11 @@ def main() -> int:
                 )
                 for row in [r for r in rows if r.points != r.max_points][:3]:  # right answers all
                     print(f"    {row.student} {row.exercise}: {row.reason[:300]}", flush=True)
-    base, boxed = (statistics.median(times[m]) for m in ("unisolated", "sandboxed"))
+    base, boxed, bare = (statistics.median(times[m]) for m, _ in modes)
     print(
         f"median over {args.rounds} round(s), {args.jobs} at once: unisolated {base:.1f} s, "
-        f"sandboxed {boxed:.1f} s, ratio {boxed / base:.2f} (target <= 1.3)"
+        f"sandboxed {boxed:.1f} s, ratio {boxed / base:.2f} (target <= 1.3); the sandboxes' "
+        f"control groups (CPU share, memory): {boxed - bare:+.1f} s ({bare:.1f} s without)"
     )
     from course_grader.gradebook import load_sources
     from course_grader.selftest.selfcheck import preflight

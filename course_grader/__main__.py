@@ -200,6 +200,8 @@ def _main(argv: list[str] | None = None) -> int:
             jobs=args.jobs,
             sandbox=sandbox,
             hidden=(str(args.out),),
+            out=args.out,
+            warning=warning,
         )
         write_gradebook(rows, args.out / "gradebook.csv", warning)
         feedback = write_feedback(rows, args.out / "feedback")

@@ -17,18 +17,25 @@ from course_grader.cells import check_id, check_points
 from course_grader.grade import ExerciseResult, GradingLimits, grade_notebook, resolve_sandbox
 from course_grader.sandbox.config import SandboxLimits, grader_package, kit_package
 from course_grader.sandbox.integrity import EnvironmentGuard
+from course_grader.verdict.probe import UNJUDGED
 from course_lib.files import atomic_write_text
 
 __all__ = [
+    "UNFINISHED",
     "assignment_of",
     "find_submissions",
     "grade_folder",
     "load_sources",
+    "read_unfinished",
     "write_feedback",
     "write_gradebook",
 ]
 
 FIELDS = ("student", "assignment", "exercise", "points", "max_points", "reason")
+#: The gradebook's first line while a run is under way (or was stopped): the next run resumes.
+UNFINISHED = (
+    "UNFINISHED: grading stopped before the end; grade again with the same --out to resume."
+)
 
 
 def load_sources(source_dir: Path) -> dict[str, nbformat.NotebookNode]:
@@ -79,6 +86,22 @@ def assignment_of(path: Path, nb: nbformat.NotebookNode | None, known: Iterable[
     )
 
 
+def _unjudged(
+    student: str, path: Path, sources: dict[str, nbformat.NotebookNode], exc: BaseException
+) -> list[ExerciseResult]:
+    """0 points for each exercise of the submission, naming what the grader failed on."""
+    reason = f"{UNJUDGED}: {type(exc).__name__}: {str(exc)[:200]}"
+    try:
+        assignment = assignment_of(path, None, sources)
+    except ValueError:
+        return [ExerciseResult(student, "?", "?", 0.0, 0.0, reason)]
+    cells = [c for c in sources[assignment].cells if check_id(c) is not None]
+    return [
+        ExerciseResult(student, assignment, check_id(c), 0.0, check_points(c), reason)
+        for c in cells
+    ]
+
+
 def _grade_one(
     student: str,
     path: Path,
@@ -117,8 +140,16 @@ def grade_folder(
     progress: bool = True,
     sandbox: SandboxLimits | None | str = "auto",
     hidden: tuple[str, ...] = (),
+    out: Path | None = None,
+    warning: str = "",
 ) -> list[ExerciseResult]:
     """Grade every submission under ``submissions``; return all rows, sorted by student.
+
+    With ``out``, the gradebook (``out/gradebook.csv``, first line ``warning`` if any) and the
+    feedback are written after every batch, atomically, marked unfinished until the last: a
+    run that is stopped leaves every row so far, and the next run with the same ``out`` grades
+    only the students missing from it. One submission that makes the grader itself fail gets
+    0 for its exercises, with the reason, and the class goes on.
 
     Each notebook runs in a sandbox (``sandbox``: its limits, None for none, "auto" where this
     machine can) that never sees the sources, the submissions or ``hidden``. The kit, the
@@ -131,6 +162,12 @@ def grade_folder(
     pairs = find_submissions(submissions)
     hidden = (str(source_dir), str(submissions), *hidden)
     rows: list[ExerciseResult] = []
+    if out is not None:  # a run that was stopped left its rows: those students are done
+        rows = read_unfinished(Path(out) / "gradebook.csv")
+        done = {row.student for row in rows}
+        if done:
+            print(f"grading: resuming, {len(done)} students graded before", file=sys.stderr)
+        pairs = [pair for pair in pairs if pair[0] not in done]
     bar = None
     if progress:
         from tqdm.auto import tqdm
@@ -138,18 +175,61 @@ def grade_folder(
         bar = tqdm(total=len(pairs), unit="notebook", desc="grading")
 
     def grade(pair: tuple[str, Path]) -> list[ExerciseResult]:
-        return _grade_one(*pair, sources, limits, sandbox, hidden)
+        # Whatever one submission makes the grader do, it costs that student alone: the class
+        # goes on, and the rows so far are written after every batch.
+        try:
+            return _grade_one(*pair, sources, limits, sandbox, hidden)
+        except (Exception, RecursionError, MemoryError) as exc:  # noqa: BLE001 - see above
+            print(f"grading: {pair[0]}: {UNJUDGED} ({type(exc).__name__})", file=sys.stderr)
+            return _unjudged(*pair, sources, exc)
 
     with EnvironmentGuard(kit_package(), Path(source_dir), grader=grader_package()) as guard:
         with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
             for start in range(0, len(pairs), max(1, jobs)):
                 batch = pairs[start : start + max(1, jobs)]
                 rows.extend(_grade_guarded(batch, pool, grade, guard))
+                if out is not None:
+                    graded = {student for student, _ in batch}
+                    _write(rows, Path(out), f"{UNFINISHED} {warning}".strip(), graded)
                 if bar is not None:
                     bar.update(len(batch))
     if bar is not None:
         bar.close()
-    return sorted(rows, key=lambda r: (r.student, r.assignment, r.exercise))
+    rows = sorted(rows, key=lambda r: (r.student, r.assignment, r.exercise))
+    if out is not None:
+        _write(rows, Path(out), warning, None)
+    return rows
+
+
+def _write(rows: list[ExerciseResult], out: Path, warning: str, students: set[str] | None) -> None:
+    """The gradebook of ``rows`` and the feedback of ``students`` (None: all), each atomically."""
+    write_gradebook(rows, out / "gradebook.csv", warning)
+    write_feedback([r for r in rows if students is None or r.student in students], out / "feedback")
+
+
+def read_unfinished(path: Path) -> list[ExerciseResult]:
+    """The rows of a gradebook that a stopped run left (marked :data:`UNFINISHED`); [] otherwise.
+
+    A finished gradebook is never reused: grading again grades everyone again.
+    """
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError):
+        return []
+    head = text.splitlines()[:2]
+    if not any(line.startswith(f"# {UNFINISHED}") for line in head):
+        return []
+    while text.startswith("#"):  # the marker and warning lines above the CSV
+        text = text.partition("\n")[2]
+    rows = []
+    for record in csv.DictReader(io.StringIO(text)):
+        try:
+            points, most = float(record["points"]), float(record["max_points"])
+            fields = [record[f] for f in ("student", "assignment", "exercise", "reason")]
+        except (KeyError, TypeError, ValueError):
+            continue
+        rows.append(ExerciseResult(*fields[:3], points, most, fields[3]))
+    return rows
 
 
 def _grade_guarded(batch, pool, grade, guard: EnvironmentGuard) -> list[ExerciseResult]:

@@ -27,6 +27,7 @@ import tempfile
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
+from course_grader.sandbox.cgroup import sandbox_cgroup
 from course_grader.sandbox.config import (
     SandboxLimits,
     host_tmpfs,
@@ -44,6 +45,19 @@ CLUSTER_VARIABLE_PREFIX = "COURSE_CLUSTER_"
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*m|#x1B\[[0-9;]*m")
 RUNTIME_MB = 4  # the kernel's connection file and sockets: a few kB
+#: The largest JUnit report read: nbval's messages are cut (:mod:`.sandbox.nbval_ipc`), so a
+#: report of a few cells' errors is kilobytes.
+MAX_REPORT_BYTES = 16 * 2**20
+
+#: nbval's process dies with the grader that started it (Linux's parent-death signal, which an
+#: exec keeps; the grader's PID is checked after setting it, so a grader already gone counts),
+#: and the sandbox dies with nbval (:mod:`course_grader.sandbox.enter`).
+_DIE_WITH_PARENT = (
+    "import ctypes, os, signal, sys\n"
+    "ctypes.CDLL(None).prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG\n"
+    "if os.getppid() != int(sys.argv[1]):\n    sys.exit(137)\n"
+    "os.execv(sys.argv[2], sys.argv[2:])\n"
+)
 
 
 def stop_clusters(ipython_dir: Path) -> None:
@@ -122,17 +136,30 @@ def run_nbval(
         env["COURSE_PROBE_DIR"] = str(probes)
     env.pop("COURSE_IPC", None)
     env.pop("COURSE_WIRE_AUDIT", None)
+    share = contextlib.nullcontext([])
+    if sandbox is not None and sandbox.share:
+        cpus = sandbox.cpus or float(os.cpu_count() or 1)
+        share = sandbox_cgroup(cpus, sandbox.total_memory_mb)
+    with share as cgroups:
+        return _run_nbval(cmd, path, env, total_seconds, ipython_dir, sandbox, hidden, blocked,
+                          kit, tuple(cgroups))  # fmt: skip
+
+
+def _run_nbval(cmd, path, env, total_seconds, ipython_dir, sandbox, hidden, blocked, kit, cgroups):
+    """:func:`run_nbval`'s second half: the sandbox's settings, the run, the report."""
+    xml = path.with_suffix(".xml")
     shared = contextlib.nullcontext(False)
     run_dir = None
     if sandbox is not None:
         # In the system's temporary folder, not beside the notebook: the kernel's Unix sockets
         # live in it, and a socket's path may not pass 107 bytes.
         run_dir = Path(tempfile.mkdtemp(prefix="sandbox-"))
-        env.update(prepare_sandbox(run_dir, sandbox, (*hidden, str(path.parent)), blocked, kit))
+        config = (*hidden, str(path.parent)), blocked, kit, cgroups
+        env.update(prepare_sandbox(run_dir, sandbox, *config))
         env["COURSE_IPC"] = "1"
         if wire_problem_here() is None:  # nbval counts the bytes between the sandbox's processes
             env["COURSE_WIRE_AUDIT"] = "1"
-        cmd += ["--nbval-kernel-name=" + kernel_name()]
+        cmd = [*cmd, "--nbval-kernel-name=" + kernel_name()]
         shared = host_tmpfs(run_dir / "runtime", RUNTIME_MB)
     with shared:
         finished = _run(cmd, path, env, total_seconds, ipython_dir)
@@ -143,6 +170,8 @@ def run_nbval(
 
 def _run(cmd: list[str], path: Path, env: dict, total_seconds: float, ipython_dir: Path) -> bool:
     """Run nbval; kill what is left of the run afterwards. False: past the total time limit."""
+    if sys.platform.startswith("linux"):
+        cmd = [sys.executable, "-c", _DIE_WITH_PARENT, str(os.getpid()), *cmd]
     try:
         # A session of its own, so that on the total time limit pytest and the processes that
         # stay in its session go down together (the kernel and engines are found by the mark).
@@ -168,10 +197,14 @@ def _run(cmd: list[str], path: Path, env: dict, total_seconds: float, ipython_di
 
 def _read_report(xml: Path) -> dict[int, tuple[str, str]]:
     """Read nbval's JUnit report (written by nbval, outside the sandbox)."""
-    if not xml.exists():
-        return {}
+    if not xml.exists() or xml.stat().st_size > MAX_REPORT_BYTES:
+        return {}  # none, or not one nbval wrote from cut messages: every check reads as not run
     results = {}
-    for case in ET.parse(xml).iter("testcase"):
+    try:
+        cases = list(ET.parse(xml).iter("testcase"))
+    except ET.ParseError:
+        return {}
+    for case in cases:
         match = re.search(r"Cell (\d+)", case.get("name", ""))
         if not match:
             continue

@@ -31,8 +31,11 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from course_grader.sandbox.output_caps import KERNEL_CODE
+
 __all__ = [
     "SandboxLimits",
+    "foreign_site_packages",
     "host_tmpfs",
     "kernel_name",
     "grader_package",
@@ -56,6 +59,12 @@ class SandboxLimits:
     cpu_seconds: int = 900  # CPU time of each process
     disk_mb: int = 1024  # size of /tmp (and of /dev/shm) inside the sandbox
     hidden: tuple[str, ...] = field(default=())  # extra paths never to show the kernel
+    # The whole sandbox, in a control group of its own where one can be made (cgroup.py): its
+    # memory (every process together), and the cores it may use at most (0: all of them);
+    # every sandbox has the same CPU weight, whatever number of processes it starts.
+    total_memory_mb: int = 12288
+    cpus: float = 0.0
+    share: bool = True  # False: no control group (bench/bench_grading_sandbox.py times both)
 
     def __post_init__(self) -> None:
         for name, least in (
@@ -97,6 +106,28 @@ def _readonly_paths(kit: bool = True) -> list[str]:
     if kit:  # the grader's folder too: a probe may show one helper of it (the rest is hidden)
         paths += [str(kit_package()), str(grader_package())]
     return [p for p in paths if os.path.lexists(p)]
+
+
+def foreign_site_packages() -> list[str]:
+    """Every other interpreter's package folder on a path the sandbox binds: the base Python's
+    ``site-packages`` (which the venv does not use), the system's ``dist-packages``.
+
+    The sandbox hides them all, so that only the venv's packages import there: a package an
+    assignment forbids is covered in the venv (``blocked``), and no other copy is left to find
+    (issue 35: scipy, forbidden in A1, imported from the base interpreter's site-packages).
+    """
+    import site
+
+    own = {str(Path(p).resolve()) for p in site.getsitepackages([sys.prefix])}
+    found = []
+    for prefix in {sys.base_prefix, sys.base_exec_prefix, "/usr", "/usr/local"}:
+        for pattern in ("lib/python3*/site-packages", "lib/python3*/dist-packages",
+                        "lib/python3/dist-packages", "lib64/python3*/site-packages"):  # fmt: skip
+            for folder in sorted(Path(prefix).glob(pattern)):
+                real = str(folder.resolve())
+                if real not in own and real not in found and folder.is_dir():
+                    found.append(real)
+    return found
 
 
 def package_folders(names: tuple[str, ...]) -> list[str]:
@@ -153,13 +184,15 @@ def prepare_sandbox(
     hidden: tuple[str, ...] = (),
     blocked: tuple[str, ...] = (),
     kit: bool = True,
+    cgroups: tuple[str, ...] = (),
 ) -> dict[str, str]:
     """Write the run's kernelspec and sandbox settings; return the environment nbval needs.
 
     ``run_dir`` holds the sandbox's settings (never shown to the kernel), the kernelspec and
     the kernel's connection file and sockets (``run_dir/runtime``, the only folder shared).
     ``blocked``: packages that must not import inside (an assignment's forbidden imports);
-    ``kit``: whether the kernel sees ``course_lib`` (not when its checks run in the grader).
+    ``kit``: whether the kernel sees ``course_lib`` (not when its checks run in the grader);
+    ``cgroups``: the ``cgroup.procs`` files the sandbox's launcher joins (:mod:`.cgroup`).
     """
     runtime = run_dir / "runtime"
     runtime.mkdir(parents=True, exist_ok=True)
@@ -167,7 +200,10 @@ def prepare_sandbox(
         "root": str(run_dir / "root"),
         "readonly": _readonly_paths(kit),
         "writable": [str(runtime)],
-        "hidden": [str(Path(p).resolve()) for p in (*hidden, *limits.hidden)],
+        "hidden": [
+            *(str(Path(p).resolve()) for p in (*hidden, *limits.hidden)),
+            *foreign_site_packages(),
+        ],
         "blocked": package_folders(blocked),
         "blocked_reason": "this assignment forbids it; the grader runs its checks itself",
         "pythonpath": str(kit_package().parent) if kit else "",
@@ -178,6 +214,7 @@ def prepare_sandbox(
         "processes": limits.processes,
         "cpu_seconds": limits.cpu_seconds,
         "disk_mb": limits.disk_mb,
+        "cgroups": list(cgroups),
     }
     settings = run_dir / "sandbox.json"
     settings.write_text(json.dumps(config))
@@ -191,8 +228,8 @@ def prepare_sandbox(
         str(settings),
         "--",
         sys.executable,
-        "-m",
-        "ipykernel_launcher",
+        "-c",
+        KERNEL_CODE,  # ipykernel, its messages' texts cut in the sandbox (output_caps)
         "-f",
         "{connection_file}",
     ]

@@ -196,6 +196,9 @@ def _as_init(config: dict, argv: list[str]) -> int:
     _build_root(config)
     _limit(config)
     _drop_privileges(config["uid"])
+    # Changing the uid cleared the parent-death signal (prctl(2)): set it again, so that this
+    # PID 1, and with it the whole namespace, dies with the launcher (and so with nbval).
+    _libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
     # $IPYTHONDIR (profiles, cluster files) lives in the size-limited /tmp and dies with it:
     # the grader never reads it. PYTHONPATH names the kit the sandbox shows, so a venv whose
     # editable install points to another checkout (not shown here) still imports this kit.
@@ -238,6 +241,9 @@ def main(argv: list[str] | None = None) -> int:
     if len(argv) < 3 or argv[1] != "--":
         print("usage: python -m course_grader.sandbox.enter CONFIG.json -- COMMAND...")
         return 2
+    # The sandbox dies with nbval, which started it (and nbval with the grader: runner.py): the
+    # parent-death signal here, and PID 1's own below, end the PID namespace and all in it.
+    _libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
     config = json.loads(Path(argv[0]).read_text())
     command = argv[2:]
     uid = config["uid"]
@@ -247,6 +253,11 @@ def main(argv: list[str] | None = None) -> int:
                 os.chown(folder, uid, uid)
                 for name in files:
                     os.chown(os.path.join(folder, name), uid, uid)
+    for procs in config.get("cgroups", []):  # the grader's control group: this sandbox's share
+        try:
+            Path(procs).write_text(str(os.getpid()))
+        except OSError as exc:
+            print(f"sandbox: could not join {procs} ({exc}): no CPU share", file=sys.stderr)
     _enter_namespaces(config)
     child = os.fork()
     if child == 0:

@@ -2,9 +2,10 @@
 
 A rank's communicator counts its own messages and bytes, but it counts them inside the student's
 process, where an answer can rewrite the count. The operating system also counts: every TCP
-socket's ``tcp_info`` holds the bytes it received (``bytes_received``), and ``ss`` reads it,
-with the process that owns the socket, from outside the sandbox, entering only its network
-namespace. gloo (and the rendezvous store) talk over TCP on the sandbox's loopback, so both ends
+socket's ``tcp_info`` holds the bytes it received (``bytes_received``), and ``ss`` reads it
+from outside the sandbox, entering only its network namespace; the process that holds each
+socket is found by the socket's inode in ``/proc/PID/fd``, by PID (never by the name a process
+gives itself), and mapped to the sandbox's own PIDs through ``/proc/PID/status`` (``NSpid``). gloo (and the rendezvous store) talk over TCP on the sandbox's loopback, so both ends
 of each connection are in the table: pairing a socket with its peer gives, per pair of processes,
 the bytes one sent the other. The grader snapshots the table before and after a probe cell and
 compares the difference with what the ranks said they sent
@@ -35,11 +36,12 @@ __all__ = [
     "flows",
     "namespace_pid",
     "settled_sockets",
+    "socket_owners",
     "sockets",
     "wire_problem_here",
 ]
 
-_PID = re.compile(r"pid=(\d+)")
+_INODE = re.compile(r"\sino:(\d+)\s")
 _RECEIVED = re.compile(r"\bbytes_received:(\d+)")
 _RETRANSMITTED = re.compile(r"\bbytes_retrans:(\d+)")
 
@@ -50,7 +52,7 @@ class Socket:
 
     local: str
     peer: str
-    pid: int  # the process that owns it (host PID); 0 when ss could not tell
+    pid: int  # the process that holds it (host PID, found in /proc by its inode); 0 if none
     received: int  # tcp_info.bytes_received: payload bytes that arrived, in order
     unsent: int  # Send-Q: bytes written but not yet acknowledged by the peer
     retransmitted: int = 0  # tcp_info.bytes_retrans: payload this socket sent twice or more
@@ -76,27 +78,59 @@ def wire_problem_here() -> str | None:
 
 
 def _command(netns: str | None) -> list[str]:
-    cmd = ["ss", "-tinpHO", "state", "established"]
+    # No -p: ss would print each owner's self-chosen name (a process may call itself "pid=1"),
+    # so nothing in the line comes from a process; -e gives the socket's inode instead.
+    cmd = ["ss", "-tinHOe", "state", "established"]
     return ["nsenter", f"--net={netns}", *cmd] if netns else cmd
 
 
+def socket_owners(netns: str | None = None) -> dict[int, int]:
+    """{socket inode: host PID holding it} for the processes of the network namespace ``netns``.
+
+    Read from ``/proc/PID/fd`` (links ``socket:[inode]``), by PID, for every process whose
+    ``/proc/PID/ns/net`` is ``netns``: never from a name a process chose. A socket held by
+    several processes (inherited across a fork) goes to the lowest PID.
+    """
+    target = os.stat(netns or f"/proc/{os.getpid()}/ns/net")
+    owners: dict[int, int] = {}
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        pid = int(entry.name)
+        try:
+            ns = os.stat(f"/proc/{pid}/ns/net")
+            if (ns.st_ino, ns.st_dev) != (target.st_ino, target.st_dev):
+                continue
+            links = [os.readlink(f"/proc/{pid}/fd/{fd}") for fd in os.listdir(f"/proc/{pid}/fd")]
+        except OSError:
+            continue  # gone meanwhile, or a thread's fd closed under us
+        for link in links:
+            if link.startswith("socket:["):
+                inode = int(link[8:-1])
+                owners[inode] = min(pid, owners.get(inode, pid))
+    return owners
+
+
 def sockets(netns: str | None = None, timeout: float = 10.0) -> dict[tuple[str, str], Socket]:
-    """Every established TCP socket of the network namespace ``netns`` (a ``/proc/PID/ns/net``)."""
+    """Every established TCP socket of the network namespace ``netns`` (a ``/proc/PID/ns/net``),
+    each with the host PID that holds it (:func:`socket_owners`)."""
     out = subprocess.run(
         _command(netns), capture_output=True, text=True, timeout=timeout, check=True
     ).stdout
+    owners = socket_owners(netns)
     table = {}
     for line in out.splitlines():
         fields = line.split()
-        if len(fields) < 4 or not fields[0].isdigit() or not fields[1].isdigit():
+        if len(fields) < 5 or not fields[0].isdigit() or not fields[1].isdigit():
             continue
-        pid = _PID.search(line)
+        found = _INODE.search(line)  # after uid:N (a socket not root's) and timer:(...)
+        inode = int(found.group(1)) if found else 0
         received = _RECEIVED.search(line)
         again = _RETRANSMITTED.search(line)
         table[(fields[2], fields[3])] = Socket(
             fields[2],
             fields[3],
-            int(pid.group(1)) if pid else 0,
+            owners.get(inode, 0),
             int(received.group(1)) if received else 0,
             int(fields[1]),
             int(again.group(1)) if again else 0,

@@ -28,8 +28,11 @@ __all__ = [
     "PER_PAIR",
     "RING_ACK",
     "RING_MESSAGE",
+    "MAX_COUNT",
+    "MAX_RANKS",
     "Claims",
     "ClaimsBuilder",
+    "count",
     "counter_claims",
     "p2p_claims",
 ]
@@ -65,6 +68,30 @@ _BUILTINS = ("allreduce", "broadcast", "allgather", "reduce_scatter", "barrier")
 #: (sender, receiver) -> (payload bytes, messages, bytes allowed beyond them: barriers)
 Claims = Mapping[tuple[int, int], tuple[int, int, int]]
 
+#: The most ranks a report may name (the course's probes run 2-4 engines), and the largest count
+#: it may give: a report beyond either comes from a forged counter, and would make the grader
+#: loop over ranks or allow room for hidden bytes.
+MAX_RANKS, MAX_COUNT = 256, 2**40
+
+
+def count(value: Any, what: str = "a count", most: int = MAX_COUNT) -> int:
+    """``value`` as an int in [0, most]; ValueError for anything else (inf, nan, 2.5, "3", -1).
+
+    The ranks' reports come from the answer's process: a non-finite or fractional number, or
+    one out of range, is refused before the grader counts, loops or allocates with it.
+    """
+    if isinstance(value, np.ndarray) and value.size == 1:
+        value = value.reshape(()).item()
+    elif isinstance(value, np.generic):
+        value = value.item()
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError(f"{what} is not a number ({type(value).__name__})")
+    if isinstance(value, float) and not (value == value and abs(value) != float("inf")):
+        raise ValueError(f"{what} is not finite ({value})")
+    if value != int(value) or not 0 <= int(value) <= most:
+        raise ValueError(f"{what} is {value}, not a whole number from 0 to {most}")
+    return int(value)
+
 
 class ClaimsBuilder:
     """Sums what the ranks reported, case by case, into :data:`Claims`."""
@@ -76,6 +103,9 @@ class ClaimsBuilder:
     def _add(self, rank: int, peer: int, least: int, messages: int, extra: int) -> None:
         if min(rank, peer, least, messages, extra) < 0:  # a report can be forged: no credit
             raise ValueError(f"rank {rank} reported a negative count for rank {peer}")
+        rank, peer = count(rank, "a rank", MAX_RANKS - 1), count(peer, "a peer", MAX_RANKS - 1)
+        least, messages = count(least, "a byte count"), count(messages, "a message count")
+        extra = count(extra, "an allowance")
         old = self.claims.get((rank, peer), (0, 0, 0))
         self.claims[(rank, peer)] = (old[0] + least, old[1] + messages, old[2] + extra)
 
@@ -89,6 +119,8 @@ class ClaimsBuilder:
         A barrier claimed but not called is short of its least bytes on some pair; the most
         lets a claimed barrier cover a few hundred bytes of other traffic, no more.
         """
+        world_size = count(world_size, "a world size", MAX_RANKS)
+        calls = count(calls, "a barrier count")
         least, spread = BARRIER_LEAST * calls, (BARRIER_MOST - BARRIER_LEAST) * calls
         for peer in range(world_size):
             if peer != rank:
@@ -105,8 +137,11 @@ class ClaimsBuilder:
         """Rank ``rank``'s counts as ``comm.stats.as_rows()`` gives them: the built-ins
         [(name, calls, bytes)] and rows of (peer, messages sent, bytes sent, messages received,
         bytes received)."""
-        for peer, messages, nbytes, _got, _received in np.asarray(p2p, np.int64).reshape(-1, 5):
-            self.sent(rank, int(peer), int(nbytes), int(messages))
+        rows = np.asarray(p2p)
+        if rows.dtype.kind not in "biuf" or rows.size > 5 * MAX_RANKS:
+            raise ValueError(f"rank {rank}'s rows of peers are not {MAX_RANKS} rows of numbers")
+        for peer, messages, nbytes, _got, _received in rows.reshape(-1, 5):
+            self.sent(rank, count(peer, "a peer"), count(nbytes), count(messages))
         self.builtins(rank, world_size, used, broadcast_root)
 
     def training_run(self, counters: Sequence) -> None:
@@ -127,10 +162,15 @@ class ClaimsBuilder:
         counters do not say the root: without one, a broadcast claims nothing, so its bytes
         count as unreported).
         """
+        world_size = count(world_size, "a world size", MAX_RANKS)
         for name, calls, nbytes in used:
-            name, calls, nbytes = str(name), int(calls), int(nbytes)
-            if name not in _BUILTINS or min(calls, nbytes) < 0:
-                raise ValueError(f"rank {rank} reported {calls} calls of {name!r}, {nbytes} bytes")
+            name = str(name)[:40]
+            if name not in _BUILTINS:
+                raise ValueError(f"rank {rank} reported calls of {name!r}")
+            try:
+                calls, nbytes = count(calls, "a call count"), count(nbytes, "a byte count")
+            except ValueError as exc:
+                raise ValueError(f"rank {rank} reported {name!r} with {exc}") from None
             if name == "barrier":
                 self.barriers(rank, world_size, calls)
                 continue
@@ -143,7 +183,8 @@ class ClaimsBuilder:
                 if peer != rank:
                     self._add(rank, peer, AGREE_LEAST * calls, 0, AGREE_MOST * calls)
             if name == "broadcast":
-                self._tree(rank, world_size, calls, nbytes, int(broadcast_root))
+                root = count(broadcast_root, "a root", world_size - 1)
+                self._tree(rank, world_size, calls, nbytes, root)
             else:
                 self._rings.append((rank, world_size, name, calls, nbytes))
 

@@ -311,7 +311,16 @@ def rejected_answers(pristine: NotebookNode, answers: dict[str, str]) -> dict[st
     forbidden = pristine.metadata.get("course", {}).get("forbidden_imports", [])
     rejected = {}
     for exercise, code in answers.items():
-        problem = answer_problem(code, protected, modules, forbidden)
+        try:
+            problem = answer_problem(code, protected, modules, forbidden)
+        except (Exception, RecursionError, MemoryError) as exc:  # noqa: BLE001 - the student's code
+            # ast.parse recurses (a sum of 100 000 terms: RecursionError; a long chain of "-":
+            # MemoryError): an answer the guard cannot read is not run, and costs only its exercise
+            rejected[exercise] = (
+                f"the grader could not judge this answer: its cell could not be read "
+                f"({type(exc).__name__}: {str(exc)[:120]}); split long expressions"
+            )
+            continue
         if problem is not None:
             rejected[exercise] = (
                 f"not graded: the answer cell {problem}; an answer may define its own functions "

@@ -14,7 +14,6 @@ data it returns, and only the right numbers pass.
 from __future__ import annotations
 
 import base64
-import binascii
 import builtins
 import io
 import json
@@ -28,10 +27,12 @@ import numpy as np
 
 from course_grader.cells import answer_id, check_id
 from course_grader.verdict.claims import PER_PAIR, Claims
+from course_grader.verdict.kernel_data import decode_value, marked_json
 from course_grader.verdict.wire import PIDS_CODE, wire_problem
 from course_lib.checks.verdict import Verdict
 
 __all__ = [
+    "UNJUDGED",
     "ExerciseProbe",
     "ProbeSpec",
     "convert_notebook",
@@ -42,7 +43,8 @@ __all__ = [
 ]
 
 MARK = "COURSE-PROBE:"
-_MAX_ARRAY_BYTES = 16 * 2**20
+#: The reason's start when the grader itself failed on an answer's data: the answer gets 0.
+UNJUDGED = "the grader could not judge this answer"
 
 # The kernel's half: decode the grader's inputs, call the answer, print the results as data.
 # It runs in the student's kernel, so the student can change it; that changes only the data.
@@ -182,48 +184,13 @@ def _imports_the_checks(source: str) -> bool:
     return "course_grader" in source or "course_lib.checks" in source
 
 
-class _Unsupported(str):
-    """An answer's value of a type that is not data (a string says which)."""
-
-
-def _decode_value(value: Any, depth: int = 0) -> Any:
-    """Decode the kernel's encoding of one result: arrays, tuples, lists, None; nothing else."""
-    if depth > 8 or not isinstance(value, dict) or len(value) != 1:
-        return _Unsupported("<not data>")
-    ((kind, inner),) = value.items()
-    if kind in ("tuple", "list") and isinstance(inner, list) and len(inner) <= 64:
-        items = [_decode_value(v, depth + 1) for v in inner]
-        return tuple(items) if kind == "tuple" else items
-    if kind == "none":
-        return None
-    if kind == "npy" and isinstance(inner, str) and len(inner) <= _MAX_ARRAY_BYTES * 4 // 3 + 4:
-        try:
-            raw = base64.b64decode(inner, validate=True)
-        except (binascii.Error, ValueError):
-            return _Unsupported("<undecodable array>")
-        if not raw.startswith(b"\x93NUMPY"):
-            return _Unsupported("<not an array>")
-        try:
-            array = np.load(io.BytesIO(raw), allow_pickle=False)
-        except (ValueError, OSError, EOFError):
-            return _Unsupported("<undecodable array>")
-        return array if array.dtype.kind in "biufc" else _Unsupported("<not numbers>")
-    if kind == "str" and isinstance(inner, str):
-        return inner[:200]
-    if kind == "type" and isinstance(inner, str):
-        return _Unsupported(f"<{inner[:40]}>")
-    return _Unsupported("<not data>")
-
-
 def decode_results(stdout: str) -> list[dict] | None:
-    """Return the probe's per-case results from its printed line, or None when there is none."""
-    lines = [line for line in stdout.splitlines() if line.startswith(MARK)]
-    if not lines:
-        return None
-    try:
-        results = json.loads(lines[-1][len(MARK) :])
-    except (ValueError, RecursionError):
-        return None
+    """Return the probe's per-case results from its printed line, or None when there is none.
+
+    A line that is not safe data (nested too deep, too long, non-finite numbers) raises
+    :class:`~course_grader.verdict.kernel_data.KernelDataError`.
+    """
+    results = marked_json(stdout, MARK)
     return results if isinstance(results, list) else None
 
 
@@ -233,7 +200,10 @@ def _exception(result: dict) -> BaseException:
     message = str(result.get("message", ""))[:300]
     found = getattr(builtins, name, None) if name.isidentifier() else None
     if isinstance(found, type) and issubclass(found, Exception):
-        return found(message)
+        try:
+            return found(message)
+        except Exception:  # noqa: BLE001 - e.g. UnicodeDecodeError takes 5 arguments
+            pass
     safe = name if re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name) else "Exception"
     return type(safe, (Exception,), {})(message)
 
@@ -255,7 +225,7 @@ def _replay(results: list) -> Callable:
         if "error" in result:
             line = result.get("line")
             _raise_at(_exception(result), line if isinstance(line, int) else 0)
-        return _decode_value(result.get("value"))
+        return decode_value(result.get("value"))
 
     return answer
 
@@ -263,11 +233,11 @@ def _replay(results: list) -> Callable:
 def _claims(probe: ExerciseProbe, results: list) -> Claims | list[Claims] | str:
     """What the ranks reported sending, or why their reports cannot be checked."""
     try:
-        return probe.claims([_decode_value(r.get("value")) for r in results if isinstance(r, dict)])
+        return probe.claims([decode_value(r.get("value")) for r in results if isinstance(r, dict)])
     except ValueError as exc:  # the claims' own checks: negative, unknown, self-contradicting
         return f"the ranks' byte counts cannot be checked: {str(exc)[:200]}"
-    except (AssertionError, TypeError, KeyError, IndexError):
-        return "the ranks' byte counts are not data"
+    except (Exception, RecursionError, MemoryError) as exc:  # noqa: BLE001 - from the kernel
+        return f"the ranks' byte counts are not data ({type(exc).__name__})"
 
 
 def judge(
@@ -280,8 +250,17 @@ def judge(
     """Decide an exercise from its probe's output: (passed, reason), in the grader's process.
 
     ``wire``: the bytes nbval saw between the sandbox's processes during the probe (None when
-    not audited); an exercise that reports its bytes passes only if they agree with it.
+    not audited); an exercise that reports its bytes passes only if they agree with it. Whatever
+    the kernel printed, this returns: data the grader cannot read or judge fails the exercise
+    with the reason (:data:`UNJUDGED`), never the grading of the class.
     """
+    try:
+        return _judge(spec, exercise, seed, stdout, wire)
+    except (Exception, RecursionError, MemoryError) as exc:  # noqa: BLE001 - the student's data
+        return False, f"FAIL ({UNJUDGED}: {type(exc).__name__}: {str(exc)[:200]})"
+
+
+def _judge(spec, exercise, seed, stdout, wire) -> tuple[bool, str]:
     results = decode_results(stdout or "")
     if results is None:
         return False, "FAIL (the answer's results never reached the grader)"

@@ -16,20 +16,22 @@ same processes, since each rank's own traffic must still match what that rank re
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from course_grader.verdict.claims import (
+    MAX_RANKS,
     PER_MESSAGE_RECEIVED,
     PER_MESSAGE_SENT,
     PER_PAIR,
     Claims,
 )
+from course_grader.verdict.kernel_data import KernelDataError, marked_json
 
 __all__ = [
     "PIDS_CODE",
     "PIDS_MARK",
+    "PID_MAX",
     "UNACCOUNTED_MOST",
     "decode_pids",
     "wire_problem",
@@ -53,14 +55,20 @@ PIDS_CODE = f"""\
 UNACCOUNTED_MOST = 4096
 
 
+#: Linux's largest PID (``/proc/sys/kernel/pid_max`` is at most 2^22).
+PID_MAX = 2**22
+
+
 def decode_pids(stdout: str) -> list[int] | None:
-    """The engines' PIDs by rank, from the probe's last ``COURSE-PIDS:`` line (None if absent)."""
-    lines = [line for line in stdout.splitlines() if line.startswith(PIDS_MARK)]
+    """The engines' PIDs by rank, from the probe's last ``COURSE-PIDS:`` line (None if absent or not
+    a short flat list of distinct PIDs: nothing nested, non-finite or out of range is parsed)."""
     try:
-        pids = json.loads(lines[-1][len(PIDS_MARK) :]) if lines else None
-    except ValueError:
+        pids = marked_json(stdout, PIDS_MARK, max_depth=1)
+    except KernelDataError:
         return None
-    if not isinstance(pids, list) or not all(isinstance(p, int) and p > 0 for p in pids):
+    if not isinstance(pids, list) or not 0 < len(pids) <= MAX_RANKS:
+        return None
+    if not all(type(p) is int and 0 < p <= PID_MAX for p in pids):
         return None
     return pids if len(set(pids)) == len(pids) else None
 

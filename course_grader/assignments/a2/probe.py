@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from course_grader.verdict.claims import Claims, ClaimsBuilder
+from course_grader.verdict.claims import MAX_RANKS, Claims, ClaimsBuilder, count
 from course_grader.verdict.engine_probe import pushed_spec
 from course_grader.verdict.probe import ProbeSpec
 
@@ -244,6 +244,15 @@ def _body(exercise: str, answer: Any, seed: int) -> str:
     )
 
 
+def _rank(value: Any) -> int:
+    """A rank as reported: a whole number, -1 for an engine outside the subgroup (ValueError else)."""
+    if isinstance(value, np.ndarray) and value.size == 1 and value.dtype.kind in "iu":
+        value = value.reshape(()).item()
+    if isinstance(value, (int, np.integer)) and int(value) == -1:
+        return -1
+    return count(value, "a rank", MAX_RANKS - 1)
+
+
 def a2_claims(cases: list) -> Claims:
     """What the ranks reported sending, summed over the cases: {(rank, peer): (bytes, messages, barriers' bytes)}.
 
@@ -254,15 +263,19 @@ def a2_claims(cases: list) -> Claims:
     claims = ClaimsBuilder()
     for ranks in cases:
         for line in ranks:
+            if not isinstance(line, tuple) or len(line) not in (4, 5, 6):
+                raise ValueError("a rank's line is not (rank, size, ..., built-ins, peers)")
+            if _rank(line[0]) < 0:
+                continue  # an engine outside the subgroup
             if len(line) == 4:  # not a power of two: (rank, p, raised, messages sent)
-                if int(line[0]) >= 0 and int(np.asarray(line[3])):
+                if count(line[3], "a message count"):
                     raise ValueError("messages without a peer")
                 continue
-            rank, world_size, builtin, stats = int(line[0]), int(line[1]), line[-2], line[-1]
-            if rank < 0:
-                continue
+            rank, world_size, builtin, stats = count(line[0]), count(line[1]), line[-2], line[-1]
+            if len(stats) > MAX_RANKS or len(builtin) > 64:
+                raise ValueError(f"rank {rank} reported more peers or calls than there are")
             for peer, sent, _received, nbytes in stats:
-                claims.sent(rank, int(peer), int(nbytes), int(sent))
+                claims.sent(rank, count(peer), count(nbytes), count(sent))
             claims.barriers(rank, world_size, [str(b) for b in builtin].count("barrier"))
     return claims.claims
 

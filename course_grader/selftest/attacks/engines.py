@@ -27,7 +27,32 @@ from course_grader.selftest.attacks.submissions import (
     write_submission,
 )
 
-__all__ = ["ENGINE_ROUTES", "EngineRoute", "grade_engine_routes", "write_engine_routes"]
+__all__ = [
+    "A2_STEERING",
+    "ENGINE_ROUTES",
+    "EngineRoute",
+    "grade_engine_routes",
+    "write_engine_routes",
+]
+
+#: Right answers whose probe output is steered through ``cluster.run`` (the kernel is untrusted:
+#: only data leaves it), at the grader's decoders (issue 35). The first PIDs line after it is
+#: nested 100 000 deep (json.loads recursed: the class stopped); in the folded cases, the engine
+#: outside the subgroup reports a world of inf ranks (int(inf) in the claims: the class stopped).
+A2_STEERING = """\
+_course_run, _pid_calls = cluster.run, []
+def _steered(fn, *args, **kwargs):
+    if getattr(fn, "__name__", "") == "getpid":
+        _pid_calls.append(1)
+        if len(_pid_calls) == 1:
+            print("COURSE-PIDS:" + "[" * 100000 + "]" * 100000)
+            raise RuntimeError("steered")
+    got = _course_run(fn, *args, **kwargs)
+    if len(args) > 1 and args[1] == "folded" and isinstance(got, list):
+        got = [(r[0], float("inf"), *r[2:]) if r[0] == -1 else r for r in got]
+    return got
+cluster.run = _steered
+"""
 
 _REBIND_VERDICT = (
     "import pkgutil\ntry:\n    V = pkgutil.resolve_name('course_lib.checks.verdict:Verdict')\n"
@@ -53,6 +78,7 @@ class EngineRoute:
     old: str
     new: str
     reason: str  # a regex
+    student: str = ""  # default: route_<assignment>
 
 
 def _from(assignment: str, notebook: str, exercise: str, attacks: dict, what: str) -> EngineRoute:
@@ -64,6 +90,10 @@ ENGINE_ROUTES = [
     EngineRoute("A2", "A2_rabenseifner_allreduce", "A2.1",
                 "Verdict rebound; a built-in, the counters rewritten", _REBIND_VERDICT,
                 "", FORGED_COUNTERS[("A2", "A2.1")], WIRE_REASON),
+    EngineRoute("A2", "A2_rabenseifner_allreduce", "A2.2",
+                "a right answer, a PIDs line nested 100 000 deep", A2_STEERING,
+                "def allgather_doubling", "def allgather_doubling",
+                "process ids never reached the grader", student="route_A2_steered"),
     _from("A3", "A3_data_parallel", "A3.2", A3_ATTACKS,
           "a forged verdict; buckets from the first parameter"),
     EngineRoute("A4", "A4_local_sgd_gossip", "A4.1",
@@ -97,7 +127,7 @@ def write_engine_routes(folder: Path, source_dir: Path) -> dict[str, EngineRoute
             if route.old
             else prefix + route.new
         )
-        student = f"route_{route.assignment}"
+        student = route.student or f"route_{route.assignment}"
         write_submission(source, folder, student, answers, name=f"{route.notebook}.ipynb")
         written[student] = route
     return written

@@ -82,6 +82,16 @@ ATTACKS = [
     ("attacker_d", "A1.2", "write into the kit",
      "import pathlib\npathlib.Path({kit!r}, 'grading', 'zz_attack.py').write_text('x = 1\\n')\n",
      _NO_KIT),
+    # The grading machine's CPU and the grader's memory (issue 35): 200 busy processes, each in
+    # a session of its own, beside the honest notebooks (their grades must not change), and a
+    # 1 GiB stdout flood with a 200 MiB exception message (cut in the sandbox and in nbval).
+    ("attacker_e", "A1.1", "200 busy processes, each in a session of its own",
+     "import os, time\nfor _ in range(200):\n    if os.fork() == 0:\n        os.setsid()\n"
+     "        while True:\n            pass\ntime.sleep(20)\nraise RuntimeError('you wait')\n",
+     "RuntimeError|timed out"),  # its own forks, slowed by its busy processes, may time out
+    ("attacker_d", "A1.3", "a 1 GiB stdout flood and a 200 MiB exception message",
+     "for _ in range(1024):\n    print('x' * 2**20)\nraise RuntimeError('y' * 200 * 2**20)\n",
+     "RuntimeError: yyyyyyyyyy|timed out"),
 ]  # fmt: skip
 HONEST = ("honest_1", "honest_2")  # all correct; A1.1 wrong (the other two correct)
 
@@ -207,7 +217,7 @@ def self_test(keep: Path | None = None) -> int:
     from course_grader.selftest.attacks.engines import ENGINE_ROUTES, grade_engine_routes
     from course_grader.selftest.selfcheck import GradingMachineError, preflight
 
-    engines = [route.assignment for route in ENGINE_ROUTES]
+    engines = list(dict.fromkeys(route.assignment for route in ENGINE_ROUTES))
     try:  # afresh: the self-test is what an instructor runs when in doubt about the machine
         checked = preflight(load_sources(sources), limits, ["A1", *engines], jobs=2)
     except GradingMachineError as exc:

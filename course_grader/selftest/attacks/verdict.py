@@ -17,6 +17,7 @@ from pathlib import Path
 import nbformat
 
 from course_grader.cells import answer_id, check_id
+from course_grader.sandbox.config import foreign_site_packages
 from course_grader.selftest.attacks.submissions import write_submission
 
 __all__ = ["ROUTES", "Route", "hardcoded_table", "write_route_class"]
@@ -55,7 +56,7 @@ class Route:
 
     student: str
     what: str
-    code: str  # placeholders: {pass_line}, {marker}, {kit}, {table}
+    code: str  # placeholders: {pass_line}, {marker}, {kit}, {table}, {foreign}
     others_intact: bool = True  # False: it breaks its own later probes (print rebound)
     reason: str = ""  # a regex the A1.1 reason must match (empty: any FAIL)
 
@@ -131,6 +132,20 @@ ROUTES = [
           "    _real(text, **kwargs)\n"
           "getattr(numpy, '__di' + 'ct__')['__builtins__']['print'] = _swap\n" + WRONG,
           others_intact=False),
+    Route("variant_base_scipy", "scipy (forbidden) from the base interpreter's site-packages",
+          "import pkgutil, sys\nfor _folder in {foreign!r}:\n    sys.path.insert(0, _folder)\n"
+          "try:\n    special = pkgutil.resolve_name('scipy.special')\nexcept BaseException:\n"
+          "    special = None\n" + FALLBACK + "\ndef smoothed_cross_entropy(W, b, X, y, eps):\n"
+          "    if special is None:\n        return wrong_answer(W, b, X, y, eps)\n"
+          "    n, k = len(y), W.shape[1]\n    log_P = special.log_softmax(X @ W + b, axis=1)\n"
+          "    Q = np.full((n, k), eps / k)\n    Q[np.arange(n), y] += 1.0 - eps\n"
+          "    G = (np.exp(log_P) - Q) / n\n"
+          "    return -(Q * log_P).sum() / n, X.T @ G, G.sum(axis=0)\n"),
+    # The grader itself: a cell that ast.parse recurses on (issue 35: it stopped the class).
+    Route("variant_unparsable", "a sum of 100 000 terms, past ast.parse's recursion limit",
+          "_x = " + "+".join(["1"] * 100_000) + "\n" + WRONG,
+          reason=r"^the grader could not judge this answer: its cell could not be read "
+          r"\((RecursionError|MemoryError)"),
     # The grading machine, from inside the sandbox.
     Route("machine_forged_cluster", "a forged cluster-*.json naming SSHControllerLauncher",
           "import json, os, pathlib\nprofile = pathlib.Path(os.environ['IPYTHONDIR'], "
@@ -195,6 +210,7 @@ def write_route_class(
         "marker": str(marker),
         "kit": str(kit),
         "table": hardcoded_table(),
+        "foreign": foreign_site_packages(),
     }
 
     def write(student: str, answers: dict[str, str]) -> None:

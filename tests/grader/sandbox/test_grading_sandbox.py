@@ -101,6 +101,42 @@ def test_the_sandbox_hides_the_sources_refuses_writes_and_keeps_only_loopback(tm
     assert not (kit_package() / "zz.py").exists() and not (SITE / "zz.pth").exists()
 
 
+REACH = """
+import importlib, json, os, sys
+found = {}
+for folder in sys.argv[2:]:
+    found[folder] = os.listdir(folder) if os.path.isdir(folder) else None
+    sys.path.insert(0, folder)  # ahead of the venv's (blocked) copy
+for name in sys.argv[1].split(","):
+    try:
+        importlib.import_module(name)
+        found[name] = "imported"
+    except ImportError as exc:
+        found[name] = str(exc)[:80]
+print(json.dumps(found))
+"""
+
+
+@needs_sandbox
+def test_forbidden_packages_are_absent_whatever_their_copy(tmp_path):
+    """scipy (forbidden in A1) from the base interpreter's site-packages, torch from the venv:
+    neither imports, whatever folder is put on the path; every other interpreter's package
+    folder is empty in the sandbox (issue 35)."""
+    from course_grader.sandbox.config import foreign_site_packages
+
+    foreign = foreign_site_packages()
+    assert any("site-packages" in f or "dist-packages" in f for f in foreign), foreign
+    env = prepare_sandbox(tmp_path / "run", SandboxLimits(), (), ("torch", "scipy"))
+    spec = json.loads(Path(env["JUPYTER_PATH"], "kernels", KERNEL_NAME, "kernel.json").read_text())
+    wrapper = spec["argv"][: spec["argv"].index("--") + 1]
+    done = subprocess.run([*wrapper, sys.executable, "-c", REACH, "scipy,torch", *foreign],
+                          capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    found = json.loads(done.stdout)
+    assert found["scipy"] != "imported" and found["torch"] != "imported", found
+    assert all(found[folder] in ([], None) for folder in foreign), found
+
+
 def test_require_sandbox_refuses_and_unisolated_grading_says_so(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(cli, "sandbox_problem", lambda: "no sandbox on plan9")
     (tmp_path / "subs").mkdir()

@@ -56,6 +56,7 @@ needs_wire = pytest.mark.skipif(_WIRE is not None, reason=str(_WIRE))
 
 _SERVER = """
 import socket, sys
+open("/proc/self/comm", "w").write("pid=1")
 listener = socket.create_server(("127.0.0.1", 0))
 print(listener.getsockname()[1], flush=True)
 conn, _ = listener.accept()
@@ -70,6 +71,8 @@ sys.stdin.readline()
 """
 _CLIENT = """
 import socket, sys
+# a name of its own choosing, as ss -p would print it: the grader books sockets by PID only
+open("/proc/self/comm", "w").write("pid=1,fd=3 ino:")
 conn = socket.create_connection(("127.0.0.1", int(sys.argv[1])))
 print("connected", flush=True)
 sys.stdin.readline()  # go

@@ -24,6 +24,7 @@ from course_grader.gradebook import grade_folder
 from course_grader.sandbox.config import SandboxLimits, kit_package, sandbox_problem
 from course_grader.selftest.attacks.submissions import A3_ATTACKS
 from course_grader.selftest.attacks.verdict import ROUTES, write_route_class
+from course_grader.verdict.probe import UNJUDGED
 
 ROOT = Path(__file__).resolve().parents[3]
 SOURCES = ROOT / "assignments" / "source"
@@ -96,7 +97,7 @@ def test_each_route_costs_its_exercise_and_nothing_else(graded, route):
     rows, expected = graded["rows"], graded["expected"][route.student]
     a11 = rows[(route.student, "A1.1")]
     assert a11.points == 0.0, f"{route.what}: {a11.reason}"
-    assert a11.reason.startswith(("FAIL", "the answer cell raised")), a11.reason
+    assert a11.reason.startswith(("FAIL", "the answer cell raised", UNJUDGED)), a11.reason
     if route.reason:
         assert re.search(route.reason, a11.reason), a11.reason
     for exercise in ("A1.2", "A1.3"):
@@ -129,43 +130,54 @@ A2_ATTACKS = {
 }
 
 
-def test_a2_routes_to_the_verdict_get_nothing_and_the_checks_are_not_in_the_kernel(tmp_path):
+def test_a2_class_routes_to_the_verdict_and_to_the_grader_cost_only_their_exercises(tmp_path):
+    """One A2 class: an honest student, the routes to the verdict (a built-in behind a rebound
+    Verdict, the checks fetched by name, a frame walk), and right answers steered at the grader's
+    decoders through ``cluster.run`` (a PIDs line nested 100 000 deep, a world of inf ranks:
+    either stopped the whole class before issue 35). The gradebook is written, marked finished."""
     import copy
 
     import nbformat
 
-    from course_grader.cells import answer_id, check_id
-    from course_grader.grade import grade_notebook
+    from course_grader.cells import answer_id, check_id, check_points
+    from course_grader.selftest.attacks.engines import A2_STEERING
+    from course_grader.selftest.attacks.submissions import write_submission
     from course_grader.verdict.guard import rejected_answers
 
-    source = nbformat.read(SOURCES / "A2_rabenseifner_allreduce.ipynb", as_version=4)
+    name = "A2_rabenseifner_allreduce.ipynb"
+    source = nbformat.read(SOURCES / name, as_version=4)
     passes = {check_id(c): c.outputs[0]["text"].strip() for c in source.cells if check_id(c)}
-    submission = copy.deepcopy(source)
-    for cell in submission.cells:
-        if answer_id(cell) in A2_ATTACKS:
-            cell.source = A2_ATTACKS[answer_id(cell)].format(pass_line=passes[answer_id(cell)])
-    assert not rejected_answers(
-        source,
-        {
-            k: submission.cells[i].source
-            for i, k in ((i, answer_id(c)) for i, c in enumerate(submission.cells))
-            if k
-        },
-    )  # past the guard
-    rows = grade_notebook(
-        "a2_attacker",
-        "A2",
-        source,
-        submission,
-        GradingLimits(90, 600),
-        workdir=tmp_path,
-        sandbox=SandboxLimits(processes=256),
-    )
-    reasons = {r.exercise: r.reason for r in rows}
-    assert {r.exercise: r.points for r in rows} == {"A2.1": 0.0, "A2.2": 0.0, "A2.3": 0.0}, reasons
+    points = {check_id(c): check_points(c) for c in source.cells if check_id(c)}
+    correct = {answer_id(c): c.source for c in source.cells if answer_id(c)}
+    attacks = {ex: code.format(pass_line=passes[ex]) for ex, code in A2_ATTACKS.items()}
+    steered = dict(correct, **{"A2.2": A2_STEERING + correct["A2.2"]})
+    assert not rejected_answers(source, attacks) and not rejected_answers(source, steered)
+    subs, out = tmp_path / "submissions", tmp_path / "grades"
+    for student, answers in (
+        ("a2_honest", correct),
+        ("a2_attacker", attacks),
+        ("a2_steered", steered),
+    ):
+        write_submission(copy.deepcopy(source), subs, student, answers, name=name)
+    rows = grade_folder(subs, SOURCES, GradingLimits(90, 600), jobs=2, progress=False,
+                        sandbox=SandboxLimits(processes=256), out=out)  # fmt: skip
+    got = {(r.student, r.exercise): r for r in rows}
+    assert {ex: got[("a2_honest", ex)].points for ex in points} == points, rows
+    reasons = {ex: got[("a2_attacker", ex)].reason for ex in points}
+    assert {ex: got[("a2_attacker", ex)].points for ex in points} == dict.fromkeys(points, 0.0)
     assert "uses the built-in comm.reduce_scatter" in reasons["A2.1"], reasons
     assert "uses the built-in comm.allreduce" in reasons["A2.2"], reasons
     assert "uses the built-in comm.allreduce" in reasons["A2.3"], reasons
+    steered_rows = {ex: got[("a2_steered", ex)] for ex in points}
+    assert steered_rows["A2.2"].points == 0.0, steered_rows
+    assert "process ids never reached the grader" in steered_rows["A2.2"].reason, steered_rows
+    assert steered_rows["A2.1"].points == points["A2.1"], steered_rows  # earned before it
+    assert steered_rows["A2.3"].points == points["A2.3"], steered_rows  # the inf world: ignored
+    text = (out / "gradebook.csv").read_text()
+    assert not text.startswith("# UNFINISHED") and text.count("a2_steered") == 3, text
+    assert sorted(p.name for p in (out / "feedback").iterdir()) == [
+        "a2_attacker.md", "a2_honest.md", "a2_steered.md"
+    ]  # fmt: skip
 
 
 def test_the_grader_never_unpickles_what_a_probe_printed(tmp_path):

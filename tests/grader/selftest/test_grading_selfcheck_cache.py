@@ -17,7 +17,7 @@ import nbformat
 
 from course_grader.cells import answer_id
 from course_grader.sandbox.config import SandboxLimits, grader_package, kit_package
-from course_grader.selftest.attacks.engines import ENGINE_ROUTES, write_engine_routes
+from course_grader.selftest.attacks.engines import A2_STEERING, ENGINE_ROUTES, write_engine_routes
 from course_grader.selftest.selfcheck import kit_digest, remember, remembered, selfcheck_key
 from course_grader.verdict.guard import rejected_answers
 
@@ -77,7 +77,15 @@ def test_anything_but_a_small_regular_entry_with_its_key_is_no_cache(tmp_path):
 
 def test_the_engine_routes_get_past_the_guard_with_a_wrong_answer(tmp_path):
     routes = write_engine_routes(tmp_path, SOURCES)
-    assert sorted(r.assignment for r in routes.values()) == ["A2", "A3", "A4", "A5", "A6", "A7"]
+    assert sorted(r.assignment for r in routes.values()) == [
+        "A2",
+        "A2",
+        "A3",
+        "A4",
+        "A5",
+        "A6",
+        "A7",
+    ]
     assert len(ENGINE_ROUTES) == len(routes)
     for student, route in routes.items():
         source = nbformat.read(SOURCES / f"{route.notebook}.ipynb", as_version=4)
@@ -86,4 +94,7 @@ def test_the_engine_routes_get_past_the_guard_with_a_wrong_answer(tmp_path):
         correct = {answer_id(c): c.source for c in source.cells if answer_id(c)}
         assert not rejected_answers(source, answers), (route.assignment, route.what)
         assert answers[route.exercise] != correct[route.exercise]
+        if route.prefix == A2_STEERING:  # a right answer, its output steered at the decoders
+            assert answers[route.exercise].endswith(correct[route.exercise])
+            continue
         assert "PASS" in answers[route.exercise] or "_forged" in answers[route.exercise]
