@@ -63,3 +63,15 @@ def test_a_configuration_the_engines_cannot_run_is_named():
     assert runnable(mixtures(graph)["search pick"], 2) is None
     half = (ParallelConfig("replicate", (0,)),) * len(graph.ops)
     assert "over all 2 workers" in runnable(half, 2)
+
+
+def test_the_megatron_pair_alone_trains_an_mlp_as_one_process(cluster):
+    # A8.3's picks on the MLP are often lecture 9's column -> row pair (the "hybrid" without
+    # convolutions): it runs, and trains one process's weights.
+    from course_lib.parallel.strategy_runs import run_strategy
+
+    model, batch, steps, lr = "mlp", 16, 2, 0.05
+    runs = cluster.run(run_strategy, "hybrid", "comm", model, batch, steps, lr=lr, timeout=120)
+    got, disagreement = whole_weights(model, runs)
+    assert disagreement == 0.0
+    assert relative_error(got, one_process_weights(model, batch, steps, lr=lr)) <= RTOL
