@@ -144,7 +144,7 @@ def strategy_table(batch: int, bytes_per_s: float) -> np.ndarray:
     return table
 
 
-@functools.lru_cache(maxsize=8)
+@functools.lru_cache(maxsize=16)  # 3 batches x 3 link rates
 def room_tables(batch: int, bytes_per_s: float) -> tuple[np.ndarray, np.ndarray]:
     """Every strategy's predicted step time (s) and peak bytes per PC: the MLP on 2 PCs, Adam.
 
