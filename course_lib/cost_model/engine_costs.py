@@ -82,7 +82,7 @@ class EngineCosts:
         probe = cluster.run(time_on_engine, comm_name, [], 1, timeout=timeout)[0]
         self.machine = (
             f"{machine_description(probe['threads'])} on {n} engines ({self.place}), "
-            "k shards timed at once"
+            "k shards timed at once, min of repeats"
         )
         mine = self._table.setdefault(self.machine, {})
         jobs, keys = [], []

@@ -3,9 +3,12 @@
 FlexFlow (source 003) runs every operator once per configuration and keeps the time; it never
 guesses. :class:`MeasuredCosts` does the same with torch on this machine's CPU: the shard an
 operator has under a configuration (a quarter of the batch, half the neurons, a band of image rows
-with its halo) is built as a torch layer, its forward and backward timed (medians), and the result
-cached in ``datasets/cache/op_costs.json`` under this machine's description, so a second search
-measures nothing. :class:`FlopsCosts` derives times from FLOPs at a stated rate instead: the way
+with its halo) is built as a torch layer, its forward and backward timed several times and the
+*minimum* kept (load only ever adds time: the minimum is the cost, :func:`course_lib.timing.min_of`'s
+rule), and the result cached in ``datasets/cache/op_costs.json`` under this machine's description,
+so a second search measures nothing. The spread of the repeats is kept beside the cost, and
+:func:`backward_ratio_sentence` checks a dense layer's backward against its ~2× forward (two
+products for one): a ratio far from it says the timing was disturbed, in words. :class:`FlopsCosts` derives times from FLOPs at a stated rate instead: the way
 to predict hardware we do not have (a paper's GPUs), labelled as such.
 """
 
@@ -14,7 +17,6 @@ from __future__ import annotations
 import json
 import os
 import platform
-import statistics
 import time
 from pathlib import Path
 
@@ -26,10 +28,38 @@ from course_lib.files import atomic_write_bytes
 __all__ = [
     "FlopsCosts",
     "MeasuredCosts",
+    "DENSE_BACKWARD_RATIO",
+    "backward_ratio_sentence",
     "machine_description",
     "shard_signature",
     "time_shard",
 ]
+
+
+#: A dense layer's backward computes two products of its forward's size (dX = dY Wᵀ, dW = Xᵀ dY).
+DENSE_BACKWARD_RATIO = 2.0
+#: Measured ratios outside this band (of the 2×) say that load or a cold cache disturbed the timing.
+RATIO_BAND = (1.2, 3.5)
+#: A cost whose repeats spread wider than this fraction of it is reported as untrustworthy.
+SPREAD_LIMIT = 0.5
+_CACHE_VERSION = "min-of-repeats"  # entries timed as medians (before) are not reused
+
+
+def backward_ratio_sentence(forward: float, backward: float) -> tuple[bool, str]:
+    """Return (trustworthy, sentence) for a dense layer's measured backward / forward ratio."""
+    ratio = backward / forward if forward > 0 else float("inf")
+    lo, hi = RATIO_BAND
+    if lo <= ratio <= hi:
+        return True, (
+            f"backward {ratio:.1f}x the forward: near the {DENSE_BACKWARD_RATIO:.0f}x of a dense "
+            "layer (two products for one), so these timings are trustworthy"
+        )
+    return False, (
+        f"WARNING: backward {ratio:.1f}x the forward, far from the {DENSE_BACKWARD_RATIO:.0f}x of a "
+        "dense layer: the machine was busy while timing. The costs below use the formula's "
+        f"{DENSE_BACKWARD_RATIO:.0f}x instead; re-run on a quiet machine (delete "
+        "datasets/cache/op_costs.json) to measure it"
+    )
 
 
 class FlopsCosts:
@@ -95,8 +125,9 @@ def _layer(kind: str, in_shape: tuple, width: int, attrs: tuple):
     )
 
 
-def time_shard(signature: tuple, repeats: int, threads: int) -> tuple[float, float]:
-    """Return median (forward, backward) seconds of one shard on ``threads``, after 2 warm-ups."""
+def time_shard(signature: tuple, repeats: int, threads: int) -> tuple[float, float, float, float]:
+    """Return the fastest (forward, backward) seconds of one shard on ``threads`` over ``repeats``
+    (after 2 warm-ups), and each one's spread: (max − min) / min of the repeats."""
     import torch
 
     kind, batch, in_shape, width, attrs = signature
@@ -118,7 +149,11 @@ def time_shard(signature: tuple, repeats: int, threads: int) -> tuple[float, flo
                 bwd.append(t2 - t1)
     finally:
         torch.set_num_threads(before)
-    return statistics.median(fwd), statistics.median(bwd)
+
+    def spread(v: list[float]) -> float:
+        return (max(v) - min(v)) / min(v) if min(v) > 0 else 0.0
+
+    return min(fwd), min(bwd), spread(fwd), spread(bwd)
 
 
 class MeasuredCosts:
@@ -128,7 +163,8 @@ class MeasuredCosts:
     :func:`machine_description`, so a cache copied from another machine is not trusted.
     ``threads``: torch threads while timing, 1 by default as on the kit's local engines (two
     cores shared by two engines); also steadier on a loaded machine. ``measured`` counts the
-    shards this object timed (the others came from the cache).
+    shards this object timed (the others came from the cache); :meth:`spread` the spread of
+    a cost's repeats, :meth:`noisy` the costs whose spread exceeds :data:`SPREAD_LIMIT`.
     """
 
     def __init__(
@@ -138,7 +174,8 @@ class MeasuredCosts:
             raise ValueError(f"need repeats >= 1 and threads >= 1, got {repeats}, {threads}")
         self.path = Path(path) if path else cache_dir() / "op_costs.json"
         self.repeats, self.threads = repeats, threads
-        self.machine, self.measured = machine_description(threads), 0
+        self.machine = f"{machine_description(threads)} {_CACHE_VERSION}"
+        self.measured = 0
         self._table = json.loads(self.path.read_text()) if self.path.exists() else {}
 
     def __call__(self, op: Operator, cfg: ParallelConfig, batch: int) -> tuple[float, float]:
@@ -152,5 +189,17 @@ class MeasuredCosts:
             mine[key] = list(time_shard(signature, self.repeats, self.threads))
             self.measured += 1
             atomic_write_bytes(self.path, json.dumps(self._table, indent=1).encode())
-        fwd, bwd = mine[key]
+        fwd, bwd = mine[key][:2]
         return float(fwd), float(bwd)
+
+    def spread(self, op: Operator, cfg: ParallelConfig, batch: int) -> float:
+        """Return the wider of the forward's and backward's spreads over their repeats (0 if unknown)."""
+        self(op, cfg, batch)
+        if op.kind == "flatten":
+            return 0.0
+        entry = self._table[self.machine][repr(shard_signature(op, cfg, batch))]
+        return max(entry[2:4]) if len(entry) >= 4 else 0.0
+
+    def noisy(self, ops, cfg: ParallelConfig, batch: int) -> list[str]:
+        """Return the names of ``ops`` whose cost under ``cfg`` spread wider than :data:`SPREAD_LIMIT`."""
+        return [op.name for op in ops if self.spread(op, cfg, batch) > SPREAD_LIMIT]

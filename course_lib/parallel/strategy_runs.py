@@ -10,7 +10,8 @@ dense layers), each run by the kit's own parallel code, each with the configurat
   after the backward pass (``course_lib.collectives.ring``; the simulator's
   ``sync="after_backward"``);
 - ``hybrid``: Krizhevsky's data-parallel convolutions and model-parallel dense layers
-  (:func:`~course_lib.parallel.model_parallel.hybrid.hybrid_step`, lecture 9);
+  (:func:`~course_lib.parallel.model_parallel.hybrid.hybrid_step`, lecture 9); on an MLP (no
+  convolutions) the Megatron pair alone, every rank's samples gathered first;
 - ``pipeline``: two stages, everything before the first dense layer on rank 0, the rest on
   rank 1, one micro-batch (:func:`~course_lib.parallel.pipeline_parallel.pipeline.pipeline_step`,
   lecture 10);
@@ -192,7 +193,7 @@ def run_strategy(
     p, r = comm.world_size, comm.rank
     graph, net, X, y = problem(model, batch, seed)
     strategy_configs(name, graph, p)  # bad names and world sizes fail here, on every rank
-    if name in ("hybrid", "attribute") and not any(op.kind == "conv2d" for op in graph.ops):
+    if name == "attribute" and not any(op.kind == "conv2d" for op in graph.ops):
         raise ValueError(f"the {name} strategy splits a CNN's convolutions; {model} has none")
     if batch % p:
         raise ValueError(

@@ -5,25 +5,31 @@ degrees drawn from the seed) and their reference messages, read off the task gra
 :class:`~course_lib.cost_model.task_graph.TaskGraphBuilder` builds for that strategy
 (:func:`simulated_halo`). A8.2's are tables of predicted step times: every strategy of the MLP
 on 2 workers (:func:`strategy_table`), three levels of one operator, and a hot walk's random
-table. The judges are :mod:`course_grader.assignments.a8.judge`.
+table. A8.3's are rooms (a link rate, 2 PCs, a memory per PC, a budget of simulations) in which
+every strategy of the MLP has a predicted step time and peak memory with Adam's state
+(:func:`room_tables`). The judges are :mod:`course_grader.assignments.a8.judge`.
 """
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 
 import numpy as np
 
 __all__ = [
+    "ROOM_BUDGET",
     "STATS_ITERATIONS",
     "STATS_LEVELS",
     "a8_cases",
+    "room_tables",
     "simulated_halo",
     "strategy_table",
 ]
 
 STATS_LEVELS = 3
+ROOM_BUDGET = 800  # distinct strategies a choice may simulate: under a third of the MLP's 2880
 STATS_ITERATIONS = 20_000
 
 
@@ -138,6 +144,57 @@ def strategy_table(batch: int, bytes_per_s: float) -> np.ndarray:
     return table
 
 
+@functools.lru_cache(maxsize=16)  # 3 batches x 3 link rates
+def room_tables(batch: int, bytes_per_s: float) -> tuple[np.ndarray, np.ndarray]:
+    """Every strategy's predicted step time (s) and peak bytes per PC: the MLP on 2 PCs, Adam.
+
+    Indexed as :func:`strategy_table` (one candidate index per operator); memory is weights,
+    gradients, Adam's two moments (``optimizer_bytes=8``) and the activations a PC holds.
+    """
+    from course_lib.cost_model.alpha_beta import LinkModel
+    from course_lib.cost_model.op_costs import FlopsCosts
+    from course_lib.cost_model.search import search_space
+    from course_lib.cost_model.simulator import Simulator
+    from course_lib.training.operator_graphs import kit_graph
+
+    sim = Simulator(
+        kit_graph("mlp", batch), 2, FlopsCosts(1e10), LinkModel(50e-6, 1 / bytes_per_s),
+        optimizer_bytes=8,
+    )  # fmt: skip
+    space = search_space(sim)
+    times, peaks = np.empty([len(c) for c in space]), np.empty([len(c) for c in space])
+    prev = None
+    for index in itertools.product(*(range(len(c)) for c in space)):
+        strategy = tuple(c[i] for c, i in zip(space, index, strict=True))
+        prev = sim.run(strategy) if prev is None else sim.delta(prev, strategy)
+        times[index] = prev.step_time
+        peaks[index] = max(prev.peak_memory().values())
+    return times, peaks
+
+
+def _room_case(rng: np.random.Generator) -> dict:
+    """A room whose memory is too small for the fastest strategy, large enough for some."""
+    batch = int(rng.choice([32, 64, 128]))
+    rate = float(rng.choice([20e6, 125e6, 1.25e9]))
+    times, peaks = room_tables(batch, rate)
+    fastest = np.unravel_index(int(times.argmin()), times.shape)
+    low = float(peaks.min())
+    memory = low + float(rng.uniform(0.3, 0.7)) * (float(peaks[fastest]) - low)
+    if peaks[fastest] <= low:  # the fastest is also the smallest: any memory that holds it
+        memory = low * 1.1
+    return {
+        "what": "room",
+        "batch": batch,
+        "bytes_per_s": rate,
+        "workers": 2,
+        "memory": float(np.floor(memory)),
+        "budget": ROOM_BUDGET,
+        "times": times,
+        "peaks": peaks,
+        "rng_seed": int(rng.integers(2**31)),
+    }
+
+
 def _stats_case(rng: np.random.Generator) -> dict:
     """Three configurations of one operator, t0, t0 + d, t0 + 2d, with beta d = ln 4."""
     t0, d = float(rng.uniform(1e-3, 5e-3)), float(rng.uniform(1e-4, 1e-3))
@@ -168,6 +225,9 @@ def a8_cases(exercise: str, seed: int | None = None) -> list[dict]:
     """The cases of ``exercise`` (``seed`` None: the notebook's own; the grader picks another)."""
     if exercise == "A8.1":
         return _halo_cases(seed)
+    if exercise == "A8.3":
+        rng = np.random.default_rng(803 + (seed or 0))
+        return [_room_case(rng) for _ in range(3)]
     rng = np.random.default_rng(808 + (seed or 0))
     return [
         _stats_case(rng),

@@ -1,6 +1,6 @@
 """Checks of assignment A8 (choosing a strategy: an attribute split's halo, a Metropolis-Hastings search).
 
-No engines: both exercises are judged against the kit's execution simulator
+No engines in the judging: the exercises are judged against the kit's execution simulator
 (:mod:`course_lib.cost_model`), in the notebook's process and, for ``./kit grade``, in the
 grader's (:mod:`course_grader.assignments.a8.probe`): the kernel only calls the answer on the cases
 below (``a8_cases(exercise, seed)``, the grader picks the seed) and returns what it gave, as data.
@@ -18,6 +18,11 @@ below (``a8_cases(exercise, seed)``, the grader picks the seed) and returns what
   say, which only the exp(-beta delta) acceptance gives (a statistical test: it does not
   depend on how the answer draws its random numbers).
 
+- A8.3: choosing a strategy for a room (a link rate, 2 PCs, a memory per PC with Adam's state
+  counted, a budget of simulations): the pick must fit the memory and be within
+  :data:`~course_grader.assignments.a8.judge.ROOM_MARGIN` of the fastest strategy that fits,
+  the room's step times being the simulator's (every strategy tabulated by the grader).
+
 Typical mistakes fail with a reason naming them: a halo for an edge worker's missing neighbour,
 float64 bytes, no backward messages, exp(+beta delta), a best that is only the last state.
 The cases are :mod:`course_grader.assignments.a8.cases`, the judges
@@ -31,7 +36,7 @@ from collections.abc import Callable
 import numpy as np
 
 from course_grader.assignments.a8.cases import a8_cases
-from course_grader.assignments.a8.judge import judge_halo, judge_search
+from course_grader.assignments.a8.judge import ROOM_MARGIN, judge_halo, judge_room, judge_search
 from course_lib.checks.verdict import Verdict, run_check
 
 __all__ = [
@@ -39,16 +44,20 @@ __all__ = [
     "A8_POINTS",
     "a8_body",
     "a8_cases",
+    "check_choice",
     "check_halo_messages",
     "check_mh_search",
+    "run_room",
     "run_search",
 ]
 
-A8_POINTS = {"A8.1": 5.0, "A8.2": 5.0}
+A8_POINTS = {"A8.1": 3.0, "A8.2": 3.0, "A8.3": 4.0}
 A8_DETAILS = {
     "A8.1": "forward halos and backward gradients equal to the simulator's task graph",
     "A8.2": "the walk's time at each level as exp(-beta t), the best seen kept on a hot walk, "
     "the exhaustive optimum found",
+    "A8.3": "the pick fits each room's memory (Adam's state counted) and is within "
+    f"{ROOM_MARGIN:.0%} of the fastest strategy that fits, within the budget of simulations",
 }
 
 
@@ -69,16 +78,42 @@ def run_search(mh_search: Callable, case: dict):
     )
 
 
+def run_room(choose_strategy: Callable, case: dict):
+    """Call the answer in one room: ``simulate`` looks the strategy up, at most ``budget`` distinct."""
+    times = np.asarray(case["times"], dtype=float)
+    peaks = np.asarray(case["peaks"], dtype=float)
+    asked: set = set()
+
+    def simulate(strategy) -> tuple[float, float]:
+        s = tuple(int(v) for v in strategy)
+        if s not in asked:
+            if len(asked) >= case["budget"]:
+                raise RuntimeError(
+                    f"budget spent: more than {case['budget']} distinct strategies simulated"
+                )
+            asked.add(s)
+        return float(times[s]), float(peaks[s])
+
+    return choose_strategy(
+        simulate, tuple(times.shape), case["memory"], case["budget"],
+        np.random.default_rng(case["rng_seed"]),
+    )  # fmt: skip
+
+
 def a8_body(exercise: str, run_case: Callable, seed: int | None = None) -> str:
     """Run ``exercise``'s cases through ``run_case(case)`` and judge them; return the detail."""
     cases = a8_cases(exercise, seed)
     for case in cases:
         if exercise == "A8.1":
             judge_halo(lambda case=case: run_case(case), case)
+        elif exercise == "A8.3":
+            judge_room(run_case, case)
         else:
             judge_search(run_case, case)
     if exercise == "A8.1":
         return f"{len(cases)} convolutions on 2-4 workers, {A8_DETAILS['A8.1']}"
+    if exercise == "A8.3":
+        return f"{len(cases)} rooms: {A8_DETAILS['A8.3']}"
     return f"3 levels and a space of {cases[2]['table'].size} strategies: {A8_DETAILS['A8.2']}"
 
 
@@ -104,5 +139,18 @@ def check_mh_search(
         "mh_search",
         lambda: a8_body("A8.2", lambda case: run_search(mh_search, case), seed),
         max_points=A8_POINTS["A8.2"],
+        verbose=verbose,
+    )
+
+
+def check_choice(
+    choose_strategy: Callable, *, verbose: bool = True, seed: int | None = None
+) -> Verdict:
+    """A8.3: ``choose_strategy(simulate, choices, memory, budget, rng) -> strategy``."""
+    return run_check(
+        "A8.3",
+        "choose_strategy",
+        lambda: a8_body("A8.3", lambda case: run_room(choose_strategy, case), seed),
+        max_points=A8_POINTS["A8.3"],
         verbose=verbose,
     )

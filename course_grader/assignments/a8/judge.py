@@ -3,9 +3,11 @@
 A8.1's forward halos and backward gradients are compared with the simulator's messages, pair by
 pair, and a wrong one is matched with the usual mistakes (a halo for an edge worker's missing
 neighbour, float64 bytes, no backward messages, gradients sent the wrong way, a padding that is
-not ``k // 2``). A8.2's search must return the best strategy it saw and the exhaustive optimum on
-the small space, and on the three levels its walk must spend its time as the Boltzmann weights
-say (a statistical test that names exp(+beta delta) and a walk that never moves). The cases are
+not ``k // 2``). A8.2's walk must be the Metropolis-Hastings chain that the grader's random stream drives, step
+by step (:mod:`course_grader.assignments.a8.replay`: a fabricated walk fails naming the first
+iteration where it departs); on the three levels a wrong rule is named by its frequencies
+(exp(+beta delta), a walk that never moves); the search must return the best strategy it saw and
+the exhaustive optimum on the small space. The cases are
 :mod:`course_grader.assignments.a8.cases`.
 """
 
@@ -17,10 +19,12 @@ from collections.abc import Callable
 import numpy as np
 
 from course_grader.assignments.a8.cases import simulated_halo
+from course_grader.assignments.a8.replay import first_departure
 
-__all__ = ["BYTES", "STATS_TOLERANCE", "judge_halo", "judge_search"]
+__all__ = ["BYTES", "ROOM_MARGIN", "STATS_TOLERANCE", "judge_halo", "judge_room", "judge_search"]
 
 BYTES = 4  # float32
+ROOM_MARGIN = 0.10  # A8.3: the pick's step time within 10 % of the best strategy that fits
 STATS_TOLERANCE = 0.04  # on each level's fraction of the walk (about 5 standard errors)
 
 
@@ -213,7 +217,52 @@ def judge_search(answer: Callable, case: dict) -> None:
     got = answer(case)
     if not isinstance(got, (tuple, list)) or len(got) != 3:
         raise AssertionError("mh_search must return a tuple (best, best_time, walk)")
+    try:
+        walk = np.asarray(got[2], dtype=float).reshape(-1)
+    except (ValueError, TypeError):
+        raise AssertionError("walk must be a list of step times (numbers)") from None
+    departure = first_departure(walk, case)  # the chain itself, replayed from the grader's seed
+    if case["what"] == "levels":
+        _judge_levels(got, case)  # a wrong rule shows in the frequencies: name it by them
+    if departure:
+        raise AssertionError(departure)
     if case["what"] in ("space", "hot"):
         _judge_space(got, case)
-    else:
-        _judge_levels(got, case)
+
+
+# -- A8.3 ------------------------------------------------------------------------------------
+def judge_room(answer: Callable, case: dict) -> None:
+    """Judge ``answer(case)``'s pick in one A8.3 room: it fits the memory, within the margin."""
+    times = np.asarray(case["times"], dtype=float)
+    peaks = np.asarray(case["peaks"], dtype=float)
+    try:
+        pick = tuple(int(v) for v in np.asarray(answer(case)).reshape(-1))
+    except (ValueError, TypeError):
+        raise AssertionError("choose_strategy must return a strategy: a tuple of indices") from None
+    if len(pick) != times.ndim or any(
+        not 0 <= b < n for b, n in zip(pick, times.shape, strict=True)
+    ):
+        raise AssertionError(
+            f"the pick must be one configuration index per operator, {times.ndim} indices below "
+            f"{times.shape}; got {pick}"
+        )
+    room = (
+        f"batch {case['batch']}, a {case['bytes_per_s'] / 1e6:g} MB/s link, "
+        f"{case['workers']} PCs of {case['memory'] / 1e3:.1f} kB"
+    )
+    need = float(peaks[pick])
+    if need > case["memory"]:
+        raise AssertionError(
+            f"the pick does not fit ({room}): it needs {need / 1e3:.1f} kB per PC (weights, "
+            "gradients, Adam's two moments and the activations), more than the room has; a "
+            "strategy that does not fit cannot run, however fast it is predicted to be"
+        )
+    best = float(times[peaks <= case["memory"]].min())
+    t = float(times[pick])
+    if t > (1 + ROOM_MARGIN) * best:
+        raise AssertionError(
+            f"the pick fits but is far slower than the best ({room}): {t * 1e3:.4f} ms a step, "
+            f"{t / best - 1:.0%} slower than the fastest strategy that fits "
+            f"({best * 1e3:.4f} ms); within {ROOM_MARGIN:.0%} is asked: search further within "
+            "the budget"
+        )

@@ -28,6 +28,24 @@ _SEARCH_SETUP = """\
 """
 
 
+_ROOM_SETUP = """\
+    def a8_room(case):
+        times, peaks = np.asarray(case["times"], dtype=float), np.asarray(case["peaks"], dtype=float)
+        asked = set()
+
+        def simulate(strategy):
+            s = tuple(int(v) for v in strategy)
+            if s not in asked:
+                if len(asked) >= case["budget"]:
+                    raise RuntimeError("budget spent: more than %d distinct strategies" % case["budget"])
+                asked.add(s)
+            return float(times[s]), float(peaks[s])
+
+        return np.asarray(choose_strategy(simulate, tuple(times.shape), case["memory"], case["budget"],
+                                          np.random.default_rng(case["rng_seed"])))
+"""
+
+
 def a8_spec() -> ProbeSpec:
     """A8's probes: the inputs and checks of :mod:`course_grader.assignments.a8.checks`."""
     from course_grader.assignments.a8 import checks as a8
@@ -45,6 +63,12 @@ def a8_spec() -> ProbeSpec:
                 "a8_search(case)",
                 a8.check_mh_search,
                 _SEARCH_SETUP,
+            ),
+            "A8.3": ExerciseProbe(
+                lambda seed: a8.a8_cases("A8.3", seed),
+                "a8_room(case)",
+                a8.check_choice,
+                _ROOM_SETUP,
             ),
         },
     )

@@ -147,6 +147,12 @@ A8_MISTAKES = [
         "math.exp(beta *",
         "accepting with exp(+beta delta)",
     ),
+    (  # the room's memory never consulted: the fastest strategy, which does not fit
+        "A8.3",
+        "return t if peak <= memory else math.inf",
+        "return t",
+        "the pick does not fit",
+    ),
 ]
 
 #: In-kernel routes to A6's verdicts that won points when the checks ran in the kernel.

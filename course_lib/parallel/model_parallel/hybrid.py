@@ -229,8 +229,12 @@ def hybrid_step(
     loss.backward()
     out.bytes["dense head"], out.seconds["dense head"] = _sent(comm) - sent, net.ring.seconds
     own_grad = part("features", scatter_batch_grad, comm, whole.grad)  # 4.
-    features.backward(own_grad)  # 5. convolutions' gradients: own samples' share of the mean
+    if features.requires_grad:  # an MLP's "convolutions" are a Flatten: nothing to backward
+        features.backward(own_grad)  # 5. convolutions' gradients: own samples' share of the mean
     params = [p for p in net.conv_parameters() if p.grad is not None]
+    if not params:
+        out.loss = float(loss.detach())
+        return out
     flat = torch.cat([p.grad.reshape(-1) for p in params])
     # a SUM, not a mean: each share is already divided by the whole batch size B
     part("conv gradients", ring_allreduce, comm, flat)

@@ -11,7 +11,12 @@ import nbformat
 import numpy as np
 import pytest
 
-from course_grader.assignments.a8.checks import a8_cases, check_halo_messages, check_mh_search
+from course_grader.assignments.a8.checks import (
+    a8_cases,
+    check_choice,
+    check_halo_messages,
+    check_mh_search,
+)
 from course_grader.assignments.a8.probe import a8_spec
 from course_grader.cells import answer_id
 from course_grader.verdict.probe import judge
@@ -45,7 +50,7 @@ def _mutant(exercise: str, name: str, *edits: tuple[str, str]):
 def test_the_instructors_halo_passes_and_the_stub_fails(seed):
     answer = _define(_answer(SOURCE, "A8.1"), "halo_messages")
     verdict = check_halo_messages(answer, verbose=False, seed=seed)
-    assert verdict.passed and verdict.points == verdict.max_points == 5, verdict
+    assert verdict.passed and verdict.points == verdict.max_points == 3, verdict
     stub = check_halo_messages(_define(_answer(RELEASED, "A8.1"), "halo_messages"), verbose=False)
     assert not stub.passed and stub.points == 0 and stub.detail.startswith("not implemented yet")
 
@@ -108,7 +113,7 @@ def test_halo_mistakes_fail_naming_the_mistake(make, reason):
 def test_the_instructors_search_passes_and_the_stub_fails(seed):
     answer = _define(_answer(SOURCE, "A8.2"), "mh_search")
     verdict = check_mh_search(answer, verbose=False, seed=seed)
-    assert verdict.passed and verdict.points == verdict.max_points == 5, verdict
+    assert verdict.passed and verdict.points == verdict.max_points == 3, verdict
     stub = check_mh_search(_define(_answer(RELEASED, "A8.2"), "mh_search"), verbose=False)
     assert not stub.passed and stub.points == 0 and stub.detail.startswith("not implemented yet")
 
@@ -143,7 +148,10 @@ def _kernel_line(exercise: str, seed: int, code: str) -> str:
     return out.getvalue()
 
 
-@pytest.mark.parametrize(("exercise", "name"), [("A8.1", "halo_messages"), ("A8.2", "mh_search")])
+@pytest.mark.parametrize(
+    ("exercise", "name"),
+    [("A8.1", "halo_messages"), ("A8.2", "mh_search"), ("A8.3", "choose_strategy")],
+)
 def test_the_grader_decides_from_the_kernels_data(exercise, name):
     spec, seed = a8_spec(), 11
     right = _kernel_line(exercise, seed, _answer(SOURCE, exercise))
@@ -156,3 +164,88 @@ def test_the_grader_decides_from_the_kernels_data(exercise, name):
         other = _kernel_line(exercise, seed + 1, _answer(SOURCE, exercise))
         assert a8_cases(exercise, seed) != a8_cases(exercise, seed + 1)
         assert not judge(spec, exercise, seed, other)[0]
+
+
+def _fabricated(cost, choices, start, beta, iterations, rng):
+    """Issue 35's attack: an exhaustive search, and a walk drawn to match exp(-beta t)."""
+    import itertools
+
+    every = list(itertools.product(*(range(n) for n in choices)))
+    times = np.array([cost(s) for s in every])
+    best = every[int(times.argmin())]
+    weights = np.exp(-beta * (times - times.min()))
+    walk = rng.choice(times, size=iterations, p=weights / weights.sum())
+    return best, float(times.min()), list(walk)
+
+
+def _every_u(cost, choices, start, beta, iterations, rng):
+    """Metropolis-Hastings drawing u for every proposal (the other order the statement allows)."""
+    current, t_cur = tuple(start), cost(start)
+    best, best_time, walk = current, t_cur, []
+    for _ in range(iterations):
+        i = int(rng.integers(len(choices)))
+        proposal = current[:i] + (int(rng.integers(choices[i])),) + current[i + 1 :]
+        t_new, u = cost(proposal), rng.random()
+        if t_new <= t_cur or u < math.exp(-beta * (t_new - t_cur)):
+            current, t_cur = proposal, t_new
+            best, best_time = (current, t_cur) if t_cur < best_time else (best, best_time)
+        walk.append(t_cur)
+    return best, best_time, walk
+
+
+def test_a_fabricated_walk_fails_naming_where_it_leaves_the_chain():
+    # Its frequencies match the Boltzmann weights, so the statistical test alone passed it.
+    verdict = check_mh_search(_fabricated, verbose=False, seed=4)
+    assert not verdict.passed and verdict.points == 0
+    assert "not the Metropolis-Hastings chain of the grader's random stream" in verdict.detail
+    assert "at iteration" in verdict.detail, verdict.detail
+
+
+def test_both_orders_of_drawing_u_are_the_chain():
+    verdict = check_mh_search(_every_u, verbose=False, seed=4)
+    assert verdict.passed, verdict.detail
+
+
+@pytest.mark.parametrize("seed", [None, 6])
+def test_the_instructors_choice_passes_and_the_stub_fails(seed):
+    answer = _define(_answer(SOURCE, "A8.3"), "choose_strategy")
+    verdict = check_choice(answer, verbose=False, seed=seed)
+    assert verdict.passed and verdict.points == verdict.max_points == 4, verdict
+    stub = check_choice(_define(_answer(RELEASED, "A8.3"), "choose_strategy"), verbose=False)
+    assert not stub.passed and stub.points == 0 and stub.detail.startswith("not implemented yet")
+
+
+def _fastest_ignoring_memory(simulate, choices, memory, budget, rng):
+    """The fastest strategy predicted, memory never looked at (searched with the right answer)."""
+    answer = _define(_answer(SOURCE, "A8.3"), "choose_strategy")
+    return answer(simulate, choices, float("inf"), budget, rng)
+
+
+def _first_that_fits(simulate, choices, memory, budget, rng):
+    """The first strategy found that fits, however slow: no search for speed."""
+    while True:
+        s = tuple(int(rng.integers(n)) for n in choices)
+        if simulate(s)[1] <= memory:
+            return s
+
+
+def _exhaustive(simulate, choices, memory, budget, rng):
+    """Every strategy simulated: more than the budget allows."""
+    import itertools
+
+    return min(itertools.product(*(range(n) for n in choices)), key=lambda s: simulate(s)[0])
+
+
+@pytest.mark.parametrize(
+    ("answer", "reason"),
+    [
+        (_fastest_ignoring_memory, "the pick does not fit"),
+        (_first_that_fits, "far slower than the best"),
+        (_exhaustive, "budget spent"),
+    ],
+    ids=["does-not-fit", "far-slower", "over-budget"],
+)
+def test_a_pick_that_does_not_fit_or_is_far_slower_loses_its_points(answer, reason):
+    verdict = check_choice(answer, verbose=False)
+    assert not verdict.passed and verdict.points == 0
+    assert reason in verdict.detail, verdict.detail

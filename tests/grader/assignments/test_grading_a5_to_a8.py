@@ -48,7 +48,7 @@ def test_a5_source_answers_get_their_points_and_a_stub_loses_its_own_and_its_use
 
 A6_FULL = {"A6.1": 2.0, "A6.2": 3.0, "A6.3": 3.0, "A6.4": 2.0}
 A7_FULL = {"A7.1": 6.0, "A7.2": 4.0}
-A8_FULL = {"A8.1": 5.0, "A8.2": 5.0}
+A8_FULL = {"A8.1": 3.0, "A8.2": 3.0, "A8.3": 4.0}
 
 
 @pytest.mark.slow

@@ -38,7 +38,7 @@ def cluster(shared_engines):
 @pytest.mark.parametrize("name", ALL_STRATEGIES)
 @pytest.mark.parametrize("model, batch", [("mlp", 16), ("lenet", 32), ("small_cnn", 8)])
 def test_a_strategy_sends_the_simulators_bytes(cluster, name, model, batch):
-    if name in ("hybrid", "attribute") and model == "mlp":
+    if name == "attribute" and model == "mlp":
         with pytest.raises(Exception, match="has none"):  # no convolutions to run data parallel
             cluster.run(run_strategy, name, "comm", model, batch, 1, timeout=120)
         return
