@@ -48,7 +48,9 @@ def build_deck(notebook: Path, out: Path) -> Path:
     for cell in deck.cells:
         cell.metadata.setdefault("slideshow", {})["slide_type"] = slide_type(cell)
     html, _ = SlidesExporter().from_notebook_node(deck)
-    return atomic_write_text(out / f"{notebook.stem}.slides.html", html)
+    path = atomic_write_text(out / f"{notebook.stem}.slides.html", html)
+    path.chmod(0o644)  # a deck is served to a room: readable by all, as nbconvert's own are
+    return path
 
 
 def _parser() -> KitParser:

@@ -5,7 +5,7 @@ notebook in place and is idempotent (a second run changes nothing). Slide tags
 (``slide-title``, ``slide-section``, ``slide-formula``, ``slide-figure``, ``slide-live``,
 ``slide-exercise``) are read by ``./kit slides``; a cell whose stored output is a timing is
 tagged ``machine-dependent`` (the lecturer's notes list them). Prediction boxes go around the
-measurements that :data:`PREDICTIONS` names by a line of their source, so they survive edits
+measurements that :data:`~course_kit.teaching.predictions.PREDICTIONS` names by a line of their source, so they survive edits
 elsewhere. Then re-run the notebook to store its outputs, and
 ``python -m course_kit.teaching.generate`` to refresh the notes' cell numbers.
 """
@@ -19,57 +19,16 @@ import sys
 from pathlib import Path
 
 from course_kit.teaching.measure import MACHINE_TAG
+from course_kit.teaching.predictions import PREDICTIONS
 from course_lib.files import atomic_write_text
+from course_lib.teaching.bank import QUESTIONS
 
-__all__ = ["GLOSSARY_LINK", "PREDICTIONS", "annotate", "main", "slide_tags"]
+__all__ = ["GLOSSARY_LINK", "annotate", "main", "slide_tags"]
 
 GLOSSARY_LINK = "Terms used here: [the course glossary](../docs/teaching/glossary.md)."
 _TIMING = re.compile(
     r"perf_counter|time\.time|load_line|timing\.|makespan|\bms\b|bandwidth|seconds"
 )
-
-#: lecture -> [(a line of the measuring cell, the prediction cell, the reveal cell)]
-PREDICTIONS: dict[int, list[tuple[str, str, str]]] = {
-    0: [
-        (
-            'cluster.view.scatter("part", list(range(10)))',
-            'p0a = Prediction("0.a", "`scatter` deals range(10) out to 4 engines: how many values '
-            'does engine 0 get?", formula="the first 10 mod 4 engines get one more than 10 // 4")\np0a',
-            'p0a.reveal(len(cluster.view.pull("part")[0]), 10 // 4 + 1)',
-        ),
-        (
-            "def one_rank_gives_up():",
-            'p0b = Prediction("0.b", "Rank 0 raises before `Barrier`; ranks 1-3 call it. What '
-            'happens?", options=("a hang", "a deadlock", "all four raise at once"), '
-            'formula="a rank that never joins: a hang (no cycle of waits)")\np0b',
-            'p0b.reveal("a hang", "a hang")',
-        ),
-    ],
-    3: [
-        (
-            "def ring_vs_builtin(n):",
-            'p3a = Prediction("3.a", "A ring allreduce on 4 ranks: how many times its buffer\'s '
-            'bytes does each rank send?", unit="x buffer", formula="2(N-1)/N")\np3a',
-            "p3a.reveal(cluster.run(ring_vs_builtin, 1_000_001)[0][1], 2 * 3 / 4)",
-        ),
-    ],
-    10: [
-        (
-            "t = simulate(name, [Fraction(1)] * p, m)",
-            'p10a = Prediction("10.a", "GPipe, p = 4 balanced stages, m = 8 micro-batches: what '
-            'share of the step is the bubble (idle)?", formula="(p-1)/(m+p-1)")\np10a',
-            'p10a.reveal(float(simulate("gpipe", [Fraction(1)] * 4, 8).bubble_fraction), '
-            "bubble_formula(4, 8))",
-        ),
-        (
-            't = Timeline.merge([r["timeline"] for r in results])',
-            'p10b = Prediction("10.b", "The same GPipe pipeline on 4 real engines (emulated '
-            'compute, real messages): the measured bubble?", formula="(p-1)/(m+p-1)")\np10b',
-            'p10b.reveal(Timeline.merge([r["timeline"] for r in runs["gpipe"]]).bubble_fraction, '
-            "bubble_formula(4, 8))",
-        ),
-    ],
-}
 
 
 def _cell(kind: str, source: str, tags: list[str]) -> dict:
@@ -123,6 +82,18 @@ def _add_tags(cell: dict, new: list[str]) -> None:
     tags += [t for t in new if t not in tags]
 
 
+def _import_once(cells: list[dict], imports: str) -> None:
+    """Put the import of :class:`Prediction` in the first prediction cell, and only there."""
+    boxes = [
+        c
+        for c in cells
+        if "Prediction(" in _src(c) and "prediction" in c["metadata"].get("tags", [])
+    ]
+    for k, cell in enumerate(boxes):
+        body = _src(cell).replace(imports, "")
+        cell["source"] = imports + body if k == 0 else body
+
+
 def annotate(path: Path) -> Path:
     """Add the teaching cells and tags to the notebook at ``path`` (in place); return the path."""
     nb = json.loads(Path(path).read_text(encoding="utf-8"))
@@ -136,11 +107,10 @@ def annotate(path: Path) -> Path:
         if any(before in s for s in have):
             continue
         at = next(k for k, c in enumerate(cells) if anchor in _src(c) and c["cell_type"] == "code")
-        if not any(imports in _src(c) for c in cells):
-            before = imports + before
         cells.insert(at + 1, _cell("code", after, ["prediction", "nbval-ignore-output"]))
         cells.insert(at, _cell("code", before, ["prediction", "nbval-ignore-output"]))
-    if not any("## Questions" in _src(c) for c in cells):
+    _import_once(cells, imports)
+    if lecture in QUESTIONS and not any("## Questions" in _src(c) for c in cells):
         cells += [
             _cell("markdown", "## Questions\n\nAnswer in `my_answers` (a number, or an "
                   "option's letter); the cell under it checks each answer.", []),

@@ -96,10 +96,20 @@ def machine_section(f: LectureFacts) -> str:
     if not f.machine_cells:
         return f"No cell is tagged `{MACHINE_TAG}` yet.\n"
     by_index = {c.index: c for c in f.cells}
-    lines = []
+    lines = [
+        "Stored values are the development machine's (2 cores, loaded); the room's were not",
+        "measured here: expect other times, the same ratios' direction and the same verdicts.",
+        "",
+    ]
     for k in f.machine_cells:
-        first = by_index[k].first_line[:70] if k in by_index else ""
-        lines.append(f"- cell {k}: `{first}`")
+        cell = by_index.get(k)
+        first = cell.first_line[:70] if cell else ""
+        seen = (
+            f" (stored: {cell.seconds:.1f} s; prints `{cell.sample[:80]}`)"
+            if cell and cell.sample
+            else ""
+        )
+        lines.append(f"- cell {k}: `{first}`{seen}")
     return "\n".join(lines) + "\n"
 
 

@@ -40,12 +40,13 @@ MACHINE_TAG = "machine-dependent"
 
 @dataclass(frozen=True)
 class CellTime:
-    """One code cell's measured run time: its index in the notebook, seconds, first line, tags."""
+    """One code cell's measured run time: index in the notebook, seconds, first line, tags, a printed number."""
 
     index: int
     seconds: float
     first_line: str
     tags: tuple[str, ...]
+    sample: str = ""  # the first stored output line holding a number (what a lecturer compares)
 
 
 @dataclass(frozen=True)
@@ -91,6 +92,15 @@ def _words(text: str) -> int:
     return len(re.findall(r"[A-Za-z0-9]+(?:['’][A-Za-z]+)?", text))
 
 
+def _sample(cell: dict) -> str:
+    for out in cell.get("outputs", []):
+        text = "".join(out.get("text", "")) or "".join(out.get("data", {}).get("text/plain", ""))
+        for line in text.splitlines():
+            if re.search(r"\d", line) and "Figure size" not in line and "%|" not in line:
+                return line.strip().replace("`", "'")
+    return ""
+
+
 def lecture_facts(path: Path) -> LectureFacts:
     """Read one lecture notebook's words, code lines, per-cell run times and machine-dependent cells."""
     nb = json.loads(Path(path).read_text(encoding="utf-8"))
@@ -111,7 +121,7 @@ def lecture_facts(path: Path) -> LectureFacts:
                     _time(run["iopub.status.idle"]) - _time(run["iopub.execute_input"])
                 ).total_seconds()
                 first = source.strip().splitlines()[0] if source.strip() else ""
-                cells.append(CellTime(k, seconds, first, tags))
+                cells.append(CellTime(k, seconds, first, tags, _sample(cell)))
     lecture = int(Path(path).name.split("_")[0])
     return LectureFacts(lecture, Path(path), words, code_lines, tuple(cells), tuple(machine))
 

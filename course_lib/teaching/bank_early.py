@@ -12,10 +12,10 @@ from course_lib.cost_model.alpha_beta import LinkModel, predict
 from course_lib.teaching.questions import Numeric, Question, choice
 from course_lib.training.scratch import corr2d, max_pool2d
 
-__all__ = ["EARLY"]
+__all__ = ["EARLY", "GIGABIT_MODEL", "UNET_BYTES"]
 
-_GIG = LinkModel.from_link(GIGABIT)
-_UNET = 8.33e6  # bytes: the U-Net gradient of Krivosheev et al. (source 000), float32
+GIGABIT_MODEL = LinkModel.from_link(GIGABIT)
+UNET_BYTES = 8.33e6  # bytes: the U-Net gradient of Krivosheev et al. (source 000), float32
 
 
 def _lecture0() -> list[Question]:
@@ -80,15 +80,15 @@ def _lecture2() -> list[Question]:
 
 
 def _lecture3() -> list[Question]:
-    ring_mb = 2 * 3 / 4 * _UNET / 1e6
+    ring_mb = 2 * 3 / 4 * UNET_BYTES / 1e6
     return [
         Numeric("3.q1", "A ring allreduce of the 8.33 MB U-Net gradient on N = 4 ranks: MB "
                 "each rank sends?", ring_mb, "2 (N - 1) / N × n", unit="MB"),
         Numeric("3.q2", "One 1 MB message over the emulated Gigabit link (alpha = 50 µs, "
                 "1/beta = 125 MB/s): the alpha-beta time in ms?",
-                1e3 * predict("p2p", 1e6, 2, _GIG), "alpha + n beta", unit="ms"),
+                1e3 * predict("p2p", 1e6, 2, GIGABIT_MODEL), "alpha + n beta", unit="ms"),
         Numeric("3.q3", "The ring allreduce of 8.33 MB on 4 ranks over that link: predicted "
-                "ms?", 1e3 * predict("ring_allreduce", _UNET, 4, _GIG),
+                "ms?", 1e3 * predict("ring_allreduce", UNET_BYTES, 4, GIGABIT_MODEL),
                 "2 (N - 1) (alpha + n / N beta)", unit="ms"),
         Numeric("3.q4", "How many steps does a ring allreduce take on N = 4 ranks?", 6.0,
                 "N - 1 reduce-scatter steps and N - 1 allgather steps", rel_tol=1e-9),

@@ -21,7 +21,7 @@ from pathlib import Path
 
 from course_lib.files import atomic_write_text
 
-__all__ = ["RECORD_FILE", "Prediction", "interactive", "off_by"]
+__all__ = ["RECORD_FILE", "Prediction", "Shown", "interactive", "off_by"]
 
 #: Where the predictions of a notebook's folder are kept (one JSON object, key = prediction id).
 RECORD_FILE = ".predictions.json"
@@ -48,6 +48,13 @@ def off_by(predicted: float | str, measured: float | str) -> str:
         return f"within 10 % (× {ratio:.2f})"
     side = "too high" if ratio > 1 else "too low"
     return f"{side} by a factor {factor:.2g} (log10 error {abs(math.log10(ratio)):.2f})"
+
+
+class Shown(str):
+    """Text already printed by a cell; as the cell's last value it shows nothing more."""
+
+    def _ipython_display_(self) -> None:
+        """Show nothing: the text was printed already."""
 
 
 @dataclass
@@ -125,7 +132,7 @@ class Prediction:
                 "the measurement appears under the box"
             )
             self._print(text, here=True)
-            return text
+            return Shown(text)
         return self._show(here=True)
 
     def _show(self, here: bool = False) -> str:
@@ -134,7 +141,7 @@ class Prediction:
                 f"{self.pid}: prediction {self._fmt(self.predicted)} locked in; run the measurement"
             )
             self._print(text, here)
-            return text
+            return Shown(text)
         lines = [f"{self.pid}: measured {self._fmt(self.measured)}"]
         if self.formula:
             value = "" if self.formula_value is None else f" = {self._fmt(self.formula_value)}"
@@ -147,7 +154,7 @@ class Prediction:
             self._record(how)
         text = "\n".join(lines)
         self._print(text, here)
-        return text
+        return Shown(text)
 
     def _fmt(self, value: float | str | None) -> str:
         if isinstance(value, str) or value is None:
