@@ -35,7 +35,7 @@ LAYERS = {
     "training": 2,
     "parallel": 3,
     "papers": 4,
-    "checks": 5, "demo": 5,
+    "checks": 5, "demo": 5, "teaching": 5,
 }  # fmt: skip
 
 

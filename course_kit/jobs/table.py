@@ -25,6 +25,7 @@ from course_kit.jobs.delegate import (
 )
 from course_kit.jobs.lab import lab_job
 from course_kit.jobs.setup import setup_job
+from course_kit.jobs.slides import slides_job
 from course_kit.jobs.suite import test_job
 
 __all__ = ["JOBS", "Job", "help_text", "main"]
@@ -58,10 +59,11 @@ _USAGE = {  # ./kit help's lines per job: (usage, what it does)
     "grade": (("grade SUBMISSIONS [--out grades]", "grade a folder of submissions"),
               ("grade --self-test", "attack the grader; say what held")),
     "check": (("check NOTEBOOK", "grade one notebook as the grader will"),),
+    "slides": (("slides NN|all [--out DIR]", "reveal.js decks from the lectures' stored outputs"),),
 }
 _RUN = {"setup": setup_job, "lab": lab_job, "demo": demo_job, "test": test_job,
         "bench": bench_job, "doctor": doctor_job, "room": room_job, "release": release_job,
-        "grade": grade_job, "check": check_job}
+        "grade": grade_job, "check": check_job, "slides": slides_job}
 # fmt: on
 JOBS: dict[str, Job] = {name: Job(name, usage, _RUN[name]) for name, usage in _USAGE.items()}
 

@@ -146,6 +146,8 @@ CASES = [
     (("grade",), 2, "kit grade: the following arguments are required: submissions"),
     (("grade", "--self-test", "--bogus"), 2, "kit grade: unrecognized arguments: --bogus"),
     (("check", "--help"), 0, "notebook"),
+    (("slides", "--help"), 0, "usage: ./kit slides"),
+    (("slides", "x"), 2, "not a lecture number"),
     (("check", "missing.ipynb"), 2, "missing.ipynb does not exist: give the path of your saved"),
 ]
 

@@ -1,0 +1,105 @@
+"""No lecture (the lecturer's documents). Where each lecture asks for a prediction: the measuring cell (by a line of its source), the box, the reveal.
+
+Each entry is ``(a line of the measuring cell, the prediction cell, the reveal cell)``:
+``python -m course_kit.teaching.annotate`` puts the box before that cell and the reveal after
+it. The reveal passes the measurement this run made and the lecture's formula's value
+(``None`` where the lecture has no formula, only the reasoning in words).
+"""
+
+from __future__ import annotations
+
+__all__ = ["PREDICTIONS"]
+
+
+def _box(var: str, pid: str, question: str, **options: str) -> str:
+    args = "".join(f", {k}={v}" for k, v in options.items())
+    return f"{var} = Prediction({pid!r}, {question!r}{args})\n{var}"
+
+
+PREDICTIONS: dict[int, list[tuple[str, str, str]]] = {
+    0: [
+        ('cluster.view.scatter("part", list(range(10)))',
+         _box("p0a", "0.a", "`scatter` deals range(10) out to 4 engines: how many values does engine 0 get?",
+              formula='"the first 10 mod 4 engines get one more than 10 // 4"'),
+         'p0a.reveal(len(cluster.view.pull("part")[0]), 10 // 4 + 1)'),
+        ("def allreduce_of_ranks():",
+         _box("p0b", "0.b", "Each of 4 MPI ranks calls allreduce(its rank, SUM): what does rank 3 get?",
+              formula='"0 + 1 + ... + (N - 1)"'),
+         "p0b.reveal(mpi_cluster.run(allreduce_of_ranks)[3], sum(range(4)))"),
+    ],
+    1: [
+        ("noise = []",
+         _box("p1a", "1.a", "The mini-batch gradient's squared error at B = 64, as a share of its value at B = 1?",
+              formula='"1/B, times (N - B)/(N - 1) without replacement"'),
+         "p1a.reveal(float(noise[3] / noise[0]), float(fpc[3] / fpc[0] / 64))"),
+        ("target, budget, seeds, sizes = 0.93, 30, (0, 1, 2), [8, 32, 128, 512]",
+         _box("p1b", "1.b", "Which batch size reaches 93 % test accuracy in the fewest optimiser steps?",
+              options='("8", "32", "128", "512")',
+              formula='"steps fall as B grows, until B passes the critical batch (lecture 12)"'),
+         'p1b.reveal(str(min((b for b in sizes if any(r["epochs"] is not None for r in study[b])), '
+         'key=lambda b: np.median([r["steps"] for r in study[b] if r["epochs"] is not None]))))'),
+    ],
+    2: [
+        ("TrainConfig(num_epochs=10, lr=0.01, momentum=0.9, batch_size=16)",
+         _box("p2a", "2.a", "LeNet after 10 epochs on the digits: test accuracy (0-1)?",
+              formula='"no formula: chance is 0.1"'),
+         'p2a.reveal(round(history.last["test_accuracy"], 3))'),
+        ("h = torch.zeros(5, 1, 8, 8)",
+         _box("p2b", "2.b", "How many parameters has LeNet()?", formula='"sum of out*in*k*k + out per layer"'),
+         "p2b.reveal(param_count(LeNet()))"),
+    ],
+    3: [
+        ("def ring_vs_builtin(n):",
+         _box("p3a", "3.a", "A ring allreduce on 4 ranks: how many times its buffer's bytes does each rank send?",
+              unit='"x buffer"', formula='"2(N-1)/N"'),
+         "p3a.reveal(cluster.run(ring_vs_builtin, 1_000_001)[0][1], 2 * 3 / 4)"),
+        ('labels = {False: "MPI loopback (real)", True: GIGABIT.label}',
+         _box("p3b", "3.b", "The ring allreduce of 4 MiB on 4 ranks over the emulated Gigabit link: ms?",
+              unit='"ms"', formula='"2(N-1)(alpha + n/N beta), alpha and beta fitted by ping-pong"'),
+         'p3b.reveal(1e3 * float(np.median(measured[True, "ring_allreduce"][-1])), '
+         '1e3 * predict("ring_allreduce", sizes[-1], 4, models[True]))'),
+    ],
+    5: [
+        ('local = train_data_parallel(cluster, method="local_sgd"',
+         _box("p5a", "5.a", "Local-SGD(4): the bytes rank 0 puts on the wire, as a share of bulk-synchronous training's?",
+              formula='"1/H, one average every H = 4 steps"'),
+         'p5a.reveal(sum(r["wire_bytes"] for r in local.records if r["rank"] == 0) / '
+         'sum(r["wire_bytes"] for r in bsp.records if r["rank"] == 0), 1 / 4)'),
+        ("asy = train_asynchronous(cluster, **common)",
+         _box("p5b", "5.b", "The asynchronous server with 2 workers (one a straggler): mean staleness of the applied gradients?",
+              unit='"updates"', formula='"W - 1 = 1 if both workers were equally fast"'),
+         'p5b.reveal(float(np.mean([a["staleness"] for a in asy.applied])), 1)'),
+    ],
+    7: [
+        ('settings = {"topk": {"ratio": 0.01}',
+         _box("p7a", "7.a", "Top-k keeping 1 % of the gradient (float32 values, int32 indices): the compression ratio?",
+              formula='"4n / (8k)"'),
+         'p7a.reveal(round(float(results["topk"][0]), 2), 4 / (8 * 0.01))'),
+        ('print(f"share of int8 values that are 0',
+         _box("p7b", "7.b", "int8 max-abs with the truncating cast: what share of this gradient's values become 0?",
+              formula='"the share of |g| < max|g| / 127"'),
+         "p7b.reveal(float(np.mean(q == 0)), float(np.mean(np.abs(g) < float(m) / 127)))"),
+    ],
+    9: [
+        ("def train_both(steps=30, batch=64, lr=0.5):",
+         _box("p9a", "9.a", "The tensor-parallel MLP on 4 ranks: what share of the whole model's parameters does rank 0 hold?",
+              formula='"about 1/N (biases of the row layer are kept whole)"'),
+         "p9a.reveal(round(results[0][3] / results[0][2], 4), 1 / 4)"),
+        ("def bytes_per_step(batches):",
+         _box("p9b", "9.b", "Krizhevsky's hybrid at batch 64 on 4 engines: its bytes per engine as a share of data parallelism's?",
+              formula='"hybrid_bytes / data_parallel_bytes (the cost model)"'),
+         "p9b.reveal(round(sum(measured[64].values()) / dp_measured, 3), "
+         "sum(formula.values()) / dp_formula)"),
+    ],
+    10: [
+        ("t = simulate(name, [Fraction(1)] * p, m)",
+         _box("p10a", "10.a", "GPipe, p = 4 balanced stages, m = 8 micro-batches: what share of the step is the bubble?",
+              formula='"(p-1)/(m+p-1)"'),
+         'p10a.reveal(float(simulate("gpipe", [Fraction(1)] * 4, 8).bubble_fraction), bubble_formula(4, 8))'),
+        ('formula = bubble_formula(4, 8) if name != "naive" else 3 / 4',
+         _box("p10b", "10.b", "The same GPipe pipeline on 4 real engines (emulated compute, real messages): the measured bubble?",
+              formula='"(p-1)/(m+p-1)"'),
+         'p10b.reveal(round(Timeline.merge([r["timeline"] for r in runs["gpipe"]]).bubble_fraction, 4), '
+         "bubble_formula(4, 8))"),
+    ],
+}  # fmt: skip
