@@ -204,3 +204,25 @@ def test_a9_2_passes_the_source_and_fails_the_stub_and_each_usual_mistake(cluste
         "FAIL your answer calls course_lib.parallel.transformer.ring.ring_attention, which "
         "answers the exercise: write the ring yourself from comm.sendrecv"
     )
+
+
+def test_the_judges_reference_is_torchs_causal_attention_and_the_mistakes_differ_from_it():
+    # No engines: the float64 reference equals torch's own causal attention, and every mistake
+    # the verdict names gives a different output on the check's cases (so it can be told apart).
+    import numpy as np
+    import torch.nn.functional as F
+
+    from course_grader.assignments.a9.collect import sequence
+    from course_grader.assignments.a9.judge import _masks, _no_rescale, a9_ring_cases, attention
+
+    for case in a9_ring_cases():
+        q, k, v = sequence(case)
+        masks = _masks(case["T"], 3)
+        want = attention(q, k, v, masks["causal"])
+        torch_causal = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        assert np.allclose(want, torch_causal.numpy(), rtol=1e-5, atol=1e-5)
+        for name, mask in masks.items():
+            if name not in ("causal", "reversed"):
+                assert not np.allclose(attention(q, k, v, mask), want, atol=1e-3), name
+        lo, hi = chunk_bounds(case["T"], 3)[2]
+        assert not np.allclose(_no_rescale(q, k, v, case["T"], 3, 2), want[:, lo:hi], atol=1e-3)
