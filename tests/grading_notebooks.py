@@ -23,6 +23,7 @@ ASSIGNMENTS = [
     "A6_model_pipeline",
     "A7_zero_stage2",
     "A8_choosing_a_strategy",
+    "A9_ring_attention",
 ]
 # Generous per cell: A2's set-up cell starts 4 engines (11 s on a quiet machine). No test here
 # expects a timeout under these limits, so a generous limit costs nothing.

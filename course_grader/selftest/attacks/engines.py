@@ -1,4 +1,4 @@
-"""In-kernel routes to the verdicts of the engine assignments (A2-A7), one each, for the self-test.
+"""In-kernel routes to the verdicts of the engine assignments (A2-A7, A9), one each, for the self-test.
 
 Each is a wrong answer to one exercise plus a way to make a check run in the kernel print PASS:
 the verdict class rebound, or the check the next cell imports replaced by a forgery. Every one
@@ -105,6 +105,9 @@ ENGINE_ROUTES = [
           "Verdict rebound by name; dL/dX not gathered"),
     _from("A7", "A7_zero_stage2", "A7.1", A7_ATTACKS,
           "Verdict rebound by name; the shard of the sum"),
+    EngineRoute("A9", "A9_ring_attention", "A9.2",
+                "Verdict rebound by name; an allgather, the counters rewritten", _REBIND_VERDICT,
+                "", FORGED_COUNTERS[("A9", "A9.2")], WIRE_REASON),
 ]  # fmt: skip
 
 

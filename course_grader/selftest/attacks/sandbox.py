@@ -267,7 +267,7 @@ def self_test(keep: Path | None = None) -> int:
     for ok, what in grade_routes(folder / "routes", sources):  # past the ast guard, and the host
         held &= ok
         print(f"{'HELD ' if ok else 'FAILED'} {what}")
-    for ok, what in grade_engine_routes(folder / "engine_routes", sources):  # one per A2-A7
+    for ok, what in grade_engine_routes(folder / "engine_routes", sources):  # one per A2-A7, A9
         held &= ok
         print(f"{'HELD ' if ok else 'FAILED'} {what}")
     print("selftest: every attack held" if held else "selftest: SOME ATTACKS WENT THROUGH")

@@ -1,6 +1,6 @@
 """The attack classes' submissions: an instructor source with given answers, outputs cleared.
 
-Also the typical wrong answers and the in-kernel attacks on A5, A6 and A7 (and A8's typical mistakes) that the fairness and
+Also the typical wrong answers and the in-kernel attacks on A5, A6 and A7 (and A8's and A9's typical mistakes) that the fairness and
 attack tests grade (each edits the instructor's answer; the reason names the mistake).
 """
 
@@ -22,6 +22,7 @@ __all__ = [
     "A7_ATTACKS",
     "A7_MISTAKES",
     "A8_MISTAKES",
+    "A9_MISTAKES",
     "edit_answer",
     "write_submission",
 ]
@@ -152,6 +153,22 @@ A8_MISTAKES = [
         "return t if peak <= memory else math.inf",
         "return t",
         "the pick does not fit",
+    ),
+]
+
+#: A9's typical mistakes, each local to its exercise (A9.2 holds its own online softmax).
+A9_MISTAKES = [
+    (  # the old sums kept as they are when a block raises the maximum
+        "A9.1",
+        "ell * rescale + e.sum(-1), acc * rescale[..., None] + e @ v",
+        "ell + e.sum(-1), acc + e @ v",
+        "softmax without rescaling by the running max",
+    ),
+    (  # the later ranks' blocks attended, only the diagonal masked
+        "A9.2",
+        "if src <= r:",
+        "if True:",
+        "the mask is on the wrong blocks",
     ),
 ]
 

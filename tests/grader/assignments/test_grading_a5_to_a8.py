@@ -1,4 +1,4 @@
-"""A5-A8 graded end to end by the grader: source full, stub nothing, each mistake only its exercise."""
+"""A5-A9 graded end to end by the grader: source full, stub nothing, each mistake only its exercise."""
 
 from __future__ import annotations
 
@@ -49,6 +49,7 @@ def test_a5_source_answers_get_their_points_and_a_stub_loses_its_own_and_its_use
 A6_FULL = {"A6.1": 2.0, "A6.2": 3.0, "A6.3": 3.0, "A6.4": 2.0}
 A7_FULL = {"A7.1": 6.0, "A7.2": 4.0}
 A8_FULL = {"A8.1": 3.0, "A8.2": 3.0, "A8.3": 4.0}
+A9_FULL = {"A9.1": 4.0, "A9.2": 6.0}
 
 
 @pytest.mark.slow
@@ -59,13 +60,14 @@ A8_FULL = {"A8.1": 3.0, "A8.2": 3.0, "A8.3": 4.0}
         ("A6", "A6_model_pipeline", A6_FULL),
         ("A7", "A7_zero_stage2", A7_FULL),
         ("A8", "A8_choosing_a_strategy", A8_FULL),
+        ("A9", "A9_ring_attention", A9_FULL),
     ],
-    ids=["a5", "a6", "a7", "a8"],
+    ids=["a5", "a6", "a7", "a8", "a9"],
 )
 def test_graded_by_the_grader_source_full_stub_nothing_each_mistake_only_its_exercise(
     assignment, name, full
 ):
-    # Judged outside the kernel (course_grader.assignments.a5.probe / a6 / a7 / a8), on a fresh seed per run.
+    # Judged outside the kernel (course_grader.assignments.a5.probe / a6 / a7 / a8 / a9), on a fresh seed per run.
     from course_grader.registry import probe_spec
     from course_grader.selftest.attacks import submissions
 

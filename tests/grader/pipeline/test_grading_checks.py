@@ -34,6 +34,7 @@ NAMES = [
     "A6_model_pipeline",
     "A7_zero_stage2",
     "A8_choosing_a_strategy",
+    "A9_ring_attention",
 ]
 
 WRONG_LOSS = """

@@ -466,6 +466,16 @@ def test_a3_counters_rewritten_lose_their_exercises_training_run_included(tmp_pa
 @pytest.mark.slow
 @needs_wire
 @pytest.mark.skipif(_SANDBOX is not None, reason=str(_SANDBOX))
+def test_a9_ring_counters_rewritten_after_an_allgather_lose_their_exercise_only(tmp_path):
+    source, submission = _forged("A9_ring_attention", "A9", "A9.2")
+    rows = _graded("forger", "A9", source, submission, tmp_path, 120)
+    got = _lost_to_the_wire(rows, "A9.2")
+    assert got["A9.1"].points == 4.0, rows
+
+
+@pytest.mark.slow
+@needs_wire
+@pytest.mark.skipif(_SANDBOX is not None, reason=str(_SANDBOX))
 def test_an_honest_answer_with_barriers_keeps_every_point(tmp_path):
     """A barrier moves no data but has bytes on the wire: the ranks report it and it is allowed,
     also in an answer that only attaches hooks, whose traffic comes later, inside backward (A7.1)."""
