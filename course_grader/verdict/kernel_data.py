@@ -31,8 +31,9 @@ __all__ = [
 ]
 
 #: The deepest nesting of JSON arrays and objects a probe's line may have: the probe's encoding
-#: nests a result list, a case, a value and up to 8 levels of tuples and lists.
-MAX_DEPTH = 16
+#: nests a result list, a case, a value and its tuples and lists (A5.6's per-image records reach
+#: 17); 64 leaves room and still refuses a line built to exhaust the decoder's recursion.
+MAX_DEPTH = 64
 #: The longest line read (a probe's arrays are bounded at 16 MiB each as ``.npy``, base64).
 MAX_LINE_CHARS = 64 * 2**20
 

@@ -191,7 +191,7 @@ def run_on_engines(
     raise DataParallelError("data-parallel run failed: " + "; ".join(parts))
 
 
-def same_errors_together(failed: list[tuple[int, BaseException]], limit: int = 200) -> list[str]:
+def same_errors_together(failed: list[tuple[int, BaseException]], limit: int = 400) -> list[str]:
     """Return one line per distinct error, naming every rank that raised it (each cut to ``limit``)."""
     ranks_by_error: dict[str, list[int]] = {}
     for rank, exc in failed:

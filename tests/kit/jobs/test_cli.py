@@ -131,7 +131,7 @@ CASES = [
     (("test", "--help"), 0, "pytest tests notebooks -n 2 --dist loadfile"),
     (("bench", "--help"), 0, "usage: ./kit bench NAME"),
     (("bench",), 2, "kit bench: name a benchmark, or give --all to run every one"),
-    (("bench", "nosuch"), 2, "kit: no benchmark named 'nosuch'; choose one of: allreduce"),
+    (("bench", "nosuch"), 2, "kit: no benchmark named 'nosuch'; choose one of: all_to_all"),
     (("bench", "--all", "--quick"), 2, "kit bench: --all takes no arguments (--quick)"),
     (("doctor", "--help"), 0, "usage: ./kit doctor"),
     (("doctor",), 2, "kit doctor: give --profile NAME or --file PATH of the running cluster"),
