@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from course_lib.checks.verdict import Verdict, refusing, reraise_stub, run_check
+from course_lib.checks.verdict import Verdict, raise_as_in_the_notebook, refusing, run_check
 
 __all__ = [
     "REFUSED",
@@ -170,14 +170,7 @@ def _check(
         try:
             return cluster.run(_engine_check, comm_name, fn, exercise, timeout=timeout)[0]
         except Exception as exc:  # noqa: BLE001 - ipyparallel wraps the engine's exception
-            inner = getattr(exc, "ename", None)
-            if inner == "LibraryCall" or "LibraryCall" in str(exc):
-                reraise_stub(exc)  # the refusal, as in the notebook's process
-            if inner == "NotImplementedError" or "NotImplementedError" in str(exc):
-                raise NotImplementedError(f"Exercise {exercise}: write {title}") from None
-            if inner == "AssertionError":
-                raise AssertionError(getattr(exc, "evalue", str(exc))) from None
-            raise
+            raise_as_in_the_notebook(exc, f"Exercise {exercise}: write {title}")
 
     return run_check(exercise, title, body, verbose=verbose)
 

@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from course_lib.checks.verdict import Verdict, refusing, reraise_stub, run_check
+from course_lib.checks.verdict import Verdict, raise_as_in_the_notebook, refusing, run_check
 
 __all__ = [
     "REFUSED",
@@ -176,15 +176,6 @@ def check_vocab_loss(
         try:
             return cluster.run(_engine_check, comm_name, fn, timeout=timeout)[0]
         except Exception as exc:  # noqa: BLE001 - ipyparallel wraps the engine's exception
-            inner = getattr(exc, "ename", None)
-            if inner == "LibraryCall" or "LibraryCall" in str(exc):
-                reraise_stub(exc)
-            if inner == "NotImplementedError" or "NotImplementedError" in str(exc):
-                raise NotImplementedError(
-                    "Exercise 14.3: write the vocabulary-parallel loss"
-                ) from None
-            if inner == "AssertionError":
-                raise AssertionError(getattr(exc, "evalue", str(exc))) from None
-            raise
+            raise_as_in_the_notebook(exc, "Exercise 14.3: write the vocabulary-parallel loss")
 
     return run_check("14.3", "vocabulary-parallel cross-entropy", body, verbose=verbose)

@@ -19,6 +19,7 @@ __all__ = [
     "LibraryCall",
     "Verdict",
     "assert_close",
+    "raise_as_in_the_notebook",
     "refusing",
     "reraise_stub",
     "run_check",
@@ -108,6 +109,23 @@ def reraise_stub(exc: BaseException) -> None:
     if marker in str(exc):
         message = str(exc).split(marker, 1)[1].splitlines()[0]
         raise LibraryCall(message.split("; rank ")[0]) from None  # one rank's is enough
+
+
+def raise_as_in_the_notebook(exc: BaseException, stub_message: str) -> None:
+    """Re-raise an engine check's wrapped error as the notebook's own check would raise it.
+
+    A library call becomes its refusal, a stub's ``NotImplementedError`` becomes
+    ``NotImplementedError(stub_message)`` (no answer in it), a failed assertion its message;
+    anything else is re-raised as it came.
+    """
+    inner = getattr(exc, "ename", None)
+    if inner == "LibraryCall" or "LibraryCall" in str(exc):
+        reraise_stub(exc)  # the refusal, as in the notebook's process
+    if inner == "NotImplementedError" or "NotImplementedError" in str(exc):
+        raise NotImplementedError(stub_message) from None
+    if inner == "AssertionError":
+        raise AssertionError(getattr(exc, "evalue", str(exc))) from None
+    raise exc
 
 
 # ---- answers that delegate to the library ------------------------------------------------------
