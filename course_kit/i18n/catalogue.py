@@ -1,0 +1,119 @@
+"""No lecture (the course in a second language): a notebook's prose as a gettext catalogue, and the translated notebook built from it.
+
+The English notebook is the only source. Each markdown cell is one message: ``msgctxt`` is the
+cell's id, ``msgid`` its English text. When the English text of a cell changes, its translation is
+kept but marked fuzzy (with the previous English text beside it), as gettext's ``msgmerge`` does,
+so a translator sees what changed; a build refuses fuzzy or empty entries. Code cells are never
+in a catalogue: the translated notebook copies them, byte for byte.
+"""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+import nbformat
+import polib
+
+__all__ = [
+    "ROOT",
+    "catalogue_path",
+    "english_notebooks",
+    "translated_notebook_path",
+    "update_catalogue",
+    "untranslated",
+    "build_notebook",
+]
+
+ROOT = Path(__file__).resolve().parents[2]
+NOTEBOOKS = ROOT / "notebooks"
+
+
+def english_notebooks() -> list[Path]:
+    """Every English lecture and assignment notebook, in course order."""
+    lectures = sorted(NOTEBOOKS.glob("[0-9][0-9]_*.ipynb"))
+    assignments = sorted((NOTEBOOKS / "assignments").glob("A*.ipynb"))
+    return lectures + assignments
+
+
+def catalogue_path(notebook: Path, lang: str) -> Path:
+    """Where the catalogue of ``notebook`` in ``lang`` lives (``locale/ru/notebooks/…/X.po``)."""
+    relative = notebook.resolve().relative_to(NOTEBOOKS)
+    return ROOT / "locale" / lang / "notebooks" / relative.with_suffix(".po")
+
+
+def translated_notebook_path(notebook: Path, lang: str) -> Path:
+    """Where the generated notebook in ``lang`` is written (``notebooks/ru/…``)."""
+    relative = notebook.resolve().relative_to(NOTEBOOKS)
+    return NOTEBOOKS / lang / relative
+
+
+def _header(notebook: Path, lang: str) -> dict[str, str]:
+    return {
+        "Project-Id-Version": f"course-kit {notebook.relative_to(ROOT).as_posix()}",
+        "Language": lang,
+        "MIME-Version": "1.0",
+        "Content-Type": "text/plain; charset=UTF-8",
+        "Content-Transfer-Encoding": "8bit",
+        "Plural-Forms": "nplurals=3; plural=(n%10==1 && n%100!=11 ? 0 : n%10>=2 && n%10<=4 && "
+        "(n%100<10 || n%100>=20) ? 1 : 2);",
+    }
+
+
+def update_catalogue(notebook: Path, lang: str) -> polib.POFile:
+    """Bring the catalogue of ``notebook`` up to date with its markdown cells; keep translations."""
+    path = catalogue_path(notebook, lang)
+    old = polib.pofile(str(path)) if path.exists() else None
+    previous = {entry.msgctxt: entry for entry in old} if old is not None else {}
+    po = polib.POFile(wrapwidth=0)
+    po.metadata = _header(notebook, lang)
+    nb = nbformat.read(notebook, as_version=4)
+    for cell in nb.cells:
+        if cell.cell_type != "markdown":
+            continue
+        entry = polib.POEntry(msgctxt=cell.id, msgid=cell.source, msgstr="")
+        before = previous.get(cell.id)
+        if before is not None and before.msgstr:
+            entry.msgstr = before.msgstr
+            if before.msgid != cell.source:
+                # As msgmerge does: the old translation stays, marked for review, old text beside it.
+                entry.flags.append("fuzzy")
+                entry.previous_msgid = before.previous_msgid or before.msgid
+            elif before.fuzzy:
+                entry.flags.append("fuzzy")
+                entry.previous_msgid = before.previous_msgid
+        po.append(entry)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".po.tmp")
+    po.save(str(tmp))
+    tmp.replace(path)
+    return po
+
+
+def untranslated(po: polib.POFile) -> list[str]:
+    """The ids of the cells whose translation is missing or fuzzy."""
+    return [entry.msgctxt for entry in po if not entry.msgstr or entry.fuzzy]
+
+
+def build_notebook(notebook: Path, lang: str) -> nbformat.NotebookNode:
+    """The notebook in ``lang``: markdown from the catalogue, code cells copied unchanged."""
+    po = polib.pofile(str(catalogue_path(notebook, lang)))
+    missing = untranslated(po)
+    if missing:
+        raise ValueError(
+            f"{catalogue_path(notebook, lang).relative_to(ROOT)}: {len(missing)} cells untranslated "
+            f"or fuzzy (first: {missing[0]}); translate them, then build again"
+        )
+    by_id = {entry.msgctxt: entry for entry in po}
+    nb = nbformat.read(notebook, as_version=4)
+    out = copy.deepcopy(nb)
+    for cell in out.cells:
+        if cell.cell_type == "markdown":
+            entry = by_id.get(cell.id)
+            if entry is None or entry.msgid != cell.source:
+                raise ValueError(
+                    f"cell {cell.id} of {notebook.name}: catalogue out of date; run update"
+                )
+            cell.source = entry.msgstr
+    out.metadata["language"] = lang
+    return out
