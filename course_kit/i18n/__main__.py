@@ -12,10 +12,11 @@ from course_kit.i18n.catalogue import (
     untranslated,
     update_catalogue,
 )
+from course_kit.i18n.documents import DOCUMENTS, document_catalogue_path, update_document_catalogue
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Update every notebook's catalogue, or say how many cells each still lacks."""
+    """Update every notebook's and document's catalogue, and say how much of each is translated."""
     parser = argparse.ArgumentParser(prog="python -m course_kit.i18n")
     parser.add_argument("action", choices=["update", "status"])
     parser.add_argument("--lang", default="ru")
@@ -26,6 +27,11 @@ def main(argv: list[str] | None = None) -> int:
         print(
             f"{catalogue_path(notebook, args.lang).relative_to(ROOT)}: {len(po) - len(left)}/{len(po)} translated"
         )
+    for document in DOCUMENTS:
+        po = update_document_catalogue(document, args.lang)
+        left = untranslated(po)
+        path = document_catalogue_path(document, args.lang).relative_to(ROOT)
+        print(f"{path}: {len(po) - len(left)}/{len(po)} translated")
     return 0
 
 

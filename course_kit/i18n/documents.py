@@ -1,0 +1,215 @@
+"""No lecture (the course in a second language): a Markdown document's prose as a gettext catalogue, and the translated document built from it.
+
+The English document is the only source. It is cut into blocks at blank lines; each block of prose
+(a paragraph, a heading, a list, a table) is one message, keyed by its English text, as gettext
+keys a program's strings. Fenced code blocks and the blocks a generator writes (between
+``<!-- generated: … -->`` and ``<!-- end generated -->``: cell times, the checks' own messages) are
+copied unchanged. ``README.md`` becomes ``README.ru.md``; ``docs/X.md`` becomes ``docs/ru/X.md``.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import polib
+
+from course_kit.i18n.catalogue import ROOT, _header
+
+__all__ = [
+    "DOCUMENTS",
+    "split_blocks",
+    "document_catalogue_path",
+    "translated_document_path",
+    "update_document_catalogue",
+    "build_document",
+    "relink",
+]
+
+#: The documents translated, relative to the repository root.
+DOCUMENTS = [
+    "README.md",
+    "docs/instructor.md",
+    "docs/teaching/syllabus.md",
+    *[f"docs/teaching/notes/lecture{n:02d}.md" for n in range(16)],
+]
+
+_FENCE = re.compile(r"^\s*(```|~~~)")
+_GENERATED = re.compile(r"^<!-- generated: ")
+_END_GENERATED = "<!-- end generated -->"
+
+
+def split_blocks(text: str) -> list[tuple[str, bool]]:
+    """The document as ``(block, translatable)`` pairs; joining the blocks with blank lines rebuilds it."""
+    lines = text.split("\n")
+    blocks: list[tuple[str, bool]] = []
+    current: list[str] = []
+    i = 0
+
+    def flush() -> None:
+        if current:
+            block = "\n".join(current)
+            blocks.append((block, bool(re.search(r"[A-Za-z]", block))))
+            current.clear()
+
+    while i < len(lines):
+        line = lines[i]
+        if _FENCE.match(line) or _GENERATED.match(line):
+            flush()
+            fenced = bool(_FENCE.match(line))
+            closing = _FENCE.match(line).group(1) if fenced else None
+            verbatim = [line]
+            i += 1
+            while i < len(lines):
+                verbatim.append(lines[i])
+                if (fenced and lines[i].strip().startswith(closing)) or (
+                    not fenced and lines[i].strip() == _END_GENERATED
+                ):
+                    break
+                i += 1
+            blocks.append(("\n".join(verbatim), False))
+            i += 1
+            continue
+        if line.strip() == "":
+            flush()
+            blocks.append(("", False))
+        else:
+            current.append(line)
+        i += 1
+    flush()
+    return blocks
+
+
+def _join(blocks: list[str]) -> str:
+    """Inverse of :func:`split_blocks`: blank-line separators are blocks of their own."""
+    out: list[str] = []
+    for block in blocks:
+        out.append(block)
+    # Every separator ("") became its own block and every content block ends at a blank line or
+    # the end, so joining with newlines restores the original text exactly.
+    return "\n".join(out)
+
+
+def document_catalogue_path(document: str, lang: str) -> Path:
+    """Where the catalogue of ``document`` lives (``locale/ru/docs/instructor.po``)."""
+    return ROOT / "locale" / lang / Path(document).with_suffix(".po")
+
+
+def translated_document_path(document: str, lang: str) -> Path:
+    """Where the document in ``lang`` is written: ``README.ru.md``, ``docs/ru/…``."""
+    path = Path(document)
+    if path.parts[0] == "docs":
+        return ROOT / "docs" / lang / Path(*path.parts[1:])
+    return ROOT / path.with_suffix(f".{lang}.md")
+
+
+def update_document_catalogue(document: str, lang: str) -> polib.POFile:
+    """Bring the catalogue of ``document`` up to date with its prose blocks; keep translations."""
+    path = document_catalogue_path(document, lang)
+    old = polib.pofile(str(path)) if path.exists() else None
+    kept = {entry.msgid: entry for entry in old} if old is not None else {}
+    olds = [entry for entry in old if entry.msgstr] if old is not None else []
+    po = polib.POFile(wrapwidth=0)
+    po.metadata = _header(ROOT / document, lang)
+    seen: set[str] = set()
+    text = (ROOT / document).read_text(encoding="utf-8")
+    for block, translatable in split_blocks(text):
+        if not translatable or block in seen:
+            continue
+        seen.add(block)
+        entry = polib.POEntry(msgid=block, msgstr="")
+        before = kept.get(block)
+        if before is not None and before.msgstr:
+            entry.msgstr = before.msgstr
+            if before.fuzzy:
+                entry.flags.append("fuzzy")
+                entry.previous_msgid = before.previous_msgid
+        else:
+            similar = _most_similar(block, olds, seen_ids={e.msgid for e in po})
+            if similar is not None:
+                # msgmerge's fuzzy matching: a changed paragraph keeps its old translation, flagged.
+                entry.msgstr = similar.msgstr
+                entry.flags.append("fuzzy")
+                entry.previous_msgid = similar.msgid
+        po.append(entry)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".po.tmp")
+    po.save(str(tmp))
+    tmp.replace(path)
+    return po
+
+
+def _most_similar(
+    block: str, olds: list[polib.POEntry], seen_ids: set[str]
+) -> polib.POEntry | None:
+    """The old entry closest to ``block`` (difflib ratio ≥ 0.6), as msgmerge finds a fuzzy match."""
+    import difflib
+
+    best, best_ratio = None, 0.6
+    for entry in olds:
+        if entry.msgid in seen_ids:
+            continue
+        matcher = difflib.SequenceMatcher(None, block, entry.msgid, autojunk=False)
+        if matcher.real_quick_ratio() < best_ratio or matcher.quick_ratio() < best_ratio:
+            continue
+        ratio = matcher.ratio()
+        if ratio >= best_ratio:
+            best, best_ratio = entry, ratio
+    return best
+
+
+_LINK = re.compile(r"(\]\()([^)\s#]+)(#[^)\s]*)?(\))")
+
+
+def relink(text: str, source: Path, target: Path, lang: str) -> str:
+    """Rewrite relative links of a document moved from ``source`` to ``target``, preferring translations."""
+    import os
+
+    def translated(path: Path) -> Path:
+        relative = path.relative_to(ROOT) if path.is_relative_to(ROOT) else None
+        if relative is None:
+            return path
+        if relative.as_posix() in DOCUMENTS:
+            candidate = translated_document_path(relative.as_posix(), lang)
+        elif relative.parts[:1] == ("notebooks",) and relative.suffix == ".ipynb":
+            candidate = ROOT / "notebooks" / lang / Path(*relative.parts[1:])
+        else:
+            return path
+        return candidate if candidate.exists() else path
+
+    def replace(match: re.Match[str]) -> str:
+        href = match.group(2)
+        if re.match(r"^[a-z]+:", href) or href.startswith("/"):
+            return match.group(0)
+        resolved = (source.parent / href).resolve()
+        new = translated(resolved)
+        rel = os.path.relpath(new, target.parent)
+        if href.endswith("/") and not rel.endswith("/"):
+            rel += "/"
+        return f"{match.group(1)}{Path(rel).as_posix()}{match.group(3) or ''}{match.group(4)}"
+
+    return _LINK.sub(replace, text)
+
+
+def build_document(document: str, lang: str) -> str:
+    """The document in ``lang``: prose from the catalogue, code and generated blocks copied."""
+    path = document_catalogue_path(document, lang)
+    po = polib.pofile(str(path))
+    by_id = {entry.msgid: entry for entry in po}
+    text = (ROOT / document).read_text(encoding="utf-8")
+    out: list[str] = []
+    for block, translatable in split_blocks(text):
+        if not translatable:
+            out.append(block)
+            continue
+        entry = by_id.get(block)
+        if entry is None:
+            raise ValueError(f"{path.relative_to(ROOT)}: catalogue out of date; run update")
+        if not entry.msgstr or entry.fuzzy:
+            first = block.splitlines()[0][:60]
+            raise ValueError(
+                f"{path.relative_to(ROOT)}: untranslated or fuzzy: {first!r}; translate it, then build"
+            )
+        out.append(entry.msgstr)
+    built = _join(out)
+    return relink(built, ROOT / document, translated_document_path(document, lang), lang)
