@@ -169,7 +169,7 @@ def relink(text: str, source: Path, target: Path, lang: str) -> str:
         relative = path.relative_to(ROOT) if path.is_relative_to(ROOT) else None
         if relative is None:
             return path
-        if relative.as_posix() in DOCUMENTS:
+        if relative.as_posix() in DOCUMENTS or relative.parts[:1] == ("docs",):
             candidate = translated_document_path(relative.as_posix(), lang)
         elif relative.parts[:1] == ("notebooks",) and relative.suffix == ".ipynb":
             candidate = ROOT / "notebooks" / lang / Path(*relative.parts[1:])
@@ -183,10 +183,10 @@ def relink(text: str, source: Path, target: Path, lang: str) -> str:
             return match.group(0)
         resolved = (source.parent / href).resolve()
         new = translated(resolved)
-        rel = os.path.relpath(new, target.parent)
-        if href.endswith("/") and not rel.endswith("/"):
+        rel = Path(os.path.relpath(new, target.parent)).as_posix()
+        if href.endswith("/"):
             rel += "/"
-        return f"{match.group(1)}{Path(rel).as_posix()}{match.group(3) or ''}{match.group(4)}"
+        return f"{match.group(1)}{rel}{match.group(3) or ''}{match.group(4)}"
 
     return _LINK.sub(replace, text)
 
