@@ -1,4 +1,4 @@
-"""No lecture (the kit's plumbing). ``./kit slides NN|all [--out DIR]``: a reveal.js deck per lecture from its stored outputs (``jupyter nbconvert --to slides``).
+"""No lecture (the kit's plumbing). ``./kit slides NN|all [--out DIR] [--offline]``: a reveal.js deck per lecture from its stored outputs (``jupyter nbconvert --to slides``).
 
 Nothing is executed: the deck shows the outputs stored in the notebook. A cell's slide type comes
 from its slide tags (set by ``python -m course_kit.teaching.annotate``): ``slide-title``,
