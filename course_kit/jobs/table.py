@@ -59,7 +59,7 @@ _USAGE = {  # ./kit help's lines per job: (usage, what it does)
     "grade": (("grade SUBMISSIONS [--out grades]", "grade a folder of submissions"),
               ("grade --self-test", "attack the grader; say what held")),
     "check": (("check NOTEBOOK", "grade one notebook as the grader will"),),
-    "slides": (("slides NN|all [--out DIR]", "reveal.js decks from the lectures' stored outputs"),),
+    "slides": (("slides NN|all [--out DIR] [--offline]", "reveal.js decks from the lectures' stored outputs"),),
 }
 _RUN = {"setup": setup_job, "lab": lab_job, "demo": demo_job, "test": test_job,
         "bench": bench_job, "doctor": doctor_job, "room": room_job, "release": release_job,

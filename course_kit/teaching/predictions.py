@@ -59,6 +59,17 @@ PREDICTIONS: dict[int, list[tuple[str, str, str]]] = {
          'p3b.reveal(1e3 * float(np.median(measured[True, "ring_allreduce"][-1])), '
          '1e3 * predict("ring_allreduce", sizes[-1], 4, models[True]))'),
     ],
+    4: [
+        ('ps = train_data_parallel(',
+         _box("p4a", "4.a", "The parameter server on 4 ranks: how many times the gradient's bytes S does the server (rank 0) put on the wire per step?",
+              unit='"x S"', formula='"(N - 1) S: the average goes back to each of the N - 1 workers"'),
+         'p4a.reveal(round(ps.summary()[0]["wire_bytes"] / ps.gradient_bytes, 3), 4 - 1)'),
+        ("emulated = {}",
+         _box("p4b", "4.b", "The ring allreduce of this 8.3 MB gradient on 4 ranks over the emulated Gigabit link: its comm time per step, ms?",
+              unit='"ms"', formula='"2(N-1)(alpha + S/N beta), the link model of lecture 3"'),
+         'p4b.reveal(round(1e3 * float(np.mean([row["comm_s"] for row in emulated["ring"].summary()])), 1), '
+         '1e3 * predict("ring_allreduce", ps.gradient_bytes, 4, LinkModel.from_link(GIGABIT)))'),
+    ],
     5: [
         ('local = train_data_parallel(cluster, method="local_sgd"',
          _box("p5a", "5.a", "Local-SGD(4): the bytes rank 0 puts on the wire, as a share of bulk-synchronous training's?",
@@ -69,6 +80,18 @@ PREDICTIONS: dict[int, list[tuple[str, str, str]]] = {
          _box("p5b", "5.b", "The asynchronous server with 2 workers (one a straggler): mean staleness of the applied gradients?",
               unit='"updates"', formula='"W - 1 = 1 if both workers were equally fast"'),
          'p5b.reveal(float(np.mean([a["staleness"] for a in asy.applied])), 1)'),
+    ],
+    6: [
+        ("values = np.array(cluster.run(gossip_rounds, 8))",
+         _box("p6a", "6.a", "Engines start with 0, 1, 4, 9 and gossip 8 steps: what value does rank 0 hold then?",
+              formula='"the mean of the start: every W is doubly stochastic, so the mean never moves"'),
+         "p6a.reveal(round(float(values[0, -1]), 4), float(np.mean(values[:, 0])))"),
+        ("def digits_960():",
+         _box("p6b", "6.b", "Local-SGD(4) with gossip averaging (5 averagings in 20 steps): bytes per rank per averaging, in units of the weights' bytes S?",
+              unit='"x S"', formula='"2 S at s = 1, S at s = 2 (both partners one rank), over s = 1, 2, 1, 2, 1"'),
+         'p6b.reveal(round(float(np.mean([rec["wire_bytes"] for rec in runs["Local-SGD(4) + gossip"].records])) '
+         "* 20 / 5 / (4 * sum(p.numel() for p in make_net().parameters())), 3), "
+         "float(np.mean([len(set(gossip_partners(0, 4, s))) for s in gossip_distances(4, 5)])))"),
     ],
     7: [
         ('settings = {"topk": {"ratio": 0.01}',
@@ -101,5 +124,15 @@ PREDICTIONS: dict[int, list[tuple[str, str, str]]] = {
               formula='"(p-1)/(m+p-1)"'),
          'p10b.reveal(round(Timeline.merge([r["timeline"] for r in runs["gpipe"]]).bubble_fraction, 4), '
          "bubble_formula(4, 8))"),
+    ],
+    12: [
+        ("sweep = {}",
+         _box("p12a", "12.a", "Linear scaling with 1 epoch of warm-up, 10 epochs on 4 engines: the test accuracy at B = 1024 (0-1)?",
+              formula='"no formula: the rule holds while B stays below the critical batch (fitted below)"'),
+         "p12a.reveal(round(sweep[1024], 3))"),
+        ("GRID = [0.01, 0.04, 0.16, 0.64, 2.56]",
+         _box("p12b", "12.b", "Each lr tuned: the steps to 95 % test accuracy at B = 256, as a share of the steps at B = 16?",
+              formula='"16 / 256 with perfect scaling; S_min (1 + B_crit/B) predicts more above B_crit"'),
+         "p12b.reveal(round(live[256].median / live[16].median, 3) if live[16] and live[256] else 'not reached', 16 / 256)"),
     ],
 }  # fmt: skip

@@ -5,11 +5,14 @@ from __future__ import annotations
 from course_lib.teaching.bank_early import EARLY
 from course_lib.teaching.bank_later import LATER
 from course_lib.teaching.bank_others import OTHERS
+from course_lib.teaching.bank_transformer import TRANSFORMER
 from course_lib.teaching.questions import Question, check_quiz, show_questions
 
 __all__ = ["QUESTIONS", "ask", "lecture_questions", "quiz"]
 
-QUESTIONS: dict[int, list[Question]] = dict(sorted({**EARLY, **LATER, **OTHERS}.items()))
+QUESTIONS: dict[int, list[Question]] = dict(
+    sorted({**EARLY, **LATER, **OTHERS, **TRANSFORMER}.items())
+)
 
 
 def lecture_questions(lecture: int) -> list[Question]:

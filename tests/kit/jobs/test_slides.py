@@ -39,3 +39,15 @@ def test_one_lecture_by_number(tmp_path: Path):
     assert slides_job(["3", "--out", str(tmp_path)]) == 0
     assert [p.name for p in tmp_path.iterdir()] == ["03_communication.slides.html"]
     assert slides_job(["77", "--out", str(tmp_path)]) == 2
+
+
+def test_an_offline_deck_loads_reveal_from_beside_it(tmp_path: Path):
+    assert slides_job(["3", "--out", str(tmp_path), "--offline"]) == 0
+    html = (tmp_path / "03_communication.slides.html").read_text()
+    for needed in ("reveal.js/dist/reveal.js", "reveal.js/plugin/notes/notes.js", "require.js"):
+        assert f'"reveal_offline/{needed}"' in html, needed
+        assert (tmp_path / "reveal_offline" / needed).is_file(), needed
+    assert (
+        "unpkg.com/reveal.js" not in html and "cdnjs.cloudflare.com/ajax/libs/require" not in html
+    )
+    assert "if(window.MathJax && MathJax.Hub.getAllJax(" in html  # no error when MathJax is absent

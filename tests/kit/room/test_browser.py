@@ -1,7 +1,9 @@
 """The kit as a student meets it: JupyterLab (started as ``./kit lab`` starts it) in a real browser.
 
 Headless Chromium, driven by Playwright, opens lecture 0 and runs it through the Run menu, then
-runs an assignment's first exercise cell by cell with Shift+Enter. As root, a student's Lab
+runs an assignment's first exercise cell by cell with Shift+Enter; it opens a lecture's deck
+(``./kit slides --offline``) with the network blocked and turns a slide, and locks in a prediction
+in lecture 10's prediction box to see the measurement revealed. As root, a student's Lab
 pointed at the emulated room's cluster runs lecture 4 on a seat of the room (in this module, so
 that two Labs and browsers never run at once on the test command's two workers). Everything is
 read from the page: execution counts, error outputs, the doctor's table, the progress widgets,
@@ -12,7 +14,10 @@ Skipped, with the reason, where Playwright or a Chromium executable is missing.
 from __future__ import annotations
 
 import hashlib
+import json
 import os
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -29,8 +34,10 @@ from browser_lab import (
 from browser_lab import tracebacks as error_outputs
 from room_helpers import kit, pids_in
 
+from course_kit.jobs.slides import slide_type
 from course_kit.room.build import room_unavailable_reason
 from course_kit.room.state import lab_folder, read_state, room_down
+from course_lib.teaching.predict import RECORD_FILE
 
 pytestmark = [
     pytest.mark.slow,
@@ -126,6 +133,91 @@ def test_assignment_check_cell_prints_its_verdict(notebook):
     assert verdict.startswith("Exercise A1.1 smoothed_cross_entropy: FAIL (not implemented yet"), (
         verdict
     )
+
+
+# -- the lecturer's deck and a prediction box (issue 38) -------------------------------------------
+DECK = "00_cluster.ipynb"
+PREDICTING = "10_pipeline_parallel.ipynb"
+#: What an offline deck may still ask the network for, and do without (reveal_offline/README.md).
+OPTIONAL_ONLINE = ("mathjax", "mermaid", "fonts.googleapis.com", "@jupyter-widgets")
+
+
+def test_a_deck_opens_offline_and_turns_a_slide(browser, tmp_path: Path):
+    """``./kit slides 00 --offline``: the deck opens with the network blocked, no script error."""
+    built = subprocess.run(
+        [sys.executable, "-m", "course_kit", "slides", DECK[:2], "--out", str(tmp_path), "--offline"],
+        cwd=REPO, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert built.returncode == 0, built.stdout + built.stderr
+    deck = Path(built.stdout.split()[-1])
+    starts = [
+        c for c in nbformat.read(REPO / "notebooks" / DECK, 4).cells if slide_type(c) == "slide"
+    ]
+    page = browser.new_page(viewport={"width": 1400, "height": 1000})
+    errors, asked = [], []
+    page.on("pageerror", lambda error: errors.append(str(error)))
+
+    def offline(route):  # noqa: ANN001 - playwright's Route
+        if route.request.url.startswith("file:"):
+            route.continue_()
+        else:
+            asked.append(route.request.url)
+            route.abort()
+
+    page.route("**/*", offline)
+    try:
+        page.goto(deck.as_uri())
+        page.wait_for_selector(".reveal.ready", timeout=60_000)  # reveal.js initialised
+        assert page.locator(".slides > section").count() == len(starts)
+        page.click(".reveal")
+        for _ in range(20):  # through the title slide's fragments to the next slide
+            if page.evaluate("location.hash").startswith("#/1"):
+                break
+            page.keyboard.press("ArrowRight")
+            page.wait_for_timeout(200)
+        heading = "".join(starts[1].source).splitlines()[0].lstrip("# ")
+        assert heading in page.locator("section.present").first.inner_text(), heading
+    finally:
+        page.close()
+    assert not errors, errors
+    needed = [url for url in asked if not any(k in url for k in OPTIONAL_ONLINE)]
+    assert not needed, f"the offline deck fetched {needed}"
+
+
+def test_a_prediction_is_locked_in_and_the_measurement_revealed(notebook):
+    """Lecture 10's box: the reveal waits for a prediction; 0.27 locked in shows 0.2727 beside it."""
+    stored = REPO / "notebooks" / PREDICTING
+    digest, record = _digest(stored), stored.with_name(RECORD_FILE)
+    kept = record.read_bytes() if record.exists() else None
+    notebook.open(PREDICTING)
+    notebook.clear_outputs()
+    try:
+        for index in range(5):  # imports, the schedules, the box, the measurement, its reveal
+            cells = [c for c in notebook.run_cell(index, timeout=300) if c["kind"] == "code"]
+        assert [c["prompt"] for c in cells[:5]] == [f"[{i}]:" for i in range(1, 6)], cells[:5]
+        assert not tracebacks(cells), "\n".join(tracebacks(cells))
+        box, reveal = cells[2], cells[4]
+        assert "Predict first (10.a)" in box["text"] and box["widgets"] >= 1, box
+        assert "10.a: locked" in reveal["text"] and "measured" not in reveal["text"], reveal
+        cell = notebook.page.locator(".jp-NotebookPanel:not(.lm-mod-hidden) .jp-CodeCell").nth(2)
+        field = cell.locator(".jp-OutputArea-output .widget-text input")
+        field.fill("0.27")
+        field.press("Enter")
+        cell.locator("button", has_text="Lock in").click()
+        cell.locator(".jp-OutputArea-output", has_text="10.a: measured").first.wait_for(
+            timeout=60_000
+        )
+        shown = cell.locator(".jp-Cell-outputArea").inner_text()
+        assert "10.a: measured 0.2727" in shown and "formula: (p-1)/(m+p-1) = 0.2727" in shown
+        assert "your prediction 0.27: within 10 %" in shown, shown
+        saved = json.loads(record.read_text())["10.a"]
+        assert saved["predicted"] == 0.27 and abs(saved["measured"] - 3 / 11) < 1e-12, saved
+    finally:
+        if kept is None:
+            record.unlink(missing_ok=True)
+        else:
+            record.write_bytes(kept)
+    assert _digest(stored) == digest, f"{PREDICTING} was modified on disk"
 
 
 # -- lecture 4 on a seat of the emulated room's cluster (root) ---------------------------------
