@@ -31,6 +31,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from course_grader.sandbox.kit_cut import cut_overlays
 from course_grader.sandbox.output_caps import KERNEL_CODE
 
 __all__ = [
@@ -196,12 +197,13 @@ def prepare_sandbox(
     ``cgroups``: the ``cgroup.procs`` files the sandbox's launcher joins (:mod:`.cgroup`);
     ``cut``: the kit's functions the kernel sees only as stubs (:mod:`.kit_cut`; with ``kit``).
     """
-    from course_grader.sandbox.kit_cut import cut_overlays
-
     runtime = run_dir / "runtime"
     runtime.mkdir(parents=True, exist_ok=True)
     # run_dir is never shown to the kernel: only its cut copies, each bound over its module
-    overlays, caches = cut_overlays(cut, run_dir / "kit_cut") if kit and cut else ([], [])
+    cutting = kit and cut
+    overlays, caches = (
+        cut_overlays(cut, run_dir / "kit_cut", kit_package().parent) if cutting else ([], [])
+    )
     config = {
         "root": str(run_dir / "root"),
         "readonly": _readonly_paths(kit),

@@ -67,7 +67,7 @@ def test_a_name_the_module_does_not_define_is_refused():
     with pytest.raises(LookupError, match="made.up defines no missing: update"):
         cut_source(MODULE, ["missing"], "made.up")
     with pytest.raises(ValueError, match="write it as 'module:function'"):
-        cut_overlays(("course_lib.collectives.tree",), Path("/nonexistent"))
+        cut_overlays(("course_lib.collectives.tree",), Path("/nonexistent"), Path("/nonexistent"))
 
 
 REACH = """
