@@ -52,7 +52,7 @@ pytestmark = [
         reason=str(_PROBLEM),
     ),
 ]
-CLASS_SECONDS = 1500  # a generous bound: 31 notebooks of a few seconds each, 2 at a time
+CLASS_SECONDS = 1500  # generous: 25 notebooks of a few seconds, 2 at a time (and 2 beside them)
 #: An answer that starves its neighbours: 200 busy processes, each in a session of its own, and
 #: its notebook kept alive just under the cell limit (issue 35: the honest notebook beside it
 #: passed its total time limit, 0 / 8).
