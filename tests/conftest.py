@@ -156,11 +156,12 @@ ROOM_LECTURES = "tests/kit/room/test_room_lectures.py::test_lecture_runs_on_the_
 #: which put the room's lectures, 14 tests and 10-13 minutes, among the last to start: the
 #: long pole). Started first, the longest file runs beside all the short ones on the other worker.
 LONGEST_FIRST = (
-    "tests/kit/room/test_room_lectures.py",
-    "tests/grader/selftest/test_grading_attacks.py",
-    "tests/grader/assignments/test_grading_a5_to_a8.py",
-    "tests/kit/room/test_browser.py",
-    "tests/grader/pipeline/test_grading.py",
+    "tests/kit/room/test_room_lectures.py",  # 578 s (a -n 3 run's --durations, summed)
+    "tests/grader/assignments/test_grading_a5_to_a8.py",  # 295 s
+    "tests/grader/pipeline/test_grading.py",  # 266 s
+    "tests/grader/selftest/test_grading_attacks.py",  # 280 s with the sandbox's class, now one
+    "tests/lib/comm/test_comm_backends.py",  # 247 s
+    "tests/kit/room/test_browser.py",  # 218 s
     "tests/kit/lab/test_slurm.py",
     "tests/grader/assignments/test_grading_a2.py",
     "tests/grader/assignments/test_grading_a3.py",
