@@ -243,13 +243,13 @@ def _agree_with_records(records: list, counters: list) -> None:
             )
 
 
-#: The kit's own answers to A3: the parameter server's average, DDP's bucket rule, the ring
-#: allreduce of a bucket. Its kernel's kit has them only as stubs (course_grader.sandbox.kit_cut);
-#: the rest of the kit works as ever.
+#: The kit's own answers to A3: the parameter server's average, DDP's bucket rule. Its kernel's
+#: kit has them only as stubs (course_grader.sandbox.kit_cut); the rest of the kit works as ever.
+#: The ring allreduce (A3.3's bucket average) stays: the kit's exchanges agree on their layout
+#: with it (bucket_choice.agree_on_layout), and A3.3's training runs through them.
 KIT_CUT = (
     "course_lib.parallel.exchanges.parameter_server:ParameterServer.average",
     "course_lib.parallel.exchanges.buckets:bucket_layout",
-    "course_lib.collectives.ring:ring_allreduce",
 )
 
 
