@@ -1,19 +1,21 @@
 """Benchmark grading with and without the sandbox: the same class of submissions, side by side.
 
 Writes N correct submissions of one assignment (A1 by default; ``--assignment A4`` for one
-whose engines talk, and whose bytes on the wire the sandboxed grading also counts), grades
-them unisolated and sandboxed (alternating, ``--rounds`` times each, 2 notebooks at once as
-``./kit grade`` does), and prints the seconds per class, per notebook, and the sandboxed /
-unisolated ratio of the medians (target: at most 1.3), and what the sandboxes' control groups
-(their CPU share and memory limit, :mod:`course_grader.sandbox.cgroup`) cost. Both runs include the integrity checks
-after each pair of notebooks, and both decide the verdicts in the grader (probes); sandboxed,
-A1's kernel has no torch and no kit. Then it times
-the grader's self-check (``course_grader.selftest.selfcheck.preflight``), which ``./kit grade``
-runs once before the first student, and the reading of a sandbox's socket table that the bytes
-on the wire rest on (:mod:`course_grader.sandbox.wire_audit`: twice per probe cell of A2-A7's
-exercises whose engines talk).
+whose engines talk, and whose bytes on the wire the sandboxed grading also counts), grades them
+unisolated, sandboxed, and sandboxed without the control groups, in interleaved rounds
+(``course_lib.timing``; ``--rounds`` of them, 2 notebooks at once as ``./kit grade`` does), and
+prints the seconds per class with the machine's load, the sandboxed / unisolated ratio of the
+medians (issue 35's aim: at most 1.1) with the sentence the spreads support, and what the
+sandboxes' control groups (their CPU share and memory limit, :mod:`course_grader.sandbox.cgroup`)
+cost. Every mode runs the integrity checks after each pair of notebooks and decides the verdicts
+in the grader (probes); sandboxed, A1's kernel has no torch and no kit, and A2-A7's kernels see
+the kit with their answers cut out (:mod:`course_grader.sandbox.kit_cut`). Then it times the
+grader's self-check (``course_grader.selftest.selfcheck.preflight``), which ``./kit grade`` runs
+once before the first student, and the reading of a sandbox's socket table that the bytes on the
+wire rest on (:mod:`course_grader.sandbox.wire_audit`: twice per probe cell of A2-A7's exercises
+whose engines talk).
 
-    .venv/bin/python bench/bench_grading_sandbox.py                 # a class of 8, 1 round
+    .venv/bin/python bench/bench_grading_sandbox.py                 # a class of 8, 1 round (--rounds 3: 3)
     .venv/bin/python bench/bench_grading_sandbox.py --students 30   # a bigger class
     .venv/bin/python bench/bench_grading_sandbox.py --assignment A4 # engines, the wire audited
 """
@@ -26,6 +28,7 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import nbformat
@@ -37,6 +40,7 @@ from course_grader.cells import answer_id  # noqa: E402
 from course_grader.grade import GradingLimits  # noqa: E402
 from course_grader.gradebook import grade_folder  # noqa: E402
 from course_grader.sandbox.config import SandboxLimits, sandbox_problem  # noqa: E402
+from course_lib import timing  # noqa: E402
 
 SOURCES = ROOT / "assignments" / "source"
 
@@ -70,39 +74,42 @@ def main() -> int:
         print(f"no sandbox on this machine ({problem}): nothing to compare")
         return 1
     limits = GradingLimits(cell_seconds=120, total_seconds=900)
-    times: dict[str, list[float]] = {"unisolated": [], "sandboxed": [], "no CPU share": []}
-    modes = [("unisolated", None), ("sandboxed", SandboxLimits()),
-             ("no CPU share", SandboxLimits(share=False))]  # fmt: skip
+    modes = {"unisolated": None, "sandboxed": SandboxLimits(),
+             "no CPU share": SandboxLimits(share=False)}  # fmt: skip
+    print(f"before: {timing.load_line()}", flush=True)
     with tempfile.TemporaryDirectory(prefix="bench-grading-") as tmp:
         write_class(Path(tmp) / "class", args.students, args.assignment)
-        for _ in range(args.rounds):
-            for mode, sandbox in modes:
+
+        def grade(mode: str) -> Callable[[], None]:
+            def run() -> None:
                 started = time.perf_counter()
-                rows = grade_folder(
-                    Path(tmp) / "class",
-                    SOURCES,
-                    limits,
-                    jobs=args.jobs,
-                    progress=False,
-                    sandbox=sandbox,
-                )
-                times[mode].append(time.perf_counter() - started)
+                rows = grade_folder(Path(tmp) / "class", SOURCES, limits, jobs=args.jobs,
+                                    progress=False, sandbox=modes[mode])  # fmt: skip
                 full = sum(r.points == r.max_points for r in rows)
-                print(
-                    f"{mode:>10}: {times[mode][-1]:6.1f} s for {args.students} "
-                    f"{args.assignment} notebooks "
-                    f"({times[mode][-1] / args.students:.1f} s each), {full}/{len(rows)} "
-                    "exercises at full points",
-                    flush=True,
-                )
-                for row in [r for r in rows if r.points != r.max_points][:3]:  # right answers all
+                print(f"{mode:>12}: {time.perf_counter() - started:6.1f} s for {args.students} "
+                      f"{args.assignment} notebooks, {full}/{len(rows)} exercises at full points "
+                      f"({timing.load_line()})", flush=True)  # fmt: skip
+                for row in [r for r in rows if r.points != r.max_points][:3]:  # all right answers
                     print(f"    {row.student} {row.exercise}: {row.reason[:300]}", flush=True)
-    base, boxed, bare = (statistics.median(times[m]) for m, _ in modes)
+
+            return run
+
+        # Interleaved rounds (unisolated, sandboxed, no CPU share; again ...): a burst of load
+        # hits every mode alike. No warm-up round: a class takes minutes.
+        spreads = timing.interleaved_rounds({m: grade(m) for m in modes}, args.rounds, warmup=0)
+    base, boxed, bare = (spreads[m].median for m in modes)
     print(
-        f"median over {args.rounds} round(s), {args.jobs} at once: unisolated {base:.1f} s, "
-        f"sandboxed {boxed:.1f} s, ratio {boxed / base:.2f} (target <= 1.3); the sandboxes' "
-        f"control groups (CPU share, memory): {boxed - bare:+.1f} s ({bare:.1f} s without)"
+        f"median of {args.rounds} interleaved round(s), {args.jobs} notebooks at once: unisolated "
+        f"{base:.1f} s, sandboxed {boxed:.1f} s, ratio {boxed / base:.2f} (aim <= 1.1); the "
+        f"sandboxes' control groups (CPU share, memory): {boxed - bare:+.1f} s ({bare:.1f} s "
+        f"without)"
     )
+    unit = {"unit": "s", "scale": 1.0}
+    print(timing.compare("unisolated", spreads["unisolated"], "sandboxed", spreads["sandboxed"],
+                         quantity="a class's grading", **unit).sentence)  # fmt: skip
+    print(timing.compare("no CPU share", spreads["no CPU share"], "sandboxed",
+                         spreads["sandboxed"], quantity="a class's grading", **unit).sentence)  # fmt: skip
+    print(f"after: {timing.load_line()}", flush=True)
     from course_grader.gradebook import load_sources
     from course_grader.selftest.selfcheck import preflight
 

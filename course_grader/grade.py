@@ -247,6 +247,7 @@ def grade_notebook(
                     blocked=blocked,
                     kit=kit,
                     probes=probes,
+                    cut=spec.kit_cut,
                 )
                 captured = _captured(probes)
             if results is None:

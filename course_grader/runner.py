@@ -94,12 +94,13 @@ def run_nbval(
     blocked: tuple[str, ...] = (),
     kit: bool = True,
     probes: Path | None = None,
+    cut: tuple[str, ...] = (),
 ) -> dict[int, tuple[str, str]] | None:
     """Run nbval on ``path``; return {cell number: (outcome, message)}, or None past the limit.
 
     With ``sandbox``, the kernel (and all it starts) runs in a sandbox with those limits, which
     never shows it ``hidden`` nor lets it import ``blocked``, and shows it the kit only when
-    ``kit`` (see :mod:`course_grader.sandbox.config`); nbval stays outside. ``probes``: the
+    ``kit``, less the functions ``cut`` (see :mod:`course_grader.sandbox.config`); nbval stays outside. ``probes``: the
     folder (the grader's, never shown to the kernel) where nbval stores the probe cells' outputs.
     """
     xml = path.with_suffix(".xml")
@@ -142,10 +143,11 @@ def run_nbval(
         share = sandbox_cgroup(cpus, sandbox.total_memory_mb)
     with share as cgroups:
         return _run_nbval(cmd, path, env, total_seconds, ipython_dir, sandbox, hidden, blocked,
-                          kit, tuple(cgroups))  # fmt: skip
+                          kit, tuple(cgroups), cut)  # fmt: skip
 
 
-def _run_nbval(cmd, path, env, total_seconds, ipython_dir, sandbox, hidden, blocked, kit, cgroups):
+def _run_nbval(cmd, path, env, total_seconds, ipython_dir, sandbox, hidden, blocked, kit, cgroups,
+               cut=()):  # fmt: skip
     """:func:`run_nbval`'s second half: the sandbox's settings, the run, the report."""
     xml = path.with_suffix(".xml")
     shared = contextlib.nullcontext(False)
@@ -154,7 +156,7 @@ def _run_nbval(cmd, path, env, total_seconds, ipython_dir, sandbox, hidden, bloc
         # In the system's temporary folder, not beside the notebook: the kernel's Unix sockets
         # live in it, and a socket's path may not pass 107 bytes.
         run_dir = Path(tempfile.mkdtemp(prefix="sandbox-"))
-        config = (*hidden, str(path.parent)), blocked, kit, cgroups
+        config = (*hidden, str(path.parent)), blocked, kit, cgroups, cut
         env.update(prepare_sandbox(run_dir, sandbox, *config))
         env["COURSE_IPC"] = "1"
         if wire_problem_here() is None:  # nbval counts the bytes between the sandbox's processes

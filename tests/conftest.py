@@ -149,9 +149,37 @@ def shared_engines(local_engines):
 ROOM_LECTURES = "tests/kit/room/test_room_lectures.py::test_lecture_runs_on_the_rooms_cluster["
 
 
+# -- the longest files first: the two workers finish together -------------------------------------
+#: The files that take a worker longest (seconds summed over their tests, fresh clone, quiet:
+#: ``docs/measurements.md``), longest first. ``./kit test`` passes ``--no-loadscope-reorder``, so
+#: xdist hands files out in collection order (by default it sorts them by their number of tests,
+#: which put the room's lectures, 14 tests and 10-13 minutes, among the last to start: the
+#: long pole). Started first, the longest file runs beside all the short ones on the other worker.
+LONGEST_FIRST = (
+    "tests/kit/room/test_room_lectures.py",  # 578 s (a -n 3 run's --durations, summed)
+    "tests/grader/assignments/test_grading_a5_to_a8.py",  # 295 s
+    "tests/grader/pipeline/test_grading.py",  # 266 s
+    "tests/grader/selftest/test_grading_attacks.py",  # 280 s with the sandbox's class, now one
+    "tests/lib/comm/test_comm_backends.py",  # 247 s
+    "tests/kit/room/test_browser.py",  # 218 s
+    "tests/kit/lab/test_slurm.py",
+    "tests/grader/assignments/test_grading_a2.py",
+    "tests/grader/assignments/test_grading_a3.py",
+    "tests/grader/assignments/test_grading_a4.py",
+    "tests/kit/room/test_room_seats.py",
+    "tests/kit/room/test_room_lab.py",
+)
+
+
+def longest_first(items: list[pytest.Item]) -> list[pytest.Item]:
+    """Return ``items`` with the files of :data:`LONGEST_FIRST` first, in its order; stable."""
+    rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
+    return sorted(items, key=lambda item: rank.get(item.nodeid.split("::")[0], len(rank)))
+
+
 @pytest.hookimpl(trylast=True)  # after ``-m`` and ``-k`` have deselected what they deselect
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Deselect a lecture's local nbval run when the room's test runs that lecture on the room's cluster.
+    """Put the longest files first; deselect a lecture's local run where the room's test runs it.
 
     ``tests/kit/room/test_room_lectures.py`` runs every lecture that starts engines under nbval,
     top to bottom, connected to the room (the same cells, the same checks), so running it a second
@@ -160,6 +188,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     """
     from course_kit.room.build import missing_prerequisite
 
+    items[:] = longest_first(items)
     in_the_room = {
         i.nodeid[len(ROOM_LECTURES) : -1] for i in items if i.nodeid.startswith(ROOM_LECTURES)
     }

@@ -31,6 +31,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from course_grader.sandbox.kit_cut import cut_overlays
 from course_grader.sandbox.output_caps import KERNEL_CODE
 
 __all__ = [
@@ -185,6 +186,7 @@ def prepare_sandbox(
     blocked: tuple[str, ...] = (),
     kit: bool = True,
     cgroups: tuple[str, ...] = (),
+    cut: tuple[str, ...] = (),
 ) -> dict[str, str]:
     """Write the run's kernelspec and sandbox settings; return the environment nbval needs.
 
@@ -192,10 +194,16 @@ def prepare_sandbox(
     the kernel's connection file and sockets (``run_dir/runtime``, the only folder shared).
     ``blocked``: packages that must not import inside (an assignment's forbidden imports);
     ``kit``: whether the kernel sees ``course_lib`` (not when its checks run in the grader);
-    ``cgroups``: the ``cgroup.procs`` files the sandbox's launcher joins (:mod:`.cgroup`).
+    ``cgroups``: the ``cgroup.procs`` files the sandbox's launcher joins (:mod:`.cgroup`);
+    ``cut``: the kit's functions the kernel sees only as stubs (:mod:`.kit_cut`; with ``kit``).
     """
     runtime = run_dir / "runtime"
     runtime.mkdir(parents=True, exist_ok=True)
+    # run_dir is never shown to the kernel: only its cut copies, each bound over its module
+    cutting = kit and cut
+    overlays, caches = (
+        cut_overlays(cut, run_dir / "kit_cut", kit_package().parent) if cutting else ([], [])
+    )
     config = {
         "root": str(run_dir / "root"),
         "readonly": _readonly_paths(kit),
@@ -203,7 +211,9 @@ def prepare_sandbox(
         "hidden": [
             *(str(Path(p).resolve()) for p in (*hidden, *limits.hidden)),
             *foreign_site_packages(),
+            *caches,
         ],
+        "overlays": overlays,
         "blocked": package_folders(blocked),
         "blocked_reason": "this assignment forbids it; the grader runs its checks itself",
         "pythonpath": str(kit_package().parent) if kit else "",

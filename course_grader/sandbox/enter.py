@@ -12,7 +12,8 @@ kernel has (``unshare(2)``, ``mount(2)``, ``chroot(2)``, rlimits), so no tool ne
    a size-limited ``tmpfs`` at ``/tmp`` (home, working folder and ``$IPYTHONDIR``) and
    ``/dev/shm`` is the only place to write, besides the folder of the kernel's sockets (itself a
    size-limited tmpfs on the host when the grader runs as root); packages an assignment forbids
-   (``torch`` in A1) are covered by a package that refuses to import;
+   (``torch`` in A1) are covered by a package that refuses to import, and the kit's modules that
+   hold an assignment's answers by a copy with those functions cut out (:mod:`.kit_cut`);
 4. loopback up (engines and gloo talk over it), no other interface: nothing outside is reachable;
 5. rlimits (address space, processes, CPU time, file size), then the kernel runs as an
    unprivileged user (a uid of its own when started as root; no capabilities otherwise).
@@ -127,6 +128,14 @@ def _build_root(config: dict) -> None:
             _bind(path, root)
     for path in config["writable"]:
         _bind(path, root, writable=True)
+    for original, copy in config.get("overlays", []):  # kit modules with the answers cut out
+        if os.path.isfile(root + original):
+            _mount(copy, root + original, None, MS_BIND)
+            flags = MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV
+            try:
+                _mount(None, root + original, None, flags)
+            except OSError:  # a locked mount (noexec set by the host): keep its flags
+                _mount(None, root + original, None, flags | MS_NOEXEC)
     for path in config.get("blocked", []):  # forbidden packages: an import names why it fails
         _block_package(root + path, config.get("blocked_reason", "not available here"))
     for path in config["hidden"]:  # instructor files that lie below a read-only bind

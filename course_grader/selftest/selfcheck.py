@@ -182,6 +182,7 @@ def _why_setup_failed(
         "hidden": tuple(str(kit_package().parent / part) for part in spec.kit_hidden),
         "blocked": tuple(forbidden) if spec.blocked else (),
         "kit": spec.kit,
+        "cut": spec.kit_cut,
     }
     statements: list[str] = []
     for cell in graded.cells:

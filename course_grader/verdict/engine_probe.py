@@ -76,6 +76,7 @@ def engine_spec(
     points: Mapping[str, float],
     claims: Mapping[str, ClaimsOf],
     wire_slack: Mapping[str, int] | None = None,
+    kit_cut: tuple[str, ...] = (),
 ) -> ProbeSpec:
     """Return the spec of an assignment whose answers run on engines, their bytes audited.
 
@@ -86,6 +87,7 @@ def engine_spec(
         body: the notebook's judge of an exercise, over the replayed answer.
         points, claims, wire_slack: per exercise, the points, what the ranks' data claim was
             sent, and the bytes a pair may carry beyond the claims (default :data:`PER_PAIR`).
+        kit_cut: the kit's functions the kernel sees only as stubs (``ProbeSpec.kit_cut``).
     """
     probes = {
         exercise: ExerciseProbe(
@@ -98,7 +100,7 @@ def engine_spec(
         )
         for exercise, (name, call) in calls.items()
     }
-    return ProbeSpec("", probes, blocked=False, kit=True)
+    return ProbeSpec("", probes, blocked=False, kit=True, kit_cut=kit_cut)
 
 
 def pushed_spec(
@@ -111,6 +113,7 @@ def pushed_spec(
     points: Mapping[str, float],
     claims: ClaimsOf,
     wire_slack: Mapping[str, int],
+    kit_cut: tuple[str, ...] = (),
 ) -> ProbeSpec:
     """The spec of an assignment whose kernel pushes each answer to the engines by name (A2, A4).
 
@@ -125,6 +128,7 @@ def pushed_spec(
         points=points,
         claims=dict.fromkeys(exercises, claims),
         wire_slack=wire_slack,
+        kit_cut=kit_cut,
     )
 
 
@@ -136,6 +140,7 @@ def collect_spec(
     body: Body,
     points: Mapping[str, float],
     claims: Mapping[str, ClaimsOf],
+    kit_cut: tuple[str, ...] = (),
 ) -> ProbeSpec:
     """The spec of an assignment whose engines run ``collect`` on the answer (A6, A7).
 
@@ -152,4 +157,5 @@ def collect_spec(
         body=body,
         points=points,
         claims=claims,
+        kit_cut=kit_cut,
     )

@@ -126,6 +126,9 @@ class ProbeSpec:
     kit: bool = False  # the kernel sees course_lib (its engines need the communicators)...
     # ...but not these parts, as paths under the checkout (the references, the whole grader)
     kit_hidden: tuple[str, ...] = ("course_lib/checks", "course_grader")
+    # ...and these functions of the kit only as stubs: what the assignment asks the student to
+    # write, "module:function" or "module:Class.method" (course_grader.sandbox.kit_cut)
+    kit_cut: tuple[str, ...] = ()
 
 
 def _encode(value: Any) -> Any:

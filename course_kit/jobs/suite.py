@@ -13,8 +13,12 @@ __all__ = ["LINTED", "PYTEST_ARGS", "QUICK_ARGS", "test_job"]
 LINTED = ("course_lib", "course_grader", "course_kit", "tests", "bench")
 # Two workers: most tests wait on engines, ranks or a kernel, so two keep two cores busy. A file
 # stays on one worker (--dist loadfile): a module's fixtures start once and a notebook's cells
-# run in order in one kernel; each worker has its own engine pool.
-PYTEST_ARGS = ("tests", "notebooks", "-n", "2", "--dist", "loadfile", "--durations=30")
+# run in order in one kernel; each worker has its own engine pool. Files are handed out in
+# collection order (--no-loadscope-reorder), which tests/conftest.py starts with the longest.
+PYTEST_ARGS = (
+    "tests", "notebooks", "-n", "2", "--dist", "loadfile", "--no-loadscope-reorder",
+    "--durations=30",
+)  # fmt: skip
 # The inner loop (``--quick``, a few minutes): the library's tests and the layout's, no emulated
 # room, no MPI, nothing marked slow, no notebook; the grader's and the lab's whole runs are CI's.
 QUICK_ARGS = (

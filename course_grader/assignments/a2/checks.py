@@ -40,6 +40,7 @@ from course_lib.checks.verdict import Verdict, run_check
 
 __all__ = [
     "A2_POINTS",
+    "KIT_CUT",
     "A2_SIZES",
     "FOLDED",
     "NOT_POWER_OF_TWO",
@@ -51,6 +52,13 @@ __all__ = [
 ]
 
 A2_POINTS = {"A2.1": 3.0, "A2.2": 2.0, "A2.3": 3.0}
+#: The kit's own answers to A2: the reduce-scatter, allgather and allreduce by recursive halving
+#: and doubling. Its kernel's kit has them only as stubs (course_grader.sandbox.kit_cut); the rest
+#: of the kit works as ever.
+KIT_CUT = (
+    "course_lib.collectives.tree:doubling_schedule",
+    "course_lib.collectives.tree:recursive_doubling_allreduce",
+)
 A2_SIZES = (10, 1001, 4096)  # uneven chunks (3, 3, 2, 2 on 4 ranks), not divisible, even
 NOT_POWER_OF_TWO = "not_power_of_two"  # A2.1's last case: the answer on the first 3 ranks
 FOLDED = "folded"  # A2.3's cases on the first 3 ranks: folding, then halving and doubling

@@ -282,7 +282,7 @@ def a2_claims(cases: list) -> Claims:
 
 def a2_spec() -> ProbeSpec:
     """A2's probes: the engines run the answers, the grader judges every rank's data."""
-    from course_grader.assignments.a2.checks import A2_POINTS
+    from course_grader.assignments.a2.checks import A2_POINTS, KIT_CUT
 
     return pushed_spec(
         _EXERCISES,
@@ -293,4 +293,5 @@ def a2_spec() -> ProbeSpec:
         points=A2_POINTS,
         claims=a2_claims,
         wire_slack=_WIRE_SLACK,
+        kit_cut=KIT_CUT,
     )

@@ -31,7 +31,7 @@ from course_grader.verdict.claims import Claims, ClaimsBuilder
 from course_grader.verdict.probe import ExerciseProbe, ProbeSpec
 from course_lib.checks.verdict import Verdict, run_check
 
-__all__ = ["a3_cases", "a3_claims", "a3_spec", "kit_hidden"]
+__all__ = ["KIT_CUT", "a3_cases", "a3_claims", "a3_spec", "kit_hidden", "training_layout"]
 
 WORLD_SIZE = 4
 #: The set-up cell of the graded copy: the instructor's, without the checks' module.
@@ -80,6 +80,15 @@ def kit_hidden() -> tuple[str, ...]:
     return tuple(hidden)
 
 
+def training_layout(bucket_bytes: int) -> list[list[int]]:
+    """The buckets of A3's training network, laid out by the grader (the kernel's kit has no rule)."""
+    from course_grader.assignments.a3.engine import A3Net
+    from course_lib.parallel.exchanges.base import trainable_parameters
+    from course_lib.parallel.exchanges.buckets import bucket_layout
+
+    return bucket_layout(trainable_parameters(A3Net()), bucket_bytes)
+
+
 def a3_cases(kind: str, seed: int) -> list[dict]:
     """A3's cases for ``kind`` ("ps", "layout", "bucket") on the grader's seed."""
     from course_grader.assignments.a3 import checks as a3
@@ -93,7 +102,8 @@ def a3_cases(kind: str, seed: int) -> list[dict]:
     if kind == "ps":
         cases, options = a3.PS_CASES, {"server": a3.TRAIN_SERVER}
     else:
-        cases, options = [(size, 0) for size in a3.PROBE_SIZES], {"bucket_bytes": a3.BUCKET_BYTES}
+        cases = [(size, 0) for size in a3.PROBE_SIZES]
+        options = {"bucket_bytes": a3.BUCKET_BYTES, "layout": training_layout(a3.BUCKET_BYTES)}
     probes = [{"run": "probe", "size": s, "server": r, "seed": seed} for s, r in cases]
     return [*probes, {"run": "train", "train_seed": seed % 10_000, **options}]
 
@@ -233,6 +243,16 @@ def _agree_with_records(records: list, counters: list) -> None:
             )
 
 
+#: The kit's own answers to A3: the parameter server's average, DDP's bucket rule. Its kernel's
+#: kit has them only as stubs (course_grader.sandbox.kit_cut); the rest of the kit works as ever.
+#: The ring allreduce (A3.3's bucket average) stays: the kit's exchanges agree on their layout
+#: with it (bucket_choice.agree_on_layout), and A3.3's training runs through them.
+KIT_CUT = (
+    "course_lib.parallel.exchanges.parameter_server:ParameterServer.average",
+    "course_lib.parallel.exchanges.buckets:bucket_layout",
+)
+
+
 def a3_spec() -> ProbeSpec:
     """A3's probes: the kernel runs the answers and trains, the grader judges the data."""
     engine_call = 'kernel_case(cluster, "{kind}", {name}, case)'
@@ -260,4 +280,6 @@ def a3_spec() -> ProbeSpec:
     }
     # Training runs on torch (the engines' gloo too): torch stays importable; of the checks the
     # kernel sees only the data collector.
-    return ProbeSpec(KERNEL_SETUP, exercises, blocked=False, kit=True, kit_hidden=kit_hidden())
+    return ProbeSpec(
+        KERNEL_SETUP, exercises, blocked=False, kit=True, kit_hidden=kit_hidden(), kit_cut=KIT_CUT
+    )

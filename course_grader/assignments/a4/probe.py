@@ -27,7 +27,7 @@ from course_grader.verdict.claims import Claims, ClaimsBuilder
 from course_grader.verdict.engine_probe import pushed_spec
 from course_grader.verdict.probe import ProbeSpec
 
-__all__ = ["a4_cases", "a4_claims", "a4_spec"]
+__all__ = ["KIT_CUT", "a4_cases", "a4_claims", "a4_spec"]
 
 WORLD_SIZE = 4
 #: Bytes a pair may carry beyond its claims: A4.3's probe builds a subgroup of 3 (over the
@@ -195,6 +195,15 @@ def a4_claims(cases: list) -> list[Claims]:
     return claims.alternatives()
 
 
+#: The kit's own answers to A4: Local SGD's averaging and gossip's exchange. Its kernel's kit has
+#: them only as stubs (course_grader.sandbox.kit_cut); the rest of the kit works as ever.
+KIT_CUT = (
+    "course_lib.collectives.gossip:gossip_step",
+    "course_lib.parallel.exchanges.local_sgd:LocalSGD.average",
+    "course_lib.parallel.data_parallel.reference_local_sgd:simulate_local_sgd",
+)
+
+
 def a4_spec() -> ProbeSpec:
     """A4's probes: the engines run the answers, the grader judges every rank's data."""
     from course_grader.assignments.a4.checks import A4_POINTS
@@ -208,4 +217,5 @@ def a4_spec() -> ProbeSpec:
         points=A4_POINTS,
         claims=a4_claims,
         wire_slack=_WIRE_SLACK,
+        kit_cut=KIT_CUT,
     )

@@ -25,7 +25,7 @@ from course_grader.verdict.claims import counter_claims, p2p_claims
 from course_grader.verdict.engine_probe import collect_spec
 from course_grader.verdict.probe import ProbeSpec
 
-__all__ = ["a6_spec"]
+__all__ = ["KIT_CUT", "a6_spec"]
 
 _CALLS = {  # exercise: (name, what the engines call)
     "A6.1": ("row_parallel_forward", "(row_parallel_forward,)"),
@@ -53,6 +53,15 @@ _CLAIMS = {
 }
 
 
+#: The kit's own answers to A6: the row-parallel layer and the pipeline's step. Its kernel's kit
+#: has them only as stubs (course_grader.sandbox.kit_cut); the rest of the kit works as ever.
+KIT_CUT = (
+    "course_lib.parallel.model_parallel.tensor_parallel:RowParallelLinear.forward",
+    "course_lib.parallel.model_parallel.tensor_parallel:reduce_from_parallel",
+    "course_lib.parallel.pipeline_parallel.pipeline:pipeline_step",
+)
+
+
 def a6_spec() -> ProbeSpec:
     """A6's probes: the engines run the answers, the grader judges every rank's data."""
     from course_grader.assignments.a6 import checks, collect
@@ -64,4 +73,5 @@ def a6_spec() -> ProbeSpec:
         body=checks.a6_body,
         points=checks.A6_POINTS,
         claims=_CLAIMS,
+        kit_cut=KIT_CUT,
     )

@@ -23,7 +23,7 @@ from course_grader.verdict.claims import Claims, p2p_claims
 from course_grader.verdict.engine_probe import collect_spec
 from course_grader.verdict.probe import ProbeSpec
 
-__all__ = ["a7_claims", "a7_spec"]
+__all__ = ["KIT_CUT", "a7_claims", "a7_spec"]
 
 _CALLS = {  # exercise: (name, the answer the engines call)
     "A7.1": ("attach_stage2_hooks", "attach_stage2_hooks"),
@@ -41,6 +41,16 @@ def a7_claims(cases: list) -> Claims:
     return p2p_claims(cases, used_at=-2, p2p_at=-1)
 
 
+#: The kit's own answers to A7: ZeRO stage 2's hooks, reduce-scatter and shard update. Its kernel's
+#: kit has them only as stubs (course_grader.sandbox.kit_cut); the rest of the kit works as ever.
+KIT_CUT = (
+    "course_lib.parallel.sharded.zero:Zero2.attach",
+    "course_lib.parallel.sharded.zero:Zero2._hook",
+    "course_lib.parallel.sharded.zero:ZeroExchange._reduce_scatter",
+    "course_lib.parallel.sharded.zero:ZeroExchange._scatter_into_shard",
+)
+
+
 def a7_spec() -> ProbeSpec:
     """A7's probes: the engines run the answers, the grader judges every rank's data."""
     from course_grader.assignments.a7 import checks, collect, judge
@@ -52,4 +62,5 @@ def a7_spec() -> ProbeSpec:
         body=checks.a7_body,
         points=checks.A7_POINTS,
         claims=dict.fromkeys(_CALLS, a7_claims),
+        kit_cut=KIT_CUT,
     )

@@ -140,11 +140,15 @@ class BucketedAllreduce(GradientExchange):
         return self if self.algorithm != "auto" else type(self)(self.bucket_bytes, "ring")
 
     # ---- set-up -------------------------------------------------------------------------
+    def layout(self, params: list[nn.Parameter]) -> list[list[int]]:
+        """Return the parameter indices per bucket (:func:`bucket_layout`; a subclass may fix them)."""
+        return bucket_layout(params, self.bucket_bytes)
+
     def attach(self, comm: Communicator, net: nn.Module) -> nn.Module:
         """Lay out the buckets, agree on them, pick their algorithms, hook them, start the thread."""
         self.comm = comm
         params = trainable_parameters(net)
-        for index, members in enumerate(bucket_layout(params, self.bucket_bytes)):
+        for index, members in enumerate(self.layout(params)):
             self.buckets.append(_Bucket(index, [params[i] for i in members]))
         sizes = [4 * b.flat.numel() for b in self.buckets]
         if comm.world_size > 1:

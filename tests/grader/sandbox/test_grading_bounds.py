@@ -141,34 +141,5 @@ def _name(proc: psutil.Process) -> str:
         return "?"
 
 
-#: An answer that starves its neighbours: 200 busy processes, each in a session of its own, and
-#: its notebook kept alive just under the cell limit (issue 35: the honest notebook beside it
-#: passed its total time limit, 0 / 8).
-STARVER = (
-    "import os, time\nfor _ in range(200):\n    if os.fork() == 0:\n        os.setsid()\n"
-    "        while True:\n            pass\ntime.sleep(50)\n"
-)
-
-
-def test_a_notebook_of_busy_processes_cannot_starve_the_honest_one_on_one_core(tmp_path):
-    from course_grader.sandbox.cgroup import cgroup_problem
-
-    if cgroup_problem() is not None:
-        pytest.skip(f"no CPU share per sandbox here: {cgroup_problem()}")
-    source = nbformat.read(SOURCES / "A1_sgd_conv.ipynb", as_version=4)
-    correct = {answer_id(c): c.source for c in source.cells if answer_id(c)}
-    points = {check_id(c): check_points(c) for c in source.cells if check_id(c)}
-    subs = tmp_path / "submissions"
-    write_submission(source, subs, "honest", correct)
-    write_submission(source, subs, "starver", dict(correct, **{"A1.1": STARVER + correct["A1.1"]}))
-    affinity = os.sched_getaffinity(0)
-    os.sched_setaffinity(0, {min(affinity)})  # both notebooks, and all they start, on one core
-    started = time.monotonic()
-    try:
-        rows = grade_folder(subs, SOURCES, GradingLimits(60, 240), jobs=2, progress=False,
-                            sandbox=SandboxLimits(processes=256))  # fmt: skip
-    finally:
-        os.sched_setaffinity(0, affinity)
-    print(f"graded on one core in {time.monotonic() - started:.0f} s")
-    got = {(r.student, r.exercise): r for r in rows}
-    assert {ex: got[("honest", ex)].points for ex in points} == points, rows
+# The starvation test (busy processes beside an honest notebook on one core) is graded beside the
+# attack class, in tests/grader/selftest/test_grading_attacks.py.

@@ -1,20 +1,33 @@
-"""Attacks past the ``ast`` guard, graded end to end by the real grader in the real sandbox.
+"""Attacks on the grader, graded end to end by the real grader in the real sandbox: one class, one run.
 
-One class of A1 submissions: two honest students and one attacker per route
-(:data:`course_grader.selftest.attacks.verdict.ROUTES`): the verdict reached from inside the kernel
-(rebound ``Verdict``/``print``, a pickle calling exec, frame walks, ``object.__subclasses__()``,
-torch or the kit's reference fetched past the guard, results held for the notebook's own inputs,
-forged probe output) and the grading machine reached from inside the sandbox (a forged
-ipyparallel cluster file, a FIFO in its place, ``$IPYTHONDIR`` and the socket folder filled).
-Each attacker must lose A1.1, nothing may run or change outside, the honest students must get
-their grades, and the whole class must finish within its limits.
+One class of A1 submissions, graded once for every test of the module (issue 34: one grading run
+where three modules graded three classes): two honest students beside
+
+- the attackers on the sandbox (:data:`course_grader.selftest.attacks.sandbox.ATTACKS`): the kit,
+  the venv, the sources, other submissions and the gradebook written or read, a fork bomb, the
+  disk and the memory filled, the outside network, 200 busy processes, an output flood;
+- one attacker per route past the ``ast`` guard
+  (:data:`course_grader.selftest.attacks.verdict.ROUTES`): the verdict reached from inside the kernel
+  (rebound ``Verdict``/``print``, a pickle calling exec, frame walks, ``object.__subclasses__()``,
+  torch or the kit's reference fetched past the guard, results held for the notebook's own inputs,
+  forged probe output) and the grading machine reached from inside the sandbox (a forged
+  ipyparallel cluster file, a FIFO in its place, ``$IPYTHONDIR`` and the socket folder filled);
+
+and, graded at the same time on one core of its own, a starving answer (200 busy processes, each
+in a session of its own, its notebook kept alive just under the cell limit) beside an honest one.
+Each attacker must lose what it attacked, nothing may run or change outside, the honest students
+must get their grades, and the whole class must finish within its limits.
 """
 
 from __future__ import annotations
 
+import os
 import re
+import shutil
 import sys
+import sysconfig
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -22,12 +35,15 @@ import pytest
 from course_grader.grade import GradingLimits
 from course_grader.gradebook import grade_folder
 from course_grader.sandbox.config import SandboxLimits, kit_package, sandbox_problem
+from course_grader.sandbox.integrity import fingerprint
+from course_grader.selftest.attacks.sandbox import ATTACKS, write_attack_class
 from course_grader.selftest.attacks.submissions import A3_ATTACKS
 from course_grader.selftest.attacks.verdict import ROUTES, write_route_class
 from course_grader.verdict.probe import UNJUDGED
 
 ROOT = Path(__file__).resolve().parents[3]
 SOURCES = ROOT / "assignments" / "source"
+SITE = Path(sysconfig.get_paths()["purelib"])
 _PROBLEM = sandbox_problem()
 pytestmark = [
     pytest.mark.slow,
@@ -36,48 +52,131 @@ pytestmark = [
         reason=str(_PROBLEM),
     ),
 ]
-CLASS_SECONDS = 1500  # a generous bound: 18 notebooks of a few seconds each, 2 at a time
+CLASS_SECONDS = 1500  # generous: 25 notebooks of a few seconds, 2 at a time (and 2 beside them)
+#: An answer that starves its neighbours: 200 busy processes, each in a session of its own, and
+#: its notebook kept alive just under the cell limit (issue 35: the honest notebook beside it
+#: passed its total time limit, 0 / 8).
+STARVER = (
+    "import os, time\nfor _ in range(200):\n    if os.fork() == 0:\n        os.setsid()\n"
+    "        while True:\n            pass\ntime.sleep(50)\n"
+)
+
+
+def _grade_in_thread(
+    done: dict, key: str, *args, core: int | None = None, **kwargs
+) -> threading.Thread:
+    """Start ``grade_folder(*args, **kwargs)`` in a thread (on ``core`` alone, and everything it
+    starts, if given); its rows, or the error it raised, go to ``done[key]``."""
+
+    def grade() -> None:
+        try:
+            if core is not None:  # this thread only: the sandboxes it starts inherit it
+                os.sched_setaffinity(0, {core})
+                done[key + "_cores"] = os.sched_getaffinity(0)
+            done[key] = grade_folder(*args, **kwargs)
+        except BaseException as exc:  # noqa: BLE001 - reported by the tests, with its cause
+            done[key + "_error"] = f"{type(exc).__name__}: {exc}"
+
+    worker = threading.Thread(target=grade, daemon=True)
+    worker.start()
+    return worker
+
+
+def _starvation_pair(folder: Path) -> Path | None:
+    """Write an honest A1 notebook and a starving one; None where no CPU share can be made."""
+    import nbformat
+
+    from course_grader.cells import answer_id
+    from course_grader.sandbox.cgroup import cgroup_problem
+    from course_grader.selftest.attacks.submissions import write_submission
+
+    if cgroup_problem() is not None:
+        return None
+    source = nbformat.read(SOURCES / "A1_sgd_conv.ipynb", as_version=4)
+    correct = {answer_id(c): c.source for c in source.cells if answer_id(c)}
+    write_submission(source, folder, "honest", correct)
+    write_submission(
+        source, folder, "starver", dict(correct, **{"A1.1": STARVER + correct["A1.1"]})
+    )
+    return folder
 
 
 @pytest.fixture(scope="module")
 def graded(tmp_path_factory):
-    """Grade the class once (in a thread, so that a hang fails the tests instead of hanging)."""
+    """Grade the class once, and the starvation pair beside it on one core (each in a thread,
+    so that a hang fails the tests instead of hanging)."""
     assert _PROBLEM is None, _PROBLEM
-    folder = tmp_path_factory.mktemp("routes")
+    folder = tmp_path_factory.mktemp("class")
+    limits = SandboxLimits(processes=256, disk_mb=32)
+    venv_before = fingerprint(SITE, hash_all=False)
+    attack = write_attack_class(folder, SOURCES, limits.memory_mb)  # writes its gradebook too
     marker = folder / "PWNED"  # any command that runs on the host creates it
-    grades = folder / "grades"
-    grades.mkdir()
-    (grades / "gradebook.csv").write_text("student,assignment,exercise,points\n")
-    before = (grades / "gradebook.csv").read_bytes()
-    expected = write_route_class(folder / "submissions", SOURCES, marker, kit_package())
+    expected = write_route_class(folder / "routes", SOURCES, marker, kit_package())
+    for route in ROUTES:  # the routes' attackers join the class (its honest students are one)
+        shutil.move(folder / "routes" / route.student, attack.submissions / route.student)
+    pair = _starvation_pair(folder / "starvation")
     done: dict = {}
-
-    def grade() -> None:
-        try:
-            done["rows"] = grade_folder(
-                folder / "submissions",
-                SOURCES,
-                GradingLimits(cell_seconds=60, total_seconds=400),
-                jobs=2,
-                progress=False,
-                sandbox=SandboxLimits(processes=256, disk_mb=32),
-                hidden=(str(grades),),
-            )
-        except BaseException as exc:  # noqa: BLE001 - reported by the test below, with its cause
-            done["error"] = f"{type(exc).__name__}: {exc}"
-
-    worker = threading.Thread(target=grade, daemon=True)
-    worker.start()
-    worker.join(CLASS_SECONDS)
-    assert not worker.is_alive(), f"grading the class did not finish in {CLASS_SECONDS} s"
-    assert "error" not in done, f"grading the class raised {done['error']}"
-    rows = {(r.student, r.exercise): r for r in done["rows"]}
+    started = time.monotonic()
+    try:
+        workers = [
+            _grade_in_thread(done, "rows", attack.submissions, SOURCES, GradingLimits(60, 400),
+                             jobs=2, progress=False, sandbox=limits,
+                             hidden=(str(attack.grades), str(folder / "starvation"))),
+        ]  # fmt: skip
+        if pair is not None:  # both notebooks, and all they start, on one core
+            core = min(os.sched_getaffinity(0))
+            workers.append(_grade_in_thread(done, "starved", pair, SOURCES, GradingLimits(60, 240),
+                                            jobs=2, progress=False, sandbox=limits, core=core,
+                                            hidden=(str(attack.submissions),)))  # fmt: skip
+        for worker in workers:
+            worker.join(max(1.0, CLASS_SECONDS - (time.monotonic() - started)))
+            assert not worker.is_alive(), f"grading the class did not finish in {CLASS_SECONDS} s"
+    finally:
+        if attack.listener is not None:
+            attack.listener.close()
+    print(f"class and starvation pair graded in {time.monotonic() - started:.0f} s")
+    for key in ("rows", "starved"):
+        assert key + "_error" not in done, f"grading raised {done[key + '_error']}"
     return {
-        "rows": rows,
+        "rows": {(r.student, r.exercise): r for r in done["rows"]},
         "expected": expected,
+        "attack": attack,
         "marker": marker,
-        "gradebook_same": (grades / "gradebook.csv").read_bytes() == before,
+        "venv_same": fingerprint(SITE, False, venv_before) == venv_before,
+        "starved": done.get("starved"),
+        "starved_cores": done.get("starved_cores"),
     }
+
+
+def test_attacks_on_the_sandbox_cost_the_attacker_and_nothing_else(graded):
+    got, attack = graded["rows"], graded["attack"]
+    # Each attack was tried, and stopped by the sandbox with the error it names.
+    missed = [
+        (what, row.points, row.reason)
+        for student, exercise, what, _code, why in ATTACKS
+        if (row := got[(student, exercise)]).points != 0 or not re.search(why, row.reason)
+    ]
+    assert not missed
+    honest = {
+        s: {ex: got[(s, ex)].points for ex in ("A1.1", "A1.2", "A1.3")}
+        for s in attack.expected_honest
+    }
+    assert honest == attack.expected_honest
+    assert not attack.unchanged()
+    assert graded["venv_same"]
+    assert not attack.connections
+
+
+def test_a_notebook_of_busy_processes_cannot_starve_the_honest_one_on_one_core(graded):
+    if graded["starved"] is None:
+        from course_grader.sandbox.cgroup import cgroup_problem
+
+        pytest.skip(f"no CPU share per sandbox here: {cgroup_problem()}")
+    assert len(graded["starved_cores"]) == 1, graded["starved_cores"]
+    got = {(r.student, r.exercise): r.points for r in graded["starved"]}
+    assert {ex: got[("honest", ex)] for ex in ("A1.1", "A1.2", "A1.3")} == {
+        "A1.1": 2.0, "A1.2": 3.0, "A1.3": 3.0
+    }, graded["starved"]  # fmt: skip
 
 
 def test_honest_students_get_their_grades_beside_the_attackers(graded):
@@ -89,7 +188,7 @@ def test_honest_students_get_their_grades_beside_the_attackers(graded):
 
 def test_nothing_ran_or_changed_on_the_grading_machine(graded):
     assert not graded["marker"].exists(), "a command from inside the sandbox ran on the host"
-    assert graded["gradebook_same"]
+    assert not graded["attack"].unchanged()  # the gradebook and feedback among the watched
 
 
 @pytest.mark.parametrize("route", ROUTES, ids=[r.student for r in ROUTES])
