@@ -1,7 +1,7 @@
-"""No lecture (the course in a second language): ``python -m course_kit.i18n update|build|check|status [--lang ru]`` (= ``./kit i18n …``).
+"""No lecture (the course in a second language): ``python -m course_kit.i18n update|messages|build|check|status [--lang ru]`` (= ``./kit i18n …``).
 
 ``update`` brings every catalogue up to date with the English notebooks (a changed cell's
-translation turns fuzzy); ``build`` writes the editions of the notebooks whose catalogue is
+translation turns fuzzy); ``messages`` does the same for the kit's own messages (Babel); ``build`` writes the editions of the notebooks whose catalogue is
 complete (``--execute`` then runs those of :data:`~course_kit.i18n.editions.RUN_IN_CI` and stores
 their outputs); ``check`` fails, one line per problem, when a catalogue lags its notebook, an entry
 is fuzzy or an edition is stale, and names the notebooks still to translate; ``status`` counts.
@@ -23,6 +23,7 @@ from course_kit.i18n.catalogue import (
     update_catalogue,
 )
 from course_kit.i18n.editions import RUN_IN_CI, build, check, execute
+from course_kit.i18n.messages import extract_messages
 
 __all__ = ["main"]
 
@@ -60,7 +61,7 @@ def _check(lang: str, strict: bool) -> int:
 def main(argv: list[str] | None = None, prog: str = "python -m course_kit.i18n") -> int:
     """Run one action; problems are printed one line each, without a traceback."""
     parser = argparse.ArgumentParser(prog=prog)
-    parser.add_argument("action", choices=["update", "build", "check", "status"])
+    parser.add_argument("action", choices=["update", "messages", "build", "check", "status"])
     parser.add_argument("notebooks", nargs="*", help="build: only these (stems, e.g. 00_cluster)")
     parser.add_argument("--lang", default="ru")
     parser.add_argument("--execute", action="store_true", help="build: run RUN_IN_CI's editions")
@@ -80,6 +81,10 @@ def main(argv: list[str] | None = None, prog: str = "python -m course_kit.i18n")
                 print(
                     f"{catalogue_path(notebook, args.lang).relative_to(ROOT)}: {done}/{len(po)} translated"
                 )
+            return 0
+        if args.action == "messages":
+            for path in extract_messages():
+                print(f"i18n: merged the kit's messages into {path}")
             return 0
         if args.action == "status":
             return _status(args.lang)

@@ -138,6 +138,17 @@ def _comparable(nb: nbformat.NotebookNode) -> str:
     return json.dumps(nb, sort_keys=True, ensure_ascii=False)
 
 
+def _stale_cell(stored: nbformat.NotebookNode, fresh: nbformat.NotebookNode) -> str | None:
+    """None when ``stored`` is ``fresh`` but for outputs, else which cell (or part) differs."""
+    if _comparable(stored) == _comparable(fresh):
+        return None
+    kept = [c for c in stored.cells if c.get("id") != NOTE_ID]
+    for old, new in zip(kept, fresh.cells, strict=False):
+        if (old.get("id"), old.cell_type, old.source) != (new.get("id"), new.cell_type, new.source):
+            return f"cell {new.get('id')} ({new.cell_type})"
+    return "the cell list" if len(kept) != len(fresh.cells) else "the metadata"
+
+
 def _stored_executed(notebook: Path, lang: str) -> bool:
     return notebook.stem in RUN_IN_CI.get(lang, ())
 
@@ -196,7 +207,9 @@ def check(lang: str) -> Report:
         ]
         target = translated_notebook_path(notebook, lang)
         if moved or untranslated(po):
-            if not moved and not fuzzy:
+            if moved or fuzzy:  # its edition is stale: the lines above say why
+                expected.add(target)
+            else:
                 left = len(untranslated(po))
                 report.incomplete.append(f"{_short(notebook)} ({len(po) - left}/{len(po)})")
             continue
@@ -205,13 +218,13 @@ def check(lang: str) -> Report:
             report.problems.append(
                 f"{_short(target)}: missing; run python -m course_kit.i18n build"
             )
-        elif _comparable(nbformat.read(target, as_version=4)) != _comparable(
-            translate(notebook, lang)
-        ):
-            report.problems.append(
-                f"{_short(target)}: out of date with {_short(notebook)} and its catalogue; "
-                "run python -m course_kit.i18n build"
-            )
+        else:
+            stale = _stale_cell(nbformat.read(target, as_version=4), translate(notebook, lang))
+            if stale is not None:
+                report.problems.append(
+                    f"{_short(target)}: {stale} differs from {_short(notebook)} and its "
+                    "catalogue; run python -m course_kit.i18n build"
+                )
     for stray in sorted((NOTEBOOKS / lang).rglob("*.ipynb")) if (NOTEBOOKS / lang).exists() else []:
         if stray not in expected and ".ipynb_checkpoints" not in stray.parts:
             report.problems.append(
