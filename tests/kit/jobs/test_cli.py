@@ -149,6 +149,7 @@ CASES = [
     (("slides", "--help"), 0, "usage: ./kit slides"),
     (("slides", "x"), 2, "not a lecture number"),
     (("i18n", "--help"), 0, "usage: ./kit i18n"),
+    (("lab", "--lang", "de"), 2, "kit lab: --lang 'de': the course has en and ru"),
     (("i18n", "check", "--lang", "xx"), 2, "i18n: no catalogues for 'xx' under locale/"),
     (("check", "missing.ipynb"), 2, "missing.ipynb does not exist: give the path of your saved"),
 ]
