@@ -11,8 +11,10 @@ date is judged on everything but outputs, so storing a run's outputs never makes
 from __future__ import annotations
 
 import copy
+import hashlib
 import json
 import os
+import re
 import subprocess
 import sys
 from dataclasses import dataclass, field
@@ -149,6 +151,30 @@ def _stale_cell(stored: nbformat.NotebookNode, fresh: nbformat.NotebookNode) -> 
     return "the cell list" if len(kept) != len(fresh.cells) else "the metadata"
 
 
+#: Documents translated by hand: each edition names the hash of the English text it was made from.
+DOCUMENTS = ("README.md",)
+_SOURCE_MARK = re.compile(r"<!-- translated from (\S+) sha256:([0-9a-f]{12}) -->")
+
+
+def source_mark(english: Path) -> str:
+    """The comment a translated document carries: which English text (by hash) it translates."""
+    digest = hashlib.sha256(english.read_bytes()).hexdigest()[:12]
+    return f"<!-- translated from {english.name} sha256:{digest} -->"
+
+
+def _documents_behind(lang: str) -> list[str]:
+    """The translated documents whose English has changed since (re-translate, then re-mark)."""
+    behind = []
+    for name in DOCUMENTS:
+        english = ROOT / name
+        edition_path = edition(english, lang, NOTEBOOKS)
+        if edition_path is None:
+            behind.append(f"{name} (no {lang} edition)")
+        elif source_mark(english) not in edition_path.read_text():
+            behind.append(f"{_short(edition_path)} ({name} changed since its translation)")
+    return behind
+
+
 def _stored_executed(notebook: Path, lang: str) -> bool:
     return notebook.stem in RUN_IN_CI.get(lang, ())
 
@@ -225,6 +251,7 @@ def check(lang: str) -> Report:
                     f"{_short(target)}: {stale} differs from {_short(notebook)} and its "
                     "catalogue; run python -m course_kit.i18n build"
                 )
+    report.incomplete += _documents_behind(lang)
     for stray in sorted((NOTEBOOKS / lang).rglob("*.ipynb")) if (NOTEBOOKS / lang).exists() else []:
         if stray not in expected and ".ipynb_checkpoints" not in stray.parts:
             report.problems.append(
