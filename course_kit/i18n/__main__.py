@@ -66,7 +66,7 @@ def main(argv: list[str] | None = None, prog: str = "python -m course_kit.i18n")
     parser.add_argument("--lang", default="ru")
     parser.add_argument("--execute", action="store_true", help="build: run RUN_IN_CI's editions")
     parser.add_argument("--strict", action="store_true", help="check: fail on incomplete ones too")
-    args = parser.parse_args(argv)
+    args = parser.parse_intermixed_args(argv)
     if args.lang not in {p.name for p in (ROOT / "locale").iterdir()}:
         print(
             f"i18n: no catalogues for {args.lang!r} under locale/; choose one there",
