@@ -218,7 +218,15 @@ def assert_close(name: str, got: object, expected: np.ndarray, atol: float = 1e-
     """Assert that ``got`` has ``expected``'s shape and values, with a reason a student can use."""
     got = np.asarray(got)
     if got.shape != expected.shape:
-        raise AssertionError(f"{name} has shape {got.shape}, expected {expected.shape}")
+        raise AssertionError(
+            _("{name} has shape {got}, expected {expected}").format(
+                name=name, got=got.shape, expected=expected.shape
+            )
+        )
     if not np.allclose(got, expected, atol=atol, rtol=1e-6):
         err = float(np.abs(got - expected).max())
-        raise AssertionError(f"{name} differs from the reference by up to {err:.3g}")
+        raise AssertionError(
+            _("{name} differs from the reference by up to {err}").format(
+                name=name, err=f"{err:.3g}"
+            )
+        )
