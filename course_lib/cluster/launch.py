@@ -40,7 +40,7 @@ from course_lib.cluster.settings import (
     default_engine_count,
     threads_per_engine,
 )
-from course_lib.i18n import _
+from course_lib.i18n import _, language
 
 __all__ = ["connect_cluster", "find_mpiexec", "start_cluster"]
 
@@ -91,6 +91,8 @@ def start_cluster(
         timeout=timeout,
     )
     notebook = kind is None or settings.mpi  # a notebook's own request, not a named cluster
+    if language() != "en":  # engines started here speak the notebook's language (checks' reasons)
+        os.environ["COURSE_LANG"] = language()
     if settings.kind == "connect":
         if notebook:
             _give_back_earlier_seat(settings.mpi)
