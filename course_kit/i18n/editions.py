@@ -119,6 +119,7 @@ def translate(notebook: Path, lang: str) -> nbformat.NotebookNode:
         elif cell.cell_type == "code":
             cell.outputs, cell.execution_count = [], None
     out.metadata["language"] = lang
+    out.metadata.pop("widgets", None)  # the English run's widget state: outputs, as above
     return out
 
 
@@ -130,8 +131,9 @@ def _with_note(nb: nbformat.NotebookNode, lang: str) -> nbformat.NotebookNode:
 
 
 def _comparable(nb: nbformat.NotebookNode) -> str:
-    """The notebook as JSON without outputs, execution counts and the outputs note."""
+    """The notebook as JSON without outputs, execution counts, widget state and the outputs note."""
     nb = copy.deepcopy(nb)
+    nb.metadata.pop("widgets", None)  # a run's widget state is output
     nb.cells = [c for c in nb.cells if c.get("id") != NOTE_ID]
     for cell in nb.cells:
         if cell.cell_type == "code":

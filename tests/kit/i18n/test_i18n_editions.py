@@ -105,3 +105,30 @@ def test_links_point_one_folder_deeper_at_the_russian_glossary() -> None:
     target = translated_notebook_path(catalogue.NOTEBOOKS / "00_cluster.ipynb", LANG)
     first = json.loads(target.read_text())["cells"][0]
     assert "](../../docs/teaching/glossary.ru.md)" in "".join(first["source"])
+
+
+def _outputs(path: Path) -> str:
+    cells = json.loads(path.read_text())["cells"]
+    texts = []
+    for cell in (c for c in cells if c["cell_type"] == "code"):
+        for out in cell.get("outputs", []):
+            texts.append("".join(out.get("text", "")))
+            texts.append("".join(out.get("data", {}).get("text/plain", "")))
+    return "\n".join(texts)
+
+
+@pytest.mark.parametrize("stem", editions.RUN_IN_CI[LANG])
+def test_the_editions_run_in_ci_are_stored_executed(stem: str) -> None:
+    """Their outputs are a run of the Russian notebook (build --execute), without the note."""
+    english = next(n for n in english_notebooks() if n.stem == stem)
+    target = translated_notebook_path(english, LANG)
+    cells = json.loads(target.read_text())["cells"]
+    assert not [c for c in cells if c.get("id") == editions.NOTE_ID]
+    assert _outputs(target).strip()
+
+
+def test_lecture_0_stored_with_the_kits_messages_in_russian() -> None:
+    text = _outputs(translated_notebook_path(catalogue.NOTEBOOKS / "00_cluster.ipynb", LANG))
+    assert "course_lib: локальных движков на этом компьютере: 4" in text
+    assert "Упражнение 0.1 sum_of_squares_on_engines: НЕ ЗАЧТЕНО" in text
+    assert "Exercise 0.1 sum_of_squares_on_engines" not in text
