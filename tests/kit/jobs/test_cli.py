@@ -91,7 +91,7 @@ def _kit_jobs() -> set[str]:
     """Return the jobs that the ``kit`` script's ``case "$job"`` statement runs."""
     text = (ROOT / "kit").read_text()
     case = text[text.index('case "$job" in') : text.index("\nesac")]
-    arms = re.findall(r"^    ([a-z|]+)\)", case, flags=re.M)
+    arms = re.findall(r"^    ([a-z0-9|]+)\)", case, flags=re.M)
     return {job for arm in arms for job in arm.split("|")}
 
 
