@@ -129,6 +129,9 @@ def run_nbval(
     # this machine's local engines, whatever the grader's shell says.
     env = {k: v for k, v in os.environ.items() if not k.startswith(CLUSTER_VARIABLE_PREFIX)}
     env["IPYTHONDIR"] = str(ipython_dir)
+    # The kit's messages in English whatever the grader's shell or the folder (course_lib.i18n):
+    # the check cells' stored verdicts are compared, and a Russian edition's code is the English.
+    env["COURSE_LANG"] = "en"
     # nbval loads this kit's plugin, not one a venv's editable install points to elsewhere.
     kit_root = str(kit_package().parent)
     env["PYTHONPATH"] = os.pathsep.join([kit_root, *filter(None, [env.get("PYTHONPATH")])])

@@ -188,6 +188,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     """
     from course_kit.room.build import missing_prerequisite
 
+    _only_the_translations_run_in_ci(config, items)
     items[:] = longest_first(items)
     in_the_room = {
         i.nodeid[len(ROOM_LECTURES) : -1] for i in items if i.nodeid.startswith(ROOM_LECTURES)
@@ -201,6 +202,25 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     if left:
         config.hook.pytest_deselected(items=left)
         items[:] = kept
+
+
+def _only_the_translations_run_in_ci(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Deselect the translated editions (``notebooks/<lang>/``) that are not stored executed.
+
+    Their code is the English notebook's, byte for byte (tests/kit/i18n), so running every one
+    would only repeat the English runs; the editions in ``RUN_IN_CI`` run, with Russian messages.
+    """
+    from course_kit.i18n.editions import RUN_IN_CI
+
+    def skipped(item: pytest.Item) -> bool:
+        parts = item.nodeid.split("::")[0].split("/")
+        lang = parts[1] if len(parts) > 2 and parts[0] == "notebooks" else None
+        return lang in RUN_IN_CI and item.path.stem not in RUN_IN_CI[lang]
+
+    left = [item for item in items if skipped(item)]
+    if left:
+        config.hook.pytest_deselected(items=left)
+        items[:] = [item for item in items if not skipped(item)]
 
 
 def pytest_terminal_summary(terminalreporter) -> None:  # noqa: ANN001 - pytest's reporter

@@ -30,7 +30,7 @@ PACKAGES = {
 
 #: Layer of each top-level package of course_lib; a module may import only its layer or below.
 LAYERS = {
-    "cluster": 0, "comm": 0, "files": 0, "timing": 0,
+    "cluster": 0, "comm": 0, "files": 0, "i18n": 0, "timing": 0,
     "collectives": 1, "compression": 1, "cost_model": 1, "data": 1, "checkpoint": 1,
     "training": 2,
     "parallel": 3,

@@ -1,15 +1,14 @@
-"""No lecture (the course in a second language): a notebook's prose as a gettext catalogue, and the translated notebook built from it.
+"""No lecture (the course in a second language): a notebook's prose as a gettext catalogue, (the translated notebook is built by :mod:`~course_kit.i18n.editions`).
 
 The English notebook is the only source. Each markdown cell is one message: ``msgctxt`` is the
 cell's id, ``msgid`` its English text. When the English text of a cell changes, its translation is
 kept but marked fuzzy (with the previous English text beside it), as gettext's ``msgmerge`` does,
-so a translator sees what changed; a build refuses fuzzy or empty entries. Code cells are never
+so a translator sees what changed; no edition is built while an entry is fuzzy or empty. Code cells are never
 in a catalogue: the translated notebook copies them, byte for byte.
 """
 
 from __future__ import annotations
 
-import copy
 from pathlib import Path
 
 import nbformat
@@ -22,7 +21,6 @@ __all__ = [
     "translated_notebook_path",
     "update_catalogue",
     "untranslated",
-    "build_notebook",
 ]
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -93,27 +91,3 @@ def update_catalogue(notebook: Path, lang: str) -> polib.POFile:
 def untranslated(po: polib.POFile) -> list[str]:
     """The ids of the cells whose translation is missing or fuzzy."""
     return [entry.msgctxt for entry in po if not entry.msgstr or entry.fuzzy]
-
-
-def build_notebook(notebook: Path, lang: str) -> nbformat.NotebookNode:
-    """The notebook in ``lang``: markdown from the catalogue, code cells copied unchanged."""
-    po = polib.pofile(str(catalogue_path(notebook, lang)))
-    missing = untranslated(po)
-    if missing:
-        raise ValueError(
-            f"{catalogue_path(notebook, lang).relative_to(ROOT)}: {len(missing)} cells untranslated "
-            f"or fuzzy (first: {missing[0]}); translate them, then build again"
-        )
-    by_id = {entry.msgctxt: entry for entry in po}
-    nb = nbformat.read(notebook, as_version=4)
-    out = copy.deepcopy(nb)
-    for cell in out.cells:
-        if cell.cell_type == "markdown":
-            entry = by_id.get(cell.id)
-            if entry is None or entry.msgid != cell.source:
-                raise ValueError(
-                    f"cell {cell.id} of {notebook.name}: catalogue out of date; run update"
-                )
-            cell.source = entry.msgstr
-    out.metadata["language"] = lang
-    return out

@@ -10,11 +10,15 @@ copied unchanged. ``README.md`` becomes ``README.ru.md``; ``docs/X.md`` becomes 
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import polib
 
-from course_kit.i18n.catalogue import ROOT, _header
+from course_kit.i18n import catalogue
+from course_kit.i18n.catalogue import ROOT, _header, untranslated
+from course_kit.i18n.links import edition, rewrite_links
+from course_lib.files import atomic_write_text
 
 __all__ = [
     "DOCUMENTS",
@@ -23,7 +27,8 @@ __all__ = [
     "translated_document_path",
     "update_document_catalogue",
     "build_document",
-    "relink",
+    "sync_documents",
+    "SyncReport",
 ]
 
 #: The documents translated, relative to the repository root.
@@ -110,7 +115,7 @@ def update_document_catalogue(document: str, lang: str) -> polib.POFile:
     kept = {entry.msgid: entry for entry in old} if old is not None else {}
     olds = [entry for entry in old if entry.msgstr] if old is not None else []
     po = polib.POFile(wrapwidth=0)
-    po.metadata = _header(ROOT / document, lang)
+    po.metadata = _header(catalogue.ROOT / document, lang)  # the name, not the file
     seen: set[str] = set()
     text = (ROOT / document).read_text(encoding="utf-8")
     for block, translatable in split_blocks(text):
@@ -158,37 +163,83 @@ def _most_similar(
     return best
 
 
-_LINK = re.compile(r"(\]\()([^)\s#]+)(#[^)\s]*)?(\))")
+def _find_edition(source: Path, lang: str):
+    """The Russian edition a link of ``source`` should point at (a document, a notebook, ``X.ru.md``)."""
+
+    def find(target: Path) -> Path | None:
+        if target == source.resolve():
+            return None  # a link to the English original (the editions' "English version" line)
+        try:
+            relative = target.relative_to(ROOT).as_posix()
+        except ValueError:
+            return None
+        if relative in DOCUMENTS or relative.startswith("docs/"):
+            candidate = translated_document_path(relative, lang)
+            if candidate.exists():
+                return candidate
+        return edition(target, lang, ROOT / "notebooks")
+
+    return find
 
 
-def relink(text: str, source: Path, target: Path, lang: str) -> str:
-    """Rewrite relative links of a document moved from ``source`` to ``target``, preferring translations."""
-    import os
-
-    def translated(path: Path) -> Path:
-        relative = path.relative_to(ROOT) if path.is_relative_to(ROOT) else None
-        if relative is None:
-            return path
-        if relative.as_posix() in DOCUMENTS or relative.parts[:1] == ("docs",):
-            candidate = translated_document_path(relative.as_posix(), lang)
-        elif relative.parts[:1] == ("notebooks",) and relative.suffix == ".ipynb":
-            candidate = ROOT / "notebooks" / lang / Path(*relative.parts[1:])
+def sync_documents(lang: str, write: bool) -> SyncReport:
+    """Each document's catalogue current and complete, its edition built from it (or, not writing, checked)."""
+    report = SyncReport()
+    for document in DOCUMENTS:
+        path = document_catalogue_path(document, lang)
+        if not path.exists():
+            report.incomplete.append(f"{document} (no catalogue: run update)")
+            continue
+        po = polib.pofile(str(path), wrapwidth=0)
+        blocks = {
+            block
+            for block, translatable in split_blocks((ROOT / document).read_text())
+            if translatable
+        }
+        if blocks != {entry.msgid for entry in po}:
+            report.problems.append(
+                f"{document}: its catalogue lags the English; run python -m course_kit.i18n update, "
+                "then translate the new or fuzzy blocks"
+            )
+            continue
+        fuzzy = sum(1 for entry in po if entry.fuzzy)
+        if fuzzy:
+            report.problems.append(
+                f"{document}: {fuzzy} fuzzy blocks in {_rel(path)} (the English changed); "
+                "revise them and drop the fuzzy flag"
+            )
+            continue
+        left = len(untranslated(po))
+        if left:
+            report.incomplete.append(f"{document} ({len(po) - left}/{len(po)})")
+            continue
+        target = translated_document_path(document, lang)
+        text = build_document(document, lang)
+        if target.exists() and target.read_text() == text:
+            continue
+        if write:
+            target.parent.mkdir(parents=True, exist_ok=True)
+            atomic_write_text(target, text)
+            report.built.append(_rel(target))
         else:
-            return path
-        return candidate if candidate.exists() else path
+            report.problems.append(
+                f"{_rel(target)}: differs from {document} and its catalogue (translations are "
+                "generated, never edited by hand); run python -m course_kit.i18n build"
+            )
+    return report
 
-    def replace(match: re.Match[str]) -> str:
-        href = match.group(2)
-        if re.match(r"^[a-z]+:", href) or href.startswith("/"):
-            return match.group(0)
-        resolved = (source.parent / href).resolve()
-        new = translated(resolved)
-        rel = Path(os.path.relpath(new, target.parent)).as_posix()
-        if href.endswith("/"):
-            rel += "/"
-        return f"{match.group(1)}{rel}{match.group(3) or ''}{match.group(4)}"
 
-    return _LINK.sub(replace, text)
+@dataclass
+class SyncReport:
+    """What :func:`sync_documents` found: problems, documents still to translate, editions written."""
+
+    problems: list[str] = field(default_factory=list)
+    incomplete: list[str] = field(default_factory=list)
+    built: list[str] = field(default_factory=list)
+
+
+def _rel(path: Path) -> str:
+    return path.relative_to(ROOT).as_posix()
 
 
 def build_document(document: str, lang: str) -> str:
@@ -211,5 +262,7 @@ def build_document(document: str, lang: str) -> str:
                 f"{path.relative_to(ROOT)}: untranslated or fuzzy: {first!r}; translate it, then build"
             )
         out.append(entry.msgstr)
-    built = _join(out)
-    return relink(built, ROOT / document, translated_document_path(document, lang), lang)
+    target = translated_document_path(document, lang)
+    return rewrite_links(
+        _join(out), (ROOT / document).parent, target.parent, _find_edition(ROOT / document, lang)
+    )

@@ -1,4 +1,4 @@
-"""No lecture (the kit's plumbing). The jobs that another package's command line does: demo, doctor, room, release, grade, check.
+"""No lecture (the kit's plumbing). The jobs that another package's command line does: demo, doctor, room, release, grade, check, i18n.
 
 Each is the call ``./kit`` made before it became a wrapper (``python -m course_lib.demo``,
 ``course_kit.jobs.cluster doctor | room``, ``course_grader release | grade | check | selftest``),
@@ -12,7 +12,15 @@ import sys
 
 from course_kit.jobs.handover import one_line_usage_errors
 
-__all__ = ["check_job", "demo_job", "doctor_job", "grade_job", "release_job", "room_job"]
+__all__ = [
+    "check_job",
+    "demo_job",
+    "doctor_job",
+    "grade_job",
+    "i18n_job",
+    "release_job",
+    "room_job",
+]
 
 
 def demo_job(argv: list[str]) -> int:
@@ -63,3 +71,11 @@ def grade_job(argv: list[str]) -> int:
 def check_job(argv: list[str]) -> int:
     """``./kit check NOTEBOOK``: grade one notebook the way the grader will."""
     return _grading("check", ["check", *argv])
+
+
+def i18n_job(argv: list[str]) -> int:
+    """``./kit i18n``: the translated editions (:mod:`course_kit.i18n`)."""
+    from course_kit.i18n.__main__ import main
+
+    with one_line_usage_errors("i18n"):
+        return main(argv, prog="./kit i18n")

@@ -6,6 +6,9 @@ goes to JupyterLab (as root with ``--allow-root``, as ``./kit lab`` always did).
 
 from __future__ import annotations
 
+import importlib.util
+import json
+import os
 import sys
 
 from course_kit.jobs.handover import (
@@ -15,12 +18,14 @@ from course_kit.jobs.handover import (
     is_root,
     one_line_usage_errors,
 )
+from course_lib.files import atomic_write_text
 
 __all__ = ["ACTIONS", "lab_job"]
 
 ACTIONS = ("start", "status", "add", "stop", "mpi")
 USAGE = """\
 usage: ./kit lab [JUPYTERLAB OPTIONS]              JupyterLab on notebooks/ (./kit lab --help-all: its options)
+       ./kit lab --lang ru [JUPYTERLAB OPTIONS]    the same in Russian: its interface, notebooks/ru/, the kit's messages
        ./kit lab start|status|stop HOSTS.toml      one cluster across the lab's PCs (SSH)
        ./kit lab status                            the running lab cluster, if any
        ./kit lab add HOSTS.toml PC...              start again the engines of PCs that dropped out
@@ -43,5 +48,50 @@ def lab_job(argv: list[str]) -> int:
         print(f"kit lab: {problem}", file=sys.stderr)
         return 2
     extra = ["--allow-root"] if is_root() else []
+    argv, lang, problem = _language(argv)
+    if problem is not None:
+        print(f"kit lab: {problem}", file=sys.stderr)
+        return 2
+    if lang is not None:
+        extra += _language_options(lang)
     lab = [sys.executable, "-m", "jupyterlab", f"--notebook-dir={ROOT / 'notebooks'}"]
     return hand_over([*lab, *extra, *argv], ROOT)
+
+
+#: JupyterLab's locale for each language the course has (its language pack from PyPI).
+LOCALES = {"ru": ("ru_RU", "jupyterlab-language-pack-ru-RU")}
+
+
+def _language(argv: list[str]) -> tuple[list[str], str | None, str | None]:
+    """Take ``--lang X`` out of ``argv``: (the rest, X or None, a one-line problem or None)."""
+    rest, lang, args = [], None, iter(argv)
+    for arg in args:
+        if arg == "--lang":
+            lang = next(args, "")
+        elif arg.startswith("--lang="):
+            lang = arg.split("=", 1)[1]
+        else:
+            rest.append(arg)
+    if lang is None or lang == "en":
+        return rest, None, None
+    if lang not in LOCALES:
+        return rest, None, f"--lang {lang!r}: the course has en and {', '.join(LOCALES)}"
+    module = "jupyterlab_language_pack_" + LOCALES[lang][0]
+    if importlib.util.find_spec(module) is None:
+        return (
+            rest,
+            None,
+            f"--lang {lang}: install JupyterLab's pack: pip install {LOCALES[lang][1]}",
+        )
+    return rest, lang, None
+
+
+def _language_options(lang: str) -> list[str]:
+    """JupyterLab's options for ``lang``: its interface locale, the translated notebooks, the kit's messages."""
+    settings = ROOT / ".kit" / f"lab-settings-{lang}"
+    plugin = settings / "@jupyterlab" / "translation-extension" / "plugin.jupyterlab-settings"
+    plugin.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(plugin, json.dumps({"locale": LOCALES[lang][0]}) + "\n")
+    os.environ["COURSE_LANG"] = lang  # kernels inherit it: every notebook's messages in lang
+    start = f"/lab/tree/{lang}" if (ROOT / "notebooks" / lang).is_dir() else "/lab"
+    return [f"--LabApp.user_settings_dir={settings}", f"--ServerApp.default_url={start}"]

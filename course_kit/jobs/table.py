@@ -20,6 +20,7 @@ from course_kit.jobs.delegate import (
     demo_job,
     doctor_job,
     grade_job,
+    i18n_job,
     release_job,
     room_job,
 )
@@ -60,10 +61,12 @@ _USAGE = {  # ./kit help's lines per job: (usage, what it does)
               ("grade --self-test", "attack the grader; say what held")),
     "check": (("check NOTEBOOK", "grade one notebook as the grader will"),),
     "slides": (("slides NN|all [--out DIR] [--offline]", "reveal.js decks from the lectures' stored outputs"),),
+    "i18n": (("i18n update|build|check|status [--lang ru]",
+              "the Russian edition: catalogues, notebooks/ru/, their check"),),
 }
 _RUN = {"setup": setup_job, "lab": lab_job, "demo": demo_job, "test": test_job,
         "bench": bench_job, "doctor": doctor_job, "room": room_job, "release": release_job,
-        "grade": grade_job, "check": check_job, "slides": slides_job}
+        "grade": grade_job, "check": check_job, "slides": slides_job, "i18n": i18n_job}
 # fmt: on
 JOBS: dict[str, Job] = {name: Job(name, usage, _RUN[name]) for name, usage in _USAGE.items()}
 

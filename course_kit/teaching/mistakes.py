@@ -46,6 +46,12 @@ def _render(node: ast.AST, consts: dict[str, str] | None = None) -> str | None:
                 name = ast.unparse(part.value)
                 out.append(consts.get(name, "{" + name + "}"))
         return "".join(out)
+    if isinstance(node, ast.Call):  # ``_("…")`` and ``_("… {n} …").format(n=…)``: the template
+        func = node.func
+        if isinstance(func, ast.Attribute) and func.attr == "format":
+            return _render(func.value, consts)
+        if isinstance(func, ast.Name) and func.id == "_" and node.args:
+            return _render(node.args[0], consts)
     if isinstance(node, ast.IfExp):  # ``None if ok else "..."``: the literal branch
         return _render(node.orelse, consts) or _render(node.body, consts)
     if isinstance(node, ast.BoolOp):  # ``error or f"..."``: the literal operands

@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from course_lib.checks.verdict import Verdict, run_check
+from course_lib.i18n import _
 
 __all__ = ["check_sum_of_squares", "numbers_in"]
 
@@ -95,26 +96,34 @@ def check_sum_of_squares(
                 got = sum_of_squares_on_engines(view, N)
                 client.wait(list(client.history[first:]), timeout=30)  # results not awaited
             expected = (N - 1) * N * (2 * N - 1) // 6
-            assert got == expected, f"N={N}: got {got!r}, expected {expected}"
-            ran = {engine for engine, _ in replies}
-            back = [v for _, result in replies for v in numbers_in(result)]
-            idle = [rank for rank, eid in enumerate(view.targets) if eid not in ran]
-            assert not idle, (
-                f"N={N}: the right number, but the engines of ranks {idle} ran nothing; "
-                "compute the squares there (scatter, then apply or execute)"
+            assert got == expected, _("N={N}: got {got}, expected {expected}").format(
+                N=N, got=repr(got), expected=expected
             )
+            ran = {engine for engine, _reply in replies}
+            back = [v for _engine, result in replies for v in numbers_in(result)]
+            idle = [rank for rank, eid in enumerate(view.targets) if eid not in ran]
+            assert not idle, _(
+                "N={N}: the right number, but the engines of ranks {idle} ran nothing; "
+                "compute the squares there (scatter, then apply or execute)"
+            ).format(N=N, idle=idle)
             if len(back) > PER_ENGINE * len(view):
                 raise AssertionError(
-                    f"N={N}: the right number, but {len(back)} numbers came back from the "
-                    "engines and the notebook added them up: let every engine sum the squares "
-                    "of its part and send back one partial sum"
+                    _(
+                        "N={N}: the right number, but {count} numbers came back from the "
+                        "engines and the notebook added them up: let every engine sum the squares "
+                        "of its part and send back one partial sum"
+                    ).format(N=N, count=len(back))
                 )
             if sum(back) != expected:
                 raise AssertionError(
-                    f"N={N}: the right number, but what came back from the engines adds up to "
-                    f"{sum(back)}: the sum was computed in the notebook; bring back each "
-                    "engine's partial sum (pull or gather it, or return it from apply)"
+                    _(
+                        "N={N}: the right number, but what came back from the engines adds up to "
+                        "{total}: the sum was computed in the notebook; bring back each "
+                        "engine's partial sum (pull or gather it, or return it from apply)"
+                    ).format(N=N, total=sum(back))
                 )
-        return f"{len(view)} engines, N in {sizes[:3]} and one random N, partial sums from each"
+        return _("{n} engines, N in {sizes} and one random N, partial sums from each").format(
+            n=len(view), sizes=sizes[:3]
+        )
 
     return run_check("0.1", "sum_of_squares_on_engines", body, verbose=verbose)

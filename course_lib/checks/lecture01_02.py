@@ -16,6 +16,7 @@ import torch
 import torch.nn.functional as F
 
 from course_lib.checks.verdict import Verdict, assert_close, refusing, run_check
+from course_lib.i18n import _
 from course_lib.training import scratch
 from course_lib.training.loop import segmentation_scores
 
@@ -69,7 +70,7 @@ def check_softmax_grad(softmax_grad: Callable, *, verbose: bool = True) -> Verdi
                 dW, db = softmax_grad(W.copy(), b.copy(), X.copy(), y.copy())
             assert_close("dW", dW, Wt.grad.numpy())
             assert_close("db", db, bt.grad.numpy())
-        return "equal to torch autograd on 2 random problems"
+        return _("equal to torch autograd on 2 random problems")
 
     return run_check("1.1", "softmax gradient", body, verbose=verbose)
 
@@ -87,13 +88,13 @@ def check_sgd_epoch(sgd_epoch: Callable, *, verbose: bool = True) -> Verdict:
             with refusing(REFUSED["1.2"]):
                 got = sgd_epoch(W, b, X, y, 0.3, batches)
             if not (np.array_equal(W, W0) and np.array_equal(b, b0)):
-                raise AssertionError("sgd_epoch changed its inputs W or b; work on copies")
+                raise AssertionError(_("sgd_epoch changed its inputs W or b; work on copies"))
             if not isinstance(got, tuple) or len(got) != 2:
-                raise AssertionError("sgd_epoch must return a tuple (W, b)")
+                raise AssertionError(_("sgd_epoch must return a tuple (W, b)"))
             W_ref, b_ref = scratch.sgd_epoch(W, b, X, y, 0.3, batches)
-            assert_close(f"W (batch size {batch_size})", got[0], W_ref)
-            assert_close(f"b (batch size {batch_size})", got[1], b_ref)
-        return "equal to the reference for batch sizes 1, 7 and 20"
+            assert_close(_("W (batch size {size})").format(size=batch_size), got[0], W_ref)
+            assert_close(_("b (batch size {size})").format(size=batch_size), got[1], b_ref)
+        return _("equal to the reference for batch sizes 1, 7 and 20")
 
     return run_check("1.2", "mini-batch SGD epoch", body, verbose=verbose)
 
@@ -113,7 +114,7 @@ def check_corr2d(corr2d: Callable, *, verbose: bool = True) -> Verdict:
             with refusing(REFUSED["2.1"]):
                 got = corr2d(X, K, stride)
             assert_close(f"corr2d with a {kh}x{kw} kernel, stride {stride}", got, ref[0, 0].numpy())
-        return "equal to torch's conv2d for 3 shapes and strides"
+        return _("equal to torch's conv2d for 3 shapes and strides")
 
     return run_check("2.1", "2-D cross-correlation", body, verbose=verbose)
 
@@ -129,7 +130,7 @@ def check_max_pool2d(max_pool2d: Callable, *, verbose: bool = True) -> Verdict:
             with refusing(REFUSED["2.2"]):
                 got = max_pool2d(X, size)
             assert_close(f"max_pool2d of {shape} with size {size}", got, ref)
-        return "equal to torch's max_pool2d for 3 shapes"
+        return _("equal to torch's max_pool2d for 3 shapes")
 
     return run_check("2.2", "max pooling", body, verbose=verbose)
 
@@ -139,7 +140,7 @@ def check_miou(miou: Callable, *, verbose: bool = True) -> Verdict:
 
     def body() -> str:
         rng = np.random.default_rng(23)
-        cases = [rng.integers(0, 6, size=(2, 8, 8)) for _ in range(2)]
+        cases = [rng.integers(0, 6, size=(2, 8, 8)) for _case in range(2)]
         cases.append(rng.integers(0, 3, size=(2, 8, 8)))  # classes 3..5 absent: skipped
         for i, target in enumerate(cases):
             pred = np.where(
@@ -152,7 +153,11 @@ def check_miou(miou: Callable, *, verbose: bool = True) -> Verdict:
             with refusing(REFUSED["2.3"]):
                 got = float(miou(pred.copy(), target.copy(), 6))
             if not np.isclose(got, expected, atol=1e-9):
-                raise AssertionError(f"mIoU {got:.4f} on case {i + 1}, expected {expected:.4f}")
-        return "equal to the reference on 3 cases, one with absent classes"
+                raise AssertionError(
+                    _("mIoU {got} on case {case}, expected {expected}").format(
+                        got=f"{got:.4f}", case=i + 1, expected=f"{expected:.4f}"
+                    )
+                )
+        return _("equal to the reference on 3 cases, one with absent classes")
 
     return run_check("2.3", "mean IoU", body, verbose=verbose)

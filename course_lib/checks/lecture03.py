@@ -14,6 +14,7 @@ import numpy as np
 from course_lib.checks.verdict import Verdict, refusing, reraise_stub, run_check
 from course_lib.comm.buffers import chunk_bounds
 from course_lib.comm.communicator import Communicator
+from course_lib.i18n import _
 
 __all__ = ["REFUSED", "check_ring_allgather", "check_ring_allgather_on_rank", "stub_ring_allgather"]
 
@@ -50,24 +51,30 @@ def check_ring_allgather_on_rank(comm: Communicator, fn: Callable) -> str:
         # every rank must stop at the same size, or the others would wait in the next call
         failed = comm.allreduce(np.array([1 if error else 0], dtype=np.int64), op="max")
         if failed[0]:
-            raise AssertionError(error or f"{size} elements: another rank's result was wrong")
-    return f"{p} ranks, sizes 0..1000, ring traffic"
+            raise AssertionError(
+                error or _("{size} elements: another rank's result was wrong").format(size=size)
+            )
+    return _("{p} ranks, sizes 0..1000, ring traffic").format(p=p)
 
 
 def _problem(comm: Communicator, size: int, got, want, bounds) -> str | None:
     p, r = comm.world_size, comm.rank
     if got.shape != want.shape or not np.array_equal(got, want):
         if got.shape != want.shape:
-            return f"rank {r}, {size} elements: result has shape {got.shape}, expected {want.shape}"
+            return _("rank {r}, {size} elements: result has shape {got}, expected {want}").format(
+                r=r, size=size, got=got.shape, want=want.shape
+            )
         wrong = int(np.flatnonzero(got != want)[0])
-        return f"rank {r}, {size} elements: element {wrong} is {got[wrong]}, expected {want[wrong]}"
+        return _("rank {r}, {size} elements: element {i} is {got}, expected {want}").format(
+            r=r, size=size, i=wrong, got=got[wrong], want=want[wrong]
+        )
     sent = comm.stats.bytes_sent
     expected = 4 * (size - (bounds[(r + 1) % p][1] - bounds[(r + 1) % p][0])) if p > 1 else 0
     if sent != expected:
-        return (
-            f"rank {r}, {size} elements: sent {sent} bytes point-to-point, a ring sends "
-            f"{expected} (each chunk once, to the right neighbour)"
-        )
+        return _(
+            "rank {r}, {size} elements: sent {sent} bytes point-to-point, a ring sends "
+            "{expected} (each chunk once, to the right neighbour)"
+        ).format(r=r, size=size, sent=sent, expected=expected)
     return None
 
 

@@ -20,6 +20,7 @@ from course_lib.checks.verdict import Verdict, refusing, reraise_stub, run_check
 from course_lib.comm.communicator import Communicator
 from course_lib.cost_model.alpha_beta import ALGORITHMS
 from course_lib.data.digits import load_digits
+from course_lib.i18n import _
 from course_lib.parallel.data_parallel.reference import (
     max_weight_difference,
     train_one_process,
@@ -116,39 +117,60 @@ def _parameter_server_body(fn: Callable, cluster: Any, world_size: int | None) -
         raise AssertionError(str(exc).replace("data-parallel run failed: ", "")) from None
     n = result.world_size
     if n < 2:
-        raise AssertionError("the check needs at least 2 engines (start_cluster(n=4))")
+        raise AssertionError(_("the check needs at least 2 engines (start_cluster(n=4))"))
     if not result.replicas_equal:
         raise AssertionError(
-            f"the replicas differ by up to {result.max_replica_difference:.2e} after training: "
-            "every rank must end with the same averaged gradient"
+            _(
+                "the replicas differ by up to {diff} after training: "
+                "every rank must end with the same averaged gradient"
+            ).format(diff=f"{result.max_replica_difference:.2e}")
         )
     reference = train_one_process(check_net, check_digits, CHECK_CONFIG)
     worst = max_weight_difference(result.weights, reference)
     if not weights_match(result.weights, reference):
         raise AssertionError(
-            f"the replicas agree with each other but differ from one process trained on the "
-            f"whole batch by up to {worst:.2e}: divide the sum of all {n} gradients (the "
-            "server's own included) by N once, after adding them"
+            _(
+                "the replicas agree with each other but differ from one process trained on the "
+                "whole batch by up to {worst}: divide the sum of all {n} gradients (the "
+                "server's own included) by N once, after adding them"
+            ).format(worst=f"{worst:.2e}", n=n)
         )
     for rec in result.records:
         if rec["collective_bytes"]:
             raise AssertionError(
-                f"rank {rec['rank']} used a built-in collective ({rec['collective_bytes']} bytes):"
-                " write the exchange with comm.send / comm.recv (isend / irecv)"
+                _(
+                    "rank {rank} used a built-in collective ({nbytes} bytes):"
+                    " write the exchange with comm.send / comm.recv (isend / irecv)"
+                ).format(rank=rec["rank"], nbytes=rec["collective_bytes"])
             )
         buffer = result.gradient_bytes + result.flag_bytes  # the values and their presence flags
         want = _expected_bytes(rec["rank"], n, buffer)
         got = (rec["bytes_sent"], rec["bytes_received"])
         if got != want:
             raise AssertionError(
-                f"rank {rec['rank']} sent / received {got} bytes in step {rec['step']}; a "
-                f"parameter server's {'server' if rec['rank'] == 0 else 'worker'} moves {want} "
-                f"(gradient of {result.gradient_bytes} bytes and {result.flag_bytes} of flags)"
+                (
+                    _(
+                        "rank {rank} sent / received {got} bytes in step {step}; a parameter "
+                        "server's server moves {want} (gradient of {grad} bytes and {flags} of flags)"
+                    )
+                    if rec["rank"] == 0
+                    else _(
+                        "rank {rank} sent / received {got} bytes in step {step}; a parameter "
+                        "server's worker moves {want} (gradient of {grad} bytes and {flags} of flags)"
+                    )
+                ).format(
+                    rank=rec["rank"],
+                    got=got,
+                    step=rec["step"],
+                    want=want,
+                    grad=result.gradient_bytes,
+                    flags=result.flag_bytes,
+                )
             )
     steps = len(result.records) // n
-    return (
-        f"{n} engines, {steps} steps equal to one process within {worst:.1e}, server bytes (N-1)S"
-    )
+    return _(
+        "{n} engines, {steps} steps equal to one process within {worst}, server bytes (N-1)S"
+    ).format(n=n, steps=steps, worst=f"{worst:.1e}")
 
 
 def check_parameter_server(
@@ -185,10 +207,20 @@ def _sync_time_body(fn: Callable) -> str:
         want = _model_sync_time(method, nbytes, p, alpha, beta)
         if not np.isclose(got, want, rtol=1e-6, atol=1e-12):
             raise AssertionError(
-                f"{method}, {nbytes:g} bytes, N={p}, alpha={alpha:g} s, 1/beta={1 / beta:g} B/s:"
-                f" got {got:.4g} s, the alpha-beta model gives {want:.4g} s"
+                _(
+                    "{method}, {nbytes} bytes, N={p}, alpha={alpha} s, 1/beta={rate} B/s:"
+                    " got {got} s, the alpha-beta model gives {want} s"
+                ).format(
+                    method=method,
+                    nbytes=f"{nbytes:g}",
+                    p=p,
+                    alpha=f"{alpha:g}",
+                    rate=f"{1 / beta:g}",
+                    got=f"{got:.4g}",
+                    want=f"{want:.4g}",
+                )
             )
-    return f"{len(cases)} cases: server 2(N-1)(a+nb), ring 2(N-1)(a+nb/N)"
+    return _("{count} cases: server 2(N-1)(a+nb), ring 2(N-1)(a+nb/N)").format(count=len(cases))
 
 
 def check_sync_time(fn: Callable, *, verbose: bool = True) -> Verdict:

@@ -15,6 +15,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from course_lib.i18n import _
+
 __all__ = [
     "LibraryCall",
     "Verdict",
@@ -39,12 +41,16 @@ class Verdict:
     show_points: bool = False  # graded assignments print "[2/2 points]"
 
     def __str__(self) -> str:
-        status = "PASS" if self.passed else "FAIL"
-        text = f"Exercise {self.exercise} {self.name}: {status}"
+        status = _("PASS") if self.passed else _("FAIL")
+        text = _("Exercise {exercise} {name}: {status}").format(
+            exercise=self.exercise, name=self.name, status=status
+        )
         if self.detail:
             text += f" ({self.detail})"
         if self.show_points:
-            text += f" [{self.points:g}/{self.max_points:g} points]"
+            text += _(" [{points}/{max_points} points]").format(
+                points=f"{self.points:g}", max_points=f"{self.max_points:g}"
+            )
         return text
 
     def __bool__(self) -> bool:
@@ -76,12 +82,20 @@ def run_check(
         detail = body() or ""
         verdict = Verdict(exercise, name, True, detail, top, top, show)
     except NotImplementedError as exc:
-        verdict = Verdict(exercise, name, False, f"not implemented yet: {exc}", 0.0, top, show)
+        verdict = Verdict(
+            exercise,
+            name,
+            False,
+            _("not implemented yet: {reason}").format(reason=exc),
+            0.0,
+            top,
+            show,
+        )
     except AssertionError as exc:
-        verdict = Verdict(exercise, name, False, str(exc) or "wrong answer", 0.0, top, show)
+        verdict = Verdict(exercise, name, False, str(exc) or _("wrong answer"), 0.0, top, show)
     except Exception as exc:  # noqa: BLE001 - a student's bug must become a verdict
         last = traceback.extract_tb(exc.__traceback__)[-1]
-        where = f" at line {last.lineno}" if last else ""
+        where = _(" at line {line}").format(line=last.lineno) if last else ""
         verdict = Verdict(
             exercise, name, False, f"{type(exc).__name__}: {exc}{where}", 0.0, top, show
         )
@@ -135,7 +149,7 @@ class LibraryCall(AssertionError):
 
 def _resolve(dotted: str) -> Callable:
     """Import a dotted name under course_lib (``...module.Class.method``, ``...TABLE[key]``)."""
-    path, _, key = dotted.partition("[")
+    path, _sep, key = dotted.partition("[")
     parts = path.split(".")
     for cut in range(len(parts) - 1, 0, -1):
         try:
@@ -204,7 +218,15 @@ def assert_close(name: str, got: object, expected: np.ndarray, atol: float = 1e-
     """Assert that ``got`` has ``expected``'s shape and values, with a reason a student can use."""
     got = np.asarray(got)
     if got.shape != expected.shape:
-        raise AssertionError(f"{name} has shape {got.shape}, expected {expected.shape}")
+        raise AssertionError(
+            _("{name} has shape {got}, expected {expected}").format(
+                name=name, got=got.shape, expected=expected.shape
+            )
+        )
     if not np.allclose(got, expected, atol=atol, rtol=1e-6):
         err = float(np.abs(got - expected).max())
-        raise AssertionError(f"{name} differs from the reference by up to {err:.3g}")
+        raise AssertionError(
+            _("{name} differs from the reference by up to {err}").format(
+                name=name, err=f"{err:.3g}"
+            )
+        )

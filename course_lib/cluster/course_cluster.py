@@ -20,6 +20,7 @@ from course_lib.cluster.recovery import RecoveryReport, recover, run_with_timeou
 from course_lib.cluster.seat import Seat
 from course_lib.cluster.settings import ClusterError, ClusterSettings, threads_per_engine
 from course_lib.cluster.stopping import stop_owned_cluster
+from course_lib.i18n import _
 
 __all__ = ["SILENT_ENGINE_SECONDS", "CourseCluster"]
 
@@ -71,11 +72,12 @@ class CourseCluster:
     def where(self) -> str:
         """Return one line saying which cluster this is: local, or the room's, on which PCs."""
         if self.kind != "connect":
-            what = "MPI engines (ranks)" if self.kind == "mpi" else "local engines"
             hint = ""
             if self.kind == "mpi" and (self.settings.profile or self.settings.connection_file):
-                hint = " (the room has no MPI ranks free for this notebook)"
-            return f"{self.world_size} {what} on this PC{hint}"
+                hint = _(" (the room has no MPI ranks free for this notebook)")
+            if self.kind == "mpi":
+                return _("{n} MPI engines (ranks) on this PC").format(n=self.world_size) + hint
+            return _("{n} local engines on this PC").format(n=self.world_size) + hint
         hosts: dict[str, int] = {}
         for eid in self.ids_by_rank:
             host = self.seat.pcs.get(eid) if self.seat else None
@@ -166,9 +168,14 @@ class CourseCluster:
         self.left_out = dead
         if dead:
             print(
-                f"course_lib: engines {dead} died (or did not answer within "
-                f"{min(self.settings.timeout, SILENT_ENGINE_SECONDS):g} s) and are left out; "
-                f"{len(infos)} remain"
+                _(
+                    "course_lib: engines {dead} died (or did not answer within {seconds} s) "
+                    "and are left out; {left} remain"
+                ).format(
+                    dead=dead,
+                    seconds=f"{min(self.settings.timeout, SILENT_ENGINE_SECONDS):g}",
+                    left=len(infos),
+                )
             )
         if not infos:
             raise ClusterError(
@@ -192,11 +199,17 @@ class CourseCluster:
         finally:
             if self.owned is not None:
                 # Stopping takes seconds (each engine is asked, then signalled): say so first.
-                print(f"course_lib: stopping {self.world_size} {self.kind} engines ...", end="")
+                print(
+                    _("course_lib: stopping {n} {kind} engines ...").format(
+                        n=self.world_size, kind=self.kind
+                    ),
+                    end="",
+                )
                 started = time.monotonic()
                 stop_owned_cluster(self.owned)  # every engine at once (cluster/stopping.py)
                 self.owned = None
-                print(f" stopped in {time.monotonic() - started:.1f} s", flush=True)
+                took = f"{time.monotonic() - started:.1f}"
+                print(_(" stopped in {seconds} s").format(seconds=took), flush=True)
 
     def __enter__(self) -> CourseCluster:
         return self

@@ -12,6 +12,7 @@ from typing import Any
 import ipyparallel as ipp
 
 from course_lib.cluster import engine_side
+from course_lib.i18n import _
 
 __all__ = ["COLUMNS", "VERSION_COLUMNS", "DoctorReport", "doctor"]
 
@@ -51,7 +52,7 @@ class DoctorReport:
         widths = [max(len(c), *(len(r[j]) for r in cells)) for j, c in enumerate(COLUMNS)]
         lines = ["  ".join(c.ljust(w) for c, w in zip(COLUMNS, widths, strict=True))]
         lines += ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)) for r in cells]
-        lines.append("OK: every engine answered, versions agree" if self.ok else "PROBLEMS:")
+        lines.append(_("OK: every engine answered, versions agree") if self.ok else _("PROBLEMS:"))
         lines += [f"  - {p}" for p in self.problems]
         return "\n".join(lines)
 

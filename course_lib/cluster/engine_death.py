@@ -17,6 +17,8 @@ import sys
 import weakref
 from typing import Any
 
+from course_lib.i18n import _
+
 __all__ = ["dead_engine_ids", "death_message", "next_step_after_a_death", "show_deaths_in_one_line"]
 
 _DIED = re.compile(r"Engine (\d+) died")
@@ -42,18 +44,18 @@ def next_step_after_a_death(cluster: Any) -> str:
     """Return the next step that works after an engine died, where this cluster lives."""
     seat = getattr(cluster, "seat", None)
     if getattr(cluster, "owned", None) is not None:  # this notebook started the engines
-        return "cluster.recover() restarts the engines; then re-run"
+        return _("cluster.recover() restarts the engines; then re-run")
     if seat is not None and getattr(seat, "job", None):
-        return (
-            f"the Slurm job {seat.job} that ran the room's engines has ended or lost a node: "
+        return _(
+            "the Slurm job {job} that ran the room's engines has ended or lost a node: "
             "tell the instructor (./kit lab status says why), then run start_cluster again"
-        )
+        ).format(job=seat.job)
     if seat is not None:
-        return (
+        return _(
             "the room's engine is gone: tell the instructor (./kit lab status names the PC, "
             "./kit lab add repairs it), then run start_cluster again for a fresh seat"
         )
-    return "ask whoever started the cluster to restart its engines, then connect again"
+    return _("ask whoever started the cluster to restart its engines, then connect again")
 
 
 def death_message(cluster: Any, exc: BaseException) -> str | None:
@@ -62,9 +64,16 @@ def death_message(cluster: Any, exc: BaseException) -> str | None:
     if ids is None:
         return None
     ranks = getattr(cluster, "ids_by_rank", []) if cluster is not None else []
-    named = [f"rank {ranks.index(e)} (engine {e})" if e in ranks else f"engine {e}" for e in ids]
-    who = ", ".join(named) or "engines"
-    return f"course_lib: {who} died while running this cell; {next_step_after_a_death(cluster)}"
+    named = [
+        _("rank {rank} (engine {engine})").format(rank=ranks.index(e), engine=e)
+        if e in ranks
+        else _("engine {engine}").format(engine=e)
+        for e in ids
+    ]
+    who = ", ".join(named) or _("engines")
+    return _("course_lib: {who} died while running this cell; {next_step}").format(
+        who=who, next_step=next_step_after_a_death(cluster)
+    )
 
 
 def show_deaths_in_one_line(cluster: Any) -> bool:

@@ -40,6 +40,7 @@ from course_lib.cluster.settings import (
     default_engine_count,
     threads_per_engine,
 )
+from course_lib.i18n import _, language
 
 __all__ = ["connect_cluster", "find_mpiexec", "start_cluster"]
 
@@ -90,6 +91,8 @@ def start_cluster(
         timeout=timeout,
     )
     notebook = kind is None or settings.mpi  # a notebook's own request, not a named cluster
+    if language() != "en":  # engines started here speak the notebook's language (checks' reasons)
+        os.environ["COURSE_LANG"] = language()
     if settings.kind == "connect":
         if notebook:
             _give_back_earlier_seat(settings.mpi)
@@ -101,11 +104,10 @@ def start_cluster(
             # A notebook asked for n engines; the room has none free: one line, then this PC.
             here = "mpi" if settings.mpi else "local"
             local = ClusterSettings(**{**settings.__dict__, "kind": here, "mpi": False})
-            what = "MPI ranks" if settings.mpi else "local engines"
-            print(
-                f"course_lib: {exc}; running on {settings.n} {what} on this PC instead "
-                "(start_cluster again later for a seat in the room)"
-            )
+            what = _("{n} MPI ranks") if settings.mpi else _("{n} local engines")
+            line = _("course_lib: {reason}; running on {what} on this PC instead (start_cluster "
+                     "again later for a seat in the room)")  # fmt: skip
+            print(line.format(reason=exc, what=what.format(n=settings.n)))
             cluster = _start(local)
     else:
         cluster = _start(settings)
@@ -136,7 +138,11 @@ def _give_back_earlier_seat(mpi: bool) -> None:
     ref = _NOTEBOOK_SEAT.pop(mpi, None)
     old = ref() if ref is not None else None
     if old is not None and old.seat is not None and not old.seat.released:
-        print(f"course_lib: giving back this notebook's earlier seat (engines {old.ids_by_rank})")
+        print(
+            _("course_lib: giving back this notebook's earlier seat (engines {ids})").format(
+                ids=old.ids_by_rank
+            )
+        )
         old.stop()
 
 

@@ -23,6 +23,7 @@ from typing import Any, Protocol
 import ipyparallel as ipp
 
 from course_lib.cluster import engine_side
+from course_lib.i18n import _
 
 __all__ = [
     "EngineTimeout",
@@ -71,12 +72,19 @@ class RecoveryReport:
 
     def __str__(self) -> str:
         if self.action == "none":
-            text = "all engines answered: nothing to recover"
+            text = _("all engines answered: nothing to recover")
         else:
-            ranks = ", ".join(map(str, self.hung_ranks)) or "none"
-            text = f"hung ranks: {ranks}; {self.action} in {self.seconds:.1f} s"
+            ranks = ", ".join(map(str, self.hung_ranks)) or _("none")
+            seconds = f"{self.seconds:.1f}"
+            if self.action == "restarted":
+                text = _("hung ranks: {ranks}; restarted in {seconds} s")
+            else:
+                text = _("hung ranks: {ranks}; interrupted in {seconds} s")
+            text = text.format(ranks=ranks, seconds=seconds)
         if self.lost_state:
-            text += " (engines are new: variables defined on them earlier are gone, re-run setup)"
+            text += _(
+                " (engines are new: variables defined on them earlier are gone, re-run setup)"
+            )
         return f"{text}; {self.note}" if self.note else text
 
 
@@ -209,7 +217,11 @@ def _describe_failures(results: list[Any]) -> str:
             try:
                 result.get(timeout=0)
             except ipp.error.RemoteError as exc:
-                notes.append(f"rank {rank} raised {exc.ename}: {exc.evalue}")
+                notes.append(
+                    _("rank {rank} raised {name}: {value}").format(
+                        rank=rank, name=exc.ename, value=exc.evalue
+                    )
+                )
     return "; ".join(notes)
 
 
@@ -221,8 +233,10 @@ def run_with_timeout(
     if gone:
         report = recover(cluster)
         raise EngineTimeout(
-            f"the engines of ranks {gone} are gone (died or were stopped); nothing was run. "
-            f"Recovered: {report}",
+            _(
+                "the engines of ranks {gone} are gone (died or were stopped); nothing was run. "
+                "Recovered: {report}"
+            ).format(gone=gone, report=report),
             report,
         )
     results = [cluster.client[eid].apply_async(fn, *args, **kwargs) for eid in cluster.ids_by_rank]
@@ -236,12 +250,16 @@ def run_with_timeout(
             failures = _describe_failures(results)
             report = recover(cluster)
             why = (
-                f" ({failures}: the others waited for a rank that never came, a hang)"
+                _(" ({failures}: the others waited for a rank that never came, a hang)").format(
+                    failures=failures
+                )
                 if failures
                 else ""
             )
             raise EngineTimeout(
-                f"ranks {hung} did not answer within {timeout:g} s{why}. Recovered: {report}",
+                _(
+                    "ranks {hung} did not answer within {seconds} s{why}. Recovered: {report}"
+                ).format(hung=hung, seconds=f"{timeout:g}", why=why, report=report),
                 report,
             )
     return [result.get() for result in results]

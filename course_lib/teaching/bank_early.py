@@ -9,6 +9,7 @@ import numpy as np
 from course_lib.comm import GIGABIT
 from course_lib.comm.buffers import chunk_bounds
 from course_lib.cost_model.alpha_beta import LinkModel, predict
+from course_lib.i18n import _
 from course_lib.teaching.questions import Numeric, Question, choice
 from course_lib.training.scratch import corr2d, max_pool2d
 
@@ -20,24 +21,26 @@ UNET_BYTES = 8.33e6  # bytes: the U-Net gradient of Krivosheev et al. (source 00
 
 def _lecture0() -> list[Question]:
     sizes = [b - a for a, b in chunk_bounds(10, 4)]
+    # Lecture 0's texts in the notebook's language (course_lib.i18n); the answers do not change.
     return [
-        Numeric("0.q1", "Four engines hold x = rank + 1. After an allreduce with op = sum, what "
-                "does engine 2 hold?", float(sum(r + 1 for r in range(4))),
-                "an allreduce leaves the same total, 1 + 2 + 3 + 4, on every rank", rel_tol=1e-9),
-        Numeric("0.q2", "A buffer of 10 values is scattered over 4 engines in the kit's chunks "
-                "(`chunk_bounds`). How many values does engine 0 get?", float(sizes[0]),
-                f"chunks of {sizes}: the first 10 mod 4 engines get one more", rel_tol=1e-9),
-        choice("0.q3", "Ranks 0-2 call `allreduce`; rank 3 never does. What happens without "
-               "the kit's timeouts?", ("a hang: the three wait for ever", "a deadlock between "
-               "all four", "rank 3's value is taken as zero"), 0,
-               "a rank that never joins is a hang; a deadlock is a cycle of waits"),
-        choice("0.q4", "Every rank sends a large array to its right neighbour, then receives "
-               "from its left, with blocking calls. What happens?", ("it works, only slowly",
-               "a deadlock: each send waits for a receive nobody has posted",
-               "MPI reorders the calls"), 1,
-               "rendezvous sends wait for the receiver; all wait in a cycle"),
-        choice("0.q5", "What does `%%px` run the cell on?", ("every engine of the view",
-               "engine 0 only", "the notebook's own kernel"), 0, "%px is parallel execute"),
+        Numeric("0.q1", _("Four engines hold x = rank + 1. After an allreduce with op = sum, what "
+                "does engine 2 hold?"), float(sum(r + 1 for r in range(4))),
+                _("an allreduce leaves the same total, 1 + 2 + 3 + 4, on every rank"), rel_tol=1e-9),
+        Numeric("0.q2", _("A buffer of 10 values is scattered over 4 engines in the kit's chunks "
+                "(`chunk_bounds`). How many values does engine 0 get?"), float(sizes[0]),
+                _("chunks of {sizes}: the first 10 mod 4 engines get one more").format(sizes=sizes),
+                rel_tol=1e-9),
+        choice("0.q3", _("Ranks 0-2 call `allreduce`; rank 3 never does. What happens without "
+               "the kit's timeouts?"), (_("a hang: the three wait for ever"), _("a deadlock between "
+               "all four"), _("rank 3's value is taken as zero")), 0,
+               _("a rank that never joins is a hang; a deadlock is a cycle of waits")),
+        choice("0.q4", _("Every rank sends a large array to its right neighbour, then receives "
+               "from its left, with blocking calls. What happens?"), (_("it works, only slowly"),
+               _("a deadlock: each send waits for a receive nobody has posted"),
+               _("MPI reorders the calls")), 1,
+               _("rendezvous sends wait for the receiver; all wait in a cycle")),
+        choice("0.q5", _("What does `%%px` run the cell on?"), (_("every engine of the view"),
+               _("engine 0 only"), _("the notebook's own kernel")), 0, _("%px is parallel execute")),
     ]  # fmt: skip
 
 

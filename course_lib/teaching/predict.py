@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from course_lib.files import atomic_write_text
+from course_lib.i18n import _
 
 __all__ = ["RECORD_FILE", "Prediction", "Shown", "interactive", "off_by"]
 
@@ -88,9 +89,11 @@ class Prediction:
     def _ipython_display_(self) -> None:
         from IPython.display import Markdown, display
 
-        display(Markdown(f"**Predict first ({self.pid}).** {self.question}"))
+        display(
+            Markdown(_("**Predict first ({pid}).**").format(pid=self.pid) + f" {self.question}")
+        )
         if not interactive():
-            print("(non-interactive run: the prediction box is shown only in JupyterLab)")
+            print(_("(non-interactive run: the prediction box is shown only in JupyterLab)"))
             return
         import ipywidgets as widgets
 
@@ -102,7 +105,7 @@ class Prediction:
         button = widgets.Button(description="Lock in", button_style="primary")
         self._out = widgets.Output()
 
-        def lock(_):
+        def lock(_button):
             value = box.value
             if self.options and value == "(choose)":
                 return
@@ -127,30 +130,34 @@ class Prediction:
         """
         self.measured, self.formula_value = measured, formula_value
         if self.predicted is None and interactive():
-            text = (
-                f"{self.pid}: locked: type your prediction in the box above and press Lock in; "
+            text = _(
+                "{pid}: locked: type your prediction in the box above and press Lock in; "
                 "the measurement appears under the box"
-            )
+            ).format(pid=self.pid)
             self._print(text, here=True)
             return Shown(text)
         return self._show(here=True)
 
     def _show(self, here: bool = False) -> str:
         if self.measured is None:
-            text = (
-                f"{self.pid}: prediction {self._fmt(self.predicted)} locked in; run the measurement"
+            text = _("{pid}: prediction {value} locked in; run the measurement").format(
+                pid=self.pid, value=self._fmt(self.predicted)
             )
             self._print(text, here)
             return Shown(text)
-        lines = [f"{self.pid}: measured {self._fmt(self.measured)}"]
+        lines = [_("{pid}: measured {value}").format(pid=self.pid, value=self._fmt(self.measured))]
         if self.formula:
             value = "" if self.formula_value is None else f" = {self._fmt(self.formula_value)}"
-            lines.append(f"  formula: {self.formula}{value}")
+            lines.append(_("  formula: {formula}").format(formula=self.formula) + value)
         if self.predicted is None:
-            lines.append("  (non-interactive run: no prediction was asked; the lock is skipped)")
+            lines.append(_("  (non-interactive run: no prediction was asked; the lock is skipped)"))
         else:
             how = off_by(self.predicted, self.measured)
-            lines.append(f"  your prediction {self._fmt(self.predicted)}: {how}")
+            lines.append(
+                _("  your prediction {value}: {how}").format(
+                    value=self._fmt(self.predicted), how=how
+                )
+            )
             self._record(how)
         text = "\n".join(lines)
         self._print(text, here)

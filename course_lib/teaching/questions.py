@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from course_lib.checks.verdict import Verdict
+from course_lib.i18n import _
 
 __all__ = [
     "Choice",
@@ -106,13 +107,18 @@ def check_quiz(
     verdicts = []
     for q in questions:
         if q.qid not in answers:
-            v = Verdict(q.qid, "question", False, "not answered yet")
+            v = Verdict(q.qid, "question", False, _("not answered yet"))
         elif is_right(q, answers[q.qid]):
             v = Verdict(q.qid, "question", True, q.why)
         else:
             # the reason, not the answer: the lecture's formula is in the question's section
-            v = Verdict(q.qid, "question", False, "not this one: re-read the section it names")
+            v = Verdict(q.qid, "question", False, _("not this one: re-read the section it names"))
         verdicts.append(v)
         if verbose:
-            print(f"Question {q.qid}: {'PASS' if v.passed else 'FAIL'} ({v.detail})")
+            status = _("PASS") if v.passed else _("FAIL")
+            print(
+                _("Question {qid}: {status} ({detail})").format(
+                    qid=q.qid, status=status, detail=v.detail
+                )
+            )
     return verdicts

@@ -91,7 +91,7 @@ def _kit_jobs() -> set[str]:
     """Return the jobs that the ``kit`` script's ``case "$job"`` statement runs."""
     text = (ROOT / "kit").read_text()
     case = text[text.index('case "$job" in') : text.index("\nesac")]
-    arms = re.findall(r"^    ([a-z|]+)\)", case, flags=re.M)
+    arms = re.findall(r"^    ([a-z0-9|]+)\)", case, flags=re.M)
     return {job for arm in arms for job in arm.split("|")}
 
 
@@ -148,6 +148,9 @@ CASES = [
     (("check", "--help"), 0, "notebook"),
     (("slides", "--help"), 0, "usage: ./kit slides"),
     (("slides", "x"), 2, "not a lecture number"),
+    (("i18n", "--help"), 0, "usage: ./kit i18n"),
+    (("lab", "--lang", "de"), 2, "kit lab: --lang 'de': the course has en and ru"),
+    (("i18n", "check", "--lang", "xx"), 2, "i18n: no catalogues for 'xx' under locale/"),
     (("check", "missing.ipynb"), 2, "missing.ipynb does not exist: give the path of your saved"),
 ]
 
