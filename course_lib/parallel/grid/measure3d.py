@@ -6,7 +6,8 @@ times one training step of each in interleaved rounds (:func:`course_lib.timing.
 a barrier before and after each step so every rank times the whole step), measures the pieces'
 costs at each grid's shapes while the other engines do the same (the load a step sees), and
 calibrates the link: time per byte by ping-pong, latency as a 2-rank allreduce of every pair at
-once shows it (all engines busy, as in a step). What a step does outside the pipeline (the
+once shows it (all engines busy, as in a step), less what a call costs on a line of one rank
+(the communicator's own work, which the simulator charges to the caller). What a step does outside the pipeline (the
 optimiser's step, two barriers) is measured too and added to the simulated step.
 :func:`prediction_rows` turns rank 0's numbers and every rank's times into one row per grid:
 measured spread (slowest rank per round), prediction, error.
@@ -81,20 +82,35 @@ def measure_grids(
     beta = ping_pong(comm, sizes=[2**k for k in range(6, 17, 2)], repeats=5).model.beta
     # a message's latency as the step's collectives see it: every pair at once, all engines busy
     pairs = ProcessGrid(comm, {"rest": comm.world_size // 2, "pair": 2})["pair"]
+    alone = ProcessGrid(comm, {"rest": comm.world_size, "one": 1})["one"]
     small = torch.zeros(16)
-    alpha = interleaved_rounds({"allreduce": lambda: pairs.allreduce(small)}, rounds=21)
+    calls = interleaved_rounds(
+        {"pair": lambda: pairs.allreduce(small), "alone": lambda: alone.allreduce(small)},
+        rounds=21,
+    )
+    call = calls["alone"].median  # the communicator's own work: no byte leaves the rank
     return {
         "times": {k: list(v.samples) for k, v in spreads.items()},
         "outside": {k: v.median for k, v in outside.items()},
-        "link": (alpha["allreduce"].median / 2, beta),  # a 2-rank ring allreduce: 2 messages
+        "call": call,
+        "link": (max(calls["pair"].median - call, 1e-6) / 2, beta),  # 2-rank ring: 2 messages
         "costs": costs,
     }
 
 
 def prediction_rows(
-    per_rank: list[dict], sizes: dict, batch: int, length: int, num_microbatches: int = 2
+    per_rank: list[dict],
+    sizes: dict,
+    batch: int,
+    length: int,
+    num_microbatches: int = 2,
+    engines_per_core: float = 1.0,
 ) -> list[dict]:
-    """Return per grid: the measured spread (slowest rank each round), the prediction, the error."""
+    """Return per grid: the measured spread (slowest rank each round), the prediction, the error.
+
+    ``engines_per_core`` > 1 (more engines than cores) stretches every piece by that factor:
+    the simulator gives each rank a processor of its own, the machine does not.
+    """
     from course_lib.cost_model.alpha_beta import LinkModel
     from course_lib.cost_model.messages import Network
     from course_lib.parallel.grid.simulate3d import Grid, predict_grid
@@ -107,7 +123,9 @@ def prediction_rows(
         slowest = [max(r["times"][label][k] for r in per_rank) for k in range(len(_))]
         dp, tp, pp, cp = (int(part[2:]) for part in label.split())
         grid = Grid(dp, tp, pp, cp)
-        sim = predict_grid(grid, sizes, batch, length, num_microbatches, head["costs"][label], link)
+        sim = predict_grid(grid, sizes, batch, length, num_microbatches, head["costs"][label], link,
+                           compute_scale=max(1.0, engines_per_core),
+                           call_seconds=head["call"])  # fmt: skip
         predicted = sim.step_time + max(r["outside"][label] for r in per_rank)
         measured = Spread.of(slowest)
         rows.append(

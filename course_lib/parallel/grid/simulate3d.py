@@ -78,10 +78,15 @@ def grid_tasks(
     costs: PieceCosts,
     link: Network,
     data_factor: float = 1.0,
+    compute_scale: float = 1.0,
+    call_seconds: float = 0.0,
 ) -> tuple[dict[str, Task], dict[int, float]]:
     """Return the tasks of one step on ``grid`` and each rank's model-state bytes (Adam, float32).
 
-    ``data_factor`` scales the data axis's bytes (1.5 when ZeRO-3 gathers the weights too).
+    ``data_factor`` scales the data axis's bytes (1.5 when ZeRO-3 gathers the weights too);
+    ``compute_scale`` the pieces' seconds (ranks sharing cores: engines per core);
+    ``call_seconds`` is what a collective costs its caller before any byte moves (the
+    communicator's own work, paid even on a line of one rank), a task on the worker.
     """
     link, m = network(link), num_microbatches
     b, tokens, d = batch // (grid.dp * m), length // grid.cp, sizes["d_model"]
@@ -110,7 +115,9 @@ def grid_tasks(
             for k, (seconds, memory, reduced, ring) in enumerate(pieces):
                 for w in everyone:
                     tid = f"{tag}p{k}:{w}"
-                    tasks[tid] = Task(tid, ("worker", w), seconds, tuple(last[w]), memory=memory)
+                    tasks[tid] = Task(
+                        tid, ("worker", w), seconds * compute_scale, tuple(last[w]), memory=memory
+                    )
                     last[w] = [tid]
                 if ring:  # context parallelism: key / value blocks round each context line
                     for t, cl in enumerate(rings):
@@ -118,6 +125,10 @@ def grid_tasks(
                         tasks.update((x.id, x) for x in new)
                         last.update(done)
                 for n, nbytes in enumerate(reduced):
+                    for w in everyone if call_seconds else ():
+                        tid = f"{tag}o{k}.{n}:{w}"
+                        tasks[tid] = Task(tid, ("worker", w), call_seconds, tuple(last[w]))
+                        last[w] = [tid]
                     for c, line in enumerate(lines):
                         new, done = ring_allreduce_tasks(
                             f"{tag}a{k}.{n}c{c}", line, nbytes, last, link
@@ -175,6 +186,8 @@ def predict_grid(
     costs: PieceCosts,
     link: Network,
     data_factor: float = 1.0,
+    compute_scale: float = 1.0,
+    call_seconds: float = 0.0,
 ) -> Simulation:
     """Return the simulated step of ``grid`` (its ``step_time``, bytes per rank, peak memory)."""
     for name, value, over in (
@@ -184,7 +197,16 @@ def predict_grid(
         if value % over:
             raise ValueError(f"{name} {value} does not divide into {over} parts on {grid.label}")
     tasks, state = grid_tasks(
-        grid, sizes, batch, length, num_microbatches, costs, link, data_factor
+        grid,
+        sizes,
+        batch,
+        length,
+        num_microbatches,
+        costs,
+        link,
+        data_factor,
+        compute_scale,
+        call_seconds,
     )
     sim = simulate(tasks)
     sim.state_bytes = state
