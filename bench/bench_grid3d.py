@@ -15,6 +15,7 @@ the error, the ranking the measurement supports, and the machine's load. 8 engin
 from __future__ import annotations
 
 import argparse
+import os
 
 from course_lib.cluster import start_cluster
 from course_lib.comm import setup_communicators
@@ -36,7 +37,7 @@ def main() -> None:
         per_rank = cluster.run(
             measure_grids, "comm", GRIDS, GRID_SIZES, BATCH, LENGTH, 2, rounds, timeout=900
         )
-    rows = prediction_rows(per_rank, GRID_SIZES, BATCH, LENGTH)
+    rows = prediction_rows(per_rank, GRID_SIZES, BATCH, LENGTH, engines_per_core=8 / os.cpu_count())
     for r in rows:
         print(
             f"{r['grid']}: measured {r['measured'].describe()}, predicted "
