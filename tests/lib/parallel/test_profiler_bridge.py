@@ -1,6 +1,8 @@
 """The bridge to PyTorch's tools on 2 real engines (gloo): torch.profiler traces read back by
 code (one step's compute and communication events counted), and DeviceMesh / DTensor tensor
-parallelism (ColwiseParallel, RowwiseParallel) equal to the kit's column / row-parallel MLP."""
+parallelism (ColwiseParallel, RowwiseParallel) equal to the kit's column / row-parallel MLP, and
+with SequenceParallel on a whole TinyGPT block equal to lecture 14's tensor- and
+sequence-parallel block (outputs, input and weight gradients, relative 1e-5)."""
 
 from __future__ import annotations
 
@@ -71,4 +73,19 @@ def _device_mesh_case() -> dict:
 def test_device_mesh_plans_equal_the_kits_tensor_parallel_mlp(cluster):
     for res in cluster.run(_device_mesh_case):
         assert res.pop("shard shapes equal") == 1.0
+        assert max(res.values()) < 1e-5, res
+
+
+def _device_mesh_block_case(sequence_parallel: bool) -> dict:
+    from IPython import get_ipython
+
+    from course_lib.parallel.bridge import compare_block
+
+    return compare_block(get_ipython().user_ns["comm"], sequence_parallel)
+
+
+@pytest.mark.timeout(200)
+@pytest.mark.parametrize("sequence_parallel", [False, True], ids=["tensor", "sequence"])
+def test_device_mesh_plans_equal_the_kits_parallel_block(cluster, sequence_parallel):
+    for res in cluster.run(_device_mesh_block_case, sequence_parallel, timeout=120):
         assert max(res.values()) < 1e-5, res
