@@ -46,7 +46,7 @@ __all__ = [
 ]
 
 #: Editions stored executed and run under nbval by the test command (stems of the English notebooks).
-RUN_IN_CI: dict[str, tuple[str, ...]] = {"ru": ("00_cluster",)}
+RUN_IN_CI: dict[str, tuple[str, ...]] = {"ru": ("00_cluster", "04_data_parallel", "A1_sgd_conv")}
 #: The id of the note cell an edition without stored outputs carries under its title.
 NOTE_ID = "i18n-outputs-note"
 NOTES = {
