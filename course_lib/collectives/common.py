@@ -17,16 +17,34 @@ TAGS = {
 }  # fmt: skip
 
 _UFUNCS = {"sum": np.add, "max": np.maximum, "min": np.minimum}
+_TORCH_OPS = {"sum": lambda a, b, out: out.add_(b), "max": lambda a, b, out: out.copy_(a.maximum(b)),
+              "min": lambda a, b, out: out.copy_(a.minimum(b))}  # fmt: skip
 
 
-def reducible_flat(tensor: Buffer, op: str) -> np.ndarray:
-    """Return a flat NumPy view of ``tensor`` after checking that ``op`` can reduce it."""
+def reducible_flat(tensor: Buffer, op: str, bfloat16_ok: bool = False) -> np.ndarray:
+    """Return a flat NumPy view of ``tensor`` after checking that ``op`` can reduce it.
+
+    ``bfloat16_ok``: the caller reduces a bfloat16 tensor's bits with ``reduce_into(bfloat16=True)``.
+    """
     if op not in REDUCE_OPS:
         raise ValueError(f"op must be one of {REDUCE_OPS}, got {op!r}")
-    numpy_reducible(tensor)
+    if not bfloat16_ok:
+        numpy_reducible(tensor)
     return as_flat_array(tensor)
 
 
-def reduce_into(out: np.ndarray, other: np.ndarray, op: str = "sum") -> None:
-    """Combine ``other`` into ``out`` elementwise, in place (``out = out (op) other``)."""
+def reduce_into(
+    out: np.ndarray, other: np.ndarray, op: str = "sum", bfloat16: bool = False
+) -> None:
+    """Combine ``other`` into ``out`` elementwise, in place (``out = out (op) other``).
+
+    ``bfloat16``: the arrays are bfloat16's bits seen as int16 (NumPy has no bfloat16); torch
+    combines them, rounding each result to bfloat16 as a 16-bit reduction on the wire does.
+    """
+    if bfloat16:
+        import torch
+
+        a, b = (torch.from_numpy(x).view(torch.bfloat16) for x in (out, other))
+        _TORCH_OPS[op](a, b, out=a)
+        return
     _UFUNCS[op](out, other, out=out)
