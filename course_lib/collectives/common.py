@@ -17,8 +17,6 @@ TAGS = {
 }  # fmt: skip
 
 _UFUNCS = {"sum": np.add, "max": np.maximum, "min": np.minimum}
-_TORCH_OPS = {"sum": lambda a, b, out: out.add_(b), "max": lambda a, b, out: out.copy_(a.maximum(b)),
-              "min": lambda a, b, out: out.copy_(a.minimum(b))}  # fmt: skip
 
 
 def reducible_flat(tensor: Buffer, op: str, bfloat16_ok: bool = False) -> np.ndarray:
@@ -38,13 +36,27 @@ def reduce_into(
 ) -> None:
     """Combine ``other`` into ``out`` elementwise, in place (``out = out (op) other``).
 
-    ``bfloat16``: the arrays are bfloat16's bits seen as int16 (NumPy has no bfloat16); torch
-    combines them, rounding each result to bfloat16 as a 16-bit reduction on the wire does.
+    ``bfloat16``: the arrays are bfloat16's bits seen as int16 (NumPy has no bfloat16): each
+    value is widened to float32, combined, and rounded back to nearest even, as torch's
+    bfloat16 arithmetic does (NumPy only: this runs on communication threads too).
     """
     if bfloat16:
-        import torch
-
-        a, b = (torch.from_numpy(x).view(torch.bfloat16) for x in (out, other))
-        _TORCH_OPS[op](a, b, out=a)
+        with np.errstate(over="ignore", invalid="ignore"):  # inf and NaN, as in torch
+            result = _UFUNCS[op](_widen(out), _widen(other))
+        out[...] = _round_to_bfloat16(result)
         return
     _UFUNCS[op](out, other, out=out)
+
+
+def _widen(bits: np.ndarray) -> np.ndarray:
+    """Return the float32 values of bfloat16 ``bits`` (int16): the bits are float32's top half."""
+    return (bits.view(np.uint16).astype(np.uint32) << 16).view(np.float32)
+
+
+def _round_to_bfloat16(x: np.ndarray) -> np.ndarray:
+    """Return float32 ``x`` rounded to the nearest bfloat16 (ties to even), as int16 bits."""
+    bits = x.view(np.uint32)
+    rounded = ((bits + np.uint32(0x7FFF) + ((bits >> 16) & 1)) >> 16).astype(np.uint16)
+    nan = np.isnan(x)
+    rounded[nan] = ((bits[nan] >> 16) | 0x40).astype(np.uint16)  # stays a NaN
+    return rounded.view(np.int16)

@@ -38,7 +38,7 @@ def ring_reduce_scatter(
     partial results. Cost: $(N-1)(\\alpha + \\frac{n}{N}\\beta)$ for an ``n``-byte buffer.
     ``eager=True``: the ranks already agreed on the buffer's size (see ``Communicator.irecv``).
     """
-    # bfloat16 (a torch tensor) travels as its bits and is added by torch (FSDP's 16-bit reduce)
+    # bfloat16 (a torch tensor) travels as its bits, added as torch adds bfloat16 (FSDP's reduce)
     bf16 = not isinstance(tensor, np.ndarray) and dtype_name(tensor) == "bfloat16"
     arr = reducible_flat(tensor, op, bfloat16_ok=bf16)
     p, r = comm.world_size, comm.rank

@@ -38,6 +38,7 @@ import torch
 from torch import nn
 
 from course_lib.collectives.ring import ring_allgather
+from course_lib.comm.buffers import as_flat_array
 from course_lib.comm.communicator import Communicator
 from course_lib.parallel.exchanges.base import StepTimeline
 from course_lib.parallel.exchanges.bucket_choice import agree_on_layout
@@ -161,10 +162,11 @@ class Zero3(Zero2):
         # storage (PyTorch then refuses to resize it), so the values are copied in afterwards.
         buf = torch.empty(unit.numel, dtype=self.compute_dtype)
         buf[unit.chunk(self.comm.rank)] = self.shards[unit.index].detach()  # (cast, as FSDP2's)
+        bits = as_flat_array(buf)  # here: the communication thread then touches NumPy only
         key = self._hold(buf)
 
         def gather() -> None:  # on the communication thread
-            ring_allgather(self.comm, buf, eager=True)  # sizes agreed
+            ring_allgather(self.comm, bits, eager=True)  # sizes agreed
             unit.allocate()
             with torch.no_grad():  # grad mode is per thread
                 unit.flat.copy_(buf)
@@ -212,15 +214,21 @@ class Zero3(Zero2):
     def _gather_all(self) -> None:
         """Gather every unit whole, in float32: the master shards (in mixed precision too)."""
         if self.compute_dtype != torch.float32:
+            masters = [torch.empty(unit.numel) for unit in self.units]
+            for unit, buf in zip(self.units, masters, strict=True):
+                buf[unit.chunk(self.comm.rank)] = self.shards[unit.index].detach()
+            arrays = [buf.numpy() for buf in masters]  # the thread touches NumPy only
 
             def gather_masters() -> None:  # on the communication thread
-                for unit in self.units:
-                    unit.set_dtype(torch.float32)
-                    unit.flat[unit.chunk(self.comm.rank)] = self.shards[unit.index].detach()
-                    ring_allgather(self.comm, unit.flat)
+                for array in arrays:
+                    ring_allgather(self.comm, array)
 
-            self.thread.wait(self.thread.submit(gather_masters, "the float32 master weights' "
-                             "allgather"), self.comm.timeout + 30.0)  # fmt: skip
+            job = self.thread.submit(gather_masters, "the float32 master weights' allgather")
+            self.thread.wait(job, self.comm.timeout + 30.0)
+            for unit, buf in zip(self.units, masters, strict=True):
+                unit.set_dtype(torch.float32)
+                with torch.no_grad():
+                    unit.flat.copy_(buf)
             return
         for unit in self.units:
             self._request(unit, "whole", prefetch=False)

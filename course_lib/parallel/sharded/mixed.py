@@ -8,9 +8,10 @@
   gathered unit and the wire carry 2 bytes per value instead of 4;
 * the model's inputs are cast to the compute dtype (FSDP2's ``cast_forward_inputs``), so
   forward and backward run in 16 bits and the gradients come out in 16 bits;
-* each unit's gradients are cast to the reduce dtype and reduce-scattered in it (bfloat16 is
-  added by torch, each partial sum rounded, as a 16-bit reduction on the wire is); this rank's
-  chunk of the mean becomes a float32 gradient of the float32 shard.
+* each unit's gradients are cast to the reduce dtype and reduce-scattered in it (each partial
+  sum rounded to it, as a 16-bit reduction on the wire is; bfloat16 is added in float32 and
+  rounded to nearest even, as torch does); this rank's chunk of the mean becomes a float32
+  gradient of the float32 shard.
 
 Held between steps, per value and rank: shard 4 + gradient shard 4 + Adam's m, v 8 = 16/N.
 That is the ZeRO paper's mixed-precision total, 2 + 2 + K = 12 (16-bit weights and gradients;

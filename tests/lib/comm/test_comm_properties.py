@@ -50,7 +50,7 @@ def test_allreduces_sum_exactly(p, size, dtype, seed, which):
 
 @settings(max_examples=25, deadline=None)
 @given(p=st.integers(1, 6), size=st.integers(0, 40), seed=st.integers(0, 2**16))
-def test_the_ring_sums_bfloat16_as_its_bits_and_torch_adds_them(p, size, seed):
+def test_the_ring_sums_bfloat16_as_its_bits_as_torch_adds_them(p, size, seed):
     # stage 3 in mixed precision reduce-scatters bfloat16 gradients (NumPy has no bfloat16)
     import torch
 
