@@ -132,5 +132,17 @@ _LATER: dict[int, list[tuple[str, str, str]]] = {
          'p11b.reveal(round(next(r["bytes_sent"] for r in kit_mixed["bf16, reduce in bf16"].records '
          'if r["rank"] == 0) / psi, 3), mixed_wire_bytes(psi, 4, 2, 2) / psi)'),
     ],
+    13: [
+        ("best, best_time, size = exhaustive(small, space)",
+         _box("p13a", "13.a", "The MLP's search space on 2 workers (degrees 1 and 2): how many strategies "
+              "does the exhaustive search simulate?",
+              formula='"the product over the operators of each one\'s number of configurations"'),
+         "p13a.reveal(size, int(np.prod([len(c) for c in space])))"),
+        ("per_run = statistics.median(",
+         _box("p13b", "13.b", "How many times faster is simulating one strategy than running it on the "
+              "engines (a warm-up and 3 steps)?",
+              unit='"x"', formula='"FlexFlow (paper): about three orders of magnitude"'),
+         "p13b.reveal(round(per_run / (walk.seconds / walk.iterations)), 1000)"),
+    ],
 }  # fmt: skip
 PREDICTIONS.update(_LATER)
