@@ -136,3 +136,46 @@ PREDICTIONS: dict[int, list[tuple[str, str, str]]] = {
          "p12b.reveal(round(live[256].median / live[16].median, 3) if live[16] and live[256] else 'not reached', 16 / 256)"),
     ],
 }  # fmt: skip
+
+# Lectures 8, 11 and 13 (issue 36's engineer): a block of their own, merged into PREDICTIONS.
+_LATER: dict[int, list[tuple[str, str, str]]] = {
+    8: [
+        ("size = 64 * 128 + 128 + 128 * 10 + 10  # the MLP's weights",
+         _box("p8a", "8.a", "Local-SGD(4) + allreduce on 4 ranks: the values one rank sends per step, "
+              "as a share of the MLP's size?",
+              formula='"2(N-1)/N every p steps: 2(N-1)/(N p)"'),
+         'p8a.reveal(round(next(r["values"] / (size * r["steps"]) for r in dense if r["number"] == 4), 4), '
+         "2 * 3 / (4 * 4))"),
+        ('names = ["float32", "float16", "int8", "int8+mgzip"',
+         _box("p8b", "8.b", "Source 000's int8 through the star: float32's bytes on the wire over int8's?",
+              formula='"4 bytes a value against 1"'),
+         'p8b.reveal(round(next(r["ratio"] for r in rows000 if r["name"] == "int8"), 3), 4)'),
+    ],
+    11: [
+        ("ROUNDS = 2  # interleaved rounds",
+         _box("p11a", "11.a", "ZeRO-3 (float32 Adam) on 4 ranks: the model state each rank holds after a step, "
+              "in bytes per parameter of the whole model?",
+              unit='"bytes/param"', formula='"16 / N"'),
+         'p11a.reveal(round(next(r["ledger_settled_bytes"] for r in runs[3].records if r["rank"] == 0) '
+         "/ psi, 3), 16 / 4)"),
+        ('POLICIES = {"float32": (f32, f32)',
+         _box("p11b", "11.b", "The same ZeRO-3 gathering and reducing in bfloat16 on 4 ranks: "
+              "bytes each rank sends per parameter per step?",
+              unit='"bytes/param"', formula='"(N-1)/N (2p + r), p = r = 2 bytes"'),
+         'p11b.reveal(round(next(r["bytes_sent"] for r in kit_mixed["bf16, reduce in bf16"].records '
+         'if r["rank"] == 0) / psi, 3), mixed_wire_bytes(psi, 4, 2, 2) / psi)'),
+    ],
+    13: [
+        ("best, best_time, size = exhaustive(small, space)",
+         _box("p13a", "13.a", "The MLP's search space on 2 workers (degrees 1 and 2): how many strategies "
+              "does the exhaustive search simulate?",
+              formula='"the product over the operators of each one\'s number of configurations"'),
+         "p13a.reveal(size, int(np.prod([len(c) for c in space])))"),
+        ("per_run = statistics.median(",
+         _box("p13b", "13.b", "How many times faster is simulating one strategy than running it on the "
+              "engines (a warm-up and 3 steps)?",
+              unit='"x"', formula='"FlexFlow (paper): about three orders of magnitude"'),
+         "p13b.reveal(round(per_run / (walk.seconds / walk.iterations)), 1000)"),
+    ],
+}  # fmt: skip
+PREDICTIONS.update(_LATER)

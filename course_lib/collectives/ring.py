@@ -38,7 +38,9 @@ def ring_reduce_scatter(
     partial results. Cost: $(N-1)(\\alpha + \\frac{n}{N}\\beta)$ for an ``n``-byte buffer.
     ``eager=True``: the ranks already agreed on the buffer's size (see ``Communicator.irecv``).
     """
-    arr = reducible_flat(tensor, op)
+    # bfloat16 (a torch tensor) travels as its bits, added as torch adds bfloat16 (FSDP's reduce)
+    bf16 = not isinstance(tensor, np.ndarray) and dtype_name(tensor) == "bfloat16"
+    arr = reducible_flat(tensor, op, bfloat16_ok=bf16)
     p, r = comm.world_size, comm.rank
     if p == 1:
         return tensor
@@ -49,7 +51,7 @@ def ring_reduce_scatter(
         for _, sent, got in ring_schedule(r, p)[: p - 1]:
             (a, b), (c, d) = bounds[sent], bounds[got]
             comm.sendrecv(arr[a:b], right, scratch[: d - c], left, tag=TAGS["ring_rs"], eager=eager)
-            reduce_into(arr[c:d], scratch[: d - c], op)
+            reduce_into(arr[c:d], scratch[: d - c], op, bfloat16=bf16)
     except CommError as exc:
         raise _blame_sizes(comm, tensor, exc) from exc
     return tensor

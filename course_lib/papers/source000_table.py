@@ -348,11 +348,15 @@ def goal_over_seeds(runs: list[list[dict[str, Any]]], majority: float | None = N
     return lines
 
 
-def plot_side_by_side(rows: list[dict[str, Any]], title: str = "") -> Figure:
+def plot_side_by_side(rows: list[dict[str, Any]], title: str = "", quality: bool = True) -> Figure:
     """Return bars of epoch time (sync / rest) relative to float32, measured beside the paper's,
-    and the accuracy and mIoU after the budget."""
-    fig = Figure(figsize=(10, 3.6))
-    ax_time, ax_acc = fig.subplots(1, 2, gridspec_kw={"width_ratios": [3, 2]})
+    and the accuracy and mIoU after the budget (``quality=False``: the time panel alone, for a
+    budget too short to train, whose accuracy says nothing about the formats)."""
+    fig = Figure(figsize=(10, 3.6) if quality else (6, 3.6))
+    if quality:
+        ax_time, ax_acc = fig.subplots(1, 2, gridspec_kw={"width_ratios": [3, 2]})
+    else:
+        ax_time, ax_acc = fig.subplots(), None
     base = next((r for r in rows if r["name"] == "float32"), rows[0])
     paper_base = PAPER_TABLE2["float32"]["epoch_s"]
     x = range(len(rows))
@@ -390,6 +394,9 @@ def plot_side_by_side(rows: list[dict[str, Any]], title: str = "") -> Figure:
     ax_time.set_ylabel("epoch time / float32's")
     ax_time.legend(fontsize=8)
     ax_time.set_title(title or f"{rows[0]['link']}", fontsize=9)
+    if ax_acc is None:
+        fig.tight_layout()
+        return fig
     ax_acc.bar([i - 0.2 for i in x], [100 * r["accuracy"] for r in rows], 0.4, label="accuracy")
     ax_acc.bar([i + 0.2 for i in x], [100 * r["miou"] for r in rows], 0.4, label="mIoU")
     ax_acc.set_xticks(list(x), [r["name"] for r in rows], rotation=30, ha="right")

@@ -10,7 +10,8 @@ itself): it stays gathered from its forward to its backward, as FSDP2 keeps its 
 (``reshard_after_forward`` is False for the root), so it makes two passes. With a root unit of
 ``Psi_root`` values stage 3 sends (N-1)/N (3 Psi - Psi_root). With chunks of unequal length
 (``Psi`` not a multiple of ``N``) a rank's exact count differs from the formula by less than
-one value per pass and unit.
+one value per pass and unit. Stage 3 in mixed precision (:mod:`.mixed`) gathers in the compute
+dtype and reduce-scatters in the reduce dtype: ``itemsize`` and ``reduce_itemsize`` bytes a value.
 """
 
 from __future__ import annotations
@@ -18,8 +19,15 @@ from __future__ import annotations
 from typing import Any
 
 from course_lib.comm.buffers import chunk_bounds
+from course_lib.parallel.sharded.mixed import mixed_wire_bytes
 
-__all__ = ["audit_bytes", "exact_values_sent", "formula_values", "passes_per_step"]
+__all__ = [
+    "audit_bytes",
+    "exact_bytes_sent",
+    "exact_values_sent",
+    "formula_values",
+    "passes_per_step",
+]
 
 
 def passes_per_step(stage: int, root: bool = False) -> int:
@@ -45,13 +53,28 @@ def exact_values_sent(
 
     ``root``: ``units[0]`` is the root module's own unit (at stage 3 it travels twice, not three times).
     """
-    n, total = world_size, 0
+    return exact_bytes_sent(stage, units, rank, world_size, root, 1, 1)
+
+
+def exact_bytes_sent(
+    stage: int,
+    units: list[int],
+    rank: int,
+    world_size: int,
+    root: bool = False,
+    itemsize: int = 4,
+    reduce_itemsize: int | None = None,
+) -> int:
+    """Return the bytes rank ``rank`` sends per step: allgathers at ``itemsize`` bytes a value,
+    reduce-scatters at ``reduce_itemsize`` (default: the same)."""
+    n, total, r_size = world_size, 0, reduce_itemsize or itemsize
     if n == 1:
         return 0
     for k, m in enumerate(units):
         size = [b - a for a, b in chunk_bounds(m, n)]
         reduce_scatter, allgather = m - size[rank], m - size[(rank + 1) % n]
-        total += reduce_scatter + allgather * (passes_per_step(stage, root and k == 0) - 1)
+        gathers = passes_per_step(stage, root and k == 0) - 1
+        total += reduce_scatter * r_size + allgather * gathers * itemsize
     return total
 
 
@@ -62,20 +85,25 @@ def audit_bytes(
     world_size: int,
     itemsize: int = 4,
     root: bool = False,
+    reduce_itemsize: int | None = None,
 ) -> list[dict[str, Any]]:
     """Return one row per rank and step: bytes sent (the counters), exact and formula bytes.
 
     ``ok`` is True when the counters equal the exact count and that is within one value per
     pass and unit of the formula. ``records``: a data-parallel result's step records;
-    ``root``: ``units[0]`` is the root module's own unit (:func:`~.units.root_unit`).
+    ``root``: ``units[0]`` is the root module's own unit (:func:`~.units.root_unit`);
+    ``itemsize``/``reduce_itemsize``: bytes a value in the allgathers / reduce-scatters.
     """
-    psi = sum(units)
-    slack = itemsize * passes_per_step(stage) * len(units)
+    psi, r_size = sum(units), reduce_itemsize or itemsize
+    slack = max(itemsize, r_size) * passes_per_step(stage) * len(units)
     root_values = units[0] if root and units else 0
     rows = []
     for rec in records:
-        exact = itemsize * exact_values_sent(stage, units, rec["rank"], world_size, root)
-        formula = itemsize * formula_values(stage, psi, world_size, root_values)
+        exact = exact_bytes_sent(stage, units, rec["rank"], world_size, root, itemsize, r_size)
+        if stage == 3:
+            formula = mixed_wire_bytes(psi, world_size, itemsize, r_size, root_values)
+        else:
+            formula = itemsize * formula_values(stage, psi, world_size, root_values)
         rows.append(
             {
                 "rank": rec["rank"],

@@ -40,12 +40,19 @@ def _local_bytes(tensors: list[torch.Tensor]) -> int:
 
 
 def train_torch_sharded(
-    kind: str, make_model: Any, make_dataset: Any, config: TrainConfig
+    kind: str,
+    make_model: Any,
+    make_dataset: Any,
+    config: TrainConfig,
+    param_dtype: torch.dtype | None = None,
+    reduce_dtype: torch.dtype | None = None,
 ) -> dict[str, Any]:
     """Train with PyTorch's ``kind``: ``"zero_redundancy"`` (stage 1) or ``"fsdp2"`` (stage 3).
 
     Runs on every engine at once; returns this rank's ``weights`` (whole, as NumPy arrays),
-    ``optimizer_bytes`` and ``param_bytes`` (what this rank holds of each).
+    ``optimizer_bytes`` and ``param_bytes`` (what this rank holds of each) and ``train_loss``
+    (the mean over this rank's batches of the last epoch). ``param_dtype``, ``reduce_dtype``: FSDP2's ``MixedPrecisionPolicy``
+    (None: float32), to set beside ``Zero3(compute_dtype=..., reduce_dtype=...)``.
     """
     if not dist.is_initialized():
         raise RuntimeError(
@@ -57,27 +64,32 @@ def train_torch_sharded(
     net, data = make_model(), make_dataset()
     sampler = GlobalBatchSampler(len(data), rank, n, config.batch_size, seed=config.seed)
     local = replace(config, batch_size=config.batch_size // n)
+    if (param_dtype or reduce_dtype) and kind != "fsdp2":
+        raise ValueError("param_dtype and reduce_dtype are FSDP2's: use kind='fsdp2'")
     if kind == "zero_redundancy":
         from torch.distributed.optim import ZeroRedundancyOptimizer
 
         opt = ZeroRedundancyOptimizer(
             net.parameters(), optimizer_class=torch.optim.Adam, lr=config.lr
         )
-        fit(net, data, local, sampler=sampler, grad_hook=_average, optimizer=opt, progress=False)
+        history = fit(
+            net, data, local, sampler=sampler, grad_hook=_average, optimizer=opt, progress=False
+        )
         state = [t for s in opt.optim.state.values() for t in s.values() if t.dim()]
         weights = {k: p.detach().numpy().copy() for k, p in net.named_parameters()}
         param_bytes = _local_bytes(list(net.parameters()))
     elif kind == "fsdp2":
         from torch.distributed.device_mesh import init_device_mesh
-        from torch.distributed.fsdp import fully_shard
+        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
         mesh = init_device_mesh("cpu", (n,))
+        policy = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=reduce_dtype)
         for module in net.modules():
             if module is not net and any(True for _ in module.parameters(recurse=False)):
-                fully_shard(module, mesh=mesh)  # one FSDP unit per layer, as the kit's zero3
-        fully_shard(net, mesh=mesh)
+                fully_shard(module, mesh=mesh, mp_policy=policy)  # one unit per layer (zero3's)
+        fully_shard(net, mesh=mesh, mp_policy=policy)
         opt = torch.optim.Adam(net.parameters(), lr=config.lr)
-        fit(net, data, local, sampler=sampler, optimizer=opt, progress=False)
+        history = fit(net, data, local, sampler=sampler, optimizer=opt, progress=False)
         state = [t for s in opt.state.values() for t in s.values() if t.dim()]
         param_bytes = _local_bytes(list(net.parameters()))
         weights = {k: p.full_tensor().detach().numpy().copy() for k, p in net.named_parameters()}
@@ -88,4 +100,5 @@ def train_torch_sharded(
         "weights": weights,
         "optimizer_bytes": _local_bytes(state),
         "param_bytes": param_bytes,
+        "train_loss": history.last.get("train_loss"),
     }

@@ -20,7 +20,11 @@ a module's units are needed, the next module's allgather is queued too (depth 1)
 while this module computes: one unit more held at once (``zero3_units_held_peak``).
 Reduce-scatters are queued without waiting (at most ``QUEUED_REDUCE_SCATTERS``); ``exchange``
 waits for them all before the optimiser step. ``prefetch=False`` waits for every collective
-where it is issued: the naive schedule, kept to compare against.
+where it is issued: the naive schedule, kept to compare against. ``compute_dtype`` and
+``reduce_dtype``: mixed precision as FSDP2's ``MixedPrecisionPolicy`` (:mod:`.mixed`).
+
+Kept whole: the hooks, the communication queue and the units' gathering and release are one
+unit's life cycle and share its state; split, each half would reach into the other's.
 """
 
 from __future__ import annotations
@@ -34,10 +38,12 @@ import torch
 from torch import nn
 
 from course_lib.collectives.ring import ring_allgather
+from course_lib.comm.buffers import as_flat_array
 from course_lib.comm.communicator import Communicator
 from course_lib.parallel.exchanges.base import StepTimeline
 from course_lib.parallel.exchanges.bucket_choice import agree_on_layout
 from course_lib.parallel.exchanges.comm_thread import CommJob, CommThread, next_seq
+from course_lib.parallel.sharded.mixed import cast_inputs, check_dtypes
 from course_lib.parallel.sharded.units import FlatUnit
 from course_lib.parallel.sharded.zero import Zero2
 
@@ -60,16 +66,26 @@ class Zero3(Zero2):
         bucket_bytes: unused by stage 3 (its units are modules), accepted like every stage's.
         prefetch: queue the next module's allgather when one is needed (overlapped), and
             reduce-scatters without waiting; False: wait for each collective where it is issued.
+        compute_dtype: the dtype units are gathered and run in (None: float32; the shards,
+            their gradients and the optimiser stay float32). reduce_dtype: the gradients'
+            on the wire (None: ``compute_dtype``, as FSDP2's default).
     """
 
     name, stage = "zero3", 3
     cost_collective = None  # three ring passes; the cost model has no such collective
 
-    def __init__(self, bucket_bytes: int = 1 << 16, prefetch: bool = True) -> None:
+    def __init__(
+        self,
+        bucket_bytes: int = 1 << 16,
+        prefetch: bool = True,
+        compute_dtype: torch.dtype | None = None,
+        reduce_dtype: torch.dtype | None = None,
+    ) -> None:
         super().__init__(bucket_bytes)
         if not isinstance(prefetch, bool):
             raise ValueError(f"prefetch must be True or False, got {prefetch!r}")
         self.prefetch = prefetch
+        self.compute_dtype, self.reduce_dtype = check_dtypes(compute_dtype, reduce_dtype)
 
     # -- set-up -------------------------------------------------------------------------------
     def attach(self, comm: Communicator, net: nn.Module) -> nn.Module:
@@ -98,10 +114,14 @@ class Zero3(Zero2):
         self.held: dict[int, torch.Tensor] = {}  # the exchange's own buffers, held now
         self.held_lock = threading.Lock()
         self.held_peak = 0  # units gathered or queued at once, this step (deterministic)
+        itemsize = self.compute_dtype.itemsize
         if comm.world_size > 1:  # before any receive is posted eagerly
-            agree_on_layout(comm, [4 * u.numel for u in self.units])
+            agree_on_layout(comm, [itemsize * u.numel for u in self.units])
+        if self.compute_dtype != torch.float32:  # the shards stay float32: the master weights
+            self.handles.append(net.register_forward_pre_hook(cast_inputs(self.compute_dtype)))
         self.thread = CommThread(comm.rank, "zero3-comm")
         for unit in self.units:
+            unit.set_dtype(self.compute_dtype)
             unit.free()
         return net
 
@@ -140,12 +160,13 @@ class Zero3(Zero2):
             self._count_held(extra=1)
         # The ring runs on a buffer of its own: a NumPy view of the flat buffer would pin its
         # storage (PyTorch then refuses to resize it), so the values are copied in afterwards.
-        buf = torch.empty(unit.numel)
-        buf[unit.chunk(self.comm.rank)] = self.shards[unit.index].detach()
+        buf = torch.empty(unit.numel, dtype=self.compute_dtype)
+        buf[unit.chunk(self.comm.rank)] = self.shards[unit.index].detach()  # (cast, as FSDP2's)
+        bits = as_flat_array(buf)  # here: the communication thread then touches NumPy only
         key = self._hold(buf)
 
         def gather() -> None:  # on the communication thread
-            ring_allgather(self.comm, buf.numpy(), eager=True)  # sizes agreed
+            ring_allgather(self.comm, bits, eager=True)  # sizes agreed
             unit.allocate()
             with torch.no_grad():  # grad mode is per thread
                 unit.flat.copy_(buf)
@@ -191,6 +212,24 @@ class Zero3(Zero2):
         unit.free()
 
     def _gather_all(self) -> None:
+        """Gather every unit whole, in float32: the master shards (in mixed precision too)."""
+        if self.compute_dtype != torch.float32:
+            masters = [torch.empty(unit.numel) for unit in self.units]
+            for unit, buf in zip(self.units, masters, strict=True):
+                buf[unit.chunk(self.comm.rank)] = self.shards[unit.index].detach()
+            arrays = [buf.numpy() for buf in masters]  # the thread touches NumPy only
+
+            def gather_masters() -> None:  # on the communication thread
+                for array in arrays:
+                    ring_allgather(self.comm, array)
+
+            job = self.thread.submit(gather_masters, "the float32 master weights' allgather")
+            self.thread.wait(job, self.comm.timeout + 30.0)
+            for unit, buf in zip(self.units, masters, strict=True):
+                unit.set_dtype(torch.float32)
+                with torch.no_grad():
+                    unit.flat.copy_(buf)
+            return
         for unit in self.units:
             self._request(unit, "whole", prefetch=False)
         for unit in self.units:
@@ -201,6 +240,7 @@ class Zero3(Zero2):
         self._gather_all()
         weights = {k: v.detach().clone() for k, v in self.net.state_dict().items()}
         for unit in self.units:
+            unit.set_dtype(self.compute_dtype)
             unit.free()
         return weights
 
@@ -239,7 +279,7 @@ class Zero3(Zero2):
         # bounds what runs ahead of the communication (Zhao et al. 2023, section 4).
         while len(self.scattering) >= QUEUED_REDUCE_SCATTERS:
             self.thread.wait(self.scattering.popleft(), self.comm.timeout + 30.0)
-        flat = unit.flat_grads()
+        flat = unit.flat_grads(self.reduce_dtype)  # cast to the reduce dtype (FSDP2's)
         for p in unit.params:
             p.grad = None
         key = self._hold(flat)

@@ -50,6 +50,16 @@ class FlatUnit:
                 p.data = self.flat[offset : offset + p.numel()].view(p.shape)
                 offset += p.numel()
 
+    def set_dtype(self, dtype: torch.dtype) -> None:
+        """Give the unit a new flat buffer of ``dtype`` (values undefined) and make each
+        parameter a view of its slice (stage 3 in mixed precision: the gathered 16-bit unit)."""
+        self.flat = torch.empty(self.numel, dtype=dtype)
+        offset = 0
+        for p in self.params:
+            p.data = self.flat[offset : offset + p.numel()].view(p.shape)
+            offset += p.numel()
+        self.gathered = True
+
     def flat_numpy(self) -> np.ndarray:
         """Return a NumPy view of the flat buffer (take a new one after every resize)."""
         return self.flat.detach().numpy()
@@ -63,11 +73,11 @@ class FlatUnit:
         """Give the flat buffer its memory back (values undefined until gathered)."""
         self.flat.untyped_storage().resize_(self.numel * self.flat.element_size())
 
-    def flat_grads(self) -> torch.Tensor:
-        """Return the unit's gradients in one new flat float32 buffer (zeros where None)."""
+    def flat_grads(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        """Return the unit's gradients in one new flat buffer of ``dtype`` (zeros where None)."""
         return torch.cat(
             [
-                (p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1).float()
+                (p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1).to(dtype)
                 for p in self.params
             ]
         )

@@ -150,12 +150,13 @@ class ZeroExchange(GradientExchange):
         of the mean becomes its shard's gradient; note the bucket's times (ready: since ``ready``).
         ``eager``: the ranks agreed on the sizes, so receives are posted before messages come."""
         start = time.time()
-        ring_reduce_scatter(self.comm, flat.numpy(), eager=eager)
-        self.shards[unit.index].grad = flat[unit.chunk(self.comm.rank)] / self.comm.world_size
+        ring_reduce_scatter(self.comm, flat, eager=eager)  # (stage 3: in its reduce dtype)
+        mean = flat[unit.chunk(self.comm.rank)] / self.comm.world_size
+        self.shards[unit.index].grad = mean.float()  # the float32 shard's float32 gradient
         self.bucket_records.append(
             {
                 "index": unit.index,
-                "nbytes": 4 * unit.numel,
+                "nbytes": flat.element_size() * unit.numel,
                 "ready": ready,
                 "start": start,
                 "end": time.time(),

@@ -249,3 +249,13 @@ def test_a_pick_that_does_not_fit_or_is_far_slower_loses_its_points(answer, reas
     verdict = check_choice(answer, verbose=False)
     assert not verdict.passed and verdict.points == 0
     assert reason in verdict.detail, verdict.detail
+
+
+@pytest.mark.parametrize("path", [SOURCE, RELEASED], ids=["source", "released"])
+def test_a8_1s_statement_leaves_the_needed_rows_to_the_student(path):
+    # the interval [max(0, o0 s - p), min(H, (o1 - 1) s - p + k)) is the exercise's hard part
+    nb = nbformat.read(path, as_version=4)
+    statement = next(c.source for c in nb.cells if c.get("id") == "55eac166")
+    assert "A8.1" in statement
+    for formula in ("o_0 s - p", "(o_1 - 1)s - p + k", r"\max(0", r"\min(H"):
+        assert formula not in statement, formula
