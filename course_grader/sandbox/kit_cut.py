@@ -16,6 +16,8 @@ import ast
 from collections import defaultdict
 from pathlib import Path
 
+from course_grader.verdict.guard import parse_python
+
 __all__ = ["CUT_MESSAGE", "cut_overlays", "cut_source"]
 
 #: What a cut function raises (the kernel sees it in place of the reference's code).
@@ -45,7 +47,9 @@ def cut_source(source: str, qualnames: list[str], module: str) -> str:
     that names the function still loads; the body is one line. Raise ``LookupError`` when a name
     is not defined there (the kit renamed it: update the assignment's ``kit_cut``).
     """
-    tree = ast.parse(source)
+    tree = parse_python(
+        source
+    )  # the kit's own source, parsed one thread at a time as the grader does
     lines = source.splitlines(keepends=True)
     spans = []
     for qualname in qualnames:

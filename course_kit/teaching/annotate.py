@@ -147,6 +147,12 @@ def main(argv: list[str] | None = None) -> int:
         print("usage: python -m course_kit.teaching.annotate NOTEBOOK.ipynb ...", file=sys.stderr)
         return 2
     for name in argv:
+        if not Path(name).is_file():
+            print(
+                f"annotate: no notebook {name}; name lecture notebooks, e.g. notebooks/04_data_parallel.ipynb",
+                file=sys.stderr,
+            )
+            return 2
         print(annotate(Path(name)))
     return 0
 

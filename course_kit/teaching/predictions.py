@@ -179,3 +179,32 @@ _LATER: dict[int, list[tuple[str, str, str]]] = {
     ],
 }  # fmt: skip
 PREDICTIONS.update(_LATER)
+
+# Lectures 14 and 15 (the transformer lectures), a block of their own as well.
+_TRANSFORMER: dict[int, list[tuple[str, str, str]]] = {
+    14: [
+        ('tp, sp = rank0["tensor"], rank0["sequence"]',
+         _box("p14a", "14.a", "Sequence parallelism on t = 4 ranks: by what factor does it divide the "
+              "LayerNorm regions' saved bytes, against tensor parallelism?",
+              unit='"x"', formula='"t: each rank keeps T/t tokens of those regions"'),
+         'p14a.reveal(results[4][0]["tensor"]["layernorm"] / results[4][0]["sequence"]["layernorm"], 4)'),
+        ("work = {lay: cluster.run(ring_case, 64, lay)",
+         _box("p14b", "14.b", "Causal ring attention on 4 ranks in contiguous blocks: how many times rank "
+              "0's scores does rank 3 compute?",
+              unit='"x"', formula='"rank r meets r + 1 blocks of keys"'),
+         'p14b.reveal(work["contiguous"][3]["scores"] / work["contiguous"][0]["scores"], 4)'),
+    ],
+    15: [
+        ("rows, width = 8, 64",
+         _box("p15a", "15.a", "An all-to-all of an 8192-byte buffer on 4 ranks: how many bytes does each "
+              "rank send?",
+              unit='"B"', formula='"(N-1)/N of the buffer: every block but one\'s own"'),
+         'p15a.reveal(cluster.run(three_all_to_alls, rows, width)[0]["pairwise"][1], 3 * buffer_bytes // 4)'),
+        ("for f in (0.5, 1.0, 1.25, 2.0):",
+         _box("p15b", "15.b", "32 tokens, k = 2, 4 experts, capacity factor 2.0 (the loop's last): how many "
+              "slots has each expert?",
+              formula='"ceil(f k T / E)"'),
+         "p15b.reveal(r.capacity, int(np.ceil(2.0 * 2 * 32 / 4)))"),
+    ],
+}  # fmt: skip
+PREDICTIONS.update(_TRANSFORMER)

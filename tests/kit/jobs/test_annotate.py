@@ -15,7 +15,7 @@ from course_kit.teaching.predictions import PREDICTIONS
 LECTURES = lecture_notebooks()
 #: The lectures annotated so far (issue 38); the others get the same by
 #: ``python -m course_kit.teaching.annotate notebooks/NN_*.ipynb`` once their edits land.
-ANNOTATED = (0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13)
+ANNOTATED = tuple(range(16))
 
 
 def _cells(lecture: int) -> list[dict]:
