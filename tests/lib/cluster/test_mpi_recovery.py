@@ -124,6 +124,12 @@ def test_an_mpi_world_out_of_step_is_reported_and_recover_restarts_it():
         for text in apart.apply_sync(_new_mpi_communicator, SHORT):
             assert "MPI cannot recover" in text and "cluster.recover()" in text, text
         report = cluster.recover()
-        assert report.action == "restarted" and "[0, 2]" in str(report), report
+        # Which of the two is still inside MPI when recover() probes depends on the machine's load
+        # (a rank may have left the call): either way the world is restarted, the report names
+        # ranks 0 and 2 (out of step) or those of them still hung, and never rank 1, the bystander.
+        assert report.action == "restarted", report
+        assert "[0, 2]" in str(report) or (
+            report.hung_ranks and set(report.hung_ranks) <= {0, 2}
+        ), report
         setup_communicators(cluster, "mpi", timeout=WAIT)
         assert cluster.run(_allreduce_unless, None, timeout=WAIT + 30) == ["ok"] * N
