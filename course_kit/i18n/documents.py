@@ -85,16 +85,6 @@ def split_blocks(text: str) -> list[tuple[str, bool]]:
     return blocks
 
 
-def _join(blocks: list[str]) -> str:
-    """Inverse of :func:`split_blocks`: blank-line separators are blocks of their own."""
-    out: list[str] = []
-    for block in blocks:
-        out.append(block)
-    # Every separator ("") became its own block and every content block ends at a blank line or
-    # the end, so joining with newlines restores the original text exactly.
-    return "\n".join(out)
-
-
 def document_catalogue_path(document: str, lang: str) -> Path:
     """Where the catalogue of ``document`` lives (``locale/ru/docs/instructor.po``)."""
     return ROOT / "locale" / lang / Path(document).with_suffix(".po")
@@ -263,6 +253,7 @@ def build_document(document: str, lang: str) -> str:
             )
         out.append(entry.msgstr)
     target = translated_document_path(document, lang)
+    text = "\n".join(out)  # blank-line separators are blocks of their own: the original spacing
     return rewrite_links(
-        _join(out), (ROOT / document).parent, target.parent, _find_edition(ROOT / document, lang)
+        text, (ROOT / document).parent, target.parent, _find_edition(ROOT / document, lang)
     )

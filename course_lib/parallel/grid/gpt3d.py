@@ -35,6 +35,7 @@ from course_lib.parallel.pipeline_parallel.pipeline import (
 )
 from course_lib.parallel.transformer.heads import ParallelBlock
 from course_lib.parallel.transformer.sequence import allreduce_grads
+from course_lib.parallel.transformer.tp_gpt import tinygpt_shard
 from course_lib.parallel.transformer.vocab import (
     vocab_parallel_cross_entropy,
     vocab_parallel_lookup,
@@ -45,7 +46,6 @@ __all__ = ["AXES", "GridStage", "grid_forward", "grid_train_step"]
 
 #: The grid's axes, outermost first: tensor innermost, where ranks are neighbours.
 AXES = ("data", "pipeline", "tensor")
-_VOCAB = {"tokens_weight": "tokens.weight", "head_weight": "head.weight", "head_bias": "head.bias"}
 
 
 class GridStage(nn.Module):
@@ -76,15 +76,7 @@ class GridStage(nn.Module):
 
     def shard_of(self, name: str, full: dict[str, torch.Tensor]) -> torch.Tensor:
         """Return the part of the full model's weights (``full``) that local parameter ``name`` holds."""
-        if name in _VOCAB:
-            a, b = self.vocab_bounds
-            return full[_VOCAB[name]][a:b]
-        if name.startswith("blocks."):
-            _, i, rest = name.split(".", 2)
-            prefix = f"blocks.{self.layers[0] + int(i)}."
-            sub = {k[len(prefix) :]: v for k, v in full.items() if k.startswith(prefix)}
-            return self.blocks[int(i)].shard_of(rest, sub)
-        return full[name]
+        return tinygpt_shard(name, full, self.vocab_bounds, self.blocks, self.layers[0])
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """Tokens (first stage) or the residual stream in; the stream or this rank's logits out."""

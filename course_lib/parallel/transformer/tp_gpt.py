@@ -40,9 +40,32 @@ from course_lib.parallel.transformer.vocab import (
 )
 from course_lib.training.transformer import TinyGPT
 
-__all__ = ["TensorParallelGPT"]
+__all__ = ["TensorParallelGPT", "tinygpt_shard"]
 
 _VOCAB = {"tokens_weight": "tokens.weight", "head_weight": "head.weight", "head_bias": "head.bias"}
+
+
+def tinygpt_shard(
+    name: str,
+    full: dict[str, torch.Tensor],
+    vocab_bounds: tuple[int, int],
+    blocks: nn.ModuleList,
+    first_layer: int = 0,
+) -> torch.Tensor:
+    """The part of a full TinyGPT's weights that a split model's parameter ``name`` holds.
+
+    Vocabulary-split tensors take rows ``vocab_bounds``; local block ``i`` is the full model's block
+    ``first_layer + i`` (a pipeline stage holds a run of blocks), split as its block says.
+    """
+    if name in _VOCAB:
+        a, b = vocab_bounds
+        return full[_VOCAB[name]][a:b]
+    if name.startswith("blocks."):
+        _, i, rest = name.split(".", 2)
+        prefix = f"blocks.{first_layer + int(i)}."
+        sub = {k[len(prefix) :]: v for k, v in full.items() if k.startswith(prefix)}
+        return blocks[int(i)].shard_of(rest, sub)
+    return full[name]
 
 
 class TensorParallelGPT(nn.Module):
@@ -66,15 +89,7 @@ class TensorParallelGPT(nn.Module):
     # ---- weights --------------------------------------------------------------------------
     def shard_of(self, name: str, full: dict[str, torch.Tensor]) -> torch.Tensor:
         """Return the part of the full model's weights (``full``) that local parameter ``name`` holds."""
-        if name in _VOCAB:
-            a, b = self.vocab_bounds
-            return full[_VOCAB[name]][a:b]
-        if name.startswith("blocks."):
-            _, i, rest = name.split(".", 2)
-            prefix = f"blocks.{i}."
-            sub = {k[len(prefix) :]: v for k, v in full.items() if k.startswith(prefix)}
-            return self.blocks[int(i)].shard_of(rest, sub)
-        return full[name]
+        return tinygpt_shard(name, full, self.vocab_bounds, self.blocks)
 
     def load_full(self, full: dict[str, torch.Tensor]) -> None:
         """Copy this rank's parts of a full TinyGPT's ``state_dict`` into the local parameters."""
