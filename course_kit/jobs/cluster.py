@@ -14,7 +14,6 @@ Kept whole: one command line; each sub-command is a thin call into the module it
 from __future__ import annotations
 
 import argparse
-import subprocess
 import sys
 from pathlib import Path
 
@@ -206,8 +205,7 @@ def _slurm_lab(args: argparse.Namespace) -> int:
     if args.action == "add":
         raise ValueError("a Slurm lab has no PCs to re-add: stop it and start it again")
     if args.action == "mpi":
-        command = slurm.slurm_mpi_command(lab, args.pcs, n=args.ranks)
-        return subprocess.run(command, env=slurm.slurm_mpi_env(lab)).returncode
+        return slurm.run_slurm_mpi(lab, args.pcs, n=args.ranks)
     if args.action == "start":
         timeout = max(args.timeout, 120.0)
         cluster, seconds = slurm.start_slurm_lab(

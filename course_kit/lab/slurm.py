@@ -22,7 +22,7 @@ Slurm's reason ("PENDING (Resources)"), and past ``pending_limit`` it cancels th
 so. Students connect exactly as to a room's cluster (the seat service runs here too). ``status``
 names the job's state, its nodes and, for a job that ended or a node that went down, Slurm's
 reason, in one line each; ``stop`` cancels the job. ``mpi`` runs a command as MPI ranks in an
-allocation of its own (``srun --mpi=pmi2``).
+allocation of its own (``salloc`` around MPICH's ``mpiexec``, which starts its proxies by ``srun``).
 
 Kept whole: one Slurm job's life cycle (submit, wait, status, cancel) over one lab file.
 """
@@ -32,6 +32,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import signal
 import subprocess
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -42,10 +43,12 @@ from typing import Any
 from course_kit.lab.mpi import MPI_ENV
 
 __all__ = [
+    "MPI_JOB_NAME",
     "SlurmLab",
     "is_slurm_lab",
     "read_slurm_lab",
     "slurm_job_state",
+    "run_slurm_mpi",
     "slurm_mpi_command",
     "slurm_mpi_env",
     "slurm_status",
@@ -403,18 +406,51 @@ def stop_slurm_lab(lab: SlurmLab) -> bool:
     return True
 
 
+MPI_JOB_NAME = "course-lab-mpi"
+
+
 def slurm_mpi_command(lab: SlurmLab, argv: Sequence[str], n: int | None = None) -> list[str]:
-    """Return ``srun`` running ``argv`` as ``n`` MPI ranks (default: every engine slot)."""
+    """Return ``salloc`` running MPICH's ``mpiexec`` for ``argv`` as ``n`` ranks (default: every slot).
+
+    MPICH's own launcher inside the allocation (hydra starts its proxies with ``srun``; the ranks
+    speak PMI-1 to them, as over SSH) rather than ``srun --mpi=pmi2``: Slurm 22.05's PMI-2 server
+    and MPICH 5's client lost step under load (slurmstepd: "value not properly terminated in
+    client request", a rank's garbage instead of a request), and the job hung until killed.
+    """
     n = lab.engines if n is None else n
     if not 1 <= n <= lab.engines:
         raise ValueError(f"--ranks {n}: use 1..{lab.engines} (nodes x tasks_per_node)")
     if not argv:
         raise ValueError("no command: ./kit lab mpi SLURM.toml -- python my_script.py")
-    command = ["srun", "--mpi=pmi2", f"--nodes={lab.nodes}", f"--ntasks={n}", f"--time={lab.time}"]
-    command += [f"--immediate={max(1, int(lab.pending_limit))}"]  # not queued for ever
+    nodes = min(lab.nodes, n)
+    command = ["salloc", f"--job-name={MPI_JOB_NAME}", f"--nodes={nodes}", f"--ntasks={n}"]
+    command += [f"--time={lab.time}", f"--immediate={max(1, int(lab.pending_limit))}"]
     command += [f"--partition={lab.partition}"] if lab.partition else []
     command += [f"--account={lab.account}"] if lab.account else []
-    return [*command, *argv]
+    mpiexec = Path(lab.python).parent / "mpiexec"  # the venv's, at one path on every node
+    options = [opt for name, value in MPI_ENV.items() for opt in ("-genv", name, value)]
+    return [*command, str(mpiexec), *options, "-n", str(n), *argv]
+
+
+def run_slurm_mpi(lab: SlurmLab, argv: Sequence[str], n: int | None = None) -> int:
+    """Run ``argv`` as MPI ranks in an allocation of its own; interrupted, the allocation goes too."""
+    command = slurm_mpi_command(lab, argv, n)
+    env = slurm_mpi_env(lab)
+    previous = signal.signal(signal.SIGTERM, _raise_interrupt)
+    try:
+        return subprocess.run(command, env=env).returncode
+    except KeyboardInterrupt:
+        user = os.environ.get("USER") or os.environ.get("LOGNAME") or ""
+        scancel = ["scancel", f"--name={MPI_JOB_NAME}"] + ([f"--user={user}"] if user else [])
+        subprocess.run(scancel, env=env, capture_output=True, timeout=60)
+        print(f"lab mpi interrupted: its Slurm allocation ({MPI_JOB_NAME}) is cancelled")
+        return 130
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _raise_interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
 
 
 def slurm_mpi_env(lab: SlurmLab) -> dict[str, str]:

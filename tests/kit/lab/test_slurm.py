@@ -3,10 +3,10 @@ lab's own commands with the Slurm lab file it writes (``./kit lab start | status
 
 Debian's ``slurm-wlm`` and ``munge``, a ``slurmd`` in every PC's namespace: the engines are a
 real Slurm job on three nodes, a notebook connects to them as to a room's cluster, gloo's ring
-allreduce across the nodes equals gloo's own, an MPI program runs as ranks on the nodes through
-``srun`` with its data crossing the room's links, and ``stop`` leaves no job and no engine. A job
-that stays pending, a job cancelled while a notebook uses it and a node that goes down each get
-one line naming the job, the node and Slurm's reason. Skipped with the reason where Slurm cannot
+allreduce across the nodes equals gloo's own, an MPI program runs as ranks on the nodes (MPICH's
+``mpiexec`` in an allocation of its own) with its data crossing the room's links, and ``stop``
+leaves no job and no engine. A job that stays pending, a job cancelled while a notebook uses it
+and a node that goes down each get one line naming the job, the node and Slurm's reason. Skipped with the reason where Slurm cannot
 run (not root, packages missing). Deselect with ``-m "not room"``.
 """
 
@@ -25,6 +25,7 @@ import pytest
 from room_helpers import kit
 from test_room import _allreduce_on_engine
 
+from course_kit.lab.slurm import MPI_JOB_NAME
 from course_kit.room.build import room_unavailable_reason
 from course_kit.room.slurm import slurm_unavailable_reason
 from course_kit.room.state import lab_folder, read_state, room_down
@@ -139,12 +140,17 @@ def test_engines_through_slurm_a_notebook_connects_and_mpi_crosses_the_links(
         assert res["ints_equal"]
         others = {other.ip for other in room.pcs} - {pc.ip}
         assert len(others & set(res["peers"])) >= 1, res["peers"]  # talked across the links
-    # An MPI program as ranks on the nodes (srun), its data over the links, not shared memory.
+    # An MPI program as ranks on the nodes (salloc + mpiexec), its data over the links, not shared memory.
     before = [int(Path(f"/sys/class/net/{pc.host_veth}/statistics/rx_bytes").read_text())
               for pc in room.pcs]  # fmt: skip
     mib = 2.0
-    done = kit(env, "lab", "mpi", str(lab_file), "--ranks", str(NODES), "--", sys.executable,
-                "-m", "course_lib.collectives.mpi_across_pcs", "--mib", str(mib), timeout=300)  # fmt: skip
+    try:
+        done = kit(env, "lab", "mpi", str(lab_file), "--ranks", str(NODES), "--", sys.executable,
+                    "-m", "course_lib.collectives.mpi_across_pcs", "--mib", str(mib), timeout=300)  # fmt: skip
+    except subprocess.TimeoutExpired:
+        pytest.fail("lab mpi hung for 300 s\n" + _slurm_logs(lab_file))
+    finally:  # a hung run's allocation must not hold the nodes from the file's next tests
+        subprocess.run(["scancel", f"--name={MPI_JOB_NAME}"], env=slurm_env, timeout=60)
     sent = [int(Path(f"/sys/class/net/{pc.host_veth}/statistics/rx_bytes").read_text()) - b
             for pc, b in zip(room.pcs, before, strict=True)]  # fmt: skip
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
