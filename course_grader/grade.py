@@ -54,6 +54,7 @@ from course_grader.runner import run_nbval
 from course_grader.sandbox.config import SandboxLimits, kit_package, sandbox_problem
 from course_grader.verdict.guard import rejected_answers
 from course_grader.verdict.probe import ProbeSpec, convert_notebook, judge
+from course_lib.i18n import _, speaking
 
 __all__ = [
     "ExerciseResult",
@@ -61,6 +62,7 @@ __all__ = [
     "build_graded_notebook",
     "grade_notebook",
     "resolve_sandbox",
+    "submission_language",
 ]
 
 
@@ -177,7 +179,7 @@ def _captured(folder: Path) -> dict[int, tuple[str, dict | None]]:
 def _reason(exercise: str, outcome: str, message: str) -> str:
     """Pull the student's verdict line (or the error) out of nbval's failure message."""
     if outcome == "passed":
-        return "PASS"
+        return _("PASS")
     for line in message.splitlines():  # nbval's diff shows the new line as "- Exercise ..."
         start = line.find(f"Exercise {exercise} ")
         if start >= 0 and ": FAIL" in line:
@@ -186,7 +188,18 @@ def _reason(exercise: str, outcome: str, message: str) -> str:
     for line in reversed(message.splitlines()):
         if re.match(r"^\w+(Error|Exception)\b", line.strip()):
             return f"error: {line.strip()[:200]}"
-    return "the check did not print a PASS verdict"
+    return _("the check did not print a PASS verdict")
+
+
+def submission_language(
+    submission: nbformat.NotebookNode | None, pristine: nbformat.NotebookNode
+) -> str:
+    """Return the language of a submission's reasons: its notebook's (a translated edition's), else the source's."""
+    for nb in (submission, pristine):
+        lang = nb.metadata.get("language") if nb is not None else None
+        if isinstance(lang, str):
+            return lang
+    return "en"
 
 
 def grade_notebook(
@@ -208,8 +221,27 @@ def grade_notebook(
     paths the kernel must not see (it sees none outside the system, Python and the kit anyway).
     ``seed``: the inputs of a converted assignment's probes (default: a fresh one, so that no
     answer can hold the results for the notebook's own inputs). ``spec``: how its check cells
-    are probed and judged (default: the assignment's folder, found by the registry).
+    are probed and judged (default: the assignment's folder, found by the registry). The reasons
+    are in the submission's language (:func:`submission_language`); the points do not depend on it.
     """
+    with speaking(submission_language(submission, pristine)):
+        return _grade_notebook(
+            student, assignment, pristine, submission, limits, workdir, sandbox, hidden, seed, spec
+        )
+
+
+def _grade_notebook(
+    student: str,
+    assignment: str,
+    pristine: nbformat.NotebookNode,
+    submission: nbformat.NotebookNode | None,
+    limits: GradingLimits,
+    workdir: Path | None,
+    sandbox: SandboxLimits | None | str,
+    hidden: tuple[str, ...],
+    seed: int | None,
+    spec: ProbeSpec | None,
+) -> list[ExerciseResult]:
     sandbox = resolve_sandbox(sandbox)
     spec = spec if spec is not None else probe_spec(pristine)
     seed = secrets.randbelow(2**31) if seed is None else seed
@@ -258,7 +290,9 @@ def grade_notebook(
                         ex,
                         0.0,
                         points[ex],
-                        f"the notebook passed the total time limit of {limits.total_seconds:g} s",
+                        _("the notebook passed the total time limit of {seconds} s").format(
+                            seconds=f"{limits.total_seconds:g}"
+                        ),
                     )
                     for ex in points
                 ]
@@ -302,7 +336,9 @@ def grade_notebook(
             if not passed and answer_outcome in ("failure", "error"):
                 error = _reason(exercise, "error", answer_message)
                 if error.startswith("error: "):
-                    reason = "the answer cell raised " + error.removeprefix("error: ")
+                    reason = _("the answer cell raised {error}").format(
+                        error=error.removeprefix("error: ")
+                    )
         else:
             if outcome == "passed":
                 outcome = "failure"  # a probe that printed nothing the grader could read
@@ -311,7 +347,9 @@ def grade_notebook(
             if outcome != "passed" and answer_outcome in ("failure", "error"):
                 error = _reason(exercise, "error", answer_message)  # why the answer itself failed
                 if error.startswith("error: "):
-                    reason = "the answer cell raised " + error.removeprefix("error: ")
+                    reason = _("the answer cell raised {error}").format(
+                        error=error.removeprefix("error: ")
+                    )
         got = points[exercise] if outcome == "passed" and exercise not in stubbed else 0.0
         rows.append(ExerciseResult(student, assignment, exercise, got, points[exercise], reason))
     return rows

@@ -22,6 +22,7 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
 from course_grader.cells import answer_id, check_id
+from course_lib.i18n import _
 
 if TYPE_CHECKING:
     from nbformat import NotebookNode
@@ -316,15 +317,15 @@ def rejected_answers(pristine: NotebookNode, answers: dict[str, str]) -> dict[st
         except (Exception, RecursionError, MemoryError) as exc:  # noqa: BLE001 - the student's code
             # ast.parse recurses (a sum of 100 000 terms: RecursionError; a long chain of "-":
             # MemoryError): an answer the guard cannot read is not run, and costs only its exercise
-            rejected[exercise] = (
-                f"the grader could not judge this answer: its cell could not be read "
-                f"({type(exc).__name__}: {str(exc)[:120]}); split long expressions"
-            )
+            rejected[exercise] = _(
+                "the grader could not judge this answer: its cell could not be read "
+                "({error}); split long expressions"
+            ).format(error=f"{type(exc).__name__}: {str(exc)[:120]}")
             continue
         if problem is not None:
-            rejected[exercise] = (
-                f"not graded: the answer cell {problem}; an answer may define its own functions "
+            rejected[exercise] = _(
+                "not graded: the answer cell {problem}; an answer may define its own functions "
                 "and variables and import libraries, but not touch the checks (change it and "
                 "run the check cell again)"
-            )
+            ).format(problem=problem)
     return rejected

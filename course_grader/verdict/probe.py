@@ -30,6 +30,7 @@ from course_grader.verdict.claims import PER_PAIR, Claims
 from course_grader.verdict.kernel_data import decode_value, marked_json
 from course_grader.verdict.wire import PIDS_CODE, wire_problem
 from course_lib.checks.verdict import Verdict
+from course_lib.i18n import N_, _
 
 __all__ = [
     "UNJUDGED",
@@ -44,7 +45,7 @@ __all__ = [
 
 MARK = "COURSE-PROBE:"
 #: The reason's start when the grader itself failed on an answer's data: the answer gets 0.
-UNJUDGED = "the grader could not judge this answer"
+UNJUDGED = N_("the grader could not judge this answer")
 
 # The kernel's half: decode the grader's inputs, call the answer, print the results as data.
 # It runs in the student's kernel, so the student can change it; that changes only the data.
@@ -260,21 +261,23 @@ def judge(
     try:
         return _judge(spec, exercise, seed, stdout, wire)
     except (Exception, RecursionError, MemoryError) as exc:  # noqa: BLE001 - the student's data
-        return False, f"FAIL ({UNJUDGED}: {type(exc).__name__}: {str(exc)[:200]})"
+        why = f"{_(UNJUDGED)}: {type(exc).__name__}: {str(exc)[:200]}"
+        return False, _("FAIL ({reason})").format(reason=why)
 
 
 def _judge(spec, exercise, seed, stdout, wire) -> tuple[bool, str]:
     results = decode_results(stdout or "")
     if results is None:
-        return False, "FAIL (the answer's results never reached the grader)"
+        why = _("the answer's results never reached the grader")
+        return False, _("FAIL ({reason})").format(reason=why)
     probe = spec.exercises[exercise]
     verdict = probe.check(_replay(results), verbose=False, seed=seed)
     if not verdict.passed:
-        return False, f"FAIL ({verdict.detail})"
+        return False, _("FAIL ({reason})").format(reason=verdict.detail)
     if probe.claims is not None and wire is not None:
         claims = _claims(probe, results)
         problem = claims if isinstance(claims, str) else None
         problem = problem or wire_problem(claims, wire, stdout or "", probe.wire_slack)
         if problem:
-            return False, f"FAIL ({problem})"
-    return True, "PASS"
+            return False, _("FAIL ({reason})").format(reason=problem)
+    return True, _("PASS")

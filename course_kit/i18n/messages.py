@@ -1,4 +1,4 @@
-"""No lecture (the course in a second language): the kit's own messages (``course_lib``'s ``_("…")``) extracted and merged into each language's catalogue with Babel.
+"""No lecture (the course in a second language): the kit's own messages (``_("…")`` in the library and the grader) extracted and merged into each language's catalogue with Babel.
 
 ``python -m course_kit.i18n messages``: ``pybabel extract`` writes the template (``.pot``) in ``locale/``
 from the code, then ``pybabel update`` merges it into the ``.po`` in every ``locale/<lang>/LC_MESSAGES/``
@@ -24,8 +24,8 @@ def extract_messages() -> list[str]:
 
     common = ["--width", "10000", "--omit-header"]  # --no-wrap breaks --previous (Babel 2.19)
     CommandLineInterface().run(
-        ["pybabel", "-q", "extract", "--no-location", "-k", "_", *common,
-         "-o", str(TEMPLATE), str(ROOT / "course_lib")]
+        ["pybabel", "-q", "extract", "--no-location", "-k", "_", "-k", "N_", *common,
+         "-o", str(TEMPLATE), str(ROOT / "course_lib"), str(ROOT / "course_grader")]
     )  # fmt: skip
     done = []
     for po in sorted(LOCALE.glob(f"*/LC_MESSAGES/{DOMAIN}.po")):

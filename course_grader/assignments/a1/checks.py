@@ -21,6 +21,7 @@ import torch
 import torch.nn.functional as F
 
 from course_lib.checks.verdict import Verdict, assert_close, run_check
+from course_lib.i18n import N_, _
 
 __all__ = [
     "check_smoothed_cross_entropy",
@@ -90,22 +91,28 @@ def check_smoothed_cross_entropy(
             n, k = len(y), W.shape[1]
             got = smoothed_cross_entropy(W.copy(), b.copy(), X.copy(), y.copy(), eps)
             if not isinstance(got, tuple) or len(got) != 3:
-                raise AssertionError("smoothed_cross_entropy must return a tuple (loss, dW, db)")
+                raise AssertionError(_("smoothed_cross_entropy must return a tuple (loss, dW, db)"))
             loss, dW, db = got
             want_loss, want_dW, want_db = torch_loss_and_grad(W, b, X, y, eps)
-            where = f"batch {n}, {k} classes, eps {eps}"
+            where = _("batch {n}, {k} classes, eps {eps}").format(n=n, k=k, eps=eps)
             if not np.all(np.isfinite(np.asarray(loss, dtype=float))):
                 raise AssertionError(
-                    f"loss is {loss} ({where}, logits up to {np.abs(X @ W + b).max():.0f}): "
-                    "log(softmax(Z)) underflows; compute log p as Z - logsumexp(Z)"
+                    _(
+                        "loss is {loss} ({where}, logits up to {top}): log(softmax(Z)) "
+                        "underflows; compute log p as Z - logsumexp(Z)"
+                    ).format(loss=loss, where=where, top=f"{np.abs(X @ W + b).max():.0f}")
                 )
-            assert_close(f"loss ({where})", np.asarray(loss, dtype=float), np.array(want_loss))
+            assert_close(
+                _("loss ({where})").format(where=where),
+                np.asarray(loss, dtype=float),
+                np.array(want_loss),
+            )
             assert_close(f"dW ({where})", dW, want_dW)
             assert_close(f"db ({where})", db, want_db)
-        return (
-            f"loss and gradient equal to torch's label-smoothed cross-entropy in {len(cases)} "
-            "cases, large logits included"
-        )
+        return _(
+            "loss and gradient equal to torch's label-smoothed cross-entropy in {n} cases, "
+            "large logits included"
+        ).format(n=len(cases))
 
     name = "smoothed_cross_entropy"
     return run_check("A1.1", name, body, max_points=A1_POINTS["A1.1"], verbose=verbose)
@@ -118,7 +125,7 @@ def _torch_sgd_momentum(W, b, X, y, lr_at, momentum, weight_decay, batch_size, n
     groups = [{"params": [Wt], "weight_decay": weight_decay}, {"params": [bt], "weight_decay": 0.0}]
     opt = torch.optim.SGD(groups, lr=lr_at(0), momentum=momentum)
     rng, t = np.random.default_rng(seed), 0
-    for _ in range(num_epochs):
+    for _epoch in range(num_epochs):
         order = rng.permutation(len(X))
         for start in range(0, len(X), batch_size):
             idx = order[start : start + batch_size]
@@ -148,10 +155,10 @@ def sgd_inputs(seed: int = 0) -> list[dict]:
     num_epochs, order_seed}; ``seed`` 0 is the notebook's."""
     # Each run adds one feature to the one before, so the first failure names what is missing.
     runs = [
-        ("plain mini-batch SGD", 10, 4, 1, 0.0, 0.0, "constant"),
-        ("momentum 0.9 over 2 epochs", 10, 3, 2, 0.9, 0.0, "constant"),
-        ("weight decay 0.05 on W", 37, 8, 3, 0.9, 0.05, "constant"),
-        ("warm-up then step decay", 20, 6, 4, 0.5, 0.1, "warmup_then_step"),
+        (N_("plain mini-batch SGD"), 10, 4, 1, 0.0, 0.0, "constant"),
+        (N_("momentum 0.9 over 2 epochs"), 10, 3, 2, 0.9, 0.0, "constant"),
+        (N_("weight decay 0.05 on W"), 37, 8, 3, 0.9, 0.05, "constant"),
+        (N_("warm-up then step decay"), 20, 6, 4, 0.5, 0.1, "warmup_then_step"),
     ]
     cases = []
     for what, n, batch_size, num_epochs, momentum, weight_decay, schedule in runs:
@@ -185,7 +192,7 @@ def check_sgd_momentum(sgd_momentum: Callable, *, verbose: bool = True, seed: in
         cases = sgd_inputs(seed)
         for case in cases:
             W, b, X, y = case["W"], case["b"], case["X"], case["y"]
-            what, lr_at = case["what"], SCHEDULES[case["schedule"]]
+            what, lr_at = _(case["what"]), SCHEDULES[case["schedule"]]
             momentum, weight_decay = case["momentum"], case["weight_decay"]
             batch_size, num_epochs = case["batch_size"], case["num_epochs"]
             got = sgd_momentum(
@@ -202,7 +209,7 @@ def check_sgd_momentum(sgd_momentum: Callable, *, verbose: bool = True, seed: in
                 np.random.default_rng(case["order_seed"]),
             )
             if not isinstance(got, tuple) or len(got) != 2:
-                raise AssertionError("sgd_momentum must return a tuple (W, b)")
+                raise AssertionError(_("sgd_momentum must return a tuple (W, b)"))
             want_W, want_b = _torch_sgd_momentum(
                 W,
                 b,
@@ -217,10 +224,10 @@ def check_sgd_momentum(sgd_momentum: Callable, *, verbose: bool = True, seed: in
             )
             assert_close(f"W ({what})", got[0], want_W)
             assert_close(f"b ({what})", got[1], want_b)
-        return (
-            f"equal to torch.optim.SGD in {len(cases)} runs: momentum, weight decay on W, "
+        return _(
+            "equal to torch.optim.SGD in {n} runs: momentum, weight decay on W, "
             "a learning-rate schedule, a short last batch"
-        )
+        ).format(n=len(cases))
 
     return run_check("A1.2", "sgd_momentum", body, max_points=A1_POINTS["A1.2"], verbose=verbose)
 
@@ -279,17 +286,21 @@ def _judge_dX(where: str, got, want, X, K, stride: int, padding: int) -> None:
     padded = (X.shape[0], X.shape[1] + 2 * padding, X.shape[2] + 2 * padding)
     if padding and got.shape == padded:
         raise AssertionError(
-            f"dX ({where}) has the padded shape {got.shape}: the padding is not an input, cut "
-            f"it off to X's shape {want.shape}"
+            _(
+                "dX ({where}) has the padded shape {got}: the padding is not an input, cut "
+                "it off to X's shape {want}"
+            ).format(where=where, got=got.shape, want=want.shape)
         )
     if got.shape == want.shape and got.dtype.kind in "fiu":
         wrong = ~np.isclose(got, want, rtol=1e-6, atol=1e-8)
         shared = np.broadcast_to(_windows_per_pixel(X, K, stride, padding) > 1, want.shape)
         if wrong.any() and shared[wrong].all():
             raise AssertionError(
-                f"dX ({where}) is right where one window reads a pixel and wrong where windows "
-                "overlap: a pixel read by several windows gets the sum of their gradients "
-                "(add with +=, do not overwrite)"
+                _(
+                    "dX ({where}) is right where one window reads a pixel and wrong where "
+                    "windows overlap: a pixel read by several windows gets the sum of their "
+                    "gradients (add with +=, do not overwrite)"
+                ).format(where=where)
             )
     assert_close(f"dX ({where})", got, want)
 
@@ -298,16 +309,20 @@ def _judge_dK(where: str, got, want, X, dY, stride: int, padding: int) -> None:
     """Raise AssertionError naming dK's mistake: a flipped kernel, one window's share only."""
     if got.shape == want.shape and np.allclose(got, want[..., ::-1, ::-1]):
         raise AssertionError(
-            f"dK ({where}) is flipped: the forward is a cross-correlation (the kernel is not "
-            "flipped), so neither is its gradient"
+            _(
+                "dK ({where}) is flipped: the forward is a cross-correlation (the kernel is not "
+                "flipped), so neither is its gradient"
+            ).format(where=where)
         )
     kh, kw = want.shape[2:]
     i, j = (dY.shape[1] - 1) * stride, (dY.shape[2] - 1) * stride
     window = np.pad(X, ((0, 0), (padding, padding), (padding, padding)))[:, i : i + kh, j : j + kw]
     if got.shape == want.shape and np.allclose(got, dY[:, -1, -1, None, None, None] * window):
         raise AssertionError(
-            f"dK ({where}) holds the last window's share only: every output position adds "
-            "dY[o, i, j] times its window (+=)"
+            _(
+                "dK ({where}) holds the last window's share only: every output position adds "
+                "dY[o, i, j] times its window (+=)"
+            ).format(where=where)
         )
     assert_close(f"dK ({where})", got, want)
 
@@ -323,14 +338,16 @@ def check_conv2d_backward(
             X, K, dY = case["X"], case["K"], case["dY"]
             stride, padding = case["stride"], case["padding"]
             kh, kw = K.shape[2:]
-            where = f"{kh}x{kw} kernel, stride {stride}, padding {padding}"
+            where = _("{kh}x{kw} kernel, stride {stride}, padding {padding}").format(
+                kh=kh, kw=kw, stride=stride, padding=padding
+            )
             want_dX, want_dK, want_db = _torch_conv2d_backward(X, K, dY, stride, padding)
             try:
                 got = conv2d_backward(X.copy(), K.copy(), dY.copy(), stride, padding)
             except (ValueError, IndexError) as exc:  # e.g. a window sliced past the padding
                 raise AssertionError(f"{where}: {type(exc).__name__}: {exc}") from None
             if not isinstance(got, tuple) or len(got) != 3:
-                raise AssertionError("conv2d_backward must return a tuple (dX, dK, db)")
+                raise AssertionError(_("conv2d_backward must return a tuple (dX, dK, db)"))
             dX, dK, db = got
             _judge_dX(where, dX, want_dX, X, K, stride, padding)
             dK = np.asarray(dK)
@@ -338,14 +355,16 @@ def check_conv2d_backward(
             db = np.asarray(db)
             if db.shape == want_db.shape and np.allclose(db * dY[0].size, want_db):
                 raise AssertionError(
-                    f"db ({where}) is the mean of dY over the output positions: the bias is "
-                    "added at every position, so its gradient is their sum"
+                    _(
+                        "db ({where}) is the mean of dY over the output positions: the bias is "
+                        "added at every position, so its gradient is their sum"
+                    ).format(where=where)
                 )
             assert_close(f"db ({where})", db, want_db)
-        return (
-            f"dX, dK and db equal to torch's autograd of conv2d in {len(cases)} cases: "
+        return _(
+            "dX, dK and db equal to torch's autograd of conv2d in {n} cases: "
             "overlapping windows, padding, strides 1 to 3, non-square kernels"
-        )
+        ).format(n=len(cases))
 
     name = "conv2d_backward"
     return run_check("A1.3", name, body, max_points=A1_POINTS["A1.3"], verbose=verbose)
