@@ -19,6 +19,8 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+from course_kit.jobs.lab import LOCALES
+
 __all__ = [
     "JupyterLabServer",
     "NotebookPage",
@@ -90,9 +92,11 @@ class JupyterLabServer:
         notebook_dir: Path = REPO / "notebooks",
         start_timeout: float = 300.0,
         env: dict[str, str] | None = None,
+        lang: str | None = None,
     ):
         self.notebook_dir = Path(notebook_dir)
         self.env = env  # the server's (and so its kernels') environment; None: this process's
+        self.lang = lang  # as ./kit lab --lang: the interface's locale and the kit's messages
         self.start_timeout = start_timeout
         self.token = secrets.token_hex(16)
         self.url = ""
@@ -117,7 +121,10 @@ class JupyterLabServer:
     def start(self) -> None:
         """Start the server the way ``./kit lab`` does and wait until it has written its URL."""
         settings_dir = self._tmp / "settings"
-        for plugin, values in LAB_SETTINGS.items():
+        settings = dict(LAB_SETTINGS)
+        if self.lang is not None:
+            settings["@jupyterlab/translation-extension/plugin"] = {"locale": LOCALES[self.lang][0]}
+        for plugin, values in settings.items():
             path = settings_dir / f"{plugin}.jupyterlab-settings"
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(json.dumps(values))
@@ -127,6 +134,8 @@ class JupyterLabServer:
             JUPYTERLAB_SETTINGS_DIR=str(settings_dir),
             JUPYTERLAB_WORKSPACES_DIR=str(self._tmp / "workspaces"),
         )
+        if self.lang is not None:
+            env["COURSE_LANG"] = self.lang  # kernels inherit it, as under ./kit lab --lang
         jupyter = Path(sys.executable).with_name("jupyter")
         cmd = [str(jupyter)] if jupyter.exists() else [sys.executable, "-m", "jupyter"]
         cmd += ["lab", f"--notebook-dir={self.notebook_dir}"]
@@ -227,13 +236,16 @@ _CELLS_JS = """
   })
 """
 
-# The kernel's state as the status bar shows it ("Python 3 (ipykernel) | Idle"), lower case. The
-# toolbar's circle says "idle" before a kernel exists; the status bar waits for the real one.
+# The kernel's state as the status bar shows it ("Python 3 (ipykernel) | Idle"), lower case, in
+# English or in Russian (./kit lab --lang ru). The toolbar's circle says "idle" before a kernel
+# exists; the status bar waits for the real one.
 _STATUS_JS = """
 () => {
-  const item = document.querySelector('.jp-StatusBar-TextItem[title^="Change kernel for"]');
+  const item = document.querySelector('.jp-StatusBar-TextItem[title^="Change kernel for"], '
+    + '.jp-StatusBar-TextItem[title^="Изменить ядро для"]');
   const text = item ? item.textContent : '';
-  return text.includes('|') ? text.split('|').pop().trim().toLowerCase() : null;
+  const state = text.includes('|') ? text.split('|').pop().trim().toLowerCase() : null;
+  return state === 'простаивает' ? 'idle' : state;
 }
 """
 
@@ -255,9 +267,10 @@ TRACEBACK = re.compile(r"Traceback \(most recent call last\)|^\w*(Error|Exceptio
 class NotebookPage:
     """One notebook open in JupyterLab, driven through its menus and keys."""
 
-    def __init__(self, page: Any, lab: JupyterLabServer):
+    def __init__(self, page: Any, lab: JupyterLabServer, labels: dict[str, str] | None = None):
         self.page = page
         self.lab = lab
+        self.labels = labels or {}  # the menus' English labels -> the interface's language
 
     def open(self, path: str, timeout: float = 300.0) -> None:
         """Open ``path`` in Lab and wait until its kernel is idle."""
@@ -280,6 +293,7 @@ class NotebookPage:
 
     def menu(self, top: str, item: str) -> None:
         """Click ``top`` in the menu bar, then ``item`` in its menu (as a student does)."""
+        top, item = self.labels.get(top, top), self.labels.get(item, item)
         self.page.locator(".lm-MenuBar-itemLabel", has_text=re.compile(f"^{top}$")).click()
         menu_item = self.page.locator(".lm-Menu-itemLabel", has_text=re.compile(f"^{item}$"))
         menu_item.click()

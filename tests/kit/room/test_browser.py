@@ -3,7 +3,8 @@
 Headless Chromium, driven by Playwright, opens lecture 0 and runs it through the Run menu, then
 runs an assignment's first exercise cell by cell with Shift+Enter; it opens a lecture's deck
 (``./kit slides --offline``) with the network blocked and turns a slide, and locks in a prediction
-in lecture 10's prediction box to see the measurement revealed. As root, a student's Lab
+in lecture 10's prediction box to see the measurement revealed; a Lab in Russian (``./kit lab
+--lang ru``) runs lecture 0's Russian edition with the kit's messages in Russian. As root, a student's Lab
 pointed at the emulated room's cluster runs lecture 4 on a seat of the room (in this module, so
 that two Labs and browsers never run at once on the test command's two workers). Everything is
 read from the page: execution counts, error outputs, the doctor's table, the progress widgets,
@@ -133,6 +134,47 @@ def test_assignment_check_cell_prints_its_verdict(notebook):
     assert verdict.startswith("Exercise A1.1 smoothed_cross_entropy: FAIL (not implemented yet"), (
         verdict
     )
+
+
+# -- the course in Russian (issue 39) -------------------------------------------------------------
+RUSSIAN_LECTURE = "ru/00_cluster.ipynb"
+#: The menus this test clicks, as JupyterLab's Russian language pack names them.
+RUSSIAN_MENUS = {
+    "Edit": "Редактировать",
+    "Clear Outputs of All Cells": "Очистить результаты всех ячеек",
+    "Run": "Выполнить",
+    "Run All Cells": "Запустить все ячейки",
+}
+
+
+def test_a_russian_lecture_runs_in_a_russian_jupyterlab(browser):
+    """``./kit lab --lang ru``'s Lab: Russian menus; lecture 0's Russian edition runs, the kit speaks Russian."""
+    stored = _digest(REPO / "notebooks" / RUSSIAN_LECTURE)
+    server = JupyterLabServer(lang="ru")
+    server.start()
+    try:
+        page = browser.new_page(viewport={"width": 1400, "height": 1000})
+        page.set_default_timeout(120_000)
+        notebook = NotebookPage(page, server, labels=RUSSIAN_MENUS)
+        notebook.open(RUSSIAN_LECTURE)
+        menus = page.locator(".lm-MenuBar-itemLabel").all_inner_texts()
+        assert "Выполнить" in menus and "Run" not in menus, menus
+        notebook.clear_outputs()
+        cells = [c for c in notebook.run_all(timeout=600) if c["kind"] == "code"]
+        prompts = [c["prompt"] for c in cells]
+        assert prompts == [f"[{i}]:" for i in range(1, len(cells) + 1)], (
+            f"not every cell ran, in order, once: {prompts}\n{tracebacks(cells)}"
+        )
+        assert not tracebacks(cells), "\n".join(tracebacks(cells))
+        verdict = [c["text"] for c in cells if "sum_of_squares_on_engines:" in c["text"]]
+        assert verdict and (
+            "Упражнение 0.1 sum_of_squares_on_engines: НЕ ЗАЧТЕНО (ещё не реализовано" in verdict[0]
+        ), verdict
+        page.close()
+    finally:
+        server.stop()
+    assert not server.leftovers, f"processes outlived JupyterLab's shutdown: {server.leftovers}"
+    assert _digest(REPO / "notebooks" / RUSSIAN_LECTURE) == stored, "the edition was modified"
 
 
 # -- the lecturer's deck and a prediction box (issue 38) -------------------------------------------
