@@ -2,9 +2,10 @@
 
 The English document is the only source. It is cut into blocks at blank lines; each block of prose
 (a paragraph, a heading, a list, a table) is one message, keyed by its English text, as gettext
-keys a program's strings. Fenced code blocks and the blocks a generator writes (between
-``<!-- generated: … -->`` and ``<!-- end generated -->``: cell times, the checks' own messages) are
-copied unchanged. ``README.md`` becomes ``README.ru.md``; ``docs/X.md`` becomes ``docs/ru/X.md``.
+keys a program's strings. Fenced code blocks are copied unchanged; the blocks a generator writes
+(between ``<!-- generated: … -->`` and ``<!-- end generated -->``: cell times, the checks' own
+messages) are written again by the generator in the document's language (its templates and the
+checks' messages are the kit's messages, translated in its catalogue). ``README.md`` becomes ``README.ru.md``; ``docs/X.md`` becomes ``docs/ru/X.md``.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import polib
 from course_kit.i18n import catalogue
 from course_kit.i18n.catalogue import ROOT, _header, untranslated
 from course_kit.i18n.links import edition, rewrite_links
+from course_kit.teaching.generate import generated_blocks, replace_generated
 from course_lib.files import atomic_write_text
 
 __all__ = [
@@ -233,7 +235,7 @@ def _rel(path: Path) -> str:
 
 
 def build_document(document: str, lang: str) -> str:
-    """The document in ``lang``: prose from the catalogue, code and generated blocks copied."""
+    """The document in ``lang``: prose from the catalogue, code copied, generated blocks in ``lang``."""
     path = document_catalogue_path(document, lang)
     po = polib.pofile(str(path))
     by_id = {entry.msgid: entry for entry in po}
@@ -254,6 +256,9 @@ def build_document(document: str, lang: str) -> str:
         out.append(entry.msgstr)
     target = translated_document_path(document, lang)
     text = "\n".join(out)  # blank-line separators are blocks of their own: the original spacing
+    if document.startswith("docs/teaching/"):  # the generator's blocks, written in ``lang``
+        for name, body in generated_blocks(ROOT / document, lang).items():
+            text = replace_generated(text, name, body)
     return rewrite_links(
         text, (ROOT / document).parent, target.parent, _find_edition(ROOT / document, lang)
     )

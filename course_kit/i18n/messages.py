@@ -25,7 +25,8 @@ def extract_messages() -> list[str]:
     common = ["--width", "10000", "--omit-header"]  # --no-wrap breaks --previous (Babel 2.19)
     CommandLineInterface().run(
         ["pybabel", "-q", "extract", "--no-location", "-k", "_", "-k", "N_", *common,
-         "-o", str(TEMPLATE), str(ROOT / "course_lib"), str(ROOT / "course_grader")]
+         "-o", str(TEMPLATE), str(ROOT / "course_lib"), str(ROOT / "course_grader"),
+         str(ROOT / "course_kit" / "teaching")]
     )  # fmt: skip
     done = []
     for po in sorted(LOCALE.glob(f"*/LC_MESSAGES/{DOMAIN}.po")):

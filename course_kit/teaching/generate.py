@@ -16,14 +16,18 @@ from pathlib import Path
 from course_kit.teaching.measure import (
     MACHINE_TAG,
     ROOT,
+    CellTime,
     LectureFacts,
     lecture_facts,
     lecture_notebooks,
 )
 from course_kit.teaching.mistakes import mistakes_of_lecture
+from course_kit.teaching.room_run import RoomRun, read_room_times
+from course_lib.i18n import _, speaking
 
 __all__ = [
     "TEACHING",
+    "generated_blocks",
     "hours_table",
     "machine_section",
     "main",
@@ -62,54 +66,94 @@ def generated(text: str, name: str) -> str:
     return ""
 
 
-def hours_table(facts: list[LectureFacts]) -> str:
-    """Return the syllabus's table of class time per lecture, from the notebooks."""
+def _room_seconds(run: RoomRun | None, f: LectureFacts) -> str:
+    """Return the lecture's run time in the room, or why there is none."""
+    if run is None:
+        return _("no engines") if not f.engine_lecture else _("not run")
+    return f"{run.run_seconds:.0f}"
+
+
+def hours_table(facts: list[LectureFacts], room: dict[int, RoomRun] | None = None) -> str:
+    """Return the syllabus's table of class time per lecture, from the notebooks (and room runs)."""
+    room = {} if room is None else room
     rows = [
-        "| lecture | prose words | code lines | run time, 2 cores (s) | class minutes | sessions of 90 min |",
-        "|---|---|---|---|---|---|",
+        _(
+            "| lecture | prose words | code lines | run time, 2 cores (s) | run time, room (s) "
+            "| class minutes | sessions of 90 min |"
+        ),
+        "|---|---|---|---|---|---|---|",
     ]
     for f in facts:
         rows.append(
             f"| {f.lecture} `{f.path.name}` | {f.words} | {f.code_lines} | {f.run_seconds:.0f} "
-            f"| {f.minutes:.0f} | {f.sessions:.2f} |"
+            f"| {_room_seconds(room.get(f.lecture), f)} | {f.minutes:.0f} | {f.sessions:.2f} |"
         )
     total = sum(f.minutes for f in facts)
-    rows.append(f"| all | | | | {total:.0f} | {total / 90:.1f} |")
+    everything = _("all")
+    rows.append(f"| {everything} | | | | | {total:.0f} | {total / 90:.1f} |")
     return "\n".join(rows)
 
 
-def times_section(f: LectureFacts) -> str:
+def _in_room(cell: CellTime, run: RoomRun | None) -> str:
+    """Return ``; room X s`` for a cell the room run timed (and whose code has not changed since)."""
+    if run is None or cell.index not in run.seconds:
+        return ""
+    if run.first_lines.get(cell.index) != cell.first_line:
+        return _("; room: changed since the room's run")
+    return _("; room {seconds} s").format(seconds=f"{run.seconds[cell.index]:.1f}")
+
+
+def times_section(f: LectureFacts, run: RoomRun | None = None) -> str:
     """Return the notes' list of long cells (3 s or more) with their measured times."""
     long = f.long_cells()
     if not long:
-        return "No cell ran 3 s or longer in the stored run.\n"
-    lines = [
-        f"Stored run: {f.run_seconds:.0f} s on 2 cores. Cells of 3 s or more, longest first:",
-        "",
+        return _("No cell ran 3 s or longer in the stored run.") + "\n"
+    total = f"{f.run_seconds:.0f}"
+    if run is None:
+        head = _("Stored run: {seconds} s on 2 cores. Cells of 3 s or more, longest first:")
+        head = head.format(seconds=total)
+    else:
+        head = _(
+            "Stored run: {seconds} s on 2 cores; {room} s in the emulated room (load {load}, "
+            "`docs/teaching/room_times.json`). Cells of 3 s or more, longest first:"
+        ).format(seconds=total, room=f"{run.run_seconds:.0f}", load=f"{run.load[0]:.1f}")
+    lines = [head, ""]
+    lines += [
+        _("- cell {index} ({seconds} s{room}): `{code}`").format(
+            index=c.index, seconds=f"{c.seconds:.1f}", room=_in_room(c, run), code=c.first_line[:70]
+        )
+        for c in long
     ]
-    lines += [f"- cell {c.index} ({c.seconds:.1f} s): `{c.first_line[:70]}`" for c in long]
     return "\n".join(lines) + "\n"
 
 
-def machine_section(f: LectureFacts) -> str:
+def machine_section(f: LectureFacts, run: RoomRun | None = None) -> str:
     """Return the notes' list of the cells tagged ``machine-dependent`` (re-run them live)."""
     if not f.machine_cells:
-        return f"No cell is tagged `{MACHINE_TAG}` yet.\n"
+        return _("No cell is tagged `{tag}` yet.").format(tag=MACHINE_TAG) + "\n"
     by_index = {c.index: c for c in f.cells}
-    lines = [
-        "Stored values are the development machine's (2 cores, loaded); the room's were not",
-        "measured here: expect other times, the same ratios' direction and the same verdicts.",
-        "",
-    ]
+    if run is not None:
+        head = _(
+            "Stored values are the development machine's (2 cores, loaded); the emulated room's "
+            "times are beside them (its PCs share the same 2 cores):"
+        )
+    else:
+        head = _(
+            "Stored values are the development machine's (2 cores, loaded); the room's were not "
+            "measured:"
+        )
+    lines = [head, _("expect other times, the same ratios' direction and the same verdicts."), ""]
     for k in f.machine_cells:
         cell = by_index.get(k)
         first = cell.first_line[:70] if cell else ""
         seen = (
-            f" (stored: {cell.seconds:.1f} s; prints `{cell.sample[:80]}`)"
+            _(" (stored: {seconds} s{room}; prints `{sample}`)").format(
+                seconds=f"{cell.seconds:.1f}", room=_in_room(cell, run), sample=cell.sample[:80]
+            )
             if cell and cell.sample
             else ""
         )
-        lines.append(f"- cell {k}: `{first}`{seen}")
+        lines.append(_("- cell {index}: `{code}`").format(index=k, code=first) + seen)
     return "\n".join(lines) + "\n"
 
 
@@ -117,11 +161,12 @@ def mistakes_section(lecture: int) -> str:
     """Return the notes' list of the mistakes the lecture's checks name, by exercise."""
     found = mistakes_of_lecture(lecture)
     if not found:
-        return "The checks of this lecture name no mistakes.\n"
+        return _("The checks of this lecture name no mistakes.") + "\n"
     lines = []
-    for m in found:
-        text = m.text.replace("`", "'")
-        lines.append(f"- **{m.exercise or 'any'}**: `{text}`")
+    for m in found:  # a check's message is its own catalogue entry: _() finds its translation
+        text = _(m.text).replace("`", "'")
+        exercise = m.exercise or _("any")
+        lines.append(f"- **{exercise}**: `{text}`")
     return "\n".join(lines) + "\n"
 
 
@@ -146,20 +191,37 @@ Notebook: `notebooks/{name}`.
 """
 
 
+def generated_blocks(path: Path, lang: str = "en") -> dict[str, str]:
+    """Return the generated blocks (name -> body) of one teaching document, in ``lang``."""
+    path = Path(path)
+    with speaking(lang):
+        if path.name == "syllabus.md":
+            facts = [lecture_facts(p) for p in lecture_notebooks().values()]
+            return {"hours": hours_table(facts, read_room_times())}
+        lecture = int(path.stem.removeprefix("lecture"))
+        f = lecture_facts(lecture_notebooks()[lecture])
+        run = read_room_times().get(lecture)
+        return {
+            "times": times_section(f, run),
+            "machine": machine_section(f, run),
+            "mistakes": mistakes_section(lecture),
+        }
+
+
 def render(root: Path = TEACHING) -> dict[Path, str]:
-    """Return every teaching document with its generated blocks up to date."""
-    facts = [lecture_facts(p) for p in lecture_notebooks().values()]
+    """Return every teaching document with its generated blocks up to date (in English)."""
     out: dict[Path, str] = {}
-    syllabus = root / "syllabus.md"
-    out[syllabus] = replace_generated(syllabus.read_text(), "hours", hours_table(facts))
-    for f in facts:
-        path = root / "notes" / f"lecture{f.lecture:02d}.md"
-        text = (
-            path.read_text() if path.exists() else _TEMPLATE.format(n=f.lecture, name=f.path.name)
-        )
-        text = replace_generated(text, "times", times_section(f))
-        text = replace_generated(text, "machine", machine_section(f))
-        out[path] = replace_generated(text, "mistakes", mistakes_section(f.lecture))
+    paths = [root / "syllabus.md"]
+    paths += [root / "notes" / f"lecture{n:02d}.md" for n in lecture_notebooks()]
+    for path in paths:
+        if path.exists():
+            text = path.read_text()
+        else:
+            n = int(path.stem.removeprefix("lecture"))
+            text = _TEMPLATE.format(n=n, name=lecture_notebooks()[n].name)
+        for name, body in generated_blocks(path).items():
+            text = replace_generated(text, name, body)
+        out[path] = text
     return out
 
 

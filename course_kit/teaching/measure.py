@@ -59,6 +59,7 @@ class LectureFacts:
     code_lines: int
     cells: tuple[CellTime, ...]
     machine_cells: tuple[int, ...]
+    engine_lecture: bool = False  # its code starts engines (start_cluster): the room runs it
 
     @property
     def run_seconds(self) -> float:
@@ -106,6 +107,7 @@ def lecture_facts(path: Path) -> LectureFacts:
     nb = json.loads(Path(path).read_text(encoding="utf-8"))
     words = code_lines = 0
     cells, machine = [], []
+    engines = False
     for k, cell in enumerate(nb["cells"]):
         source = "".join(cell["source"])
         tags = tuple(cell.get("metadata", {}).get("tags", ()))
@@ -115,6 +117,7 @@ def lecture_facts(path: Path) -> LectureFacts:
             words += _words(source)
         elif cell["cell_type"] == "code":
             code_lines += sum(1 for line in source.splitlines() if line.strip())
+            engines = engines or "start_cluster(" in source
             run = cell.get("metadata", {}).get("execution", {})
             if "iopub.execute_input" in run and "iopub.status.idle" in run:
                 seconds = (
@@ -123,7 +126,9 @@ def lecture_facts(path: Path) -> LectureFacts:
                 first = source.strip().splitlines()[0] if source.strip() else ""
                 cells.append(CellTime(k, seconds, first, tags, _sample(cell)))
     lecture = int(Path(path).name.split("_")[0])
-    return LectureFacts(lecture, Path(path), words, code_lines, tuple(cells), tuple(machine))
+    return LectureFacts(
+        lecture, Path(path), words, code_lines, tuple(cells), tuple(machine), engines
+    )
 
 
 def lecture_notebooks(folder: Path = NOTEBOOKS) -> dict[int, Path]:

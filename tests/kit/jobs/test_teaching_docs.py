@@ -3,11 +3,14 @@
 ``docs/teaching/syllabus.md``'s minutes per lecture are recomputed from each notebook's words,
 code lines and stored run times (``course_kit.teaching.measure``) and may be off by at most
 ``MARGIN``; each ``docs/teaching/notes/lectureNN.md`` must list exactly the cells tagged
-``machine-dependent`` and exactly the mistakes that the lecture's checks name. No kernel runs.
+``machine-dependent`` and exactly the mistakes that the lecture's checks name; every lecture that
+starts engines has its run in the emulated room stored (``docs/teaching/room_times.json``) and
+stated in the syllabus. No kernel runs.
 """
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
@@ -16,17 +19,25 @@ import pytest
 from course_kit.teaching.generate import TEACHING, generated
 from course_kit.teaching.measure import lecture_facts, lecture_notebooks
 from course_kit.teaching.mistakes import mistakes_of_lecture, module_mistakes
+from course_kit.teaching.room_run import ROOM_TIMES, engine_lectures, read_room_times
 
 #: The syllabus states this margin; a lecture whose minutes drift further needs the generator.
 MARGIN = 0.15
 LECTURES = lecture_notebooks()
 FIX = "run python -m course_kit.teaching.generate and re-read the prose around the table"
+ROOM_FIX = "python -m course_kit.teaching.room_run NN (about a minute each), then the generator"
+
+
+def _syllabus_column(name: str) -> dict[int, str]:
+    """Return lecture -> the syllabus hours table's cell in the column headed ``name``."""
+    body = generated((TEACHING / "syllabus.md").read_text(), "hours")
+    rows = [[c.strip() for c in line.strip("|").split("|")] for line in body.splitlines()]
+    column = rows[0].index(name)
+    return {int(r[0].split()[0]): r[column] for r in rows[2:] if r[0].split()[0].isdigit()}
 
 
 def _syllabus_minutes() -> dict[int, float]:
-    body = generated((TEACHING / "syllabus.md").read_text(), "hours")
-    rows = re.findall(r"^\| (\d+) `[^`]+` \|[^|]*\|[^|]*\|[^|]*\| (\d+) \|", body, flags=re.M)
-    return {int(lecture): float(minutes) for lecture, minutes in rows}
+    return {n: float(v) for n, v in _syllabus_column("class minutes").items()}
 
 
 def test_the_syllabus_names_the_margin_it_is_held_to():
@@ -46,6 +57,23 @@ def test_the_syllabus_hours_match_the_notebooks():
                 f"lecture {lecture}: syllabus {stated[lecture]:.0f} min, notebook {measured:.0f}"
             )
     assert not wrong, "; ".join(wrong) + f": {FIX}"
+
+
+def test_every_engine_lecture_has_its_room_run_and_the_syllabus_states_it():
+    runs = read_room_times()
+    missing = sorted(set(engine_lectures()) - set(runs))
+    assert not missing, f"lectures {missing} were never run in the room: {ROOM_FIX}"
+    stated = _syllabus_column("run time, room (s)")
+    for lecture in LECTURES:
+        want = f"{runs[lecture].run_seconds:.0f}" if lecture in runs else "no engines"
+        assert stated[lecture] == want, (lecture, stated[lecture], want, FIX)
+
+
+def test_the_room_check_catches_a_lecture_never_run_in_the_room(tmp_path: Path):
+    stored = json.loads(ROOM_TIMES.read_text())
+    stored["lectures"].pop("04")
+    (tmp_path / "room_times.json").write_text(json.dumps(stored))
+    assert 4 in engine_lectures() and 4 not in read_room_times(tmp_path / "room_times.json")
 
 
 def test_the_hours_check_catches_a_heavier_notebook(tmp_path: Path):
