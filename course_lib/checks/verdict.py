@@ -86,7 +86,7 @@ def run_check(
             exercise,
             name,
             False,
-            _("not implemented yet: {reason}").format(reason=exc),
+            _("not implemented yet: {reason}").format(reason=_(str(exc))),  # a stub's hint
             0.0,
             top,
             show,
