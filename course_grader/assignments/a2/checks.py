@@ -37,6 +37,7 @@ from collections.abc import Callable
 from typing import Any
 
 from course_lib.checks.verdict import Verdict, run_check
+from course_lib.i18n import _
 
 __all__ = [
     "A2_POINTS",
@@ -176,9 +177,9 @@ def _check(
 ) -> Verdict:
     def body() -> str:
         world_size = cluster.world_size
-        assert world_size >= 2 and world_size & (world_size - 1) == 0, (
-            f"the check needs a power-of-two number of engines, not {world_size}; start 4"
-        )
+        assert world_size >= 2 and world_size & (world_size - 1) == 0, _(
+            "the check needs a power-of-two number of engines, not {n}; start 4"
+        ).format(n=world_size)
         # The function runs on the engines; under its own name there, later answers can call it.
         cluster.view.push({fn.__name__: fn}, block=True)
         for size in A2_SIZES:
@@ -189,10 +190,10 @@ def _check(
         if kind == "reduce_scatter":  # A2.1 also raises ValueError unless N is a power of two
             for why in cluster.run(_run_case, fn, NOT_POWER_OF_TWO, 0, "", comm_name, timeout=60):
                 assert not why, why
-            return (
-                f"{world_size} ranks, partners r XOR 2^k, {len(A2_SIZES)} sizes, float32 and "
-                f"float64; ValueError on {world_size - 1} ranks"
-            )
+            return _(
+                "{n} ranks, partners r XOR 2^k, {sizes} sizes, float32 and float64; ValueError "
+                "on {m} ranks"
+            ).format(n=world_size, sizes=len(A2_SIZES), m=world_size - 1)
         if kind == "allreduce":  # A2.3 also runs on 3 ranks, folded
             for size in A2_SIZES:
                 for dtype in ("float32", "float64"):
@@ -200,11 +201,13 @@ def _check(
                         _run_case, fn, FOLDED, size, dtype, comm_name, timeout=60
                     ):
                         assert not why, why
-            return (
-                f"{world_size} ranks, partners r XOR 2^k, {len(A2_SIZES)} sizes, float32 and "
-                "float64; 3 ranks folded into 2"
-            )
-        return f"{world_size} ranks, partners r XOR 2^k, {len(A2_SIZES)} sizes, float32 and float64"
+            return _(
+                "{n} ranks, partners r XOR 2^k, {sizes} sizes, float32 and float64; {m} ranks "
+                "folded into {k}"
+            ).format(n=world_size, sizes=len(A2_SIZES), m=3, k=2)
+        return _("{n} ranks, partners r XOR 2^k, {sizes} sizes, float32 and float64").format(
+            n=world_size, sizes=len(A2_SIZES)
+        )
 
     return run_check(exercise, name, body, max_points=A2_POINTS[exercise], verbose=verbose)
 

@@ -8,11 +8,16 @@ partners ``r XOR 2^k`` (:func:`rabenseifner_partners`), the exact bytes it sends
 communication operations in MPICH"), and MPICH's folding on a world that is not a power of two
 (:func:`folded_traffic`, section 4.4). A wrong run is matched with the usual mistakes (a
 built-in collective, the wrong partners or bytes, a rank that sat out and got nothing back).
+
+Kept whole: the model of the wire and the judges that hold a run against it are one idea; the
+length is the judges' messages, each a template for translation (``_("...").format``).
 """
 
 from __future__ import annotations
 
 from typing import Any
+
+from course_lib.i18n import _
 
 __all__ = [
     "folded_traffic",
@@ -78,6 +83,13 @@ def folded_traffic(size: int, itemsize: int, rank: int, world_size: int) -> dict
     return traffic
 
 
+def _differ(got: Any, want: Any) -> str:
+    """How many elements of ``got`` differ from ``want`` ("all" when the shapes differ), in words."""
+    if got.shape != want.shape:
+        return _("all elements differ")
+    return _("{n} elements differ").format(n=int((got != want).sum()))
+
+
 def judge_folded(
     size: int,
     dtype: str,
@@ -102,59 +114,96 @@ def judge_folded(
     half = 1 << (n.bit_length() - 1)
     extra = n - half
     folded = list(range(0, 2 * extra, 2))
-    plan = (
-        f"fold first: with N' = {half}, ranks {folded} send their buffer to the next odd rank "
-        f"and sit out, the other {half} run halving and doubling on comm.subgroup(...)"
-    )
+    plan = _(
+        "fold first: with N' = {half}, ranks {folded} send their buffer to the next odd rank "
+        "and sit out, the other {half} run halving and doubling on comm.subgroup(...)"
+    ).format(half=half, folded=folded)
     if raised:
-        return f"on {n} ranks rank {rank} raised {raised}; {plan}"
+        return _("on {n} ranks rank {rank} raised {raised}; {plan}").format(
+            n=n, rank=rank, raised=raised, plan=plan
+        )
     builtin = sorted(name for name in builtin if name != "barrier")
     if builtin:
-        names = " and ".join(f"comm.{name}" for name in builtin)
-        return f"on {n} ranks rank {rank} uses the built-in {names}; write it from send/recv"
+        names = _(" and ").join(f"comm.{name}" for name in builtin)
+        return _(
+            "on {n} ranks rank {rank} uses the built-in {names}; write it from send/recv"
+        ).format(n=n, rank=rank, names=names)
     sits_out = rank in folded
-    back = f"its partner rank {rank + 1} must send it the result at the end"
+    back = _("its partner rank {partner} must send it the result at the end").format(
+        partner=rank + 1
+    )
     if got is None:
         if sits_out:
-            return f"on {n} ranks rank {rank} returned None; it sat out, so {back}"
-        return f"on {n} ranks rank {rank} returned None; return the buffer"
+            return _("on {n} ranks rank {rank} returned None; it sat out, so {back}").format(
+                n=n, rank=rank, back=back
+            )
+        return _("on {n} ranks rank {rank} returned None; return the buffer").format(n=n, rank=rank)
     inputs = [np.asarray(x).reshape(-1) for x in inputs]
     reference = sum(inputs)
     got = np.asarray(got).reshape(-1)
     if got.shape != reference.shape or not np.array_equal(got, reference):
         if sits_out and got.shape == reference.shape and np.array_equal(got, inputs[rank]):
-            return f"on {n} ranks rank {rank} returned its own input; it sat out, so {back}"
+            return _(
+                "on {n} ranks rank {rank} returned its own input; it sat out, so {back}"
+            ).format(n=n, rank=rank, back=back)
         lost = reference - sum(inputs[q] for q in folded)
         if got.shape == reference.shape and np.array_equal(got, lost):
-            return (
-                f"on {n} ranks the result on rank {rank} misses the buffers of ranks {folded}: "
+            return _(
+                "on {n} ranks the result on rank {rank} misses the buffers of ranks {folded}: "
                 "each odd rank must add its even partner's buffer before the halving"
-            )
-        wrong = int((got != reference).sum()) if got.shape == reference.shape else "all"
-        return f"size {size}: on {n} ranks the result on rank {rank} is wrong ({wrong} elements differ)"
+            ).format(n=n, rank=rank, folded=folded)
+        return _("size {size}: on {n} ranks the result on rank {rank} is wrong ({differ})").format(
+            size=size, n=n, rank=rank, differ=_differ(got, reference)
+        )
     want = folded_traffic(size, np.dtype(dtype).itemsize, rank, n)
     partners = sorted(want)
-    sent_to = sorted(p for p, (sent, _, _) in peers.items() if sent)
-    received_from = sorted(p for p, (_, received, _) in peers.items() if received)
+    sent_to = sorted(p for p, (sent, _r, _b) in peers.items() if sent)
+    received_from = sorted(p for p, (_s, received, _b) in peers.items() if received)
     if sent_to != partners or received_from != partners:
-        return (
-            f"on {n} ranks rank {rank} sent to ranks {sent_to} and received from "
-            f"{received_from}; with MPICH's folding its partners are {partners} ({plan})"
+        return _(
+            "on {n} ranks rank {rank} sent to ranks {sent_to} and received from "
+            "{received_from}; with MPICH's folding its partners are {partners} ({plan})"
+        ).format(
+            n=n,
+            rank=rank,
+            sent_to=sent_to,
+            received_from=received_from,
+            partners=partners,
+            plan=plan,
         )
     for partner in partners:
         messages, nbytes = want[partner]
         sent, received, got_bytes = peers[partner]
-        what = "its whole buffer" if partner in folded or sits_out else "halving and doubling"
+        whole = partner in folded or sits_out
+        what = _("its whole buffer") if whole else _("halving and doubling")
         if got_bytes != nbytes:
-            return (
-                f"size {size}: on {n} ranks rank {rank} sent {got_bytes} bytes to rank {partner}, "
-                f"folding sends exactly {nbytes} there ({dtype}: {what})"
+            return _(
+                "size {size}: on {n} ranks rank {rank} sent {got} bytes to rank {partner}, "
+                "folding sends exactly {want} there ({dtype}: {what})"
+            ).format(
+                size=size,
+                n=n,
+                rank=rank,
+                got=got_bytes,
+                partner=partner,
+                want=nbytes,
+                dtype=dtype,
+                what=what,
             )
         if sent != messages or received != messages:
-            return (
-                f"size {size}: on {n} ranks rank {rank} sent {sent} messages to rank {partner} "
-                f"and received {received}; folding exchanges exactly {messages} each way there "
-                f"({what})"
+            return _(
+                "size {size}: on {n} ranks rank {rank} sent {sent} messages to rank {partner} "
+                "and received {received}; folding exchanges exactly {messages} each way there "
+                "({what})"
+            ).format(
+                size=size,
+                n=n,
+                rank=rank,
+                sent=sent,
+                partner=partner,
+                received=received,
+                messages=messages,
+                what=what,
             )
     return ""
 
@@ -183,48 +232,66 @@ def judge_rank(
     reference = np.asarray(reference).reshape(-1)
     lo, hi = chunk_bounds(size, world_size)[rank]
     if kind == "reduce_scatter":
-        expected, part = reference[lo:hi], f"chunk {rank} (elements {lo}:{hi})"
+        expected = reference[lo:hi]
+        part = _("chunk {rank} (elements {lo}:{hi})").format(rank=rank, lo=lo, hi=hi)
     else:
-        expected, part = reference, "the result"
+        expected, part = reference, _("the result")
     # A barrier moves no data, so it cannot stand in for the exchanges; every other built-in can.
     builtin = sorted(name for name in builtin if name != "barrier")
     if builtin:
-        names = " and ".join(f"comm.{name}" for name in builtin)
-        return f"rank {rank} uses the built-in {names}; write it from send/recv"
+        names = _(" and ").join(f"comm.{name}" for name in builtin)
+        return _("rank {rank} uses the built-in {names}; write it from send/recv").format(
+            rank=rank, names=names
+        )
     if got is None:
-        return f"rank {rank} returned None; return the buffer"
+        return _("rank {rank} returned None; return the buffer").format(rank=rank)
     got = np.asarray(got).reshape(-1)
     if kind == "reduce_scatter" and got.shape == reference.shape:
         got = got[lo:hi]
     if got.shape != expected.shape or not np.array_equal(got, expected):
-        wrong = int((got != expected).sum()) if got.shape == expected.shape else "all"
-        return f"size {size}: {part} on rank {rank} is wrong ({wrong} elements differ)"
-    sent_to = sorted(p for p, (sent, _, _) in peers.items() if sent)
-    received_from = sorted(p for p, (_, received, _) in peers.items() if received)
+        return _("size {size}: {part} on rank {rank} is wrong ({differ})").format(
+            size=size, part=part, rank=rank, differ=_differ(got, expected)
+        )
+    sent_to = sorted(p for p, (sent, _r, _b) in peers.items() if sent)
+    received_from = sorted(p for p, (_s, received, _b) in peers.items() if received)
     partners = sorted(rabenseifner_partners(rank, world_size))
     if sent_to != partners or received_from != partners:
-        return (
-            f"rank {rank} sent to ranks {sent_to} and received from {received_from}; its partners "
-            f"are r XOR 2^k = {partners}, exchange with each one both ways"
-        )
+        return _(
+            "rank {rank} sent to ranks {sent_to} and received from {received_from}; its partners "
+            "are r XOR 2^k = {partners}, exchange with each one both ways"
+        ).format(rank=rank, sent_to=sent_to, received_from=received_from, partners=partners)
     want = rabenseifner_bytes_sent(kind, size, np.dtype(dtype).itemsize, rank, world_size)
     for partner in partners:
         if peers[partner][2] != want[partner]:
-            return (
-                f"size {size}: rank {rank} sent {peers[partner][2]} bytes to rank "
-                f"{partner}, the algorithm sends exactly {want[partner]} there ({dtype}); "
-                "send only the half of the block the partner keeps (or, gathering, your block)"
+            return _(
+                "size {size}: rank {rank} sent {got} bytes to rank {partner}, the algorithm "
+                "sends exactly {want} there ({dtype}); send only the half of the block the "
+                "partner keeps (or, gathering, your block)"
+            ).format(
+                size=size,
+                rank=rank,
+                got=peers[partner][2],
+                partner=partner,
+                want=want[partner],
+                dtype=dtype,
             )
     # One message each way per step: reduce-scatter and allgather meet each partner once, the
     # allreduce twice. The same bytes cut into more messages pay more latency (alpha per message).
     steps = 2 if kind == "allreduce" else 1
     for partner in partners:
-        sent, received, _ = peers[partner]
+        sent, received, _bytes = peers[partner]
         if sent > steps or received > steps:
-            return (
-                f"size {size}: rank {rank} sent {sent} messages to rank {partner} and received "
-                f"{received}; the algorithm exchanges one message each way per step ({steps} "
+            return _(
+                "size {size}: rank {rank} sent {sent} messages to rank {partner} and received "
+                "{received}; the algorithm exchanges one message each way per step ({steps} "
                 "with this partner): send the whole half block in one sendrecv, not piece by piece"
+            ).format(
+                size=size,
+                rank=rank,
+                sent=sent,
+                partner=partner,
+                received=received,
+                steps=steps,
             )
     return ""
 
@@ -239,12 +306,16 @@ def judge_not_power_of_two(rank: int, world_size: int, raised: str, messages: in
     if raised == "ValueError" and not messages:
         return ""
     if raised == "ValueError":  # e.g. the communicator's own "peer out of range", mid-algorithm
-        return (
-            f"on {world_size} ranks rank {rank} sent {messages} messages before its ValueError; "
+        return _(
+            "on {n} ranks rank {rank} sent {messages} messages before its ValueError; "
             "check that comm.world_size is a power of two before the first message"
-        )
-    what = f"raised {raised}" if raised else "returned"
-    return (
-        f"on {world_size} ranks (not a power of two) rank {rank} {what}; raise ValueError "
+        ).format(n=world_size, rank=rank, messages=messages)
+    if raised:
+        return _(
+            "on {n} ranks (not a power of two) rank {rank} raised {raised}; raise ValueError "
+            "when comm.world_size is not a power of two, before any message"
+        ).format(n=world_size, rank=rank, raised=raised)
+    return _(
+        "on {n} ranks (not a power of two) rank {rank} returned; raise ValueError "
         "when comm.world_size is not a power of two, before any message"
-    )
+    ).format(n=world_size, rank=rank)

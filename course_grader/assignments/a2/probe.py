@@ -18,6 +18,9 @@ The counters are counted inside the student's processes (the engines), so the gr
 the bytes on the wire between the engines, outside the sandbox, and each exercise passes only if
 the two agree (:func:`a2_claims`, :mod:`course_grader.verdict.wire`): an answer that forges
 both the sums (with a built-in allreduce) and the counters it reports fails there.
+
+Kept whole: the engines' side, the grader's judging of their data and the claims it checks on
+the wire are one probe; the length is its messages, each a template for translation.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ import numpy as np
 from course_grader.verdict.claims import MAX_RANKS, Claims, ClaimsBuilder, count
 from course_grader.verdict.engine_probe import pushed_spec
 from course_grader.verdict.probe import ProbeSpec
+from course_lib.i18n import _
 
 __all__ = ["a2_claims", "a2_inputs", "a2_spec"]
 
@@ -139,11 +143,11 @@ def _judge_folded(case: dict, ranks: Any) -> int:
     from course_grader.assignments.a2.judge import judge_folded
 
     if not isinstance(ranks, list) or not ranks:
-        raise AssertionError("the engines returned no result")
+        raise AssertionError(_("the engines returned no result"))
     members = [r for r in ranks if isinstance(r, tuple) and len(r) == 6 and int(r[0]) >= 0]
     world_size = len(ranks) - 1
     if sorted(int(r[0]) for r in members) != list(range(world_size)):
-        raise AssertionError("the engines' results do not come one from each rank")
+        raise AssertionError(_("the engines' results do not come one from each rank"))
     size, dtype, seed = case["size"], case["dtype"], case["seed"]
     inputs = [
         np.random.default_rng([seed, size, r]).integers(-8, 9, size).astype(dtype)
@@ -151,7 +155,9 @@ def _judge_folded(case: dict, ranks: Any) -> int:
     ]
     for rank, p, got, raised, builtin, stats in sorted(members, key=lambda r: int(r[0])):
         if got is not None and np.asarray(got).dtype.kind not in "biuf":
-            raise AssertionError(f"rank {int(rank)} returned {got}, not an array")
+            raise AssertionError(
+                _("rank {rank} returned {got}, not an array").format(rank=int(rank), got=got)
+            )
         peers = {
             int(q): (int(sent), int(received), int(nbytes)) for q, sent, received, nbytes in stats
         }
@@ -169,11 +175,11 @@ def _judge_not_power_of_two(ranks: Any) -> int:
     from course_grader.assignments.a2.judge import judge_not_power_of_two
 
     if not isinstance(ranks, list) or not ranks:
-        raise AssertionError("the engines returned no result")
+        raise AssertionError(_("the engines returned no result"))
     members = [r for r in ranks if isinstance(r, tuple) and len(r) == 4 and int(r[0]) >= 0]
     world_size = len(ranks) - 1
     if sorted(int(r[0]) for r in members) != list(range(world_size)):
-        raise AssertionError("the engines' results do not come one from each rank")
+        raise AssertionError(_("the engines' results do not come one from each rank"))
     for rank, p, raised, sent in members:
         raised = raised if isinstance(raised, str) else "<not a name>"
         why = judge_not_power_of_two(int(rank), int(p), raised, int(np.asarray(sent)))
@@ -192,14 +198,16 @@ def _judge_case(case: dict, ranks: Any) -> int:
     if case["kind"] == FOLDED:
         return _judge_folded(case, ranks) + 1
     if not isinstance(ranks, list) or not ranks:
-        raise AssertionError("the engines returned no result")
+        raise AssertionError(_("the engines returned no result"))
     world_size = int(ranks[0][1])
     if world_size < 2 or world_size & (world_size - 1):
         raise AssertionError(
-            f"the check needs a power-of-two number of engines, not {world_size}; start 4"
+            _("the check needs a power-of-two number of engines, not {n}; start 4").format(
+                n=world_size
+            )
         )
     if sorted(int(r[0]) for r in ranks) != list(range(world_size)):
-        raise AssertionError("the engines' results do not come one from each rank")
+        raise AssertionError(_("the engines' results do not come one from each rank"))
     size, dtype, seed = case["size"], case["dtype"], case["seed"]
     inputs = [
         np.random.default_rng([seed, size, r]).integers(-8, 9, size) for r in range(world_size)
@@ -210,7 +218,9 @@ def _judge_case(case: dict, ranks: Any) -> int:
             int(q): (int(sent), int(received), int(nbytes)) for q, sent, received, nbytes in stats
         }
         if got is not None and np.asarray(got).dtype.kind not in "biuf":
-            raise AssertionError(f"rank {int(rank)} returned {got}, not an array")
+            raise AssertionError(
+                _("rank {rank} returned {got}, not an array").format(rank=int(rank), got=got)
+            )
         why = judge_rank(
             case["kind"],
             size,
@@ -235,12 +245,18 @@ def _body(exercise: str, answer: Any, seed: int) -> str:
     world_size = 0
     for case in a2_inputs(kind, seed):
         world_size = _judge_case(case, answer(case))
-    more = {
-        "reduce_scatter": f"; ValueError on {world_size - 1} ranks",
-        "allreduce": f"; {world_size - 1} ranks folded into {world_size // 2}",
-    }.get(kind, "")
-    return (
-        f"{world_size} ranks, partners r XOR 2^k, {len(A2_SIZES)} sizes, float32 and float64{more}"
+    if kind == "reduce_scatter":
+        return _(
+            "{n} ranks, partners r XOR 2^k, {sizes} sizes, float32 and float64; ValueError "
+            "on {m} ranks"
+        ).format(n=world_size, sizes=len(A2_SIZES), m=world_size - 1)
+    if kind == "allreduce":
+        return _(
+            "{n} ranks, partners r XOR 2^k, {sizes} sizes, float32 and float64; {m} ranks "
+            "folded into {k}"
+        ).format(n=world_size, sizes=len(A2_SIZES), m=world_size - 1, k=world_size // 2)
+    return _("{n} ranks, partners r XOR 2^k, {sizes} sizes, float32 and float64").format(
+        n=world_size, sizes=len(A2_SIZES)
     )
 
 

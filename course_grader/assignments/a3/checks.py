@@ -39,6 +39,7 @@ from course_grader.assignments.a3.judge import (
     train_and_compare,
 )
 from course_lib.checks.verdict import Verdict, run_check
+from course_lib.i18n import _
 
 __all__ = ["A3_POINTS", "BAD_BUCKET_BYTES", "BUCKET_BYTES", "BUCKET_METHOD", "PROBE_SIZES",
            "PS_CASES", "PS_METHOD", "TRAIN_SERVER", "A3Net", "bucket_detail",
@@ -84,11 +85,11 @@ def _engine_check(kind: str, fn: Callable, cluster: Any, cases: list, options: d
 # ---- A3.1 --------------------------------------------------------------------------------------
 def ps_detail(steps: int) -> str:
     """What A3.1's PASS says (the notebook's check and the grader's say the same)."""
-    return (
-        f"4 ranks, shard 0 served by rank 0 and by rank 3: the mean, every rank its part of each "
-        f"shard and its own shard's mean, no server link carrying (N-1)S; {steps} training steps "
-        f"with shard 0 on rank {TRAIN_SERVER} equal to one process"
-    )
+    return _(
+        "4 ranks, shard 0 served by rank 0 and by rank 3: the mean, every rank its part of each "
+        "shard and its own shard's mean, no server link carrying (N-1)S; {steps} training steps "
+        "with shard 0 on rank {server} equal to one process"
+    ).format(steps=steps, server=TRAIN_SERVER)
 
 
 def check_parameter_server(fn: Callable, cluster: Any, *, verbose: bool = True) -> Verdict:
@@ -118,7 +119,9 @@ def layout_cases(seed: int | None = None) -> list[tuple[list[int], int]]:
 def judge_bad_size(bad: int, raised_value_error: bool) -> None:
     """Raise AssertionError unless ``bucket_bytes=bad`` raised ValueError."""
     if not raised_value_error:
-        raise AssertionError(f"bucket_bytes={bad} must raise ValueError (a bucket holds bytes)")
+        raise AssertionError(
+            _("bucket_bytes={bad} must raise ValueError (a bucket holds bytes)").format(bad=bad)
+        )
 
 
 def judge_layout(sizes: list[int], cap: int, got: list[list[int]] | None) -> None:
@@ -126,23 +129,33 @@ def judge_layout(sizes: list[int], cap: int, got: list[list[int]] | None) -> Non
     want = reference_layout(sizes, cap)
     if got == want:
         return
-    case = f"sizes {[int(s) for s in sizes]}, bucket_bytes {cap}: got {got}, want {want}"
+    case = _("sizes {sizes}, bucket_bytes {cap}: got {got}, want {want}").format(
+        sizes=[int(s) for s in sizes], cap=cap, got=got, want=want
+    )
     if got is not None and sorted(i for b in got for i in b) != list(range(len(sizes))):
-        raise AssertionError(f"{case}; every parameter belongs to exactly one bucket")
+        raise AssertionError(
+            _("{case}; every parameter belongs to exactly one bucket").format(case=case)
+        )
     forward = reference_layout(sizes[::-1], cap)  # the same rule, first to last
     if got == [[len(sizes) - 1 - i for i in b] for b in forward]:
         raise AssertionError(
-            f"{case}; start from the last parameter: backward produces "
-            "the last layer's gradients first"
+            _(
+                "{case}; start from the last parameter: backward produces "
+                "the last layer's gradients first"
+            ).format(case=case)
         )
     raise AssertionError(
-        f"{case}; a bucket closes as soon as it holds >= bucket_bytes bytes (4 per value)"
+        _("{case}; a bucket closes as soon as it holds >= bucket_bytes bytes (4 per value)").format(
+            case=case
+        )
     )
 
 
 def layout_detail(num_cases: int) -> str:
     """What A3.2's PASS says."""
-    return f"{num_cases} layouts equal to DDP's rule, reverse order, bad sizes refused"
+    return _("{n} layouts equal to DDP's rule, reverse order, bad sizes refused").format(
+        n=num_cases
+    )
 
 
 def _layout_body(fn: Callable) -> str:
@@ -174,10 +187,10 @@ def check_bucket_layout(fn: Callable, *, verbose: bool = True) -> Verdict:
 # ---- A3.3 --------------------------------------------------------------------------------------
 def bucket_detail(steps: int) -> str:
     """What A3.3's PASS says."""
-    return (
-        f"4 ranks, {len(PROBE_SIZES)} sizes: the mean, ring partners, 2(N-1)/N of the "
-        f"bucket; {steps} training steps in 3 overlapped buckets equal to one process"
-    )
+    return _(
+        "4 ranks, {sizes} sizes: the mean, ring partners, 2(N-1)/N of the "
+        "bucket; {steps} training steps in 3 overlapped buckets equal to one process"
+    ).format(sizes=len(PROBE_SIZES), steps=steps)
 
 
 def check_bucket_average(fn: Callable, cluster: Any, *, verbose: bool = True) -> Verdict:

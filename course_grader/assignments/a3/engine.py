@@ -30,6 +30,7 @@ import torch
 from torch import nn
 from torch.utils.data import TensorDataset
 
+from course_lib.i18n import _
 from course_lib.training.loop import TrainConfig
 
 __all__ = ["BUCKET_METHOD", "COMM_TIMEOUT", "CONFIG", "PS_METHOD", "A3Net", "a3net_sizes",
@@ -176,7 +177,7 @@ def connect(cluster: Any) -> list[int]:
     """Make sure the first 4 engines have the checks' communicator; return their ids."""
     from course_lib.parallel.data_parallel.engines import ensure_communicators, select_engines
 
-    assert cluster.world_size >= 4, f"A3 needs 4 engines, not {cluster.world_size}"
+    assert cluster.world_size >= 4, _("A3 needs 4 engines, not {n}").format(n=cluster.world_size)
     ids = select_engines(cluster, 4)
     ensure_communicators(cluster, ids, "gloo", None, COMM_TIMEOUT)  # the runs' own dp_comm
     return ids

@@ -30,6 +30,7 @@ from course_grader.assignments.a3.engine import (
     probe_gradients,
     run_training,
 )
+from course_lib.i18n import _
 from course_lib.parallel.exchanges.buckets import bucket_layout as reference_bucket_layout
 from course_lib.parallel.exchanges.parameter_server import source000_combine
 
@@ -90,14 +91,19 @@ def judge_probe(
     n = len(grads)
     total = np.sum(grads, axis=0, dtype=np.float64)
     got = np.asarray(got).reshape(-1)
-    case = f"size {size}" + (f", server rank {server}" if kind == "ps" else "")
+    if kind == "ps":
+        case = _("size {size}, server rank {server}").format(size=size, server=server)
+    else:
+        case = _("size {size}").format(size=size)
     if builtins:
-        names = " and ".join(f"comm.{b}" for b in builtins)
-        return f"{case}: rank {rank} uses the built-in {names}; write the exchange from send/recv"
+        names = _(" and ").join(f"comm.{b}" for b in builtins)
+        return _(
+            "{case}: rank {rank} uses the built-in {names}; write the exchange from send/recv"
+        ).format(case=case, rank=rank, names=names)
     if got.shape != (size,) or not np.allclose(got, total / n, rtol=1e-6, atol=1e-6):
         known = {
-            f"the sum: divide it by N = {n}": total,
-            "this rank's own gradient: nothing was exchanged": grads[rank],
+            _("the sum: divide it by N = {n}").format(n=n): total,
+            _("this rank's own gradient: nothing was exchanged"): grads[rank],
         }
         if kind == "ps":  # source 000's combination, each shard on its own server
             from course_lib.comm.buffers import chunk_bounds
@@ -108,12 +114,16 @@ def judge_probe(
                 others = [grads[r][a:b] for r in range(n) if r != owner]
                 source000[a:b] = source000_combine(grads[owner][a:b], others)
             known[
-                "source 000's published combination: it divides inside the loop over the "
-                "clients and leaves the server's own gradient out; add all N, divide once"
+                _(
+                    "source 000's published combination: it divides inside the loop over the "
+                    "clients and leaves the server's own gradient out; add all N, divide once"
+                )
             ] = source000
             known[
-                f"the sum divided by N - 1 = {n - 1}: the server computes a gradient too, "
-                f"divide by N = {n}"
+                _(
+                    "the sum divided by N - 1 = {m}: the server computes a gradient too, "
+                    "divide by N = {n}"
+                ).format(m=n - 1, n=n)
             ] = total / (n - 1)
         matches = [
             why
@@ -122,8 +132,12 @@ def judge_probe(
         ]
         if matches:  # on small integers two mistakes can give equal values (a fresh seed each
             # grading: seen once in four runs for size 1): name each, never the first alone
-            return f"{case}: rank {rank} holds " + "; equally, ".join(matches)
-        return f"{case}: rank {rank} does not hold the mean of the {n} gradients"
+            return _("{case}: rank {rank} holds {what}").format(
+                case=case, rank=rank, what=_("; equally, ").join(matches)
+            )
+        return _("{case}: rank {rank} does not hold the mean of the {n} gradients").format(
+            case=case, rank=rank, n=n
+        )
     if kind == "ps":
         want = sharded_ps_bytes(size, n, server, rank)
         sent = {p: b for p, b in sent.items() if b}
@@ -134,33 +148,48 @@ def judge_probe(
             {r: size * 4 for r in range(n) if r != rank} if rank == server else {server: size * 4}
         )
         if sent == star and received == star:
-            return (
-                f"{case}: rank {rank} sent and received {sent} bytes per peer: that is one "
-                f"server for the whole vector, lecture 4's parameter server (Exercise 4.1), "
-                f"whose link carries (N - 1)S each way; here every rank serves one shard"
-            )
+            return _(
+                "{case}: rank {rank} sent and received {sent} bytes per peer: that is one "
+                "server for the whole vector, lecture 4's parameter server (Exercise 4.1), "
+                "whose link carries (N - 1)S each way; here every rank serves one shard"
+            ).format(case=case, rank=rank, sent=sent)
         q = (rank - server) % n
-        return (
-            f"{case}: rank {rank} sent {sent} and received {received} bytes per peer; serving "
-            f"shard {q} (chunk_bounds(S, N)[{q}], {shard_sizes(size, n, server)[rank]} values) "
-            f"it sends and receives {want}: to each peer its part of the peer's shard, and the "
+        return _(
+            "{case}: rank {rank} sent {sent} and received {received} bytes per peer; serving "
+            "shard {q} (chunk_bounds(S, N)[{q}], {values} values) "
+            "it sends and receives {want}: to each peer its part of the peer's shard, and the "
             "mean of its own"
+        ).format(
+            case=case,
+            rank=rank,
+            sent=sent,
+            received=received,
+            q=q,
+            values=shard_sizes(size, n, server)[rank],
+            want=want,
         )
     right, left = (rank + 1) % n, (rank - 1) % n
     if set(sent) - {right} or set(received) - {left}:
-        return (
-            f"{case}: rank {rank} sent to ranks {sorted(sent)} and received from "
-            f"{sorted(received)}; on the ring it sends only to r + 1 = {right} and receives "
-            f"only from r - 1 = {left}"
+        return _(
+            "{case}: rank {rank} sent to ranks {sent} and received from "
+            "{received}; on the ring it sends only to r + 1 = {right} and receives "
+            "only from r - 1 = {left}"
+        ).format(
+            case=case,
+            rank=rank,
+            sent=sorted(sent),
+            received=sorted(received),
+            right=right,
+            left=left,
         )
     low, high = ring_bytes_bounds(size, n)
     total_sent = sum(sent.values())
     if not low <= total_sent <= high:
-        return (
-            f"{case}: rank {rank} sent {total_sent} bytes; a ring allreduce sends "
-            f"2(N-1)/N of the buffer, {low} to {high} bytes here: one chunk of S/N per "
+        return _(
+            "{case}: rank {rank} sent {sent} bytes; a ring allreduce sends "
+            "2(N-1)/N of the buffer, {low} to {high} bytes here: one chunk of S/N per "
             "step, N - 1 steps of reduce-scatter then N - 1 of allgather"
-        )
+        ).format(case=case, rank=rank, sent=total_sent, low=low, high=high)
     return ""
 
 
@@ -172,14 +201,14 @@ def judge_training(kind: str, run: dict, options: dict, seed: int | None = None)
     """
     from course_lib.parallel.data_parallel.reference import ATOL, RTOL, weights_match
 
-    assert run["replicas_equal"], (
-        f"the replicas differ by up to {run['max_replica_difference']:.2e} after training: "
+    assert run["replicas_equal"], _(
+        "the replicas differ by up to {diff} after training: "
         "every rank must end each step with the same averaged gradient"
-    )
-    assert weights_match(run["weights"], reference_weights(seed)), (
+    ).format(diff=f"{run['max_replica_difference']:.2e}")
+    assert weights_match(run["weights"], reference_weights(seed)), _(
         "the replicas agree with each other but not with one process trained on the whole "
-        f"batch (beyond {ATOL:g} + {RTOL:g} |w|): average every gradient over all N ranks"
-    )
+        "batch (beyond {atol} + {rtol} |w|): average every gradient over all N ranks"
+    ).format(atol=f"{ATOL:g}", rtol=f"{RTOL:g}")
     sizes = a3net_sizes()
     bounds = [
         ring_bytes_bounds(sum(sizes[i] for i in b) + len(b), 4)  # + a presence flag each
@@ -187,9 +216,9 @@ def judge_training(kind: str, run: dict, options: dict, seed: int | None = None)
     ]
     for rec in run["records"]:
         rank, sent, step = rec["rank"], rec["bytes_sent"], rec["step"]
-        assert not rec["collective_bytes"], (
-            f"rank {rank} used a built-in collective in step {step}; write it from send/recv"
-        )
+        assert not rec["collective_bytes"], _(
+            "rank {rank} used a built-in collective in step {step}; write it from send/recv"
+        ).format(rank=rank, step=step)
         if kind == "ps":
             values = (run["gradient_bytes"] + run["flag_bytes"]) // 4  # flags are float32 too
             n = run["world_size"]
@@ -197,11 +226,12 @@ def judge_training(kind: str, run: dict, options: dict, seed: int | None = None)
             ok, what = sent == want, f"{want}"
         else:  # the ring's share of every bucket
             low, high = sum(b[0] for b in bounds), sum(b[1] for b in bounds)
-            ok, what = low <= sent <= high, f"2(N-1)/N of each of {len(bounds)} buckets"
-        assert ok, (
-            f"rank {rank} sent {sent} bytes in step {step} of training ({sum(sizes)} "
-            f"trainable values); the method sends {what}"
-        )
+            what = _("2(N-1)/N of each of {n} buckets").format(n=len(bounds))
+            ok = low <= sent <= high
+        assert ok, _(
+            "rank {rank} sent {sent} bytes in step {step} of training ({values} "
+            "trainable values); the method sends {what}"
+        ).format(rank=rank, sent=sent, step=step, values=sum(sizes), what=what)
     return len(run["records"]) // run["world_size"]
 
 
@@ -220,7 +250,7 @@ def reference_layout(sizes: list[int], cap: int) -> list[list[int]]:
 
 def probe(kind: str, fn: Callable, size: int, server: int, comm_name: str) -> str:
     """Run on an engine: one call of ``fn`` on known gradients; return "" or what is wrong."""
-    rank, n, got, builtins, sent, received, _ = probe_data(kind, fn, size, server, comm_name)
+    rank, n, got, builtins, sent, received, _rows = probe_data(kind, fn, size, server, comm_name)
     grads = probe_gradients(size, n)
     return judge_probe(kind, size, server, rank, grads, got, builtins, sent, received)
 

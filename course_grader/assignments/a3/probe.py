@@ -30,6 +30,7 @@ import numpy as np
 from course_grader.verdict.claims import Claims, ClaimsBuilder
 from course_grader.verdict.probe import ExerciseProbe, ProbeSpec
 from course_lib.checks.verdict import Verdict, run_check
+from course_lib.i18n import _
 
 __all__ = ["KIT_CUT", "a3_cases", "a3_claims", "a3_spec", "kit_hidden", "training_layout"]
 
@@ -114,17 +115,19 @@ def _judge_probe(kind: str, case: dict, ranks: Any) -> None:
     from course_grader.assignments.a3.judge import judge_probe
 
     if not isinstance(ranks, list) or not ranks or not isinstance(ranks[0], tuple):
-        raise AssertionError("the engines returned no result")
+        raise AssertionError(_("the engines returned no result"))
     by_rank = {int(r[0]): r for r in ranks}
     if len(ranks) != WORLD_SIZE or sorted(by_rank) != list(range(WORLD_SIZE)):
-        raise AssertionError("the engines' results do not come one from each rank")
+        raise AssertionError(_("the engines' results do not come one from each rank"))
     grads = probe_gradients(case["size"], WORLD_SIZE, case["seed"])  # the grader's own copy
     for rank in range(WORLD_SIZE):
-        _, n, got, builtins, sent, received = by_rank[rank][:6]
+        _rank, n, got, builtins, sent, received = by_rank[rank][:6]
         if int(n) != WORLD_SIZE:
-            raise AssertionError(f"A3 needs 4 engines, not {int(n)}")
+            raise AssertionError(_("A3 needs 4 engines, not {n}").format(n=int(n)))
         if isinstance(got, str):  # not data: the decoder says which type it was
-            raise AssertionError(f"rank {rank} returned {got}, not an array")
+            raise AssertionError(
+                _("rank {rank} returned {got}, not an array").format(rank=rank, got=got)
+            )
         why = judge_probe(
             kind,
             case["size"],
@@ -143,8 +146,8 @@ def _judge_probe(kind: str, case: dict, ranks: Any) -> None:
 def _training_run(data: Any) -> dict:
     """The kernel's training data as ``a3_judge.judge_training`` takes it."""
     if not isinstance(data, tuple) or len(data) != 8:
-        raise AssertionError("the training run returned no result")
-    world_size, equal, difference, gradient_bytes, flag_bytes, weights, records, _ = data
+        raise AssertionError(_("the training run returned no result"))
+    world_size, equal, difference, gradient_bytes, flag_bytes, weights, records, _c = data
     return {
         "world_size": int(world_size),
         "replicas_equal": bool(equal),
@@ -197,7 +200,9 @@ def _check_layout(answer, *, verbose: bool = False, seed: int = 0) -> Verdict:
             if got is not None and not (
                 isinstance(got, list) and all(isinstance(b, list) for b in got)
             ):
-                raise AssertionError(f"bucket_layout returned {got}, not a list of lists")
+                raise AssertionError(
+                    _("bucket_layout returned {got}, not a list of lists").format(got=got)
+                )
             buckets = None if got is None else [[int(i) for i in b] for b in got]
             a3.judge_layout(case["sizes"], case["bucket_bytes"], buckets)
         return a3.layout_detail(len(cases) - len(a3.BAD_BUCKET_BYTES))

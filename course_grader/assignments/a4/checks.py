@@ -37,6 +37,7 @@ from course_grader.assignments.a4.judge import (
 )
 from course_grader.assignments.engine_check import cluster_run, run_engine_check
 from course_lib.checks.verdict import Verdict
+from course_lib.i18n import N_, _
 
 __all__ = [
     "A4_DETAILS",
@@ -46,6 +47,7 @@ __all__ = [
     "LOCAL_SGD_CASES",
     "LR",
     "MISTAKES",
+    "a4_detail",
     "check_directed_gossip",
     "check_local_sgd",
     "check_weighted_average",
@@ -56,12 +58,17 @@ __all__ = [
 ]
 
 A4_POINTS = {"A4.1": 3.0, "A4.2": 3.0, "A4.3": 4.0}
-A4_DETAILS = {  # what a PASS says: the notebook's checks and the grader's say the same
-    "A4.1": f"4 ranks, one allreduce of w.size + 1 values, {len(A4_SIZES)} sizes, float32/64",
-    "A4.2": "4 ranks, shards of 6, 11, 16, 21 rows, equal to one process: "
-    + ", ".join(f"p = {p} for {k} steps" for p, k in LOCAL_SGD_CASES),
-    "A4.3": "P = 4 and 3, partners (r + s) and (r - s) mod P, bytes per peer, float32/64",
+A4_DETAILS = {  # what a PASS says (templates, a4_detail fills them in the student's language)
+    "A4.1": N_("4 ranks, one allreduce of w.size + 1 values, {sizes} sizes, float32/64"),
+    "A4.2": N_("4 ranks, shards of 6, 11, 16, 21 rows, equal to one process: {runs}"),
+    "A4.3": N_("P = 4 and 3, partners (r + s) and (r - s) mod P, bytes per peer, float32/64"),
 }
+
+
+def a4_detail(exercise: str) -> str:
+    """What ``exercise``'s PASS says: the notebook's checks and the grader's say the same."""
+    runs = ", ".join(_("p = {p} for {k} steps").format(p=p, k=k) for p, k in LOCAL_SGD_CASES)
+    return _(A4_DETAILS[exercise]).format(sizes=len(A4_SIZES), runs=runs)
 
 
 def _builtins_used(comm: Any) -> dict[str, tuple[int, int]]:
@@ -110,7 +117,7 @@ def _run_local_sgd(fn: Callable, period: int, num_steps: int, comm_name: str) ->
     comm.stats.reset()
     got = fn(comm, w0.copy(), X.copy(), y.copy(), LR, period, num_steps)
     used = _builtins_used(comm)
-    sent, _ = _p2p(comm)
+    sent, _received = _p2p(comm)
     return judge_local_sgd(period, num_steps, rank, shards, got, used, sent)
 
 
@@ -148,7 +155,6 @@ def _check(
     cluster: Any,
     cases: list,
     runner: Callable,
-    detail: str,
     comm_name: str,
     verbose: bool,
 ) -> Verdict:
@@ -158,7 +164,7 @@ def _check(
         for args in cases:
             for why in cluster_run(cluster, runner, fn, *args, comm_name, timeout=60):
                 assert not why, why
-        return detail
+        return a4_detail(exercise)
 
     points = A4_POINTS[exercise]
     return run_engine_check(
@@ -171,17 +177,13 @@ def check_weighted_average(
 ) -> Verdict:
     """A4.1: ``fn(comm, w, n)`` returns $\\sum_j n_j w_j / \\sum_j n_j$ with one allreduce."""
     cases = [(size, dtype) for size in A4_SIZES for dtype in ("float32", "float64")]
-    detail = A4_DETAILS["A4.1"]
-    return _check(
-        "A4.1", "weighted_average", fn, cluster, cases, _run_average, detail, comm_name, verbose
-    )
+    return _check("A4.1", "weighted_average", fn, cluster, cases, _run_average, comm_name, verbose)
 
 
 def check_local_sgd(
     fn: Callable, cluster: Any, *, comm_name: str = "comm", verbose: bool = True
 ) -> Verdict:
     """A4.2: ``fn(comm, w, X, y, lr, period, num_steps)`` runs Local-SGD(p) like the reference."""
-    detail = A4_DETAILS["A4.2"]
     return _check(
         "A4.2",
         "local_sgd",
@@ -189,7 +191,6 @@ def check_local_sgd(
         cluster,
         list(LOCAL_SGD_CASES),
         _run_local_sgd,
-        detail,
         comm_name,
         verbose,
     )
@@ -200,7 +201,4 @@ def check_directed_gossip(
 ) -> Verdict:
     """A4.3: ``fn(comm, x, num_steps)`` gossips over the directed ring with rotating ``s``."""
     cases = [(p, k, dtype) for p, k in GOSSIP_CASES for dtype in ("float64", "float32")]
-    detail = A4_DETAILS["A4.3"]
-    return _check(
-        "A4.3", "directed_gossip", fn, cluster, cases, _run_gossip, detail, comm_name, verbose
-    )
+    return _check("A4.3", "directed_gossip", fn, cluster, cases, _run_gossip, comm_name, verbose)

@@ -14,6 +14,8 @@ from typing import Any
 
 import numpy as np
 
+from course_lib.i18n import N_, _
+
 __all__ = [
     "A4_SIZES",
     "GOSSIP_CASES",
@@ -39,18 +41,20 @@ LR = 0.1
 FEATURES = 5
 # Local-SGD variants a wrong answer is compared with, and what to tell the student.
 MISTAKES = {
-    "mean": "the plain mean of the weights: weight each rank by its shard size n_i",
-    "gradients": "averaging the gradients every p steps: Local-SGD averages the weights",
-    "before": "averaging before the step (source 001's Algorithm 1 as written): average "
-    "after every p-th step",
-    "before_fresh": "averaging before the step: average after every p-th step",
+    "mean": N_("the plain mean of the weights: weight each rank by its shard size n_i"),
+    "gradients": N_("averaging the gradients every p steps: Local-SGD averages the weights"),
+    "before": N_(
+        "averaging before the step (source 001's Algorithm 1 as written): average "
+        "after every p-th step"
+    ),
+    "before_fresh": N_("averaging before the step: average after every p-th step"),
 }
 
 
 def directed_distances(world_size: int, num_steps: int) -> list[int]:
     """Return the distance ``s`` of each step: 1, 2, ..., floor(P / 2), then 1 again (source 001)."""
     out, s = [], 1
-    for _ in range(num_steps):
+    for _step in range(num_steps):
         out.append(s)
         s = 1 if s + 1 > world_size / 2 else s + 1
     return out
@@ -110,7 +114,7 @@ def simulate_local_sgd_numpy(
     ``period``-th step all replicas become $\\sum_j n_j w_j / \\sum_j n_j$. ``variant`` makes one
     of the usual mistakes instead (``MISTAKES``).
     """
-    n = np.array([len(y) for _, y in shards], dtype=float)
+    n = np.array([len(y) for _X, y in shards], dtype=float)
     weights = n / n.sum() if variant != "mean" else np.full(len(n), 1 / len(n))
     w = np.tile(np.asarray(w0, float), (len(shards), 1))
     for k in range(num_steps):
@@ -144,28 +148,40 @@ def judge_average(
     """A4.1 on one rank: the weighted mean, by one allreduce of ``w.size + 1`` values."""
     expected = sum(c * w.astype(float) for c, w in zip(counts, ws, strict=True)) / sum(counts)
     if got is None:
-        return f"rank {rank} returned None; return w"
+        return _("rank {rank} returned None; return w").format(rank=rank)
     got = np.asarray(got)
     if got.shape != (size,) or got.dtype != np.dtype(dtype):
-        return f"size {size}: rank {rank} returned {got.dtype}{got.shape}, w was {dtype}({size},)"
+        return _("size {size}: rank {rank} returned {got}, w was {want}").format(
+            size=size, rank=rank, got=f"{got.dtype}{got.shape}", want=f"{dtype}({size},)"
+        )
     tol = 1e-5 if dtype == "float32" else 1e-12
     if not np.allclose(got, expected, rtol=tol, atol=tol):
         plain = sum(w.astype(float) for w in ws) / len(ws)
         hint = (
-            "that is the plain mean; weight each rank's w by its n"
+            _("that is the plain mean; weight each rank's w by its n")
             if np.allclose(got, plain, rtol=tol, atol=tol)
-            else "want sum_j n_j w_j / sum_j n_j"
+            else _("want sum_j n_j w_j / sum_j n_j")
         )
-        return f"size {size} ({dtype}): the result on rank {rank} is wrong ({hint})"
+        return _("size {size} ({dtype}): the result on rank {rank} is wrong ({hint})").format(
+            size=size, dtype=dtype, rank=rank, hint=hint
+        )
     want = {"allreduce": (1, (size + 1) * np.dtype(dtype).itemsize)}
     if used != want:
-        return (
-            f"size {size} ({dtype}): rank {rank} called {used or 'no built-in collective'}; "
-            f"average with one comm.allreduce of w.size + 1 = {size + 1} values in w's dtype "
+        return _(
+            "size {size} ({dtype}): rank {rank} called {used}; "
+            "average with one comm.allreduce of w.size + 1 = {values} values in w's dtype "
             "(n packed beside n * w): each call costs a latency"
+        ).format(
+            size=size,
+            dtype=dtype,
+            rank=rank,
+            used=used or _("no built-in collective"),
+            values=size + 1,
         )
     if sent or received:
-        return f"rank {rank} sent point-to-point messages to {sorted(sent)}; use the allreduce"
+        return _("rank {rank} sent point-to-point messages to {peers}; use the allreduce").format(
+            rank=rank, peers=sorted(sent)
+        )
     return ""
 
 
@@ -179,33 +195,46 @@ def judge_local_sgd(
     sent: dict[int, int],
 ) -> str:
     """A4.2 on one rank: one allreduce per averaging, weights equal to one process's run."""
-    case = f"Local-SGD({period}), {num_steps} steps"
+    case = _("Local-SGD({period}), {steps} steps").format(period=period, steps=num_steps)
     if got is None:
-        return f"{case}: rank {rank} returned None; return w"
+        return _("{case}: rank {rank} returned None; return w").format(case=case, rank=rank)
     got = np.asarray(got, dtype=float)
     w0 = np.zeros(shards[0][0].shape[1])
     averagings = num_steps // period
     want = {"allreduce": (averagings, averagings * (len(w0) + 1) * 8)} if averagings else {}
     if used.keys() - {"allreduce"} or used.get("allreduce", (0,))[0] != averagings:
-        return (
-            f"{case}: rank {rank} called {used or 'no built-in collective'}; it averages "
-            f"after steps {period}, {2 * period}, ...: {averagings} allreduce calls "
+        return _(
+            "{case}: rank {rank} called {used}; it averages "
+            "after steps {period}, {period2}, ...: {averagings} allreduce calls "
             "(through your weighted_average)"
+        ).format(
+            case=case,
+            rank=rank,
+            used=used or _("no built-in collective"),
+            period=period,
+            period2=2 * period,
+            averagings=averagings,
         )
     if used != want:
-        return (
-            f"{case}: rank {rank} sent {used['allreduce'][1]} bytes in its allreduce calls, "
-            f"want {want['allreduce'][1]} (w.size + 1 float64 values each)"
-        )
+        return _(
+            "{case}: rank {rank} sent {got} bytes in its allreduce calls, "
+            "want {want} (w.size + 1 float64 values each)"
+        ).format(case=case, rank=rank, got=used["allreduce"][1], want=want["allreduce"][1])
     if sent:
-        return f"{case}: rank {rank} sent point-to-point messages; average with the allreduce"
+        return _(
+            "{case}: rank {rank} sent point-to-point messages; average with the allreduce"
+        ).format(case=case, rank=rank)
     expected = simulate_local_sgd_numpy(shards, w0, LR, period, num_steps)[rank]
     if got.shape != expected.shape or not np.allclose(got, expected, rtol=1e-9, atol=1e-12):
         for variant, why in MISTAKES.items():
             other = simulate_local_sgd_numpy(shards, w0, LR, period, num_steps, variant)[rank]
             if got.shape == other.shape and np.allclose(got, other, rtol=1e-9, atol=1e-12):
-                return f"{case}: rank {rank}'s weights match {why}"
-        return f"{case}: rank {rank}'s weights differ from the single-process reference"
+                return _("{case}: rank {rank}'s weights match {why}").format(
+                    case=case, rank=rank, why=_(why)
+                )
+        return _("{case}: rank {rank}'s weights differ from the single-process reference").format(
+            case=case, rank=rank
+        )
     return ""
 
 
@@ -225,11 +254,15 @@ def judge_gossip(
     mixed = xs.copy()
     for s in distances:
         mixed = directed_gossip_matrix(world_size, s) @ mixed
-    case = f"P = {world_size}, {num_steps} steps, s = {distances}"
+    case = _("P = {p}, {steps} steps, s = {distances}").format(
+        p=world_size, steps=num_steps, distances=distances
+    )
     if got is None:
-        return f"{case}: rank {rank} returned None; return x"
+        return _("{case}: rank {rank} returned None; return x").format(case=case, rank=rank)
     if used:
-        return f"{case}: rank {rank} uses the built-in {sorted(used)}; write it from sendrecv"
+        return _("{case}: rank {rank} uses the built-in {names}; write it from sendrecv").format(
+            case=case, rank=rank, names=sorted(used)
+        )
     nbytes = size * np.dtype(dtype).itemsize
     want_sent: dict[int, int] = {}
     want_received: dict[int, int] = {}
@@ -238,18 +271,27 @@ def judge_gossip(
         want_sent[dst] = want_sent.get(dst, 0) + nbytes
         want_received[src] = want_received.get(src, 0) + nbytes
     if sorted(sent) != sorted(want_sent) or sorted(received) != sorted(want_received):
-        return (
-            f"{case}: rank {rank} sent to ranks {sorted(sent)} and received from "
-            f"{sorted(received)}; on the directed ring it sends only to (r + s) mod P = "
-            f"{sorted(want_sent)} and receives only from (r - s) mod P = {sorted(want_received)}"
+        return _(
+            "{case}: rank {rank} sent to ranks {sent} and received from "
+            "{received}; on the directed ring it sends only to (r + s) mod P = "
+            "{want_sent} and receives only from (r - s) mod P = {want_received}"
+        ).format(
+            case=case,
+            rank=rank,
+            sent=sorted(sent),
+            received=sorted(received),
+            want_sent=sorted(want_sent),
+            want_received=sorted(want_received),
         )
     if sent != dict(sorted(want_sent.items())) or received != dict(sorted(want_received.items())):
-        return (
-            f"{case} ({dtype}): rank {rank} sent {sent} bytes per rank, want {want_sent}: one "
+        return _(
+            "{case} ({dtype}): rank {rank} sent {sent} bytes per rank, want {want}: one "
             "vector x per step, to one partner"
-        )
+        ).format(case=case, dtype=dtype, rank=rank, sent=sent, want=want_sent)
     got = np.asarray(got)
     tol = 1e-5 if dtype == "float32" else 1e-12
     if got.shape != (size,) or not np.allclose(got, mixed[rank], rtol=tol, atol=tol):
-        return f"{case} ({dtype}): x on rank {rank} is not row {rank} of the mixed vectors"
+        return _(
+            "{case} ({dtype}): x on rank {rank} is not row {rank} of the mixed vectors"
+        ).format(case=case, dtype=dtype, rank=rank)
     return ""

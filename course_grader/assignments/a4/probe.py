@@ -26,6 +26,7 @@ import numpy as np
 from course_grader.verdict.claims import Claims, ClaimsBuilder
 from course_grader.verdict.engine_probe import pushed_spec
 from course_grader.verdict.probe import ProbeSpec
+from course_lib.i18n import _
 
 __all__ = ["KIT_CUT", "a4_cases", "a4_claims", "a4_spec"]
 
@@ -107,8 +108,8 @@ def a4_cases(kind: str, seed: int) -> list[dict]:
                 "num_steps": num_steps,
                 "lr": j.LR,
                 "w0": np.zeros(shards[0][0].shape[1]),
-                "X": [X for X, _ in shards],
-                "y": [y for _, y in shards],
+                "X": [X for X, _y in shards],
+                "y": [y for _x, y in shards],
             }
             for period, num_steps in j.LOCAL_SGD_CASES
         ]
@@ -146,18 +147,20 @@ def _judge_rank(case: dict, rank: int, got: Any, used: dict, sent: dict, receive
 def _judge_case(case: dict, ranks: Any) -> None:
     """Raise AssertionError with the first rank's problem (rank order), as the notebook does."""
     if not isinstance(ranks, list) or not ranks or not isinstance(ranks[0], tuple):
-        raise AssertionError("the engines returned no result")
+        raise AssertionError(_("the engines returned no result"))
     world_size = int(ranks[0][1])
     if world_size != WORLD_SIZE:
-        raise AssertionError(f"the check needs 4 engines, not {world_size}")
+        raise AssertionError(_("the check needs 4 engines, not {n}").format(n=world_size))
     by_rank = {int(r[0]): r for r in ranks}
     if len(ranks) != WORLD_SIZE or sorted(by_rank) != list(range(WORLD_SIZE)):
-        raise AssertionError("the engines' results do not come one from each rank")
+        raise AssertionError(_("the engines' results do not come one from each rank"))
     # Ranks outside A4.3's subgroup of 3 call nothing: only the members are judged.
     for rank in range(case.get("world_size", WORLD_SIZE)):
-        _, _, got, used, sent, received = by_rank[rank][:6]
+        _rank, _p, got, used, sent, received = by_rank[rank][:6]
         if isinstance(got, str):  # not data: the decoder says which type it was
-            raise AssertionError(f"rank {rank} returned {got}, not an array")
+            raise AssertionError(
+                _("rank {rank} returned {got}, not an array").format(rank=rank, got=got)
+            )
         why = _judge_rank(
             case,
             rank,
@@ -172,11 +175,11 @@ def _judge_case(case: dict, ranks: Any) -> None:
 
 def _body(exercise: str, answer: Any, seed: int) -> str:
     """Judge the replayed answer on every case of ``exercise``; return the PASS detail."""
-    from course_grader.assignments.a4.checks import A4_DETAILS
+    from course_grader.assignments.a4.checks import a4_detail
 
     for case in a4_cases(_EXERCISES[exercise][1], seed):  # the grader's own copy of the inputs
         _judge_case(case, answer(case))
-    return A4_DETAILS[exercise]
+    return a4_detail(exercise)
 
 
 def a4_claims(cases: list) -> list[Claims]:

@@ -45,6 +45,7 @@ from course_grader.assignments.a5.exchange import (
     training_body,
 )
 from course_lib.checks.verdict import Verdict, run_check
+from course_lib.i18n import _
 
 __all__ = [
     "A5_ACCURACY_SLACK",
@@ -97,7 +98,7 @@ def _gradients(seed: int | None = None) -> list[tuple[np.ndarray, int]]:
 
 
 def _where(i: int, block: int) -> str:
-    return f"index {i} (block {i // block})"
+    return _("index {i} (block {b})").format(i=i, b=i // block)
 
 
 # -- A5.1 and A5.2 -------------------------------------------------------------------------------
@@ -112,34 +113,53 @@ def _encode_body(fn: Callable, seed: int | None = None) -> str:
     for g, block in _gradients(seed):
         want_q, want_m = reference_encode(g, block)
         result = fn(g.copy(), block)
-        assert isinstance(result, tuple) and len(result) == 2, "return the pair (q, scales)"
+        assert isinstance(result, tuple) and len(result) == 2, _("return the pair (q, scales)")
         q, scales = np.asarray(result[0]), np.asarray(result[1])
-        assert q.dtype == np.int8, f"q has dtype {q.dtype}: cast to np.int8 (one byte a value)"
-        assert q.shape == g.shape, f"q has shape {q.shape}, the gradient {g.shape}"
-        assert scales.size == want_m.size, (
-            f"{scales.size} scales for {g.size} values in blocks of {block}: one scale per "
-            f"block, {want_m.size} here (the last block may be shorter)"
+        assert q.dtype == np.int8, _(
+            "q has dtype {dtype}: cast to np.int8 (one byte a value)"
+        ).format(dtype=q.dtype)
+        assert q.shape == g.shape, _("q has shape {got}, the gradient {want}").format(
+            got=q.shape, want=g.shape
         )
+        assert scales.size == want_m.size, _(
+            "{got} scales for {n} values in blocks of {block}: one scale per "
+            "block, {want} here (the last block may be shorter)"
+        ).format(got=scales.size, n=g.size, block=block, want=want_m.size)
         wrong = np.flatnonzero(scales.reshape(-1).astype(np.float32) != want_m)
         if wrong.size:
             b = int(wrong[0])
             raise AssertionError(
-                f"the scale of block {b} is {scales.reshape(-1)[b]!r}, expected max|g| over "
-                f"g[{b * block}:{(b + 1) * block}] = {want_m[b]!r}"
+                _(
+                    "the scale of block {b} is {got}, expected max|g| over g[{lo}:{hi}] = {want}"
+                ).format(
+                    b=b,
+                    got=repr(scales.reshape(-1)[b]),
+                    lo=b * block,
+                    hi=(b + 1) * block,
+                    want=repr(want_m[b]),
+                )
             )
         if not np.array_equal(q, want_q):
             i = int(np.flatnonzero(q != want_q)[0])
             exact = g[i] / want_m[i // block] * np.float32(127)
             why = (
-                "the cast truncates toward zero: do not round"
+                _("the cast truncates toward zero: do not round")
                 if q[i] == np.rint(exact)
-                else "float32 arithmetic, m of that block"
+                else _("float32 arithmetic, m of that block")
             )
             raise AssertionError(
-                f"q at {_where(i, block)} is {q[i]} for g / m * 127 = {exact:.4f}, expected "
-                f"{want_q[i]} = int8(g / m * 127) ({why})"
+                _(
+                    "q at {where} is {got} for g / m * 127 = {exact}, expected "
+                    "{want} = int8(g / m * 127) ({why})"
+                ).format(
+                    where=_where(i, block),
+                    got=q[i],
+                    exact=f"{exact:.4f}",
+                    want=want_q[i],
+                    why=why,
+                )
             )
-    return f"{len(_gradients())} gradients, bit for bit, per-block scales"
+    return _("{n} gradients, bit for bit, per-block scales").format(n=len(_gradients()))
 
 
 def check_block_int8_encode(
@@ -168,8 +188,12 @@ def _decode_body(fn: Callable, seed: int | None = None) -> str:
         q, scales = reference_encode(g, block)
         want = reference_decode(q, scales, block)
         got = np.asarray(fn(q.copy(), scales.copy(), block))
-        assert got.dtype == np.float32, f"the result has dtype {got.dtype}: return float32"
-        assert got.shape == want.shape, f"the result has shape {got.shape}, expected {want.shape}"
+        assert got.dtype == np.float32, _("the result has dtype {dtype}: return float32").format(
+            dtype=got.dtype
+        )
+        assert got.shape == want.shape, _("the result has shape {got}, expected {want}").format(
+            got=got.shape, want=want.shape
+        )
         if np.array_equal(got, want):
             continue
         per_value = np.repeat(scales, block)[: q.size]
@@ -178,20 +202,26 @@ def _decode_body(fn: Callable, seed: int | None = None) -> str:
         i = int(np.flatnonzero(got != want)[0])
         if np.allclose(got, divided, equal_nan=True):
             raise AssertionError(
-                f"the result divides by the scale (at {_where(i, block)}: {got[i]!r}, expected "
-                f"{want[i]!r}): decoding undoes g / m, so multiply by m (source 000's text "
-                "says 'divide', which is wrong)"
+                _(
+                    "the result divides by the scale (at {where}: {got}, expected "
+                    "{want}): decoding undoes g / m, so multiply by m (source 000's text "
+                    "says 'divide', which is wrong)"
+                ).format(where=_where(i, block), got=repr(got[i]), want=repr(want[i]))
             )
-        close = np.allclose(got, want, rtol=1e-6, atol=0)
+        where, value, expected = _where(i, block), repr(got[i]), repr(want[i])
+        if np.allclose(got, want, rtol=1e-6, atol=0):
+            raise AssertionError(
+                _(
+                    "at {where} the result is {got}, expected q / 127 * m = {want} (close, not "
+                    "bit for bit: first q / 127, then times m, in float32)"
+                ).format(where=where, got=value, want=expected)
+            )
         raise AssertionError(
-            f"at {_where(i, block)} the result is {got[i]!r}, expected q / 127 * m = {want[i]!r}"
-            + (
-                " (close, not bit for bit: first q / 127, then times m, in float32)"
-                if close
-                else ""
+            _("at {where} the result is {got}, expected q / 127 * m = {want}").format(
+                where=where, got=value, want=expected
             )
         )
-    return f"{len(_gradients())} gradients, bit for bit"
+    return _("{n} gradients, bit for bit").format(n=len(_gradients()))
 
 
 def check_block_int8_decode(
@@ -230,21 +260,31 @@ def _topk_body(fn: Callable, seed: int | None = None) -> str:
     for g, block, k in _topk_cases(seed):
         want = reference_topk(g, block, k)
         result = fn(g.copy(), block, k)
-        assert isinstance(result, tuple) and len(result) == 2, "return the pair (indices, values)"
+        assert isinstance(result, tuple) and len(result) == 2, _(
+            "return the pair (indices, values)"
+        )
         idx = np.asarray(result[0]).reshape(-1)
         values = np.asarray(result[1]).reshape(-1)
-        assert np.issubdtype(idx.dtype, np.integer), f"indices have dtype {idx.dtype}: use ints"
-        assert idx.size == values.size, f"{idx.size} indices but {values.size} values"
-        assert idx.size == 0 or (idx.min() >= 0 and idx.max() < g.size), "an index is out of range"
-        assert np.array_equal(values, g[idx]), "values must be g at the indices, with their sign"
+        assert np.issubdtype(idx.dtype, np.integer), _(
+            "indices have dtype {dtype}: use ints"
+        ).format(dtype=idx.dtype)
+        assert idx.size == values.size, _("{n} indices but {m} values").format(
+            n=idx.size, m=values.size
+        )
+        assert idx.size == 0 or (idx.min() >= 0 and idx.max() < g.size), _(
+            "an index is out of range"
+        )
+        assert np.array_equal(values, g[idx]), _("values must be g at the indices, with their sign")
         got = np.sort(idx.astype(np.int64))
         for b, (lo, hi) in enumerate(blocks(g.size, block)):
             mine = got[(got >= lo) & (got < hi)]
             theirs = want[(want >= lo) & (want < hi)]
             if mine.size != theirs.size:
                 raise AssertionError(
-                    f"block {b} (g[{lo}:{hi}]) keeps {mine.size} values, k = {k} gives "
-                    f"{theirs.size}: keep the k largest |g| of every block"
+                    _(
+                        "block {b} (g[{lo}:{hi}]) keeps {got} values, k = {k} gives "
+                        "{want}: keep the k largest |g| of every block"
+                    ).format(b=b, lo=lo, hi=hi, got=mine.size, k=k, want=theirs.size)
                 )
             if not np.array_equal(mine, theirs):
                 lost = int(np.setdiff1d(theirs, mine)[0])
@@ -254,11 +294,19 @@ def _topk_body(fn: Callable, seed: int | None = None) -> str:
                     else int(mine[0])
                 )
                 raise AssertionError(
-                    f"block {b} keeps the wrong values: index {extra} (g = {g[extra]!r}) but not "
-                    f"{lost} (g = {g[lost]!r}); keep the k largest |g|, ties to the lower index"
+                    _(
+                        "block {b} keeps the wrong values: index {extra} (g = {g_extra}) but not "
+                        "{lost} (g = {g_lost}); keep the k largest |g|, ties to the lower index"
+                    ).format(
+                        b=b,
+                        extra=extra,
+                        g_extra=repr(g[extra]),
+                        lost=lost,
+                        g_lost=repr(g[lost]),
+                    )
                 )
-        assert np.array_equal(got, idx.astype(np.int64)), "return the indices in ascending order"
-    return f"{len(_topk_cases())} cases, ties to the lower index"
+        assert np.array_equal(got, idx.astype(np.int64)), _("return the indices in ascending order")
+    return _("{n} cases, ties to the lower index").format(n=len(_topk_cases()))
 
 
 def check_block_topk(fn: Callable, *, verbose: bool = True, seed: int | None = None) -> Verdict:

@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 
 from course_lib.compression.base import Compressor, Payload
+from course_lib.i18n import _
 
 __all__ = [
     "A5_BLOCK",
@@ -104,7 +105,7 @@ def collect_error_feedback(wrapper: Callable, case: dict) -> list[np.ndarray]:
     sent = []
     for name, g in zip(case["names"], case["gradients"], strict=True):
         result = ef.compress(np.array(g, np.float32), name)
-        assert isinstance(result, tuple) and len(result) == 2, (
+        assert isinstance(result, tuple) and len(result) == 2, _(
             "compress must return (payload, ctx), as the inner compressor does"
         )
         sent.append(np.asarray(inner.decode_values(result[0]), np.float32))
@@ -117,12 +118,14 @@ def collect_compressor(comp: Any, g: np.ndarray, stage: str) -> tuple:
     from course_lib.compression.wire import pack, unpack
 
     label = type(comp).__name__
-    assert isinstance(comp, Compressor), f"{label} must subclass Compressor"
-    payload, _ = comp.compress(np.array(g, np.float32), "fc1.weight")
-    assert isinstance(payload, Payload), f"{label}.compress must return (Payload, ctx)"
+    assert isinstance(comp, Compressor), _("{label} must subclass Compressor").format(label=label)
+    payload, _ctx = comp.compress(np.array(g, np.float32), "fc1.weight")
+    assert isinstance(payload, Payload), _("{label}.compress must return (Payload, ctx)").format(
+        label=label
+    )
     if stage == "payload":
         return label, int(payload.nbytes), str(payload.kind)
-    received, _ = unpack(pack(payload))  # what another rank gets over the wire
+    received, _ctx = unpack(pack(payload))  # what another rank gets over the wire
     return (np.asarray(comp.decompress(received)).reshape(-1),)
 
 
@@ -160,9 +163,9 @@ def carried_over(comp: Any, calls: int = EF_PROBE_CALLS) -> np.ndarray:
     small = np.ones(g.size, bool)
     small[::A5_BLOCK] = False
     total = np.zeros(int(small.sum()), np.float32)
-    for _ in range(calls):
-        payload, _ = comp.compress(g.copy(), "probe.weight")
-        received, _ = unpack(pack(payload))  # what another rank decodes
+    for _call in range(calls):
+        payload, _ctx = comp.compress(g.copy(), "probe.weight")
+        received, _ctx = unpack(pack(payload))  # what another rank decodes
         total += np.asarray(comp.decompress(received), np.float32).reshape(-1)[small]
     return total
 
@@ -190,9 +193,11 @@ def collect_training(make: Callable, cluster: Any) -> tuple:
     test images each run's weights classify right: float32's, the compressed run's). Without
     anything carried over, the runs are skipped (NaN): the verdict is decided by the probe.
     """
-    assert cluster.world_size >= 2, "the check needs 2 engines: start_cluster(n=2)"
+    assert cluster.world_size >= 2, _("the check needs 2 engines: start_cluster(n=2)")
     comp = make()  # a stub fails here, before any engine is busy
-    assert isinstance(comp, Compressor), f"a5_compressor() returned {comp!r}, not a Compressor"
+    assert isinstance(comp, Compressor), _(
+        "a5_compressor() returned {comp}, not a Compressor"
+    ).format(comp=repr(comp))
     probe = carried_over(make())  # a fresh object: the training run starts with no residual
     if not np.any(probe):
         none = np.zeros(0, np.int64)

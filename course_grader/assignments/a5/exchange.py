@@ -27,6 +27,7 @@ from course_grader.assignments.a5.collect import (
     EF_PROBE_SMALL,
     inner_compressor,
 )
+from course_lib.i18n import N_, _
 
 __all__ = [
     "A5_ACCURACY_SLACK",
@@ -65,7 +66,8 @@ def error_feedback_cases(seed: int | None = None) -> list[dict]:
     """A5.4's cases: an inner compressor and its gradients, tensor names interleaved, in order."""
     rng = _rng(504, seed)
     cases = []
-    for label, kind, block, k in (("block int8", "int8", 8, 0), ("block top-2", "topk", 16, 2)):
+    inners = ((N_("block int8"), "int8", 8, 0), (N_("block top-2"), "topk", 16, 2))
+    for label, kind, block, k in inners:
         names, gradients = [], []
         for step in range(1, _EF_STEPS + 1):
             for name, size in _EF_NAMES.items():  # two tensors, interleaved: one memory per name
@@ -87,14 +89,14 @@ def error_feedback_cases(seed: int | None = None) -> list[dict]:
 def error_feedback_body(collect: Callable[[dict], list], seed: int | None = None) -> str:
     """A5.4's judge: ``collect(case)`` (what each call sent) is compress(g + residual) by name."""
     for case in error_feedback_cases(seed):
-        label = case["label"]
+        label = _(case["label"])
         inner = inner_compressor(case["kind"], int(case["block"]), int(case["k"]))
         sent_all = collect(case)
         residual = {n: np.zeros(size, np.float32) for n, size in _EF_NAMES.items()}
         total_g = {n: np.zeros(size) for n, size in _EF_NAMES.items()}
         total_sent = {n: np.zeros(size) for n, size in _EF_NAMES.items()}
         calls = list(zip(case["names"], case["gradients"], strict=True))
-        assert isinstance(sent_all, list) and len(sent_all) == len(calls), (
+        assert isinstance(sent_all, list) and len(sent_all) == len(calls), _(
             "the wrapper's results do not come one per call"
         )
         for i, ((name, g), sent) in enumerate(zip(calls, sent_all, strict=True)):
@@ -109,18 +111,26 @@ def error_feedback_body(collect: Callable[[dict], list], seed: int | None = None
                 continue
             if step == 1:
                 raise AssertionError(
-                    f"{label}, {name!r}, step 1: the payload is not compress(g) (no residual "
-                    "yet): compress g + residual with the inner compressor"
+                    _(
+                        "{label}, {name}, step 1: the payload is not compress(g) (no residual "
+                        "yet): compress g + residual with the inner compressor"
+                    ).format(label=label, name=repr(name))
                 )
             gap = float(np.abs(total_g[name] - total_sent[name]).max())
             held = float(np.abs(residual[name]).max())
             raise AssertionError(
-                f"{label}, {name!r}, step {step}: the payload is not compress(g + residual). "
-                f"After {step} steps sum(g) - sum(sent) should be the residual (at most "
-                f"{held:.3g} here), it is {gap:.3g}: keep residual = (g + residual) - sent, "
-                "one per tensor name, in float32"
+                _(
+                    "{label}, {name}, step {step}: the payload is not compress(g + residual). "
+                    "After {step} steps sum(g) - sum(sent) should be the residual (at most "
+                    "{held} here), it is {gap}: keep residual = (g + residual) - sent, "
+                    "one per tensor name, in float32"
+                ).format(
+                    label=label, name=repr(name), step=step, held=f"{held:.3g}", gap=f"{gap:.3g}"
+                )
             )
-    return f"block int8 and block top-2, 2 tensors, {_EF_STEPS} steps: sent + residual = sum of g"
+    return _(
+        "block int8 and block top-2, 2 tensors, {steps} steps: sent + residual = sum of g"
+    ).format(steps=_EF_STEPS)
 
 
 def compressor_cases(seed: int | None = None) -> list[dict]:
@@ -140,22 +150,22 @@ def compressors_body(collect: Callable[[dict], tuple], seed: int | None = None) 
     for case in compressor_cases(seed):
         g, block, k = case["g"], case["block"], case["k"]
         result = collect(case)
-        assert isinstance(result, tuple), "the compressor returned no data"
+        assert isinstance(result, tuple), _("the compressor returned no data")
         if case["stage"] == "payload":
-            assert len(result) == 3, "the compressor returned no data"
+            assert len(result) == 3, _("the compressor returned no data")
             label, sent, kind = str(result[0]), int(np.asarray(result[1])), result[2]
             if case["kind"] == "int8":
                 nbytes, layout = (
                     block_int8_bytes(g.size, block),
-                    "int8 + one float32 scale per block",
+                    _("int8 + one float32 scale per block"),
                 )
             else:
                 nbytes = block_topk_bytes(g.size, block, k)
-                layout = "a uint32 index and a float32 value per kept value"
-            assert sent == nbytes, (
-                f"{label} sends {sent} bytes for {g.size} values in blocks of {block}, "
-                f"expected {nbytes}: {layout}"
-            )
+                layout = _("a uint32 index and a float32 value per kept value")
+            assert sent == nbytes, _(
+                "{label} sends {sent} bytes for {n} values in blocks of {block}, "
+                "expected {want}: {layout}"
+            ).format(label=label, sent=sent, n=g.size, block=block, want=nbytes, layout=layout)
             names.add(str(kind))
             continue
         if case["kind"] == "int8":
@@ -163,46 +173,62 @@ def compressors_body(collect: Callable[[dict], tuple], seed: int | None = None) 
         else:
             ref = inner_compressor("topk", block, k)
             want = ref.decode_values(ref.compress(g)[0])
-        assert len(result) == 1 and np.array_equal(np.asarray(result[0]).reshape(-1), want), (
-            f"{label}: decompress(compress(g)) after the wire differs from your functions' "
+        assert len(result) == 1 and np.array_equal(np.asarray(result[0]).reshape(-1), want), _(
+            "{label}: decompress(compress(g)) after the wire differs from your functions' "
             "decode; build the payload from them and decode it with them"
-        )
-    assert len(names) == 2, "give the two compressors different names"
-    return "payload bytes exact, decode after the wire format"
+        ).format(label=label)
+    assert len(names) == 2, _("give the two compressors different names")
+    return _("payload bytes exact, decode after the wire format")
 
 
 def training_body(collect: Callable[[], tuple]) -> str:
     """A5.6's judge: ``collect()``'s two runs (float32, compressed) on 2 engines, as data."""
     result = collect()
-    assert isinstance(result, tuple) and len(result) == 9, "the training run returned no data"
+    assert isinstance(result, tuple) and len(result) == 9, _("the training run returned no data")
     probe, reference, equal, sent, sizes, accuracy, _counters, right32, right = result
     # Error feedback is what A5.6 asks for, and block int8 alone trains this MLP well enough:
     # the probe decides it (values below one int8 step must get through over the calls).
     probe = np.asarray(probe, np.float64).reshape(-1)
     want = EF_PROBE_CALLS * EF_PROBE_SMALL
-    assert probe.size and np.all(np.abs(probe - want) < 1.01 / 127), (
-        f"values of {EF_PROBE_SMALL} beside a 1.0 in their block (less than one int8 step) "
-        f"delivered {float(probe.max()) if probe.size else 0:.4f} in {EF_PROBE_CALLS} calls "
-        f"instead of about {want:.3f}: wrap block int8 in your error feedback (A5.4), which "
+    assert probe.size and np.all(np.abs(probe - want) < 1.01 / 127), _(
+        "values of {small} beside a 1.0 in their block (less than one int8 step) "
+        "delivered {got} in {calls} calls "
+        "instead of about {want}: wrap block int8 in your error feedback (A5.4), which "
         "carries what the cast drops into the next call"
+    ).format(
+        small=EF_PROBE_SMALL,
+        got=f"{float(probe.max()) if probe.size else 0:.4f}",
+        calls=EF_PROBE_CALLS,
+        want=f"{want:.3f}",
     )
     reference, accuracy = float(np.asarray(reference)), float(np.asarray(accuracy))
-    assert int(np.asarray(equal)), "the replicas differ after training: decode alike on every rank"
+    assert int(np.asarray(equal)), _(
+        "the replicas differ after training: decode alike on every rank"
+    )
     nbytes = sum(block_int8_bytes(int(size), A5_BLOCK) for size in np.asarray(sizes).reshape(-1))
     sent = sorted(int(s) for s in np.asarray(sent).reshape(-1))
-    assert sent == [nbytes], (
-        f"each step sent {sent} bytes before coding; block int8 with blocks of "
-        f"{A5_BLOCK} sends {nbytes} for the digits MLP"
-    )
+    assert sent == [nbytes], _(
+        "each step sent {sent} bytes before coding; block int8 with blocks of "
+        "{block} sends {want} for the digits MLP"
+    ).format(sent=sent, block=A5_BLOCK, want=nbytes)
     loss, se = accuracy_loss(right32, right)
-    assert loss - A5_Z * se <= A5_ACCURACY_SLACK, (
-        f"test accuracy {accuracy:.1f} % after {A5_CONFIG.num_epochs} epoch, float32 reached "
-        f"{reference:.1f} % in the same steps: {loss:.1f} points lost on the same "
-        f"{np.asarray(right).size} images, more than {A5_ACCURACY_SLACK:g} point beyond their "
-        f"noise ({A5_Z:g} x its standard error {se:.1f})"
+    assert loss - A5_Z * se <= A5_ACCURACY_SLACK, _(
+        "test accuracy {accuracy} % after {epochs} epoch, float32 reached "
+        "{reference} % in the same steps: {loss} points lost on the same "
+        "{images} images, more than {slack} point beyond their "
+        "noise ({z} x its standard error {se})"
+    ).format(
+        accuracy=f"{accuracy:.1f}",
+        epochs=A5_CONFIG.num_epochs,
+        reference=f"{reference:.1f}",
+        loss=f"{loss:.1f}",
+        images=np.asarray(right).size,
+        slack=f"{A5_ACCURACY_SLACK:g}",
+        z=f"{A5_Z:g}",
+        se=f"{se:.1f}",
     )
     # The verdict line must be the same on every run: the accuracies stay out of it.
-    return "2 engines, block int8 + error feedback as accurate as float32"
+    return _("2 engines, block int8 + error feedback as accurate as float32")
 
 
 def accuracy_loss(right32: np.ndarray, right: np.ndarray) -> tuple[float, float]:
@@ -216,7 +242,7 @@ def accuracy_loss(right32: np.ndarray, right: np.ndarray) -> tuple[float, float]
     noise, and the slack is counted beyond it.
     """
     a, b = np.asarray(right32, np.int64).reshape(-1), np.asarray(right, np.int64).reshape(-1)
-    assert a.size and a.size == b.size, "the runs' scores on the test images are missing"
+    assert a.size and a.size == b.size, _("the runs' scores on the test images are missing")
     n, lost, gained = a.size, int(np.sum((a == 1) & (b == 0))), int(np.sum((a == 0) & (b == 1)))
     se = np.sqrt(max(lost + gained - (lost - gained) ** 2 / n, 0.0)) / n
     return 100 * (lost - gained) / n, 100 * float(se)
