@@ -18,8 +18,9 @@ from course_lib.i18n import DOMAIN, LOCALE
 __all__ = ["SOURCES", "TEMPLATE", "extract_messages", "extract_template", "stub_messages"]
 
 TEMPLATE = LOCALE / f"{DOMAIN}.pot"
-#: Where the kit's messages are written: the library, the grader, the teaching documents' generator.
-SOURCES = ("course_lib", "course_grader", "course_kit/teaching")
+#: Where the kit's messages are written: the library, the grader, the teaching documents' generator,
+#: the ./kit jobs (their help, usage and one-line errors).
+SOURCES = ("course_lib", "course_grader", "course_kit/teaching", "course_kit/jobs")
 
 
 def extract_template(template: Path = TEMPLATE) -> set[str]:

@@ -17,6 +17,8 @@ import argparse
 import sys
 from pathlib import Path
 
+from course_kit.jobs.handover import _
+
 __all__ = ["main"]
 
 
@@ -122,7 +124,9 @@ def lab_main(args: argparse.Namespace) -> int:
         if args.hosts is None:
             if args.action == "status":
                 return _bare_status()
-            raise ValueError(f"give the hosts file: ./kit lab {args.action} HOSTS.toml")
+            raise ValueError(
+                _("give the hosts file: ./kit lab {action} HOSTS.toml").format(action=args.action)
+            )
         from course_kit.lab.slurm import is_slurm_lab
 
         if is_slurm_lab(args.hosts):
@@ -136,8 +140,10 @@ def lab_main(args: argparse.Namespace) -> int:
             return _lab_mpi(hosts, args)
         if args.action != "add" and args.pcs:
             raise ValueError(
-                f"`lab {args.action}` takes no PC names ({' '.join(args.pcs)}); "
-                "re-add PCs with: ./kit lab add HOSTS PC..."
+                _(
+                    "`lab {action}` takes no PC names ({pcs}); "
+                    "re-add PCs with: ./kit lab add HOSTS PC..."
+                ).format(action=args.action, pcs=" ".join(args.pcs))
             )
         if args.action == "add":
             added, seconds = add_pcs(hosts, args.pcs, timeout=args.timeout)
@@ -181,14 +187,16 @@ def _bare_status() -> int:
 
     labs = running_labs()
     if not labs:
-        print("no lab cluster is running on this PC: start one with ./kit lab start HOSTS.toml")
+        print(_("no lab cluster is running on this PC: start one with ./kit lab start HOSTS.toml"))
         return 1
     ok = True
     for lab in labs:
         if lab.hosts_file is None:
             print(
-                f"lab cluster running in profile {lab.profile!r} (controller pid {lab.pid}); "
-                "for its engines per PC give its hosts file: ./kit lab status HOSTS.toml"
+                _(
+                    "lab cluster running in profile {profile} (controller pid {pid}); "
+                    "for its engines per PC give its hosts file: ./kit lab status HOSTS.toml"
+                ).format(profile=repr(lab.profile), pid=lab.pid)
             )
             continue
         fine, text = lab_status(read_hosts(lab.hosts_file))
@@ -244,7 +252,7 @@ def main(argv: list[str] | None = None, prog: str = "python -m course_kit.jobs.c
     """Parse the command line and run the chosen job (``prog``: the command named in its help)."""
     parser = argparse.ArgumentParser(prog=prog)
     jobs = parser.add_subparsers(dest="job", required=True)
-    doc = jobs.add_parser("doctor", help="check every engine of a running cluster")
+    doc = jobs.add_parser("doctor", help=_("check every engine of a running cluster"))
     doc.add_argument("--profile", help="profile of the running cluster (the lab's: lab)")
     doc.add_argument("--file", help="its ipcontroller-client.json, instead of a profile")
     doc.add_argument("--engines", type=int, default=None, help="engines to wait for")
@@ -266,7 +274,7 @@ def main(argv: list[str] | None = None, prog: str = "python -m course_kit.jobs.c
     )
     doc.add_argument("--mib", type=int, default=8, help="with --network: message size in MiB")
     doc.add_argument("--heatmap", metavar="PNG", help="with --network: save the heat map here")
-    room = jobs.add_parser("room", help="an emulated room of PCs on this machine (needs root)")
+    room = jobs.add_parser("room", help=_("an emulated room of PCs on this machine (needs root)"))
     room.add_argument("--state", help="state file (default: $COURSE_ROOM_STATE or .kit/room.json)")
     actions = room.add_subparsers(dest="action", required=True)
     up = actions.add_parser("up", help="build a room of N PCs that stays up")
@@ -300,22 +308,24 @@ def main(argv: list[str] | None = None, prog: str = "python -m course_kit.jobs.c
     run = actions.add_parser("run", help="run a command inside one PC: run pc1 -- CMD")
     run.add_argument("pc", help="pc1, pc2, ... (or the PC's namespace)")
     run.add_argument("argv", nargs=argparse.REMAINDER, help="the command")
-    lab = jobs.add_parser("lab", help="one cluster across the lab's PCs, from a hosts file")
+    lab = jobs.add_parser("lab", help=_("one cluster across the lab's PCs, from a hosts file"))
     lab.add_argument("action", choices=["start", "status", "add", "stop", "mpi"])
     lab.add_argument(
         "hosts",
         nargs="?",
-        help="the hosts file (TOML), e.g. hosts.toml "
-        "(status without it: the lab cluster running here)",
+        help=_(
+            "the hosts file (TOML), e.g. hosts.toml "
+            "(status without it: the lab cluster running here)"
+        ),
     )
     lab.add_argument(
         "pcs",
         nargs="*",
         metavar="PC",
-        help="add: the PCs to re-add; mpi: -- the command every rank runs",
+        help=_("add: the PCs to re-add; mpi: -- the command every rank runs"),
     )
-    lab.add_argument("--ranks", type=int, default=None, help="mpi: ranks (default: all engines)")
-    lab.add_argument("--timeout", type=float, default=120.0, help="seconds to wait for engines")
+    lab.add_argument("--ranks", type=int, default=None, help=_("mpi: ranks (default: all engines)"))
+    lab.add_argument("--timeout", type=float, default=120.0, help=_("seconds to wait for engines"))
     # `lab mpi FILE --ranks 4 -- CMD`: argparse cannot take options between a positional list and
     # `--`, so the command after `--` is split off first (room run keeps its own REMAINDER).
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -331,7 +341,7 @@ def main(argv: list[str] | None = None, prog: str = "python -m course_kit.jobs.c
     if args.job == "room":
         return room_main(args)
     if not (args.profile or args.file):
-        doc.error("give --profile NAME or --file PATH of the running cluster")
+        doc.error(_("give --profile NAME or --file PATH of the running cluster"))
     return doctor_main(args)
 
 

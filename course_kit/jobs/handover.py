@@ -1,4 +1,4 @@
-"""No lecture (the kit's plumbing). What every ``./kit`` job shares: the checkout, one-line usage errors, handing over to a program.
+"""No lecture (the kit's plumbing). What every ``./kit`` job shares: the checkout, one-line usage errors, the language it speaks, handing over to a program.
 
 The kit's jobs run the way the bash script ran them: a job that ended in ``exec`` (JupyterLab,
 pytest, one benchmark) replaces this process on Linux and macOS, so signals and the exit status
@@ -17,10 +17,36 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import NoReturn
 
-__all__ = ["ROOT", "KitParser", "checkout_problem", "hand_over", "is_root", "one_line_usage_errors"]
+from course_lib.i18n import _ as _translated
+
+__all__ = [
+    "ROOT",
+    "KitParser",
+    "_",
+    "checkout_problem",
+    "hand_over",
+    "is_root",
+    "one_line_usage_errors",
+]
 
 #: The checkout this package lives in (course_kit/jobs/ -> the repository root).
 ROOT = Path(__file__).resolve().parents[2]
+
+
+def _(message: str) -> str:
+    """``message`` in the kit's language (:mod:`course_lib.i18n`); English before ``./kit setup``.
+
+    ``./kit help``, a mistyped job and ``setup`` itself run where nothing is installed yet (a fresh
+    clone's ``python3``): without polib, the catalogue's reader, they answer in English.
+    """
+    try:
+        return _translated(message)
+    except ImportError:
+        return message
+
+
+def _usage_error(job: str, message: str) -> str:
+    return _("kit {job}: {message} (see ./kit {job} --help)").format(job=job, message=message)
 
 
 class KitParser(argparse.ArgumentParser):
@@ -28,7 +54,7 @@ class KitParser(argparse.ArgumentParser):
 
     def error(self, message: str) -> NoReturn:
         job = self.prog.removeprefix("./kit").strip() or "kit"
-        self.exit(2, f"kit {job}: {message} (see ./kit {job} --help)\n")
+        self.exit(2, _usage_error(job, message) + "\n")
 
 
 @contextlib.contextmanager
@@ -42,7 +68,7 @@ def one_line_usage_errors(job: str) -> Iterator[None]:
     original = argparse.ArgumentParser.error
 
     def error(parser: argparse.ArgumentParser, message: str) -> NoReturn:
-        parser.exit(2, f"kit {job}: {message} (see ./kit {job} --help)\n")
+        parser.exit(2, _usage_error(job, message) + "\n")
 
     argparse.ArgumentParser.error = error  # type: ignore[method-assign]
     try:
@@ -61,10 +87,10 @@ def checkout_problem(*needed: str) -> str | None:
     missing = [name for name in needed if not (ROOT / name).exists()]
     if not missing:
         return None
-    return (
-        f"{', '.join(missing)} not found next to course_lib in {ROOT}: run the kit from a "
+    return _(
+        "{missing} not found next to course_lib in {root}: run the kit from a "
         "checkout of the course (git clone), installed with pip install -e"
-    )
+    ).format(missing=", ".join(missing), root=ROOT)
 
 
 def hand_over(argv: list[str], cwd: Path = ROOT) -> int | NoReturn:

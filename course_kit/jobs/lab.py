@@ -13,17 +13,19 @@ import sys
 
 from course_kit.jobs.handover import (
     ROOT,
+    _,
     checkout_problem,
     hand_over,
     is_root,
     one_line_usage_errors,
 )
 from course_lib.files import atomic_write_text
+from course_lib.i18n import N_, speaking
 
 __all__ = ["ACTIONS", "lab_job"]
 
 ACTIONS = ("start", "status", "add", "stop", "mpi")
-USAGE = """\
+USAGE = N_("""\
 usage: ./kit lab [JUPYTERLAB OPTIONS]              JupyterLab on notebooks/ (./kit lab --help-all: its options)
        ./kit lab --lang ru [JUPYTERLAB OPTIONS]    the same in Russian: its interface, notebooks/ru/, the kit's messages
        ./kit lab start|status|stop HOSTS.toml      one cluster across the lab's PCs (SSH)
@@ -31,13 +33,13 @@ usage: ./kit lab [JUPYTERLAB OPTIONS]              JupyterLab on notebooks/ (./k
        ./kit lab add HOSTS.toml PC...              start again the engines of PCs that dropped out
        ./kit lab mpi HOSTS.toml [--ranks N] -- CMD CMD as MPI ranks on the lab's PCs
        ./kit lab start|status|stop|mpi SLURM.toml  the same on a Slurm cluster (a [slurm] lab file)
-./kit lab start --help: the cluster actions' options."""
+./kit lab start --help: the cluster actions' options.""")
 
 
 def lab_job(argv: list[str]) -> int:
     """Run a cluster action, or hand over to JupyterLab; return the exit status."""
     if argv in (["-h"], ["--help"]):
-        print(USAGE)
+        print(_(USAGE))
         return 0
     if argv and argv[0] in ACTIONS:
         from course_kit.jobs.cluster import main
@@ -75,14 +77,20 @@ def _language(argv: list[str]) -> tuple[list[str], str | None, str | None]:
     if lang is None or lang == "en":
         return rest, None, None
     if lang not in LOCALES:
-        return rest, None, f"--lang {lang!r}: the course has en and {', '.join(LOCALES)}"
-    module = "jupyterlab_language_pack_" + LOCALES[lang][0]
-    if importlib.util.find_spec(module) is None:
         return (
             rest,
             None,
-            f"--lang {lang}: install JupyterLab's pack: pip install {LOCALES[lang][1]}",
+            _("--lang {lang}: the course has en and {langs}").format(
+                lang=repr(lang), langs=", ".join(LOCALES)
+            ),
         )
+    module = "jupyterlab_language_pack_" + LOCALES[lang][0]
+    if importlib.util.find_spec(module) is None:
+        with speaking(lang):  # asked for in lang: said in lang
+            problem = _("--lang {lang}: install JupyterLab's pack: pip install {pack}").format(
+                lang=lang, pack=LOCALES[lang][1]
+            )
+        return rest, None, problem
     return rest, lang, None
 
 

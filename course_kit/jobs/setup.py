@@ -14,7 +14,7 @@ import subprocess
 import sys
 from importlib import metadata
 
-from course_kit.jobs.handover import ROOT, KitParser, checkout_problem
+from course_kit.jobs.handover import ROOT, KitParser, _, checkout_problem
 
 __all__ = ["missing_requirements", "setup_job"]
 
@@ -45,15 +45,19 @@ def _check() -> int:
         missing = missing_requirements()
     except metadata.PackageNotFoundError:
         print(
-            f"kit setup: the kit ({DISTRIBUTION}) is not installed in {sys.executable}: "
-            "run python -m course_kit setup from the checkout",
+            _(
+                "kit setup: the kit ({distribution}) is not installed in {python}: "
+                "run python -m course_kit setup from the checkout"
+            ).format(distribution=DISTRIBUTION, python=sys.executable),
             file=sys.stderr,
         )
         return 1
     if missing:
         print(
-            f"kit setup: not installed in {sys.executable}: {', '.join(missing)}; run "
-            "python -m course_kit setup (./kit setup) to install them",
+            _(
+                "kit setup: not installed in {python}: {missing}; run "
+                "python -m course_kit setup (./kit setup) to install them"
+            ).format(python=sys.executable, missing=", ".join(missing)),
             file=sys.stderr,
         )
         return 1
@@ -63,15 +67,22 @@ def _check() -> int:
             versions.append(f"{name} {metadata.version(name)}")
         except metadata.PackageNotFoundError:
             continue  # mpi4py may be left out where no MPI is installed
-    print(f"kit: ready in {sys.prefix}: Python {sys.version.split()[0]}, {', '.join(versions)}")
+    print(
+        _("kit: ready in {prefix}: Python {version}, {versions}").format(
+            prefix=sys.prefix, version=sys.version.split()[0], versions=", ".join(versions)
+        )
+    )
     return 0
 
 
 def setup_job(argv: list[str]) -> int:
     """Install the checkout with its extras into this Python (unless ``--check``); check it."""
-    parser = KitParser(prog="./kit setup", description=__doc__.splitlines()[0])
+    description = _(  # the docstring's first line
+        "``./kit setup``: install the kit and its dependencies into this Python, and check them."
+    )
+    parser = KitParser(prog="./kit setup", description=description)
     parser.add_argument(
-        "--check", action="store_true", help="only check that every dependency is installed"
+        "--check", action="store_true", help=_("only check that every dependency is installed")
     )
     args = parser.parse_args(argv)
     if not args.check:
@@ -79,15 +90,19 @@ def setup_job(argv: list[str]) -> int:
             print(f"kit setup: {problem}", file=sys.stderr)
             return 2
         print(
-            f"kit: installing the kit and its dependencies into {sys.prefix} "
-            "(torch is large: a few minutes)",
+            _(
+                "kit: installing the kit and its dependencies into {prefix} "
+                "(torch is large: a few minutes)"
+            ).format(prefix=sys.prefix),
             flush=True,
         )
         pip = [sys.executable, "-m", "pip", "install", "--quiet"]
         done = subprocess.run([*pip, "-e", f"{ROOT}[{EXTRAS}]"], check=False)
         if done.returncode != 0:
             print(
-                f"kit setup: pip failed (exit {done.returncode}): see its message above",
+                _("kit setup: pip failed (exit {status}): see its message above").format(
+                    status=done.returncode
+                ),
                 file=sys.stderr,
             )
             return 1

@@ -4,7 +4,7 @@ Every job of the bash script ``kit`` has one row here; ``./kit`` itself only cre
 environment and then runs ``python -m course_kit JOB ARGS``, so a Windows PC (no bash) runs the
 same jobs with ``python -m course_kit JOB ARGS`` or the console script ``course-kit JOB ARGS``.
 Only the standard library is imported here: ``help`` and a mistyped job are answered before
-anything is installed.
+anything is installed (in English until then; in the kit's language, ``COURSE_LANG``, after).
 """
 
 from __future__ import annotations
@@ -24,10 +24,12 @@ from course_kit.jobs.delegate import (
     release_job,
     room_job,
 )
+from course_kit.jobs.handover import _
 from course_kit.jobs.lab import lab_job
 from course_kit.jobs.setup import setup_job
 from course_kit.jobs.slides import slides_job
 from course_kit.jobs.suite import test_job
+from course_lib.i18n import N_
 
 __all__ = ["JOBS", "Job", "help_text", "main"]
 
@@ -42,27 +44,27 @@ class Job:
 
 
 # fmt: off
-_USAGE = {  # ./kit help's lines per job: (usage, what it does)
-    "setup": (("setup [--check]", "install the kit and its dependencies (./kit: in .venv)"),),
-    "lab": (("lab [JUPYTERLAB OPTIONS]", "JupyterLab on notebooks/"),
-            ("lab start|status|add|stop HOSTS.toml [PC...]", "one cluster across the lab's PCs"),
-            ("lab mpi HOSTS.toml -- CMD", "CMD as MPI ranks on the lab's PCs"),
-            ("lab start|status|stop|mpi SLURM.toml", "the same on a Slurm cluster ([slurm])")),
-    "demo": (("demo [--engines N] [--kind local|mpi|connect]", "headless live demo on engines"),),
-    "test": (("test [--quick] [PYTEST ARGS]", "ruff, then the whole test suite (--quick: a subset)"),),
-    "bench": (("bench NAME [ARGS] | --all | --help", "benchmarks in bench/"),),
+_USAGE = {  # ./kit help's lines per job: (usage, what it does: a message, shown translated)
+    "setup": (("setup [--check]", N_("install the kit and its dependencies (./kit: in .venv)")),),
+    "lab": (("lab [JUPYTERLAB OPTIONS]", N_("JupyterLab on notebooks/")),
+            ("lab start|status|add|stop HOSTS.toml [PC...]", N_("one cluster across the lab's PCs")),
+            ("lab mpi HOSTS.toml -- CMD", N_("CMD as MPI ranks on the lab's PCs")),
+            ("lab start|status|stop|mpi SLURM.toml", N_("the same on a Slurm cluster ([slurm])"))),
+    "demo": (("demo [--engines N] [--kind local|mpi|connect]", N_("headless live demo on engines")),),
+    "test": (("test [--quick] [PYTEST ARGS]", N_("ruff, then the whole test suite (--quick: a subset)")),),
+    "bench": (("bench NAME [ARGS] | --all | --help", N_("benchmarks in bench/")),),
     "doctor": (("doctor --profile NAME [--network] [--heatmap net.png]",
-                "check a running (lab) cluster"),),
+                N_("check a running (lab) cluster")),),
     "room": (("room up N [--engines E] [--seat S] [--mpi-ranks R]",
-              "an emulated room: N PCs, E engines each (root, Linux)"),
-             ("room status | run PC -- CMD | down", "the room's state, a command on a PC, removal"),),
-    "release": (("release", "student notebooks + checking copies"),),
-    "grade": (("grade SUBMISSIONS [--out grades]", "grade a folder of submissions"),
-              ("grade --self-test", "attack the grader; say what held")),
-    "check": (("check NOTEBOOK", "grade one notebook as the grader will"),),
-    "slides": (("slides NN|all [--out DIR] [--offline]", "reveal.js decks from the lectures' stored outputs"),),
+              N_("an emulated room: N PCs, E engines each (root, Linux)")),
+             ("room status | run PC -- CMD | down", N_("the room's state, a command on a PC, removal")),),
+    "release": (("release", N_("student notebooks + checking copies")),),
+    "grade": (("grade SUBMISSIONS [--out grades]", N_("grade a folder of submissions")),
+              ("grade --self-test", N_("attack the grader; say what held"))),
+    "check": (("check NOTEBOOK", N_("grade one notebook as the grader will")),),
+    "slides": (("slides NN|all [--out DIR] [--offline]", N_("reveal.js decks from the lectures' stored outputs")),),
     "i18n": (("i18n update|build|check|status [--lang ru]",
-              "the Russian edition: catalogues, notebooks/ru/, their check"),),
+              N_("the Russian edition: catalogues, notebooks/ru/, their check")),),
 }
 _RUN = {"setup": setup_job, "lab": lab_job, "demo": demo_job, "test": test_job,
         "bench": bench_job, "doctor": doctor_job, "room": room_job, "release": release_job,
@@ -73,16 +75,18 @@ JOBS: dict[str, Job] = {name: Job(name, usage, _RUN[name]) for name, usage in _U
 
 def help_text() -> str:
     """Return the list of jobs that ``./kit help`` prints."""
-    rows = [("help", "this list")]
+    rows = [("help", N_("this list"))]
     rows[:0] = [row for job in JOBS.values() for row in job.usage]
-    width = max(len(usage) for usage, _ in rows)
+    width = max(len(usage) for usage, _what in rows)
     lines = [
-        "usage: ./kit JOB [ARGS...]",
-        "       python -m course_kit JOB [ARGS...]   (the same without bash, e.g. on Windows;"
-        " or course-kit JOB)",
+        _(
+            "usage: ./kit JOB [ARGS...]\n"
+            "       python -m course_kit JOB [ARGS...]   (the same without bash, e.g. on Windows;"
+            " or course-kit JOB)"
+        )
     ]
-    lines += [f"  {usage:<{width}}  {what}" for usage, what in rows]
-    lines.append("./kit JOB --help shows a job's options.")
+    lines += [f"  {usage:<{width}}  {_(what)}" for usage, what in rows]
+    lines.append(_("./kit JOB --help shows a job's options."))
     return "\n".join(lines)
 
 
@@ -100,8 +104,10 @@ def main(argv: list[str] | None = None) -> int:
     job = JOBS.get(name)
     if job is None:
         print(
-            f"kit: no job named {name!r}; choose one of: {', '.join(JOBS)} (./kit help lists "
-            "them with their options)",
+            _(
+                "kit: no job named {name}; choose one of: {jobs} (./kit help lists "
+                "them with their options)"
+            ).format(name=repr(name), jobs=", ".join(JOBS)),
             file=sys.stderr,
         )
         return 2

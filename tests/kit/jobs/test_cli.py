@@ -287,3 +287,12 @@ def test_setup_check_reports_the_installed_kit(tmp_path: Path) -> None:
     done = _python(_env(tmp_path), "setup", "--check")
     assert done.returncode == 0, done.stderr
     assert done.stdout.startswith(f"kit: ready in {sys.prefix}: Python ") and "torch" in done.stdout
+
+
+def test_kit_help_speaks_the_course_language(tmp_path: Path) -> None:
+    """``COURSE_LANG=ru ./kit help``: the jobs' descriptions in Russian, their usage as in English."""
+    done = _python(dict(_env(tmp_path), COURSE_LANG="ru"), "help")
+    assert done.returncode == 0, done.stderr
+    assert "этот список" in done.stdout and "this list" not in done.stdout, done.stdout
+    for job in JOBS:  # the usage column is code: the same in every language
+        assert re.search(rf"^  {job}\b", done.stdout, flags=re.M), (job, done.stdout)
