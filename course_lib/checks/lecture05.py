@@ -13,6 +13,7 @@ import random
 from collections.abc import Callable
 
 from course_lib.checks.verdict import Verdict, refusing, run_check
+from course_lib.i18n import _
 from course_lib.parallel.asynchronous.staleness import StalenessLedger
 
 __all__ = [
@@ -38,9 +39,9 @@ REFUSED = {  # exercise -> the library functions that answer it, and what to wri
 def _orders(seed: int, count: int) -> list[tuple[list[int], int]]:
     rng = random.Random(seed)
     cases = [([1, 2, 1, 2], 2), ([1, 1, 1, 2], 2), ([3, 1, 2, 1, 1, 3], 3)]
-    for _ in range(count):
+    for _case in range(count):
         workers = rng.randint(1, 5)
-        weights = [rng.random() + 0.05 for _ in range(workers)]  # some workers much slower
+        weights = [rng.random() + 0.05 for _worker in range(workers)]  # some workers much slower
         cases.append((rng.choices(range(1, workers + 1), weights, k=rng.randint(1, 30)), workers))
     return cases
 
@@ -57,11 +58,13 @@ def _staleness_body(fn: Callable) -> str:
         with refusing(REFUSED["5.1"], fn):
             got = fn(list(order), workers)
         got = [int(v) for v in got] if got is not None else None
-        assert got == want, (
-            f"for arrivals {order} from {workers} workers you gave {got}, the server records "
-            f"{want} (staleness = updates applied since that worker last read the weights)"
-        )
-    return f"{len(cases)} orders of arrivals, every staleness as the server records it"
+        assert got == want, _(
+            "for arrivals {order} from {workers} workers you gave {got}, the server records "
+            "{want} (staleness = updates applied since that worker last read the weights)"
+        ).format(order=order, workers=workers, got=got, want=want)
+    return _("{n} orders of arrivals, every staleness as the server records it").format(
+        n=len(cases)
+    )
 
 
 def check_staleness(fn: Callable, *, verbose: bool = True) -> Verdict:
@@ -90,7 +93,7 @@ def _gate_body(fn: Callable) -> str:
             workers = list(range(1, rng.randint(2, 5) + 1))
             mine, ref = _StudentGate(workers, bound, fn), StalenessLedger(workers, bound)
             mine.start(), ref.start()
-            for _ in range(40):
+            for _step in range(40):
                 if len(ref.live) > 1 and rng.random() < 0.05:
                     dead = rng.choice(sorted(ref.live))
                     mine.drop(dead), ref.drop(dead)
@@ -100,16 +103,17 @@ def _gate_body(fn: Callable) -> str:
                     ref.arrive(w, ref.computing[w][0])
                     mine.arrive(w, mine.computing[w][0])
                     ref_out, my_out = ref.release(), mine.release()
-                where = f"bound s={bound}, clocks {ref.clocks}, live workers {sorted(ref.live)}"
-                assert my_out == ref_out, (
-                    f"{where}: your gate let {my_out or 'nobody'} proceed, SSP lets "
-                    f"{ref_out or 'nobody'} "
-                    "(a worker may go when its clock - slowest live clock <= s)"
+                where = _("bound s={bound}, clocks {clocks}, live workers {live}").format(
+                    bound=bound, clocks=ref.clocks, live=sorted(ref.live)
                 )
+                assert my_out == ref_out, _(
+                    "{where}: your gate let {mine} proceed, SSP lets {ssp} "
+                    "(a worker may go when its clock - slowest live clock <= s)"
+                ).format(where=where, mine=my_out or _("nobody"), ssp=ref_out or _("nobody"))
             scenarios += 1
-    return (
-        f"{scenarios} random runs with s = None, 0, 1, 2 and dying workers; every decision agrees"
-    )
+    return _(
+        "{n} random runs with s = None, 0, 1, 2 and dying workers; every decision agrees"
+    ).format(n=scenarios)
 
 
 def check_ssp_gate(fn: Callable, *, verbose: bool = True) -> Verdict:

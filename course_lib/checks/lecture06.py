@@ -22,6 +22,7 @@ from course_lib.collectives.mixing import (
     rotation_product,
     spectral_gap,
 )
+from course_lib.i18n import N_, _
 
 __all__ = [
     "REFUSED",
@@ -59,11 +60,15 @@ def _gossip_matrix_body(fn: Callable) -> str:
             got = np.asarray(fn(p, s), dtype=float)
         want = gossip_matrix(p, s)
         if got.shape != want.shape:
-            raise AssertionError(f"P={p}, s={s}: got a {got.shape} matrix, want ({p}, {p})")
+            raise AssertionError(
+                _("P={p}, s={s}: got a {shape} matrix, want ({p}, {p})").format(
+                    p=p, s=s, shape=got.shape
+                )
+            )
         if not np.allclose(got, want, atol=1e-12):
             i, j = np.unravel_index(np.argmax(np.abs(got - want)), want.shape)
             hint = (
-                (
+                _(
                     " (when the left and right partner are the same rank, its message counts "
                     "twice: add, do not assign)"
                 )
@@ -71,9 +76,13 @@ def _gossip_matrix_body(fn: Callable) -> str:
                 else ""
             )
             raise AssertionError(
-                f"P={p}, s={s}: entry [{i}, {j}] is {got[i, j]:.4f}, want {want[i, j]:.4f}{hint}"
+                _("P={p}, s={s}: entry [{i}, {j}] is {got}, want {want}{hint}").format(
+                    p=p, s=s, i=i, j=j, got=f"{got[i, j]:.4f}", want=f"{want[i, j]:.4f}", hint=hint
+                )
             )
-    return f"{len(cases)} (P, s) pairs, P = 2..9, every entry equal to one gossip step's weight"
+    return _("{n} (P, s) pairs, P = 2..9, every entry equal to one gossip step's weight").format(
+        n=len(cases)
+    )
 
 
 def check_gossip_matrix(fn: Callable, *, verbose: bool = True) -> Verdict:
@@ -92,15 +101,15 @@ def eigenvalue_gap(w: np.ndarray) -> float:
 
 def _cases() -> list[tuple[str, np.ndarray]]:
     rng = np.random.default_rng(6)
-    perms = [np.eye(5)[rng.permutation(5)] for _ in range(3)]
+    perms = [np.eye(5)[rng.permutation(5)] for _perm in range(3)]
     skewed = 0.5 * perms[0] + 0.3 * perms[1] + 0.2 * perms[2]  # doubly stochastic, not symmetric
     return [
-        ("allreduce, P=4", allreduce_matrix(4)),
-        ("ring, P=6", gossip_matrix(6, 1)),
-        ("rotation, P=8", rotation_product(8)),
-        ("two ranks", gossip_matrix(2, 1)),
-        ("identity, P=3", np.eye(3)),
-        ("non-symmetric, P=5", skewed),
+        (N_("allreduce, P=4"), allreduce_matrix(4)),
+        (N_("ring, P=6"), gossip_matrix(6, 1)),
+        (N_("rotation, P=8"), rotation_product(8)),
+        (N_("two ranks"), gossip_matrix(2, 1)),
+        (N_("identity, P=3"), np.eye(3)),
+        (N_("non-symmetric, P=5"), skewed),
     ]
 
 
@@ -111,11 +120,13 @@ def _spectral_gap_body(fn: Callable) -> str:
         want = spectral_gap(w)
         if not np.isclose(got, want, atol=1e-9):
             raise AssertionError(
-                f"{name}: got {got:.4f}, want {want:.4f} = 1 - ||W - J||_2 (J: every entry 1/P; "
-                "use the largest singular value, which bounds one step even when W is not "
-                "symmetric)"
+                _(
+                    "{name}: got {got}, want {want} = 1 - ||W - J||_2 (J: every entry 1/P; "
+                    "use the largest singular value, which bounds one step even when W is not "
+                    "symmetric)"
+                ).format(name=_(name), got=f"{got:.4f}", want=f"{want:.4f}")
             )
-    return f"{len(_cases())} matrices, allreduce gap 1, identity gap 0"
+    return _("{n} matrices, allreduce gap 1, identity gap 0").format(n=len(_cases()))
 
 
 def check_spectral_gap(fn: Callable, *, verbose: bool = True) -> Verdict:

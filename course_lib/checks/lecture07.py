@@ -18,6 +18,7 @@ import numpy as np
 
 from course_lib.checks.verdict import Verdict, refusing, run_check
 from course_lib.compression.int8 import int8_decode, int8_encode
+from course_lib.i18n import _
 
 __all__ = [
     "REFUSED",
@@ -77,16 +78,24 @@ def _int8_body(fn: Callable) -> str:
             q, m = fn(g.copy())
         want_q, want_m = int8_encode(g)
         q = np.asarray(q)
-        assert q.dtype == np.int8, f"q has dtype {q.dtype}: cast to np.int8 (1 byte a value)"
-        assert q.shape == g.shape, f"q has shape {q.shape}, the gradient {g.shape}"
-        assert np.float32(m) == want_m, f"m = {m}, expected max|g| = {want_m}"
+        assert q.dtype == np.int8, _(
+            "q has dtype {dtype}: cast to np.int8 (1 byte a value)"
+        ).format(dtype=q.dtype)
+        assert q.shape == g.shape, _("q has shape {got}, the gradient {want}").format(
+            got=q.shape, want=g.shape
+        )
+        assert np.float32(m) == want_m, _("m = {m}, expected max|g| = {want}").format(
+            m=m, want=want_m
+        )
         if not np.array_equal(q, want_q):
             i = int(np.flatnonzero(q != want_q)[0])
             raise AssertionError(
-                f"q[{i}] = {q[i]} for g = {g[i]!r}, expected {want_q[i]} = int8(g / m * 127) "
-                "(float32 arithmetic, and the cast truncates toward zero)"
+                _(
+                    "q[{i}] = {q} for g = {g}, expected {want} = int8(g / m * 127) "
+                    "(float32 arithmetic, and the cast truncates toward zero)"
+                ).format(i=i, q=q[i], g=repr(g[i]), want=want_q[i])
             )
-    return "5 gradients, bit for bit, zeros included"
+    return _("5 gradients, bit for bit, zeros included")
 
 
 def check_int8_quantize(fn: Callable) -> Verdict:
@@ -115,18 +124,18 @@ def _ef_body(fn: Callable) -> str:
             want_sent = quantize(g + residual)
             with refusing(REFUSED["7.2"], fn):
                 sent, new_residual = fn(g.copy(), residual.copy(), quantize)
-            assert np.allclose(sent, want_sent, atol=1e-6), (
-                f"{name}, step {step}: sent differs from quantize(g + residual)"
-            )
+            assert np.allclose(sent, want_sent, atol=1e-6), _(
+                "{name}, step {step}: sent differs from quantize(g + residual)"
+            ).format(name=name, step=step)
             residual = np.asarray(new_residual, np.float32)
             total_g += g
             total_sent += sent
         gap = np.abs(total_sent + residual - total_g).max()
-        assert gap < 1e-4, (
-            f"{name}: after 40 steps sum(sent) + residual is off the sum of gradients by "
-            f"{gap:.2e}: the residual must keep exactly what was not sent"
-        )
-    return "int8 and top-1, 40 steps: sent + residual = sum of gradients"
+        assert gap < 1e-4, _(
+            "{name}: after 40 steps sum(sent) + residual is off the sum of gradients by "
+            "{gap}: the residual must keep exactly what was not sent"
+        ).format(name=name, gap=f"{gap:.2e}")
+    return _("int8 and top-1, 40 steps: sent + residual = sum of gradients")
 
 
 def check_error_feedback(fn: Callable) -> Verdict:
@@ -141,14 +150,18 @@ def _top_k_body(fn: Callable) -> str:
         with refusing(REFUSED["7.3"], fn):
             idx, values = fn(g.copy(), k)
         idx, values = np.asarray(idx).astype(np.int64), np.asarray(values)
-        assert idx.size == k and values.size == k, f"n={n}, k={k}: got {idx.size} indices"
-        assert len(set(idx.tolist())) == k, f"n={n}, k={k}: indices repeat"
-        assert np.array_equal(values, g[idx]), "values must be g at the indices (with their sign)"
-        want = np.sort(np.abs(g))[-k:]
-        assert np.array_equal(np.sort(np.abs(values)), want), (
-            f"n={n}, k={k}: these are not the {k} largest magnitudes"
+        assert idx.size == k and values.size == k, _("n={n}, k={k}: got {got} indices").format(
+            n=n, k=k, got=idx.size
         )
-    return "4 sizes, k = 1..64"
+        assert len(set(idx.tolist())) == k, _("n={n}, k={k}: indices repeat").format(n=n, k=k)
+        assert np.array_equal(values, g[idx]), _(
+            "values must be g at the indices (with their sign)"
+        )
+        want = np.sort(np.abs(g))[-k:]
+        assert np.array_equal(np.sort(np.abs(values)), want), _(
+            "n={n}, k={k}: these are not the {k} largest magnitudes"
+        ).format(n=n, k=k)
+    return _("4 sizes, k = 1..64")
 
 
 def check_top_k(fn: Callable) -> Verdict:

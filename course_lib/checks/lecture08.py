@@ -23,6 +23,7 @@ from collections.abc import Callable
 import numpy as np
 
 from course_lib.checks.verdict import Verdict, refusing, run_check
+from course_lib.i18n import _
 from course_lib.papers.source000_table import source_regime_rate
 from course_lib.papers.source001_configurations import predict_values_sent
 
@@ -73,20 +74,30 @@ def _values_sent_body(fn: Callable) -> str:
         if not np.isclose(got, want, rtol=1e-9):
             hint = ""
             if averaging == "allreduce":
-                hint = (
+                hint = _(
                     " (a ring allreduce moves 2(N-1)/N of the vector per rank, once per "
                     "period: steps // period times)"
                 )
             elif n % 2 == 0:
-                hint = (
+                hint = _(
                     " (at s = P/2 both partners are the same rank: one message, not two; "
                     "the distance moves on only at the steps that gossip)"
                 )
             raise AssertionError(
-                f"{averaging}, P={n}, {steps} steps, period {period}: got {got:.0f} values, "
-                f"want {want:.0f}{hint}"
+                _(
+                    "{averaging}, P={n}, {steps} steps, period {period}: got {got} values, "
+                    "want {want}{hint}"
+                ).format(
+                    averaging=averaging,
+                    n=n,
+                    steps=steps,
+                    period=period,
+                    got=f"{got:.0f}",
+                    want=f"{want:.0f}",
+                    hint=hint,
+                )
             )
-    return f"{len(cases)} cases: allreduce and gossip, P = 2..8, periods 1..32"
+    return _("{n} cases: allreduce and gossip, P = 2..8, periods 1..32").format(n=len(cases))
 
 
 def check_values_sent(fn: Callable, *, verbose: bool = True) -> Verdict:
@@ -121,15 +132,25 @@ def _regime_body(fn: Callable) -> str:
         if abs(got - want) > 1e-6 * want:
             hint = ""
             if abs(got - want / 2) < 1e-6 * want:
-                hint = (
+                hint = _(
                     ": half the right rate, as if only the uploads counted; the server "
                     "must also send the N-1 means back, after it has averaged"
                 )
             raise AssertionError(
-                f"t_c={compute_s} s, S={nbytes:g} B, N={n}, f={share:.3f}: got {got / 1e6:.3f} "
-                f"MB/s, want {want / 1e6:.3f} MB/s{hint}"
+                _(
+                    "t_c={compute} s, S={nbytes} B, N={n}, f={share}: got {got} MB/s, "
+                    "want {want} MB/s{hint}"
+                ).format(
+                    compute=compute_s,
+                    nbytes=f"{nbytes:g}",
+                    n=n,
+                    share=f"{share:.3f}",
+                    got=f"{got / 1e6:.3f}",
+                    want=f"{want / 1e6:.3f}",
+                    hint=hint,
+                )
             )
-    return f"{len(CASES)} clusters, N = 2..8, shares 0.5..0.9"
+    return _("{n} clusters, N = 2..8, shares 0.5..0.9").format(n=len(CASES))
 
 
 def check_regime_rate(fn: Callable, *, exercise: str = "8.1", verbose: bool = True) -> Verdict:

@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 
 from course_lib.checks.verdict import Verdict, raise_as_in_the_notebook, refusing, run_check
+from course_lib.i18n import _
 
 __all__ = [
     "REFUSED",
@@ -75,30 +76,43 @@ def check_features_grad_on_rank(comm: Any, fn: Callable) -> str:
         comm.stats.reset()
         with refusing(REFUSED["9.3"], fn):
             got = fn(comm, shares[r].clone())
-        where = f"rank {r}, grad_whole {(rows, width)}"
+        where = _("rank {r}, grad_whole {shape}").format(r=r, shape=(rows, width))
         error = None
         got = torch.as_tensor(got)
         if tuple(got.shape) != tuple(want.shape):
-            error = f"{where}: result has shape {tuple(got.shape)}, expected {(b, width)}"
+            error = _("{where}: result has shape {got}, expected {want}").format(
+                where=where, got=tuple(got.shape), want=(b, width)
+            )
         elif not torch.allclose(got.float(), want, atol=1e-5, rtol=1e-5):
-            error = (
-                f"{where}: result differs from the sum over ranks of their rows "
-                f"{r * b}..{(r + 1) * b - 1} by up to {(got - want).abs().max():.3g}"
+            error = _(
+                "{where}: result differs from the sum over ranks of their rows "
+                "{first}..{last} by up to {diff}"
+            ).format(
+                where=where,
+                first=r * b,
+                last=(r + 1) * b - 1,
+                diff=f"{(got - want).abs().max():.3g}",
             )
         else:
             others = sorted(set(comm.stats.collectives) - {"reduce_scatter"})
             sent, limit = comm.stats.bytes_sent, (p - 1) * b * width * 4  # a ring reduce-scatter
             if others or sent > limit:
-                used = ", ".join(others) if others else f"{sent} bytes sent (ring: {limit})"
-                error = (
-                    f"{where}: moves more than the answer needs ({used}): each rank needs only "
+                used = (
+                    ", ".join(others)
+                    if others
+                    else _("{sent} bytes sent (ring: {limit})").format(sent=sent, limit=limit)
+                )
+                error = _(
+                    "{where}: moves more than the answer needs ({used}): each rank needs only "
                     "its own rows of the sum, which one reduce-scatter gives "
                     "(comm.reduce_scatter); an allreduce or allgather sends the whole batch"
-                )
+                ).format(where=where, used=used)
         failed = comm.allreduce(np.array([1 if error else 0], dtype=np.int64), op="max")
         if failed[0]:  # every rank stops at the same case, or the others would wait
-            raise AssertionError(error or f"{(rows, width)}: another rank's result was wrong")
-    return f"{p} ranks, 3 shapes, one reduce-scatter"
+            raise AssertionError(
+                error or _("{shape}: another rank's result was wrong").format(shape=(rows, width))
+            )
+    return _("{p} ranks, 3 shapes, one reduce-scatter").format(p=p)
 
 
 def check_on_rank(comm: Any, fn: Callable, exercise: str) -> str:
@@ -119,14 +133,15 @@ def check_on_rank(comm: Any, fn: Callable, exercise: str) -> str:
                 k = d_in // p  # input features per rank
                 got = fn(comm, X[:, r * k : (r + 1) * k], W[:, r * k : (r + 1) * k])
                 allowed = batch * d_out * 4
-        error = _problem(
-            comm, got, want, allowed, f"rank {r}, X {tuple(X.shape)}, W {tuple(W.shape)}"
-        )
+        where = _("rank {r}, X {x}, W {w}").format(r=r, x=tuple(X.shape), w=tuple(W.shape))
+        error = _problem(comm, got, want, allowed, where)
         failed = comm.allreduce(np.array([1 if error else 0], dtype=np.int64), op="max")
         if failed[0]:  # every rank stops at the same case, or the others would wait
-            raise AssertionError(error or f"X {tuple(X.shape)}: another rank's result was wrong")
-    what = "gathered output columns" if exercise == "9.1" else "one allreduce of partial sums"
-    return f"{p} ranks, 3 shapes, {what}"
+            raise AssertionError(
+                error or _("X {x}: another rank's result was wrong").format(x=tuple(X.shape))
+            )
+    what = _("gathered output columns") if exercise == "9.1" else _("one allreduce of partial sums")
+    return _("{p} ranks, 3 shapes, {what}").format(p=p, what=what)
 
 
 def _problem(comm: Any, got: Any, want: Any, allowed: int, where: str) -> str | None:
@@ -134,15 +149,19 @@ def _problem(comm: Any, got: Any, want: Any, allowed: int, where: str) -> str | 
 
     got = torch.as_tensor(got)
     if tuple(got.shape) != tuple(want.shape):
-        return f"{where}: result has shape {tuple(got.shape)}, expected {tuple(want.shape)}"
+        return _("{where}: result has shape {got}, expected {want}").format(
+            where=where, got=tuple(got.shape), want=tuple(want.shape)
+        )
     if not torch.allclose(got.float(), want, atol=1e-4, rtol=1e-5):
-        return f"{where}: result differs from X @ W.T by up to {(got - want).abs().max():.3g}"
+        return _("{where}: result differs from X @ W.T by up to {diff}").format(
+            where=where, diff=f"{(got - want).abs().max():.3g}"
+        )
     sent = comm.stats.bytes_sent + sum(c.bytes for c in comm.stats.collectives.values())
     if sent > allowed:
-        return (
-            f"{where}: handed {sent} bytes to the network, the split needs only {allowed} "
+        return _(
+            "{where}: handed {sent} bytes to the network, the split needs only {allowed} "
             "(send this rank's own result, not the inputs or the weights)"
-        )
+        ).format(where=where, sent=sent, allowed=allowed)
     return None
 
 
@@ -170,7 +189,9 @@ def _check(
         try:
             return cluster.run(_engine_check, comm_name, fn, exercise, timeout=timeout)[0]
         except Exception as exc:  # noqa: BLE001 - ipyparallel wraps the engine's exception
-            raise_as_in_the_notebook(exc, f"Exercise {exercise}: write {title}")
+            raise_as_in_the_notebook(
+                exc, _("Exercise {exercise}: write {title}").format(exercise=exercise, title=title)
+            )
 
     return run_check(exercise, title, body, verbose=verbose)
 
