@@ -90,7 +90,10 @@ def _messages(lang: str) -> dict[str, str]:
     path = _catalogue_path(lang)
     if lang == "en" or not path.exists():
         return {}
-    import polib  # only where a translation is asked for
+    try:
+        import polib  # only where a translation is asked for
+    except ImportError:  # ./kit help before ./kit setup (a fresh clone's python3): English
+        return {}
 
     po = polib.pofile(str(path))
     return {e.msgid: e.msgstr for e in po if e.msgstr and not e.fuzzy and not e.obsolete}

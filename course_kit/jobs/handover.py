@@ -17,7 +17,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import NoReturn
 
-from course_lib.i18n import _ as _translated
+from course_lib.i18n import _  # re-exported: the jobs speak the course's language
 
 __all__ = [
     "ROOT",
@@ -31,18 +31,6 @@ __all__ = [
 
 #: The checkout this package lives in (course_kit/jobs/ -> the repository root).
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def _(message: str) -> str:
-    """``message`` in the kit's language (:mod:`course_lib.i18n`); English before ``./kit setup``.
-
-    ``./kit help``, a mistyped job and ``setup`` itself run where nothing is installed yet (a fresh
-    clone's ``python3``): without polib, the catalogue's reader, they answer in English.
-    """
-    try:
-        return _translated(message)
-    except ImportError:
-        return message
 
 
 def _usage_error(job: str, message: str) -> str:
