@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 from course_lib.checks.verdict import Verdict, refusing, run_check
+from course_lib.i18n import _
 from course_lib.parallel.pipeline_parallel.pipeline import balance_stages
 from course_lib.parallel.pipeline_parallel.schedule import bubble_formula, simulate
 
@@ -47,12 +48,16 @@ def _one_f_one_b_body(fn: Callable) -> str:
             want = sorted([("F", i) for i in range(m)] + [("B", i) for i in range(m)])
             if sorted(actions) != want:
                 raise AssertionError(
-                    f"p={p}, m={m}, stage {s}: every micro-batch needs one ('F', i) and one "
-                    f"('B', i); got {actions}"
+                    _(
+                        "p={p}, m={m}, stage {s}: every micro-batch needs one ('F', i) and one "
+                        "('B', i); got {actions}"
+                    ).format(p=p, m=m, s=s, actions=actions)
                 )
             if any(actions.index(("B", i)) < actions.index(("F", i)) for i in range(m)):
                 raise AssertionError(
-                    f"p={p}, m={m}, stage {s}: a backward comes before its forward"
+                    _("p={p}, m={m}, stage {s}: a backward comes before its forward").format(
+                        p=p, m=m, s=s
+                    )
                 )
         try:
             with refusing(REFUSED["10.1"], fn):
@@ -63,16 +68,27 @@ def _one_f_one_b_body(fn: Callable) -> str:
             raise AssertionError(f"p={p}, m={m}: {exc}") from None
         if abs(timeline.bubble_fraction - bubble_formula(p, m)) > 1e-12:
             raise AssertionError(
-                f"p={p}, m={m}: bubble {timeline.bubble_fraction:.3f}, expected "
-                f"(p-1)/(m+p-1) = {bubble_formula(p, m):.3f}: a stage waits longer than needed"
+                _(
+                    "p={p}, m={m}: bubble {got}, expected (p-1)/(m+p-1) = {want}: a stage waits "
+                    "longer than needed"
+                ).format(
+                    p=p,
+                    m=m,
+                    got=f"{timeline.bubble_fraction:.3f}",
+                    want=f"{bubble_formula(p, m):.3f}",
+                )
             )
         limits = [min(p - s, m) for s in range(p)]
         if any(peak > lim for peak, lim in zip(timeline.peak_activations, limits, strict=True)):
             raise AssertionError(
-                f"p={p}, m={m}: stages store {timeline.peak_activations} micro-batches at once; "
-                f"1F1B stores at most p - stage = {limits} (run a backward as soon as possible)"
+                _(
+                    "p={p}, m={m}: stages store {peaks} micro-batches at once; 1F1B stores at "
+                    "most p - stage = {limits} (run a backward as soon as possible)"
+                ).format(p=p, m=m, peaks=timeline.peak_activations, limits=limits)
             )
-    return f"{len(cases)} (p, m) pairs: bubble = (p-1)/(m+p-1), stage s stores <= p - s"
+    return _("{n} (p, m) pairs: bubble = (p-1)/(m+p-1), stage s stores <= p - s").format(
+        n=len(cases)
+    )
 
 
 def check_one_f_one_b(fn: Callable, *, verbose: bool = True) -> Verdict:
@@ -95,21 +111,28 @@ def _balance_body(fn: Callable) -> str:
         for a, b in got:
             if a != stop or b <= a:
                 raise AssertionError(
-                    f"costs {costs}, {p} stages: {got} is not a cover of layers 0..{len(costs)} "
-                    "by non-empty ranges in order"
+                    _(
+                        "costs {costs}, {p} stages: {got} is not a cover of layers 0..{n} by "
+                        "non-empty ranges in order"
+                    ).format(costs=costs, p=p, got=got, n=len(costs))
                 )
             stop = b
         if len(got) != p or stop != len(costs):
             raise AssertionError(
-                f"costs {costs}, {p} stages: need {p} ranges covering all, got {got}"
+                _("costs {costs}, {p} stages: need {p} ranges covering all, got {got}").format(
+                    costs=costs, p=p, got=got
+                )
             )
         worst = max(sum(costs[a:b]) for a, b in got)
         best = max(sum(costs[a:b]) for a, b in balance_stages(costs, p))
         if worst > best:
             raise AssertionError(
-                f"costs {costs}, {p} stages: your slowest stage costs {worst}, the best split's {best}"
+                _(
+                    "costs {costs}, {p} stages: your slowest stage costs {worst}, the best "
+                    "split's {best}"
+                ).format(costs=costs, p=p, worst=worst, best=best)
             )
-    return f"{len(cases)} cost lists: slowest stage as cheap as possible"
+    return _("{n} cost lists: slowest stage as cheap as possible").format(n=len(cases))
 
 
 def check_balance(fn: Callable, *, verbose: bool = True) -> Verdict:

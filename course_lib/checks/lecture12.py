@@ -7,6 +7,8 @@ exact on fixed inputs and unbiased on a quadratic with known covariance. Exercis
 LARS step of one layer against the library's optimiser. Each check runs the student's function
 while the library's own version is swapped for one that refuses (in its module, on its class
 and in the student's namespace), so an answer that delegates to the library fails, saying so.
+Kept whole: three exercises of one lecture, each a short section of cases, reference and the
+messages that name the mistake (translatable templates, hence the length).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import numpy as np
 import torch
 
 from course_lib.checks.verdict import Verdict, run_check
+from course_lib.i18n import N_, _
 from course_lib.parallel.large_batch import noise_scale as noise_module
 from course_lib.training import layerwise, lr_schedules
 
@@ -37,7 +40,9 @@ def _library_refused(fn: Callable, targets: list[tuple[Any, str]]) -> Iterator[N
     def refusing(label: str) -> Callable:
         def refuse(*args: Any, **kwargs: Any) -> Any:
             raise AssertionError(
-                f"your function calls the library's {label}: write the formula yourself"
+                _("your function calls the library's {label}: write the formula yourself").format(
+                    label=label
+                )
             )
 
         return refuse
@@ -99,31 +104,41 @@ def _goyal_body(fn: Callable) -> str:
                 )
                 if np.isclose(got, want, rtol=1e-9, atol=1e-15):
                     continue
-                setting = f"base_lr={base_lr}, B={batch}, B_ref={ref}, warm-up {warm} steps"
+                setting = _(
+                    "base_lr={base_lr}, B={batch}, B_ref={ref}, warm-up {warm} steps"
+                ).format(base_lr=base_lr, batch=batch, ref=ref, warm=warm)
                 raise AssertionError(
-                    f"step {step} ({setting}): got lr {got:.6g}, want {want:.6g}"
+                    _("step {step} ({setting}): got lr {got}, want {want}").format(
+                        step=step, setting=setting, got=f"{got:.6g}", want=f"{want:.6g}"
+                    )
                     + _goyal_hint(fn, step, got, (base_lr, batch, ref, warm, decays))
                 )
-    return f"{len(GOYAL_CASES)} settings, every step through the warm-up and the decays"
+    return _("{n} settings, every step through the warm-up and the decays").format(
+        n=len(GOYAL_CASES)
+    )
 
 
 def _goyal_hint(fn: Callable, step: int, got: float, setting: tuple) -> str:
     """Name the mistake: the warm-up's start, the scaling rule, the warm-up's shape or the decay."""
     base_lr, batch, ref, warm, decays = setting
     if step == 0 and np.isclose(got, 0.0):
-        return " (the warm-up starts from base_lr, the small batch's lr, not from 0)"
+        return _(" (the warm-up starts from base_lr, the small batch's lr, not from 0)")
     peak = base_lr * batch / ref
     options = dict(base_lr=base_lr, batch_size=batch, reference_batch=ref, warmup_steps=warm)
     after_warmup = float(fn(warm, **options, decay_steps=decays))  # before the first decay
     if np.isclose(after_warmup, base_lr * np.sqrt(batch / ref)) and batch != ref:
-        return " (that is square-root scaling; Goyal et al. scale the lr linearly with the batch)"
+        return _(
+            " (that is square-root scaling; Goyal et al. scale the lr linearly with the batch)"
+        )
     if not np.isclose(after_warmup, peak):
-        return f" (right after the warm-up the lr is k base_lr = {peak:.6g}, with k = B / B_ref)"
+        return _(
+            " (right after the warm-up the lr is k base_lr = {peak}, with k = B / B_ref)"
+        ).format(peak=f"{peak:.6g}")
     if step < warm:
-        return (
+        return _(
             " (during the warm-up the lr grows by the same amount every step, base_lr to k base_lr)"
         )
-    return " (after each step in decay_steps, the lr is divided by 10 once more)"
+    return _(" (after each step in decay_steps, the lr is divided by 10 once more)")
 
 
 def check_goyal_lr(fn: Callable, *, verbose: bool = True) -> Verdict:
@@ -159,8 +174,10 @@ def _noise_body(fn: Callable) -> str:
             for label, g, w in zip(("|G|^2", "tr(Sigma)"), got, want, strict=True):
                 if not np.isclose(g, w, rtol=1e-9):
                     raise AssertionError(
-                        f"{len(local)} ranks of b = {b}: {label} estimate {g:.6g}, want "
-                        f"{w:.6g}" + _noise_hint(label, g, local, averaged, b)
+                        _("{n} ranks of b = {b}: {label} estimate {got}, want {want}").format(
+                            n=len(local), b=b, label=label, got=f"{g:.6g}", want=f"{w:.6g}"
+                        )
+                        + _noise_hint(label, g, local, averaged, b)
                     )
         estimates = np.array([fn(list(s), float(a), 4) for s, a in zip(small, big, strict=True)])
     means = estimates.astype(float).mean(axis=0)
@@ -170,26 +187,34 @@ def _noise_body(fn: Callable) -> str:
     ):
         if abs(m - truth) > 5 * e:
             raise AssertionError(
-                f"{label} is biased: mean {m:.4g} over 3000 draws, truth {truth:.4g}"
+                _("{label} is biased: mean {mean} over 3000 draws, truth {truth}").format(
+                    label=label, mean=f"{m:.4g}", truth=f"{truth:.4g}"
+                )
             )
-    return (
-        f"exact on {len(cases)} inputs; unbiased on a quadratic with known Sigma "
-        f"(mean tr(Sigma) {means[1]:.3f} vs {true_trace:.3f}, |G|^2 {means[0]:.3f} vs {true_grad:.3f})"
+    return _(
+        "exact on {n} inputs; unbiased on a quadratic with known Sigma (mean tr(Sigma) {trace} "
+        "vs {true_trace}, |G|^2 {grad} vs {true_grad})"
+    ).format(
+        n=len(cases),
+        trace=f"{means[1]:.3f}",
+        true_trace=f"{true_trace:.3f}",
+        grad=f"{means[0]:.3f}",
+        true_grad=f"{true_grad:.3f}",
     )
 
 
 def _noise_hint(label: str, got: float, local: list, averaged: float, b: int) -> str:
     big = b * len(local)
     if label == "|G|^2" and np.isclose(got, averaged):
-        return " (|G_B|^2 alone overestimates |G|^2 by tr(Sigma)/B: combine both norms)"
+        return _(" (|G_B|^2 alone overestimates |G|^2 by tr(Sigma)/B: combine both norms)")
     if label == "tr(Sigma)" and np.isclose(got, b * (np.mean(local) - averaged)):
-        return (
-            f" (that treats the averaged gradient as the true one; it too has noise, "
-            f"tr(Sigma)/B with B = N b = {big})"
-        )
+        return _(
+            " (that treats the averaged gradient as the true one; it too has noise, "
+            "tr(Sigma)/B with B = N b = {big})"
+        ).format(big=big)
     if label == "|G|^2" and np.isclose(got, np.mean(local)):
-        return " (the ranks' own norms overestimate |G|^2 most, by tr(Sigma)/b)"
-    return " (use E|G_b|^2 = |G|^2 + tr(Sigma)/b at both batch sizes b and B = N b)"
+        return _(" (the ranks' own norms overestimate |G|^2 most, by tr(Sigma)/b)")
+    return _(" (use E|G_b|^2 = |G|^2 + tr(Sigma)/b at both batch sizes b and B = N b)")
 
 
 def check_noise_estimates(fn: Callable, *, verbose: bool = True) -> Verdict:
@@ -202,11 +227,11 @@ def _lars_cases() -> list[tuple[str, dict]]:
     rng = np.random.default_rng(3)
     cases = []
     for name, shape, w_scale, g_scale, decay, momentum in (
-        ("a weight matrix, no decay", (6, 4), 1.0, 0.01, 0.0, 0.0),
-        ("a bias initialised at zero", (4,), 0.0, 1.0, 0.0, 0.9),
-        ("a large layer with a tiny gradient", (3, 5), 30.0, 1e-4, 0.0, 0.9),
-        ("weight decay 5e-4 with momentum", (5, 5), 1.0, 0.1, 5e-4, 0.9),
-        ("strong weight decay", (7,), 2.0, 0.5, 0.1, 0.5),
+        (N_("a weight matrix, no decay"), (6, 4), 1.0, 0.01, 0.0, 0.0),
+        (N_("a bias initialised at zero"), (4,), 0.0, 1.0, 0.0, 0.9),
+        (N_("a large layer with a tiny gradient"), (3, 5), 30.0, 1e-4, 0.0, 0.9),
+        (N_("weight decay 5e-4 with momentum"), (5, 5), 1.0, 0.1, 5e-4, 0.9),
+        (N_("strong weight decay"), (7,), 2.0, 0.5, 0.1, 0.5),
     ):
         cases.append(
             (
@@ -244,39 +269,52 @@ def _library_lars(case: dict) -> tuple[np.ndarray, np.ndarray]:
 
 def _lars_body(fn: Callable) -> str:
     cases = _lars_cases()
-    expected = [_library_lars(case) for _, case in cases]
+    expected = [_library_lars(case) for _name, case in cases]
     with _library_refused(fn, [(layerwise.LARS, "step"), (layerwise, "_trust_ratio")]):
-        for (name, case), (want_w, want_v) in zip(cases, expected, strict=True):
+        for (label, case), (want_w, want_v) in zip(cases, expected, strict=True):
+            name = _(label)
             args = {k: (v.copy() if isinstance(v, np.ndarray) else v) for k, v in case.items()}
             w, g, v = args.pop("w"), args.pop("g"), args.pop("v")
             got_w, got_v = (np.asarray(a, dtype=float) for a in fn(w, g, v, **args))
             if got_w.shape != want_w.shape:
-                raise AssertionError(f"{name}: new w has shape {got_w.shape}, want {want_w.shape}")
+                raise AssertionError(
+                    _("{name}: new w has shape {got}, want {want}").format(
+                        name=name, got=got_w.shape, want=want_w.shape
+                    )
+                )
             if not np.all(np.isfinite(got_w)):
                 raise AssertionError(
-                    f"{name}: the new weights are not finite; where a norm is 0 the trust ratio "
-                    "is undefined: the reference implementations take the whole trust ratio "
-                    "(eta included) as 1 there"
+                    _(
+                        "{name}: the new weights are not finite; where a norm is 0 the trust "
+                        "ratio is undefined: the reference implementations take the whole trust "
+                        "ratio (eta included) as 1 there"
+                    ).format(name=name)
                 )
             if not (np.allclose(got_v, want_v, rtol=1e-7, atol=1e-12)
                     and np.allclose(got_w, want_w, rtol=1e-7, atol=1e-12)):  # fmt: skip
                 err = float(np.abs(got_w - want_w).max())
-                raise AssertionError(f"{name}: new w off by up to {err:.3g} ({_lars_hint(case)})")
-    return f"{len(cases)} layers (a zero bias, a tiny gradient, weight decay), w and v exact"
+                raise AssertionError(
+                    _("{name}: new w off by up to {err} ({hint})").format(
+                        name=name, err=f"{err:.3g}", hint=_lars_hint(case)
+                    )
+                )
+    return _("{n} layers (a zero bias, a tiny gradient, weight decay), w and v exact").format(
+        n=len(cases)
+    )
 
 
 def _lars_hint(case: dict) -> str:
     if not np.any(case["w"]):
-        return (
+        return _(
             "where a norm is 0 the trust ratio is undefined: the reference implementations "
             "(TensorFlow's, Apex's) take the whole trust ratio, eta included, as 1 there"
         )
     if case["weight_decay"]:
-        return (
+        return _(
             "with weight decay the local lr is eta ||w|| / (||g|| + beta ||w||), applied to "
             "g + beta w"
         )
-    return (
+    return _(
         "the local lr is eta ||w|| / ||g||; the velocity is momentum v + lr * local lr * g, "
         "and w moves by -v"
     )

@@ -8,6 +8,8 @@
 13.1 and 13.3 ask for work the simulator does: while the student's function runs, the
 simulator is switched off (its entry points raise), so an answer that only calls it fails and
 says why. The references are computed before.
+Kept whole: three exercises of one lecture sharing the switched-off simulator, each a short
+section of cases, reference and the messages that name the mistake (translatable templates).
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from course_lib.cost_model.op_costs import FlopsCosts
 from course_lib.cost_model.operators import build_graph
 from course_lib.cost_model.simulator import Simulator
 from course_lib.cost_model.task_graph import TaskGraphBuilder
+from course_lib.i18n import N_, _
 
 __all__ = [
     "check_accept",
@@ -69,8 +72,10 @@ def _by_hand(fn: Callable, *args):
     except RuntimeError as exc:
         if _OFF in str(exc):
             raise AssertionError(
-                "your function calls the simulator; this exercise asks you to work it out "
-                "by hand (the check switches the simulator off while yours runs)"
+                _(
+                    "your function calls the simulator; this exercise asks you to work it out "
+                    "by hand (the check switches the simulator off while yours runs)"
+                )
             ) from None
         raise
 
@@ -102,7 +107,9 @@ _COLUMN_CASES = [(8, 6, 4, 2), (12, 10, 6, 3), (32, 64, 12, 4), (64, 120, 84, 4)
 
 def _as_messages(got, what: str) -> dict:
     if not isinstance(got, dict):
-        raise AssertionError(f"the {what} messages must be a dict {{(src, dst): bytes}}")
+        raise AssertionError(
+            _("the {what} messages must be a dict {{(src, dst): bytes}}").format(what=what)
+        )
     return {tuple(int(v) for v in k): float(b) for k, b in got.items() if b}
 
 
@@ -111,44 +118,61 @@ def _column_body(fn: Callable) -> str:
         want = column_messages_reference(batch, n_in, n_out, n)
         got = _by_hand(fn, batch, n_in, n_out, n)
         if not isinstance(got, tuple) or len(got) != 2:
-            raise AssertionError("return (forward, backward): two dicts {(src, dst): bytes}")
-        case = f"B={batch}, {n_in} -> {n_out}, {n} workers"
-        for what, g, w in zip(("forward", "backward"), got, want, strict=True):
+            raise AssertionError(_("return (forward, backward): two dicts {(src, dst): bytes}"))
+        case = _("B={batch}, {n_in} -> {n_out}, {n} workers").format(
+            batch=batch, n_in=n_in, n_out=n_out, n=n
+        )
+        for direction, g, w in zip((N_("forward"), N_("backward")), got, want, strict=True):
+            what = _(direction)
             g = _as_messages(g, what)
             if set(g) == set(w) and all(math.isclose(g[k], b, rel_tol=1e-9) for k, b in w.items()):
                 continue
             if any(s == d for s, d in g):
                 raise AssertionError(
-                    f"{case}: a worker sends to itself; its own rows are already there"
+                    _("{case}: a worker sends to itself; its own rows are already there").format(
+                        case=case
+                    )
                 )
-            if not g and what == "backward":
+            if not g and direction == "backward":
                 raise AssertionError(
-                    f"{case}: no backward messages; each worker's partial gradient of the "
-                    "input rows goes back to the worker that holds those rows (summed there)"
+                    _(
+                        "{case}: no backward messages; each worker's partial gradient of the "
+                        "input rows goes back to the worker that holds those rows (summed there)"
+                    ).format(case=case)
                 )
             rows, whole = 4 * batch // n * n_in, 4 * batch * n_in
             if g and set(g.values()) == {whole}:
                 raise AssertionError(
-                    f"{case}, {what}: {whole} bytes a message is the whole input; each worker "
-                    f"holds only its own B/N rows ({rows} bytes) and sends those"
+                    _(
+                        "{case}, {what}: {whole} bytes a message is the whole input; each worker "
+                        "holds only its own B/N rows ({rows} bytes) and sends those"
+                    ).format(case=case, what=what, whole=whole, rows=rows)
                 )
             if g and set(g.values()) <= {4 * batch // n * n_out, 4 * batch * n_out}:
                 raise AssertionError(
-                    f"{case}, {what}: those are output sizes; a column-parallel layer needs "
-                    "the whole input X (every row, every feature) on every worker"
+                    _(
+                        "{case}, {what}: those are output sizes; a column-parallel layer needs "
+                        "the whole input X (every row, every feature) on every worker"
+                    ).format(case=case, what=what)
                 )
             if set(g) != set(w):
                 missing = sorted(set(w) - set(g))[:3]
                 raise AssertionError(
-                    f"{case}, {what}: every worker needs every other worker's rows "
-                    f"({n * (n - 1)} messages); missing e.g. {missing}"
+                    _(
+                        "{case}, {what}: every worker needs every other worker's rows "
+                        "({count} messages); missing e.g. {missing}"
+                    ).format(case=case, what=what, count=n * (n - 1), missing=missing)
                 )
             for k, b in w.items():
                 if not math.isclose(g[k], b, rel_tol=1e-9):
                     raise AssertionError(
-                        f"{case}, {what}: {k} sends {g[k]:.0f} bytes, want {b:.0f}"
+                        _("{case}, {what}: {pair} sends {got} bytes, want {want}").format(
+                            case=case, what=what, pair=k, got=f"{g[k]:.0f}", want=f"{b:.0f}"
+                        )
                     )
-    return f"{len(_COLUMN_CASES)} cases, 2..4 workers: the simulator's messages, byte for byte"
+    return _("{n} cases, 2..4 workers: the simulator's messages, byte for byte").format(
+        n=len(_COLUMN_CASES)
+    )
 
 
 def check_column_messages(fn: Callable, *, verbose: bool = True) -> Verdict:
@@ -171,7 +195,7 @@ _DRAWS = 3000
 
 def _frequency(fn: Callable, case: tuple, seed: int) -> tuple[float, list[bool]]:
     rng = random.Random(seed)
-    decisions = [bool(fn(*case, rng)) for _ in range(_DRAWS)]
+    decisions = [bool(fn(*case, rng)) for _draw in range(_DRAWS)]
     return sum(decisions) / _DRAWS, decisions
 
 
@@ -184,41 +208,60 @@ def _accept_body(fn: Callable) -> str:
         random.random()  # move the global generator: an answer that uses it changes
         if _frequency(fn, case, 1000 + k)[1] != first:
             raise AssertionError(
-                "two runs with the same seeded rng decided differently: draw only from the "
-                "rng you are given (rng.random()), so a seeded search is reproducible"
+                _(
+                    "two runs with the same seeded rng decided differently: draw only from the "
+                    "rng you are given (rng.random()), so a seeded search is reproducible"
+                )
             )
     better = [c for c in _ACCEPT_CASES if c[1] <= c[0]]
     worse = [c for c in _ACCEPT_CASES if c[1] > c[0]]
     if any(freq[c] < 1.0 for c in better):
         raise AssertionError(
-            "a strategy that is not slower was sometimes rejected; it must always be accepted"
+            _("a strategy that is not slower was sometimes rejected; it must always be accepted")
         )
     if all(freq[c] == 0.0 for c in worse):
         raise AssertionError(
-            "you never accept a slower strategy (greedy descent): Metropolis-Hastings accepts "
-            "one with probability exp(-beta * (t_new - t_cur)), which lets the walk leave a "
-            "local optimum"
+            _(
+                "you never accept a slower strategy (greedy descent): Metropolis-Hastings "
+                "accepts one with probability exp(-beta * (t_new - t_cur)), which lets the walk "
+                "leave a local optimum"
+            )
         )
     if all(freq[c] == 1.0 for c in worse):
         raise AssertionError(
-            "you accept every slower strategy: the probability must fall as t_new - t_cur "
-            "grows, exp(-beta * (t_new - t_cur))"
+            _(
+                "you accept every slower strategy: the probability must fall as t_new - t_cur "
+                "grows, exp(-beta * (t_new - t_cur))"
+            )
         )
     a, b = (1.0, 1.2, 5.0), (1.0, 1.2, 1.0)
     if abs(freq[a] - freq[b]) < 0.1:
         raise AssertionError(
-            "the same slowdown was accepted as often at beta = 5 as at beta = 1: the "
-            "acceptance must depend on beta (the inverse temperature)"
+            _(
+                "the same slowdown was accepted as often at beta = 5 as at beta = 1: the "
+                "acceptance must depend on beta (the inverse temperature)"
+            )
         )
     for c in worse:
         p = expected[c]
         tol = 4.5 * math.sqrt(p * (1 - p) / _DRAWS) + 1e-12
         if abs(freq[c] - p) > tol:
             raise AssertionError(
-                f"t_cur={c[0]}, t_new={c[1]}, beta={c[2]}: accepted {freq[c]:.3f} of "
-                f"{_DRAWS} proposals, expected exp(-beta * dt) = {p:.3f}"
+                _(
+                    "t_cur={t_cur}, t_new={t_new}, beta={beta}: accepted {freq} of {draws} "
+                    "proposals, expected exp(-beta * dt) = {p}"
+                ).format(
+                    t_cur=c[0],
+                    t_new=c[1],
+                    beta=c[2],
+                    freq=f"{freq[c]:.3f}",
+                    draws=_DRAWS,
+                    p=f"{p:.3f}",
+                )
             )
-    return f"{len(_ACCEPT_CASES)} cases x {_DRAWS} seeded draws within 4.5 sigma of min(1, e^(-beta dt))"
+    return _("{n} cases x {draws} seeded draws within 4.5 sigma of min(1, e^(-beta dt))").format(
+        n=len(_ACCEPT_CASES), draws=_DRAWS
+    )
 
 
 def check_accept(fn: Callable, *, verbose: bool = True) -> Verdict:
@@ -253,16 +296,20 @@ def _pipeline_mistakes(batch, n_in, n_out, costs, link) -> dict[str, float]:
     half_in, whole_in, act = 4 * batch // 2 * n_in, 4 * batch * n_in, 4 * batch * n_out
     right = compute + 3 * a + b * (half_in + 2 * act)
     return {
-        "worker 1 loaded half of the samples: they travel to worker 0 before the first "
-        "forward (a message of B/2 rows)": compute + 2 * a + 2 * act * b,
-        "worker 0 already holds its own half of the samples: only the other half travels": (
-            compute + 3 * a + b * (whole_in + 2 * act)
-        ),
-        "the loss's gradient travels back to worker 0 before the linear layer's backward": (
-            compute + 2 * a + b * (half_in + act)
-        ),
-        "the labels travel at the start, on the other direction's link, while the samples "
-        "do: they are not on the critical path": right + a + 4 * batch * b,
+        _(
+            "worker 1 loaded half of the samples: they travel to worker 0 before the first "
+            "forward (a message of B/2 rows)"
+        ): compute + 2 * a + 2 * act * b,
+        _(
+            "worker 0 already holds its own half of the samples: only the other half travels"
+        ): compute + 3 * a + b * (whole_in + 2 * act),
+        _(
+            "the loss's gradient travels back to worker 0 before the linear layer's backward"
+        ): compute + 2 * a + b * (half_in + act),
+        _(
+            "the labels travel at the start, on the other direction's link, while the samples "
+            "do: they are not on the critical path"
+        ): right + a + 4 * batch * b,
     }
 
 
@@ -275,11 +322,17 @@ def _pipeline_body(fn: Callable) -> str:
         case = f"B={batch}, {n_in} -> {n_out}"
         for mistake, value in _pipeline_mistakes(batch, n_in, n_out, costs, link).items():
             if math.isclose(got, value, rel_tol=1e-9):
-                raise AssertionError(f"{case}: {got * 1e3:.4f} ms; {mistake}")
+                raise AssertionError(
+                    _("{case}: {got} ms; {mistake}").format(
+                        case=case, got=f"{got * 1e3:.4f}", mistake=mistake
+                    )
+                )
         raise AssertionError(
-            f"{case}: got {got * 1e3:.4f} ms, the simulator says {want * 1e3:.4f} ms"
+            _("{case}: got {got} ms, the simulator says {want} ms").format(
+                case=case, got=f"{got * 1e3:.4f}", want=f"{want * 1e3:.4f}"
+            )
         )
-    return f"{len(_PIPELINE_CASES)} cases equal the simulator's step time"
+    return _("{n} cases equal the simulator's step time").format(n=len(_PIPELINE_CASES))
 
 
 def check_pipeline_time(fn: Callable, *, verbose: bool = True) -> Verdict:

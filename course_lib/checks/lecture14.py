@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from course_lib.checks.verdict import Verdict, raise_as_in_the_notebook, refusing, run_check
+from course_lib.i18n import _
 
 __all__ = [
     "REFUSED",
@@ -71,22 +72,28 @@ def _online_body(fn: Callable) -> str:
     for i, (scores, values) in enumerate(blocks):
         got = fn(m.clone(), ell.clone(), acc.clone(), scores.clone(), values.clone())
         if not isinstance(got, tuple) or len(got) != 3:
-            raise AssertionError("return the three running quantities (m, ell, acc) as a tuple")
+            raise AssertionError(_("return the three running quantities (m, ell, acc) as a tuple"))
         m, ell, acc = (torch.as_tensor(g, dtype=torch.float32) for g in got)
-        seen_s = torch.cat([s for s, _ in blocks[: i + 1]], dim=1)
-        seen_v = torch.cat([v for _, v in blocks[: i + 1]])
+        seen_s = torch.cat([s for s, _v in blocks[: i + 1]], dim=1)
+        seen_v = torch.cat([v for _s, v in blocks[: i + 1]])
         if not torch.isfinite(acc).all() or not torch.isfinite(ell).all():
-            raise AssertionError(f"after block {i + 1}: the running sum or output overflowed")
+            raise AssertionError(
+                _("after block {block}: the running sum or output overflowed").format(block=i + 1)
+            )
         if not torch.allclose(m, seen_s.amax(1)):
-            raise AssertionError(f"after block {i + 1}: m is not the largest score seen so far")
+            raise AssertionError(
+                _("after block {block}: m is not the largest score seen so far").format(block=i + 1)
+            )
         want = torch.softmax(seen_s, dim=1) @ seen_v
         error = (acc / ell.unsqueeze(1) - want).abs().max().item()
         if error > 1e-5:
             raise AssertionError(
-                f"after block {i + 1}: acc / ell differs from the softmax over the blocks seen "
-                f"so far by {error:.3g} (what happens to the earlier terms when m changes?)"
+                _(
+                    "after block {block}: acc / ell differs from the softmax over the blocks seen "
+                    "so far by {error} (what happens to the earlier terms when m changes?)"
+                ).format(block=i + 1, error=f"{error:.3g}")
             )
-    return f"{len(blocks)} blocks, scores up to {int(blocks[-1][0].max())}"
+    return _("{n} blocks, scores up to {top}").format(n=len(blocks), top=int(blocks[-1][0].max()))
 
 
 def check_online_softmax(fn: Callable, *, verbose: bool = True) -> Verdict:
@@ -99,17 +106,27 @@ def _zigzag_body(fn: Callable) -> str:
     for length, p in ((16, 2), (24, 3), (32, 4), (64, 8)):
         held = [[int(t) for t in fn(length, p, r)] for r in range(p)]
         if sorted(t for rows in held for t in rows) != list(range(length)):
-            raise AssertionError(f"T={length}, {p} ranks: not every position is held exactly once")
+            raise AssertionError(
+                _("T={length}, {p} ranks: not every position is held exactly once").format(
+                    length=length, p=p
+                )
+            )
         if {len(rows) for rows in held} != {length // p}:
-            raise AssertionError(f"T={length}, {p} ranks: ranks hold different numbers of tokens")
+            raise AssertionError(
+                _("T={length}, {p} ranks: ranks hold different numbers of tokens").format(
+                    length=length, p=p
+                )
+            )
         # causal work: a query at position t meets t + 1 keys
         work = [sum(t + 1 for t in rows) for rows in held]
         if len(set(work)) != 1:
             raise AssertionError(
-                f"T={length}, {p} ranks: the keys met by each rank's queries are {work}: "
-                "the causal work is not balanced"
+                _(
+                    "T={length}, {p} ranks: the keys met by each rank's queries are {work}: the "
+                    "causal work is not balanced"
+                ).format(length=length, p=p, work=work)
             )
-    return "every position once, equal causal work, 4 sizes"
+    return _("every position once, equal causal work, 4 sizes")
 
 
 def check_zigzag(fn: Callable, *, verbose: bool = True) -> Verdict:
@@ -135,23 +152,31 @@ def check_vocab_loss_on_rank(comm: Any, fn: Callable) -> str:
         comm.stats.reset()
         with refusing(REFUSED["14.3"], fn):
             got = fn(comm, logits[:, a:b].clone(), target.clone(), bounds)
-        where = f"rank {r}, {tokens} tokens, {vocab} classes"
+        where = _("rank {rank}, {tokens} tokens, {vocab} classes").format(
+            rank=r, tokens=tokens, vocab=vocab
+        )
         error, got = None, torch.as_tensor(got)
         if tuple(got.shape) != (tokens,):
-            error = f"{where}: result has shape {tuple(got.shape)}, expected ({tokens},)"
+            error = _("{where}: result has shape {got}, expected ({tokens},)").format(
+                where=where, got=tuple(got.shape), tokens=tokens
+            )
         elif not torch.allclose(got.float(), want, atol=1e-4, rtol=1e-5):
-            error = f"{where}: differs from one process's cross-entropy by {(got - want).abs().max():.3g}"
+            error = _("{where}: differs from one process's cross-entropy by {error}").format(
+                where=where, error=f"{(got - want).abs().max():.3g}"
+            )
         else:
             moved = comm.stats.bytes_sent + sum(c.bytes for c in comm.stats.collectives.values())
             if moved > 3 * tokens * 4:
-                error = (
-                    f"{where}: handed {moved} bytes to the network; a few numbers per token "
+                error = _(
+                    "{where}: handed {moved} bytes to the network; a few numbers per token "
                     "suffice, never the logits themselves"
-                )
+                ).format(where=where, moved=moved)
         failed = comm.allreduce(np.array([1 if error else 0], dtype=np.int64), op="max")
         if failed[0]:  # every rank stops at the same case, or the others would wait
-            raise AssertionError(error or f"{where}: another rank's result was wrong")
-    return f"{p} ranks, 3 sizes, a few floats per token"
+            raise AssertionError(
+                error or _("{where}: another rank's result was wrong").format(where=where)
+            )
+    return _("{p} ranks, 3 sizes, a few floats per token").format(p=p)
 
 
 def _engine_check(name: str, fn: Callable) -> str:
@@ -176,6 +201,6 @@ def check_vocab_loss(
         try:
             return cluster.run(_engine_check, comm_name, fn, timeout=timeout)[0]
         except Exception as exc:  # noqa: BLE001 - ipyparallel wraps the engine's exception
-            raise_as_in_the_notebook(exc, "Exercise 14.3: write the vocabulary-parallel loss")
+            raise_as_in_the_notebook(exc, _("Exercise 14.3: write the vocabulary-parallel loss"))
 
     return run_check("14.3", "vocabulary-parallel cross-entropy", body, verbose=verbose)

@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from course_lib.checks.verdict import Verdict, raise_as_in_the_notebook, refusing, run_check
+from course_lib.i18n import _
 
 __all__ = [
     "REFUSED",
@@ -63,37 +64,50 @@ def check_all_to_all_on_rank(comm: Any, fn: Callable) -> str:
         comm.stats.reset()
         with refusing(REFUSED["15.1"], fn):
             got = fn(comm, every[r].clone())
-        where = f"rank {r}, x of shape {(rows, width)}"
+        where = _("rank {rank}, x of shape {shape}").format(rank=r, shape=(rows, width))
         error = None
         got = torch.as_tensor(got)
         if tuple(got.shape) != tuple(want.shape):
-            error = f"{where}: result has shape {tuple(got.shape)}, expected {tuple(want.shape)}"
+            error = _("{where}: result has shape {got}, expected {want}").format(
+                where=where, got=tuple(got.shape), want=tuple(want.shape)
+            )
         elif not torch.equal(got, want):
             wrong = [
                 i
                 for i in range(p)
                 if not torch.equal(got[i * b : (i + 1) * b], want[i * b : (i + 1) * b])
             ]
-            error = f"{where}: the block in position {wrong[0]} of the result is not the one rank {wrong[0]} addressed to this rank"
+            error = _(
+                "{where}: the block in position {i} of the result is not the one rank {i} "
+                "addressed to this rank"
+            ).format(where=where, i=wrong[0])
         else:
             error = _traffic(comm, b * width * 4, where)
         failed = comm.allreduce(np.array([1 if error else 0], dtype=np.int64), op="max")
         if failed[0]:  # every rank stops at the same case, or the others would wait
-            raise AssertionError(error or f"{(rows, width)}: another rank's result was wrong")
-    return f"{p} ranks, 3 shapes, {p - 1} messages of one block each"
+            raise AssertionError(
+                error or _("{shape}: another rank's result was wrong").format(shape=(rows, width))
+            )
+    return _("{p} ranks, 3 shapes, {n} messages of one block each").format(p=p, n=p - 1)
 
 
 def _traffic(comm: Any, block: int, where: str) -> str | None:
     builtins = sorted(comm.stats.collectives)
     if builtins:
-        return f"{where}: uses the built-in collective(s) {builtins}; send blocks point-to-point"
+        return _(
+            "{where}: uses the built-in collective(s) {builtins}; send blocks point-to-point"
+        ).format(where=where, builtins=builtins)
     peers = {q: s for q, s in comm.stats.peers.items() if s.messages_sent}
     others = set(range(comm.world_size)) - {comm.rank}
     if set(peers) != others or any(s.messages_sent != 1 for s in peers.values()):
         sent = {q: s.messages_sent for q, s in sorted(peers.items())}
-        return f"{where}: messages sent per peer {sent}; pairwise exchange sends one to each other rank"
+        return _(
+            "{where}: messages sent per peer {sent}; pairwise exchange sends one to each other rank"
+        ).format(where=where, sent=sent)
     if any(s.bytes_sent != block for s in peers.values()):
-        return f"{where}: a message carries more than the block its receiver needs"
+        return _("{where}: a message carries more than the block its receiver needs").format(
+            where=where
+        )
     return None
 
 
@@ -119,7 +133,7 @@ def check_all_to_all(
         try:
             return cluster.run(_engine_check, comm_name, fn, timeout=timeout)[0]
         except Exception as exc:  # noqa: BLE001 - ipyparallel wraps the engine's exception
-            raise_as_in_the_notebook(exc, "Exercise 15.1: write my_all_to_all")
+            raise_as_in_the_notebook(exc, _("Exercise 15.1: write my_all_to_all"))
 
     return run_check("15.1", "pairwise_all_to_all", body, verbose=verbose)
 
@@ -142,19 +156,27 @@ def check_route(fn: Callable, *, verbose: bool = True) -> Verdict:
             with refusing(REFUSED["15.2"], fn):
                 got = fn(logits.clone(), k, cap)
             if not isinstance(got, tuple) or len(got) != 2:
-                raise AssertionError("return a pair (expert, slot) of (T, k) integer tensors")
+                raise AssertionError(_("return a pair (expert, slot) of (T, k) integer tensors"))
             expert, slot = (torch.as_tensor(g) for g in got)
-            where = f"T={T}, E={E}, k={k}, capacity {cap}"
+            where = _("T={T}, E={E}, k={k}, capacity {cap}").format(T=T, E=E, k=k, cap=cap)
             for label, g, w in (("expert", expert, want.expert), ("slot", slot, want.slot)):
                 if tuple(g.shape) != tuple(w.shape):
                     raise AssertionError(
-                        f"{where}: {label} has shape {tuple(g.shape)}, expected {tuple(w.shape)}"
+                        _("{where}: {label} has shape {got}, expected {want}").format(
+                            where=where, label=label, got=tuple(g.shape), want=tuple(w.shape)
+                        )
                     )
                 bad = (g.long() != w).nonzero()
                 if len(bad):
                     t, c = (int(v) for v in bad[0])
-                    raise AssertionError(f"{where}: token {t}, choice {c}: the {label} differs")
+                    raise AssertionError(
+                        _("{where}: token {t}, choice {c}: the {label} differs").format(
+                            where=where, t=t, c=c, label=label
+                        )
+                    )
             cases, dropped = cases + 1, dropped + want.dropped
-        return f"{cases} cases, {dropped} dropped choices found"
+        return _("{cases} cases, {dropped} dropped choices found").format(
+            cases=cases, dropped=dropped
+        )
 
     return run_check("15.2", "route_with_capacity", body, verbose=verbose)
