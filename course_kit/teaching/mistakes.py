@@ -15,7 +15,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["CHECKS", "Mistake", "mistakes_of_lecture"]
+__all__ = ["CHECKS", "Mistake", "mistakes_of_lecture", "refused_parts"]
 
 CHECKS = Path(__file__).resolve().parents[2] / "course_lib" / "checks"
 _EXERCISE = re.compile(r"^(\d+)\.(\d+)$")
@@ -37,6 +37,8 @@ def _render(node: ast.AST, consts: dict[str, str] | None = None) -> str | None:
     consts = consts or {}
     if isinstance(node, ast.Constant) and isinstance(node.value, str):
         return node.value
+    if isinstance(node, ast.Name) and node.id in consts:  # a module constant used as a message
+        return consts[node.id]
     if isinstance(node, ast.JoinedStr):
         out = []
         for part in node.values:
@@ -50,7 +52,7 @@ def _render(node: ast.AST, consts: dict[str, str] | None = None) -> str | None:
         func = node.func
         if isinstance(func, ast.Attribute) and func.attr == "format":
             return _render(func.value, consts)
-        if isinstance(func, ast.Name) and func.id == "_" and node.args:
+        if isinstance(func, ast.Name) and func.id in ("_", "N_") and node.args:
             return _render(node.args[0], consts)
     if isinstance(node, ast.IfExp):  # ``None if ok else "..."``: the literal branch
         return _render(node.orelse, consts) or _render(node.body, consts)
@@ -97,6 +99,17 @@ def _messages(function: ast.AST, consts: dict[str, str]) -> list[str]:
     return [text for text in found if text]
 
 
+REFUSED_FORMAT = "calling {name}: {hint}"  # a REFUSED entry as a mistake's text
+
+
+def refused_parts(text: str) -> tuple[str, str] | None:
+    """Return (library function, hint) of a mistake made from a ``REFUSED`` entry, else None."""
+    if not text.startswith("calling ") or ": " not in text:
+        return None
+    name, hint = text.removeprefix("calling ").split(": ", 1)
+    return (name, hint) if " " not in name else None
+
+
 def _refused(tree: ast.Module, consts: dict[str, str]) -> list[Mistake]:
     """Return the ``REFUSED`` table's entries: per exercise, or for the whole module."""
     out = []
@@ -111,22 +124,33 @@ def _refused(tree: ast.Module, consts: dict[str, str]) -> list[Mistake]:
                 name = _render(key, consts) if key is not None else None
                 if isinstance(value, ast.Dict) and name and _EXERCISE.match(name):
                     for k2, v2 in zip(value.keys, value.values, strict=True):
-                        text = f"calling {_render(k2, consts)}: {_render(v2, consts)}"
+                        text = REFUSED_FORMAT.format(
+                            name=_render(k2, consts), hint=_render(v2, consts)
+                        )
                         out.append(Mistake(name, text))
                 elif name:
-                    out.append(Mistake("", f"calling {name}: {_render(value, consts)}"))
+                    out.append(
+                        Mistake("", REFUSED_FORMAT.format(name=name, hint=_render(value, consts)))
+                    )
     return out
+
+
+def _literal(node: ast.AST) -> str | None:
+    """Return a module constant's string: ``"..."`` or ``N_("...")`` (marked for the catalogue)."""
+    if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "N_" and node.args:
+        node = node.args[0]
+    if isinstance(node, ast.Constant) and isinstance(node.value, str):
+        return node.value
+    return None
 
 
 def module_mistakes(path: Path) -> list[Mistake]:
     """Return every mistake one check module names, sorted and without repeats."""
     tree = ast.parse(path.read_text(encoding="utf-8"))
     consts = {
-        t.id: node.value.value
+        t.id: text
         for node in tree.body
-        if isinstance(node, ast.Assign)
-        and isinstance(node.value, ast.Constant)
-        and isinstance(node.value.value, str)
+        if isinstance(node, ast.Assign) and (text := _literal(node.value)) is not None
         for t in node.targets
         if isinstance(t, ast.Name)
     }

@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 
 from course_lib.checks.verdict import Verdict, assert_close, refusing, run_check
-from course_lib.i18n import _
+from course_lib.i18n import N_, _
 from course_lib.training import scratch
 from course_lib.training.loop import segmentation_scores
 
@@ -33,24 +33,27 @@ __all__ = [
 SCRATCH = "course_lib.training.scratch"
 REFUSED = {  # exercise -> the library functions that answer it, and what to write instead
     "1.1": {
-        f"{SCRATCH}.softmax_regression_grad": "write P = softmax(XW + b) and (P - Y)/N with NumPy"
+        f"{SCRATCH}.softmax_regression_grad": N_(
+            "write P = softmax(XW + b) and (P - Y)/N with NumPy"
+        )
     },
     "1.2": {
-        f"{SCRATCH}.sgd_epoch": "loop over the batches: one step w <- w - lr * grad per batch",
-        f"{SCRATCH}.train_softmax_regression": "loop over the batches yourself",
+        f"{SCRATCH}.sgd_epoch": N_("loop over the batches: one step w <- w - lr * grad per batch"),
+        f"{SCRATCH}.train_softmax_regression": N_("loop over the batches yourself"),
     },
     "2.1": {
-        f"{SCRATCH}.corr2d": "slide K over X with two loops over the output positions",
-        f"{SCRATCH}.conv2d_naive": "slide K over X with two loops over the output positions",
-        f"{SCRATCH}.conv2d": "slide K over X with two loops over the output positions",
+        f"{SCRATCH}.corr2d": N_("slide K over X with two loops over the output positions"),
+        f"{SCRATCH}.conv2d_naive": N_("slide K over X with two loops over the output positions"),
+        f"{SCRATCH}.conv2d": N_("slide K over X with two loops over the output positions"),
     },
     "2.2": {
-        f"{SCRATCH}.max_pool2d": "take the max of each size x size block (loops, or a reshape)",
-        f"{SCRATCH}.max_pool2d_naive": "take the max of each size x size block",
+        f"{SCRATCH}.max_pool2d": N_("take the max of each size x size block (loops, or a reshape)"),
+        f"{SCRATCH}.max_pool2d_naive": N_("take the max of each size x size block"),
     },
     "2.3": {
-        "course_lib.training.loop.segmentation_scores": "count each class's intersection and "
-        "union with NumPy",
+        "course_lib.training.loop.segmentation_scores": N_(
+            "count each class's intersection and union with NumPy"
+        ),
     },
 }
 

@@ -14,13 +14,13 @@ import numpy as np
 from course_lib.checks.verdict import Verdict, refusing, reraise_stub, run_check
 from course_lib.comm.buffers import chunk_bounds
 from course_lib.comm.communicator import Communicator
-from course_lib.i18n import _
+from course_lib.i18n import N_, _
 
 __all__ = ["REFUSED", "check_ring_allgather", "check_ring_allgather_on_rank", "stub_ring_allgather"]
 
 
 REFUSED = {
-    "course_lib.collectives.ring_allgather": "write the ring yourself with comm.sendrecv",
+    "course_lib.collectives.ring_allgather": N_("write the ring yourself with comm.sendrecv"),
 }
 
 

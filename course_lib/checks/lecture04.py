@@ -20,7 +20,7 @@ from course_lib.checks.verdict import Verdict, refusing, reraise_stub, run_check
 from course_lib.comm.communicator import Communicator
 from course_lib.cost_model.alpha_beta import ALGORITHMS
 from course_lib.data.digits import load_digits
-from course_lib.i18n import _
+from course_lib.i18n import N_, _
 from course_lib.parallel.data_parallel.reference import (
     max_weight_difference,
     train_one_process,
@@ -40,11 +40,13 @@ __all__ = [
 EXERCISE_METHOD = "exercise_4_1"
 _PS = "course_lib.parallel.exchanges.parameter_server.ParameterServer"
 _COST = "course_lib.cost_model.alpha_beta"
-_FORMULA = "write the alpha-beta sum yourself: messages x (alpha + bytes x beta)"
+_FORMULA = N_("write the alpha-beta sum yourself: messages x (alpha + bytes x beta)")
 REFUSED = {  # exercise -> the library functions that answer it, and what to write instead
     "4.1": {
-        f"{_PS}.average": "send to rank 0 with comm.send, sum and divide there, send the mean back",
-        f"{_PS}.combine_in_place": "add the gradients and divide by N yourself",
+        f"{_PS}.average": N_(
+            "send to rank 0 with comm.send, sum and divide there, send the mean back"
+        ),
+        f"{_PS}.combine_in_place": N_("add the gradients and divide by N yourself"),
     },
     "4.2": {
         f"{_COST}.predict": _FORMULA,

@@ -13,7 +13,7 @@ import random
 from collections.abc import Callable
 
 from course_lib.checks.verdict import Verdict, refusing, run_check
-from course_lib.i18n import _
+from course_lib.i18n import N_, _
 from course_lib.parallel.asynchronous.staleness import StalenessLedger
 
 __all__ = [
@@ -25,12 +25,12 @@ __all__ = [
 _LEDGER = "course_lib.parallel.asynchronous.staleness.StalenessLedger"
 REFUSED = {  # exercise -> the library functions that answer it, and what to write instead
     "5.1": {
-        f"{_LEDGER}.arrive": "keep the version and each worker's last read version yourself",
-        f"{_LEDGER}.release": "keep the version and each worker's last read version yourself",
+        f"{_LEDGER}.arrive": N_("keep the version and each worker's last read version yourself"),
+        f"{_LEDGER}.release": N_("keep the version and each worker's last read version yourself"),
     },
     "5.2": {
-        f"{_LEDGER}.may_proceed": "compare the worker's clock with the slowest live clock",
-        f"{_LEDGER}.slowest": "take the minimum clock over the live workers yourself",
+        f"{_LEDGER}.may_proceed": N_("compare the worker's clock with the slowest live clock"),
+        f"{_LEDGER}.slowest": N_("take the minimum clock over the live workers yourself"),
     },
 }
 

@@ -35,11 +35,13 @@ __all__ = [
 _MIXING = "course_lib.collectives.mixing"
 REFUSED = {  # exercise -> the library functions that answer it, and what to write instead
     "6.1": {
-        f"{_MIXING}.gossip_matrix": "add 1/3 for self and for each partner gossip_partners gives"
+        f"{_MIXING}.gossip_matrix": N_(
+            "add 1/3 for self and for each partner gossip_partners gives"
+        )
     },
     "6.2": {
-        f"{_MIXING}.spectral_gap": "compute 1 - the largest singular value of W - J with NumPy",
-        f"{_MIXING}.contraction": "compute 1 - the largest singular value of W - J with NumPy",
+        f"{_MIXING}.spectral_gap": N_("compute 1 - the largest singular value of W - J with NumPy"),
+        f"{_MIXING}.contraction": N_("compute 1 - the largest singular value of W - J with NumPy"),
     },
 }
 

@@ -18,7 +18,7 @@ import numpy as np
 
 from course_lib.checks.verdict import Verdict, refusing, run_check
 from course_lib.compression.int8 import int8_decode, int8_encode
-from course_lib.i18n import _
+from course_lib.i18n import N_, _
 
 __all__ = [
     "REFUSED",
@@ -33,15 +33,19 @@ __all__ = [
 
 REFUSED = {  # exercise -> the library functions that answer it, and what to write instead
     "7.1": {
-        "course_lib.compression.int8.int8_encode": "compute m = max|g| and the int8 cast yourself"
+        "course_lib.compression.int8.int8_encode": N_(
+            "compute m = max|g| and the int8 cast yourself"
+        )
     },
     "7.2": {
-        "course_lib.compression.error_feedback.ErrorFeedback.compress": "add the residual, "
-        "compress with quantize, keep what was not sent"
+        "course_lib.compression.error_feedback.ErrorFeedback.compress": N_(
+            "add the residual, compress with quantize, keep what was not sent"
+        )
     },
     "7.3": {
-        "course_lib.compression.sparse.TopK.compress": "find the k largest |g| with NumPy "
-        "(np.argpartition or np.argsort)"
+        "course_lib.compression.sparse.TopK.compress": N_(
+            "find the k largest |g| with NumPy (np.argpartition or np.argsort)"
+        )
     },
 }
 

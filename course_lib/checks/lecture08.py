@@ -23,7 +23,7 @@ from collections.abc import Callable
 import numpy as np
 
 from course_lib.checks.verdict import Verdict, refusing, run_check
-from course_lib.i18n import _
+from course_lib.i18n import N_, _
 from course_lib.papers.source000_table import source_regime_rate
 from course_lib.papers.source001_configurations import predict_values_sent
 
@@ -37,10 +37,13 @@ __all__ = [
 ]
 
 REFUSED = {  # the library function that answers the exercise, and what to write instead
-    "course_lib.papers.source001_configurations.predict_values_sent": "count the averagings "
-    "(steps // period) and the values each sends, with gossip_partners for gossip",
-    "course_lib.papers.source000_table.source_regime_rate": "solve f = t_s / (t_s + t_c) for "
-    "t_s, then the star's 2(N-1) S / t_s",
+    "course_lib.papers.source001_configurations.predict_values_sent": N_(
+        "count the averagings "
+        "(steps // period) and the values each sends, with gossip_partners for gossip"
+    ),
+    "course_lib.papers.source000_table.source_regime_rate": N_(
+        "solve f = t_s / (t_s + t_c) for t_s, then the star's 2(N-1) S / t_s"
+    ),
 }
 
 

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from course_lib.checks.verdict import Verdict, raise_as_in_the_notebook, refusing, run_check
-from course_lib.i18n import _
+from course_lib.i18n import N_, _
 
 __all__ = [
     "REFUSED",
@@ -34,13 +34,15 @@ __all__ = [
 _TP = "course_lib.parallel.model_parallel.tensor_parallel"
 REFUSED = {  # exercise -> the library functions that answer it, and what to write instead
     "9.1": {
-        f"{_TP}.gather_from_parallel": "multiply X @ W_shard.T, then comm.allgather the pieces "
-        "and put them side by side"
+        f"{_TP}.gather_from_parallel": N_(
+            "multiply X @ W_shard.T, then comm.allgather the pieces and put them side by side"
+        )
     },
-    "9.2": {f"{_TP}.reduce_from_parallel": "sum the partial product with comm.allreduce"},
+    "9.2": {f"{_TP}.reduce_from_parallel": N_("sum the partial product with comm.allreduce")},
     "9.3": {
-        "course_lib.parallel.model_parallel.hybrid.scatter_batch_grad": "use comm.reduce_scatter"
-        " and reshape its chunk to this rank's rows"
+        "course_lib.parallel.model_parallel.hybrid.scatter_batch_grad": N_(
+            "use comm.reduce_scatter and reshape its chunk to this rank's rows"
+        )
     },
 }
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 from course_lib.checks.verdict import Verdict, refusing, run_check
-from course_lib.i18n import _
+from course_lib.i18n import N_, _
 from course_lib.parallel.pipeline_parallel.pipeline import balance_stages
 from course_lib.parallel.pipeline_parallel.schedule import bubble_formula, simulate
 
@@ -19,12 +19,16 @@ __all__ = ["REFUSED", "check_balance", "check_one_f_one_b", "stub_balance", "stu
 _PP = "course_lib.parallel.pipeline_parallel"
 REFUSED = {  # exercise -> the library functions that answer it, and what to write instead
     "10.1": {
-        f"{_PP}.schedule.one_f_one_b_schedule": "list the warm-up forwards, then alternate "
-        "one forward and one backward, then the remaining backwards"
+        f"{_PP}.schedule.one_f_one_b_schedule": N_(
+            "list the warm-up forwards, then alternate "
+            "one forward and one backward, then the remaining backwards"
+        )
     },
     "10.2": {
-        f"{_PP}.pipeline.balance_stages": "search the smallest maximum stage cost (binary search"
-        " with a greedy cut, or dynamic programming)"
+        f"{_PP}.pipeline.balance_stages": N_(
+            "search the smallest maximum stage cost (binary search"
+            " with a greedy cut, or dynamic programming)"
+        )
     },
 }
 

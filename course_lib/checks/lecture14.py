@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from course_lib.checks.verdict import Verdict, raise_as_in_the_notebook, refusing, run_check
-from course_lib.i18n import _
+from course_lib.i18n import N_, _
 
 __all__ = [
     "REFUSED",
@@ -34,8 +34,9 @@ __all__ = [
 _T = "course_lib.parallel.transformer"
 REFUSED = {
     "14.3": {
-        f"{_T}.vocab.vocab_parallel_cross_entropy": "that is the answer; write the loss from "
-        "comm's collectives yourself"
+        f"{_T}.vocab.vocab_parallel_cross_entropy": N_(
+            "that is the answer; write the loss from comm's collectives yourself"
+        )
     },
 }
 

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from course_lib.checks.verdict import Verdict, raise_as_in_the_notebook, refusing, run_check
-from course_lib.i18n import _
+from course_lib.i18n import N_, _
 
 __all__ = [
     "REFUSED",
@@ -30,13 +30,18 @@ __all__ = [
 
 REFUSED = {
     "15.1": {
-        "course_lib.collectives.all_to_all.pairwise_all_to_all": "post comm.sendrecv calls yourself",
-        "course_lib.collectives.all_to_all.all_to_all_naive": "post comm.sendrecv calls yourself",
-        "course_lib.comm.communicator.Communicator.all_to_all": "that is the built-in; write it "
-        "from comm.sendrecv",
+        "course_lib.collectives.all_to_all.pairwise_all_to_all": N_(
+            "post comm.sendrecv calls yourself"
+        ),
+        "course_lib.collectives.all_to_all.all_to_all_naive": N_(
+            "post comm.sendrecv calls yourself"
+        ),
+        "course_lib.comm.communicator.Communicator.all_to_all": N_(
+            "that is the built-in; write it from comm.sendrecv"
+        ),
     },
     "15.2": {
-        "course_lib.parallel.experts.gating.route": "count the slots per expert yourself",
+        "course_lib.parallel.experts.gating.route": N_("count the slots per expert yourself"),
     },
 }
 

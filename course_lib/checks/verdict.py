@@ -203,9 +203,11 @@ def refusing(functions: Mapping[str, str], answer: Callable | None = None) -> It
     try:
         for dotted, hint in functions.items():
             fn = _resolve(dotted)
-            message = f"your answer calls {dotted}, which answers the exercise: {hint}"
+            message = _("your answer calls {name}, which answers the exercise: {hint}")
+            message = message.format(name=dotted, hint=_(hint))  # hints are N_() in the tables
             if answer is not None and getattr(answer, "__code__", None) == fn.__code__:
-                raise LibraryCall(message.replace("your answer calls", "your answer is"))
+                is_it = _("your answer is {name}, which answers the exercise: {hint}")
+                raise LibraryCall(is_it.format(name=dotted, hint=_(hint)))
             swapped.append((fn, fn.__code__))
             fn.__code__ = _trap_code(message, len(fn.__closure__ or ()))
         yield

@@ -76,6 +76,12 @@ def test_the_room_check_catches_a_lecture_never_run_in_the_room(tmp_path: Path):
     assert 4 in engine_lectures() and 4 not in read_room_times(tmp_path / "room_times.json")
 
 
+def test_every_mistake_has_its_text():
+    """A refused call's hint held in a module constant is read, not shown as ``None``."""
+    blank = [m for n in LECTURES for m in mistakes_of_lecture(n) if m.text.endswith(": None")]
+    assert not blank, blank
+
+
 def test_the_hours_check_catches_a_heavier_notebook(tmp_path: Path):
     path = LECTURES[3]
     heavy = path.read_text().replace('"cell_type": "markdown",', '"cell_type": "markdown",', 1)
