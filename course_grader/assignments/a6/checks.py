@@ -46,6 +46,7 @@ from course_grader.assignments.a6.row_parallel import (
 )
 from course_grader.assignments.engine_check import judge_ranks, run_shipped_check
 from course_lib.checks.verdict import Verdict
+from course_lib.i18n import N_, _
 
 __all__ = [
     "A6_DETAILS",
@@ -54,6 +55,7 @@ __all__ = [
     "ROW_PARALLEL_CASES",
     "a6_body",
     "a6_cases",
+    "a6_detail",
     "check_gpipe_step",
     "check_gpipe_training",
     "check_row_parallel_backward",
@@ -62,15 +64,24 @@ __all__ = [
 ]
 
 A6_POINTS = {"A6.1": 2.0, "A6.2": 3.0, "A6.3": 3.0, "A6.4": 2.0}
-_PIPELINE = ", ".join(f"batch {b} in m = {m}" for b, m in PIPELINE_CASES)
-#: what each exercise's PASS line says
+#: what each exercise's PASS line says (templates: :func:`a6_detail` fills in the numbers)
 A6_DETAILS = {
-    "A6.1": "3 ranks, 3 shapes (7 inputs split 3, 2, 2), one allreduce of the output",
-    "A6.2": f"3 ranks, 3 shapes, dX / dW / db with one allgather, an MLP trained "
-    f"{TRAIN_STEPS} steps equal to one process",
-    "A6.3": f"3 stages, {_PIPELINE}: gradients and loss of one process, neighbours only, F..F B..B",
-    "A6.4": f"3 stages, m = 4, {TRAIN_STEPS} SGD steps with momentum: the weights of one process",
+    "A6.1": N_("3 ranks, 3 shapes (7 inputs split 3, 2, 2), one allreduce of the output"),
+    "A6.2": N_(
+        "3 ranks, 3 shapes, dX / dW / db with one allgather, an MLP trained "
+        "{steps} steps equal to one process"
+    ),
+    "A6.3": N_(
+        "3 stages, {pipeline}: gradients and loss of one process, neighbours only, F..F B..B"
+    ),
+    "A6.4": N_("3 stages, m = 4, {steps} SGD steps with momentum: the weights of one process"),
 }
+
+
+def a6_detail(exercise: str) -> str:
+    """``exercise``'s PASS detail in the current language."""
+    pipeline = ", ".join(_("batch {b} in m = {m}").format(b=b, m=m) for b, m in PIPELINE_CASES)
+    return _(A6_DETAILS[exercise]).format(steps=TRAIN_STEPS, pipeline=pipeline)
 
 
 def a6_cases(exercise: str, seed: int | None = None) -> list[dict]:
@@ -95,7 +106,7 @@ def a6_body(exercise: str, run_case: Callable[[dict], Any], seed: int | None = N
 
     judge = functools.partial(_judge_rank, exercise)
     judge_ranks(a6_cases(exercise, seed), run_case, judge, world_size=3)
-    return A6_DETAILS[exercise]
+    return a6_detail(exercise)
 
 
 def _run(blob: bytes, case: dict, comm_name: str) -> tuple:

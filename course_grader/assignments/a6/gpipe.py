@@ -30,6 +30,7 @@ from course_grader.assignments.a6.collect import (
     recorded_stage,
     used_of,
 )
+from course_lib.i18n import _
 
 __all__ = [
     "PIPELINE_CASES",
@@ -67,8 +68,8 @@ def judge_pipeline(case: dict, s: int, p: int, data: Any) -> str:
     batch, m, seed = case["batch"], case["m"], case["seed"]
     model = pipeline_model(seed)  # the reference
     X, y = pipeline_data(batch, seed)
-    case = f"batch {batch}, m = {m}, stage {s}"
-    assert isinstance(data, tuple) and len(data) == 5, f"stage {s} returned no result"
+    case = _("batch {batch}, m = {m}, stage {s}").format(batch=batch, m=m, s=s)
+    assert isinstance(data, tuple) and len(data) == 5, _("stage {s} returned no result").format(s=s)
     loss, got, used, p2p, log = data
     used, p2p, got = used_of(used), p2p_of(p2p), list(got)
     loss = None if loss is None else float(np.asarray(loss))
@@ -77,24 +78,30 @@ def judge_pipeline(case: dict, s: int, p: int, data: Any) -> str:
     lo, hi = STAGES[s]
     ref = [q.grad.clone() for q in model[lo:hi].parameters()]
     if len(got) != len(ref) or any(g is None for g in got):
-        return f"{case}: a parameter of the stage has no gradient: run the backward passes"
+        return _(
+            "{case}: a parameter of the stage has no gradient: run the backward passes"
+        ).format(case=case)
     if not all(close(g, r) for g, r in zip(got, ref, strict=True)):
         if all(close(g, m * r) for g, r in zip(got, ref, strict=True)):
-            return (
-                f"{case}: the gradients are m = {m} times too large: the batch loss is the "
+            return _(
+                "{case}: the gradients are m = {m} times too large: the batch loss is the "
                 "mean of the micro-batch means, divide each micro-batch's loss by m"
-            )
+            ).format(case=case, m=m)
         model.zero_grad()
         F.cross_entropy(model(X[-(batch // m) :]), y[-(batch // m) :]).backward()
         last = [q.grad for q in model[lo:hi].parameters()]
         if all(close(g, r) or close(g, r / m) for g, r in zip(got, last, strict=True)):
-            return (
-                f"{case}: only the last micro-batch's gradient is left: accumulate into "
+            return _(
+                "{case}: only the last micro-batch's gradient is left: accumulate into "
                 ".grad over the m micro-batches (never zero it inside the step)"
-            )
-        return f"{case}: the gradients differ from one full-batch backward in one process"
+            ).format(case=case)
+        return _("{case}: the gradients differ from one full-batch backward in one process").format(
+            case=case
+        )
     if s == p - 1 and (loss is None or abs(loss - ref_loss.item()) > 1e-5):
-        return f"{case}: returned loss {loss}, the batch's mean loss is {ref_loss.item():.6f}"
+        return _("{case}: returned loss {loss}, the batch's mean loss is {want}").format(
+            case=case, loss=loss, want=f"{ref_loss.item():.6f}"
+        )
     want = {}
     if s < p - 1:  # activations out, their gradients back, m of each, a micro-batch each
         n = m * (batch // m) * PIPELINE_WIDTHS[s + 1] * 4
@@ -106,16 +113,19 @@ def judge_pipeline(case: dict, s: int, p: int, data: Any) -> str:
 
         def show(d: dict) -> dict:
             return {
-                q: f"{a} messages / {b} bytes out, {c} / {e} in" for q, (a, b, c, e) in d.items()
+                q: _("{a} messages / {b} bytes out, {c} / {e} in").format(a=a, b=b, c=c, e=e)
+                for q, (a, b, c, e) in d.items()
             }
 
-        return (
-            f"{case}: rank {s} talked to {show(p2p) or 'nobody'}"
-            f"{f' and called {sorted(used)}' if used else ''}; a stage exchanges only with "
-            f"its neighbours, one micro-batch a message, no collective: {show(want)}"
-        )
+        called = _(" and called {names}").format(names=sorted(used)) if used else ""
+        return _(
+            "{case}: rank {s} talked to {peers}{called}; a stage exchanges only with "
+            "its neighbours, one micro-batch a message, no collective: {want}"
+        ).format(case=case, s=s, peers=show(p2p) or _("nobody"), called=called, want=show(want))
     if str(log) != " ".join(["F"] * m + ["B"] * m):
-        return f"{case}: the stage ran {log}; GPipe runs all m forwards, then the m backwards"
+        return _(
+            "{case}: the stage ran {log}; GPipe runs all m forwards, then the m backwards"
+        ).format(case=case, log=log)
     return ""
 
 
@@ -140,22 +150,27 @@ def reference_training(batches: list, zero_grad: bool, seed: int = 7, scale: flo
 
 def judge_pipeline_training(case: dict, s: int, p: int, data: Any) -> str:
     """Return "" or how stage ``s``'s weights after training differ from one process."""
-    assert isinstance(data, tuple) and len(data) == 3, f"stage {s} returned no result"
+    assert isinstance(data, tuple) and len(data) == 3, _("stage {s} returned no result").format(s=s)
     used, p2p, weights = used_of(data[0]), p2p_of(data[1]), list(data[2])
-    sent = sum(messages for messages, *_ in p2p.values())
+    sent = sum(messages for messages, *_rest in p2p.values())
     if used or sent != TRAIN_STEPS * 4 * (1 if s in (0, p - 1) else 2):
-        return f"stage {s}: {TRAIN_STEPS} steps need {TRAIN_STEPS} calls of your gpipe_step"
+        return _("stage {s}: {steps} steps need {steps} calls of your gpipe_step").format(
+            s=s, steps=TRAIN_STEPS
+        )
     lo, hi = STAGES[s]
     batches = pipeline_batches(case["seed"])
     m = TRAIN_MICROBATCHES
-    kept = "the gradients of earlier steps were kept: gpipe_step accumulates into .grad"
-    undivided = (
-        f"the weights equal one process trained on m = {m} times the gradient: each "
-        f"micro-batch's loss must be divided by m (your gpipe_step; A6.3's verdict names it too)"
+    kept = _(
+        "the gradients of earlier steps were kept: gpipe_step accumulates into .grad, so zero "
+        "them before each step (zero_grad())"
     )
+    undivided = _(
+        "the weights equal one process trained on m = {m} times the gradient: each "
+        "micro-batch's loss must be divided by m (your gpipe_step; A6.3's verdict names it too)"
+    ).format(m=m)
     for zero_grad, scale, mistake in (
         (True, 1.0, ""),
-        (False, 1.0, f"{kept}, so zero them before each step (zero_grad())"),
+        (False, 1.0, kept),
         (True, float(m), undivided),
     ):
         model = reference_training(batches, zero_grad, case["model_seed"], scale)
@@ -164,7 +179,7 @@ def judge_pipeline_training(case: dict, s: int, p: int, data: Any) -> str:
             close(g, w.detach()) for g, w in zip(weights, want, strict=True)
         ):
             return mistake
-    return (
-        f"after {TRAIN_STEPS} steps the weights of stage {s} differ from the same model "
+    return _(
+        "after {steps} steps the weights of stage {s} differ from the same model "
         "trained in one process (SGD, momentum 0.9, lr)"
-    )
+    ).format(steps=TRAIN_STEPS, s=s)

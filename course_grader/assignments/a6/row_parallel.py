@@ -23,6 +23,7 @@ from course_grader.assignments.a6.collect import (
     row_data,
     used_of,
 )
+from course_lib.i18n import N_, _
 
 __all__ = ["ROW_PARALLEL_CASES", "judge_row_parallel", "judge_row_training", "row_parallel_cases"]
 
@@ -47,16 +48,28 @@ def _forward_fault(case: str, r: int, p: int, data: tuple, want: Any, partial: A
     Y, used, p2p = data[0], used_of(data[1]), p2p_of(data[2])
     if not close(Y, want):
         if close(Y, partial):
-            return f"{case}: Y is this rank's partial sum; sum the partial products over ranks"
+            return _(
+                "{case}: Y is this rank's partial sum; sum the partial products over ranks"
+            ).format(case=case)
         if close(Y, want + (p - 1) * b):
-            return f"{case}: Y holds b {p} times: add the bias once, after the sum"
-        return f"{case}: Y on rank {r} differs from X @ W.T + b"
+            return _("{case}: Y holds b {p} times: add the bias once, after the sum").format(
+                case=case, p=p
+            )
+        return _("{case}: Y on rank {r} differs from X @ W.T + b").format(case=case, r=r)
     batch, d_out = want.shape
     if used != {"allreduce": (1, batch * d_out * 4)} or p2p:
-        return (
-            f"{case}: the forward on rank {r} called {used or 'no collective'} and sent "
-            f"point-to-point {p2p or 'nothing'}; it needs one comm.allreduce of the "
-            f"{batch} x {d_out} partial product ({batch * d_out * 4} bytes), nothing else"
+        return _(
+            "{case}: the forward on rank {r} called {used} and sent "
+            "point-to-point {p2p}; it needs one comm.allreduce of the "
+            "{batch} x {d_out} partial product ({nbytes} bytes), nothing else"
+        ).format(
+            case=case,
+            r=r,
+            used=used or _("no collective"),
+            p2p=p2p or _("nothing"),
+            batch=batch,
+            d_out=d_out,
+            nbytes=batch * d_out * 4,
         )
     return ""
 
@@ -69,14 +82,18 @@ def judge_row_parallel(case: dict, r: int, p: int, data: Any, backward: bool) ->
     X, W, b, G = row_data(batch, d_in, d_out, case["seed"])
     bounds = chunk_bounds(d_in, p)
     lo, hi = bounds[r]
-    case = f"X {tuple(X.shape)}, W {tuple(W.shape)}, rank {r} holds W[:, {lo}:{hi}]"
-    assert isinstance(data, tuple) and len(data) == (8 if backward else 3), (
-        f"rank {r} returned no result"
+    case = _("X {x}, W {w}, rank {r} holds W[:, {lo}:{hi}]").format(
+        x=tuple(X.shape), w=tuple(W.shape), r=r, lo=lo, hi=hi
     )
+    assert isinstance(data, tuple) and len(data) == (8 if backward else 3), _(
+        "rank {r} returned no result"
+    ).format(r=r)
     fault = _forward_fault(case, r, p, data, X @ W.T + b, X[:, lo:hi] @ W[:, lo:hi].T + b, b)
     if fault:  # A6.2 runs the student's A6.1 forward: say where the fault is
         return (
-            f"{fault} (the forward is your A6.1 answer: fix A6.1 first, A6.2's check runs it)"
+            _(
+                "{fault} (the forward is your A6.1 answer: fix A6.1 first, A6.2's check runs it)"
+            ).format(fault=fault)
             if backward
             else fault
         )
@@ -91,32 +108,44 @@ def judge_row_parallel(case: dict, r: int, p: int, data: Any, backward: bool) ->
         ("dL/db", data[5], br.grad),
     ):
         if got is None:
-            return f"{case}: backward returned no {name}; return one gradient per input of forward"
+            return _(
+                "{case}: backward returned no {name}; return one gradient per input of forward"
+            ).format(case=case, name=name)
         if close(got, ref):
             continue
         if close(got, p * ref):
-            return (
-                f"{case}: {name} is {p} times too large: the forward's sum has the identity "
+            return _(
+                "{case}: {name} is {p} times too large: the forward's sum has the identity "
                 "as its backward (dY is already the same on every rank): do not reduce dY"
-            )
+            ).format(case=case, name=name, p=p)
         if (
             name == "dL/dX"
             and getattr(got, "shape", None) == tuple(ref.shape)
             and close(got[:, lo:hi], ref[:, lo:hi])
         ):
-            return (
-                f"{case}: dL/dX on rank {r} is right in columns {lo}:{hi} only: every rank "
+            return _(
+                "{case}: dL/dX on rank {r} is right in columns {lo}:{hi} only: every rank "
                 "used all of X, so it needs every rank's slice: gather them"
-            )
-        return f"{case}: {name} on rank {r} differs from the one-process gradient"
+            ).format(case=case, r=r, lo=lo, hi=hi)
+        return _("{case}: {name} on rank {r} differs from the one-process gradient").format(
+            case=case, name=name, r=r
+        )
     widest = max(stop - start for start, stop in bounds)
     want = {"allgather": (1, batch * widest * 4)}
     if used != want or p2p:
-        return (
-            f"{case}: the backward on rank {r} called {used or 'no collective'}, point-to-"
-            f"point {p2p or 'nothing'}; it needs one comm.allgather of this rank's slice of "
-            f"dL/dX padded to the widest slice ({batch} x {widest}, {batch * widest * 4} "
+        return _(
+            "{case}: the backward on rank {r} called {used}, point-to-"
+            "point {p2p}; it needs one comm.allgather of this rank's slice of "
+            "dL/dX padded to the widest slice ({batch} x {widest}, {nbytes} "
             "bytes): the slices are disjoint, an allreduce of a padded dX moves twice that"
+        ).format(
+            case=case,
+            r=r,
+            used=used or _("no collective"),
+            p2p=p2p or _("nothing"),
+            batch=batch,
+            widest=widest,
+            nbytes=batch * widest * 4,
         )
     return ""
 
@@ -138,12 +167,11 @@ def judge_row_training(case: dict, r: int, p: int, data: Any) -> str:
                 t -= TRAIN_LR * t.grad
                 t.grad = None
     want = [ref[0], ref[1], ref[2][:, lo:hi], ref[3]]
-    names = ("W1 (replicated)", "b1 (replicated)", "the shard of W2", "b2")
+    names = (N_("W1 (replicated)"), N_("b1 (replicated)"), N_("the shard of W2"), "b2")
     mine = list(data) if isinstance(data, tuple) else []
     for name, got, ref_t in zip(names, mine + [None] * (4 - len(mine)), want, strict=False):
         if not close(got, ref_t.detach()):
-            return (
-                f"MLP 5-7-3, {TRAIN_STEPS} SGD steps: {name} on rank {r} differs "
-                "from one-process training"
-            )
+            return _(
+                "MLP 5-7-3, {steps} SGD steps: {name} on rank {r} differs from one-process training"
+            ).format(steps=TRAIN_STEPS, name=_(name), r=r)
     return ""

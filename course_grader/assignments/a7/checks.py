@@ -24,24 +24,35 @@ from course_grader.assignments.a7.collect import BACKWARDS, TRAIN_STEPS
 from course_grader.assignments.a7.judge import a7_cases, judge_rank
 from course_grader.assignments.engine_check import judge_ranks, run_shipped_check
 from course_lib.checks.verdict import Verdict
+from course_lib.i18n import N_, _
 
 __all__ = [
     "A7_DETAILS",
     "A7_POINTS",
     "a7_body",
     "a7_cases",
+    "a7_detail",
     "check_shard_update",
     "check_stage2_hooks",
 ]
 
 A7_POINTS = {"A7.1": 6.0, "A7.2": 4.0}
-#: what each exercise's PASS line says
+#: what each exercise's PASS line says (templates: :func:`a7_detail` fills in the numbers)
 A7_DETAILS = {
-    "A7.1": f"3 ranks, 3 buckets, {BACKWARDS} backward passes: every shard of the mean, each "
-    "bucket reduced during backward and its full gradients freed (at most one bucket's held)",
-    "A7.2": f"3 ranks, buckets of 35 and 16 values, {TRAIN_STEPS} steps: torch.optim.Adam's "
-    "weights on every rank, state for the shard only",
+    "A7.1": N_(
+        "3 ranks, 3 buckets, {backwards} backward passes: every shard of the mean, each "
+        "bucket reduced during backward and its full gradients freed (at most one bucket's held)"
+    ),
+    "A7.2": N_(
+        "3 ranks, buckets of 35 and 16 values, {steps} steps: torch.optim.Adam's "
+        "weights on every rank, state for the shard only"
+    ),
 }
+
+
+def a7_detail(exercise: str) -> str:
+    """``exercise``'s PASS detail in the current language."""
+    return _(A7_DETAILS[exercise]).format(backwards=BACKWARDS, steps=TRAIN_STEPS)
 
 
 def a7_body(exercise: str, run_case: Callable[[dict], Any], seed: int | None = None) -> str:
@@ -49,13 +60,13 @@ def a7_body(exercise: str, run_case: Callable[[dict], Any], seed: int | None = N
 
     judge = functools.partial(judge_rank, exercise)
     judge_ranks(a7_cases(exercise, seed), run_case, judge, world_size=3)
-    return A7_DETAILS[exercise]
+    return a7_detail(exercise)
 
 
 #: The kit's stage 2 answers A7.1 with its hooks: refused on the engines while the answer runs
 #: (graded, the guard refuses importing it).
 REFUSED = {
-    "course_lib.parallel.sharded.zero.Zero2.attach": "register the hooks yourself",
+    "course_lib.parallel.sharded.zero.Zero2.attach": N_("register the hooks yourself"),
 }
 
 
@@ -68,7 +79,7 @@ def _run(blob: bytes, case: dict, comm_name: str) -> tuple:
     from course_lib.checks.verdict import refusing
 
     answer = cloudpickle.loads(blob)
-    with refusing(REFUSED, answer):
+    with refusing({name: _(hint) for name, hint in REFUSED.items()}, answer):
         return collect(get_ipython().user_ns[comm_name], answer, case)
 
 

@@ -17,6 +17,9 @@ bucket in one process (Adam is elementwise), every rank holding every updated va
 ledger must show Adam's state for the shard only. A wrong answer is compared with the usual
 mistakes (a sum for a mean, the whole bucket kept, the whole optimiser state, a fresh
 optimiser each step, no gather, an allreduce to gather) and the verdict names the match.
+
+Kept whole: one judge per exercise, each a list of named mistakes; most lines are their messages
+(``_()`` templates and their fields, read in the student's language).
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ from course_grader.assignments.a7.collect import (
     used_of,
 )
 from course_lib.comm.buffers import chunk_bounds
+from course_lib.i18n import _
 
 __all__ = ["UPDATE_SIZES", "a7_cases", "judge_rank", "mean_gradients", "sizes_of"]
 
@@ -96,61 +100,70 @@ def _collectives(used: dict, rank: int) -> str:
     if not other:
         return ""
     if "allreduce" in other:
-        return (
-            f"rank {rank} called comm.allreduce: an allreduce leaves every rank the whole "
+        return _(
+            "rank {rank} called comm.allreduce: an allreduce leaves every rank the whole "
             "bucket's sum, a full-size gradient again; stage 2 reduce-scatters, and each rank "
             "keeps its shard only"
-        )
+        ).format(rank=rank)
     names = ", ".join(f"comm.{n}" for n in other)
-    return f"rank {rank} called {names}: the gradients need a reduce-scatter only"
+    return _("rank {rank} called {names}: the gradients need a reduce-scatter only").format(
+        rank=rank, names=names
+    )
 
 
 def _shards(case: dict, rank: int, n: int, got: Any) -> str:
     """Return "" or what is wrong with the shards the hooks stored, pass after pass."""
     sizes = [sum(p.numel() for p in ps) for ps in model_buckets(hook_model(case["model_seed"]))]
     if not isinstance(got, (list, tuple)) or len(got) != BACKWARDS:
-        return f"rank {rank} returned no shards"
+        return _("rank {rank} returned no shards").format(rank=rank)
     for step, stored in enumerate(got):
         means, own = mean_gradients(case, n, step)
-        when = "the first backward pass" if step == 0 else "a second backward pass"
         for b, (m, shard) in enumerate(zip(sizes, stored, strict=True)):
             lo, hi = chunk_bounds(m, n)[rank]
-            where = f"after {when}, shards[{b}] (bucket {b}, {m} values)"
+            where = (
+                _("after the first backward pass, shards[{b}] (bucket {b}, {m} values)")
+                if step == 0
+                else _("after a second backward pass, shards[{b}] (bucket {b}, {m} values)")
+            ).format(b=b, m=m)
             if shard is None:
                 if step > 0 and all(s is not None for s in got[0]):
-                    return (
-                        f"{where} was missing on rank {rank}, though the first pass stored it: "
+                    return _(
+                        "{where} was missing on rank {rank}, though the first pass stored it: "
                         "the hooks fire again in every backward pass, and a bucket is complete "
                         "once each of its parameters' gradients has arrived in this pass"
-                    )
-                return (
-                    f"{where} was missing on rank {rank}: store this rank's shard of every "
+                    ).format(where=where, rank=rank)
+                return _(
+                    "{where} was missing on rank {rank}: store this rank's shard of every "
                     "bucket's mean gradient in shards, keyed by the bucket's index (0 for the "
                     "bucket backward produces first)"
-                )
+                ).format(where=where, rank=rank)
             if shard.shape == (m,):
-                return (
-                    f"{where} holds the whole bucket on rank {rank}: stage 2 keeps this rank's "
-                    f"shard only, chunk_bounds({m}, {n})[{rank}] = [{lo}:{hi}] ({hi - lo} values)"
-                )
+                return _(
+                    "{where} holds the whole bucket on rank {rank}: stage 2 keeps this rank's "
+                    "shard only, chunk_bounds({m}, {n})[{rank}] = [{lo}:{hi}] ({size} values)"
+                ).format(where=where, rank=rank, m=m, n=n, lo=lo, hi=hi, size=hi - lo)
             if shard.shape != (hi - lo,):
-                return (
-                    f"{where} has shape {shard.shape} on rank {rank}, not ({hi - lo},): this "
-                    f"rank's shard is chunk_bounds({m}, {n})[{rank}] = [{lo}:{hi}]"
+                return _(
+                    "{where} has shape {shape} on rank {rank}, not ({size},): this "
+                    "rank's shard is chunk_bounds({m}, {n})[{rank}] = [{lo}:{hi}]"
+                ).format(
+                    where=where, shape=shard.shape, rank=rank, size=hi - lo, m=m, n=n, lo=lo, hi=hi
                 )
             if _close(shard, means[b][lo:hi]):
                 continue
             if _close(shard, n * means[b][lo:hi]):
-                return (
-                    f"{where} on rank {rank} is the sum over the {n} ranks, not their mean: "
-                    f"divide it by N = {n} (each rank's gradient is of its own batch's mean loss)"
-                )
+                return _(
+                    "{where} on rank {rank} is the sum over the {n} ranks, not their mean: "
+                    "divide it by N = {n} (each rank's gradient is of its own batch's mean loss)"
+                ).format(where=where, rank=rank, n=n)
             if _close(shard, own[rank][b][lo:hi]):
-                return (
-                    f"{where} on rank {rank} is this rank's own gradient: reduce it over the "
-                    f"{n} ranks"
-                )
-            return f"{where} on rank {rank} differs from the mean of the {n} ranks' gradients"
+                return _(
+                    "{where} on rank {rank} is this rank's own gradient: reduce it over the "
+                    "{n} ranks"
+                ).format(where=where, rank=rank, n=n)
+            return _(
+                "{where} on rank {rank} differs from the mean of the {n} ranks' gradients"
+            ).format(where=where, rank=rank, n=n)
     return ""
 
 
@@ -161,7 +174,9 @@ def _memory(case: dict, rank: int, rows: Any) -> str:
     nb, total = len(sizes), 4 * sum(sizes)
     rows = np.asarray(rows, np.int64).reshape(-1, nb + 4)
     if len(rows) != BACKWARDS * (sum(len(ps) for ps in buckets) + 1):
-        return f"rank {rank}'s memory ledger has {len(rows)} samples: the hooks did not run"
+        return _("rank {rank}'s memory ledger has {samples} samples: the hooks did not run").format(
+            rank=rank, samples=len(rows)
+        )
     peak = int(rows[:, 2 : 2 + nb].sum(axis=1).max())
     stage2 = max(4 * m for m in sizes)
     for step, b, *rest in rows.tolist():
@@ -169,28 +184,42 @@ def _memory(case: dict, rank: int, rows: Any) -> str:
         kept = [c for c in range(nb) if held[c] and (c < b or b == nb)]
         if kept:
             c = kept[0]
-            when = "at the end of backward" if b == nb else f"when bucket {b}'s were produced"
+            when = (
+                _("at the end of backward")
+                if b == nb
+                else _("when bucket {b}'s were produced").format(b=b)
+            )
             late = rows[(rows[:, 0] == step) & (rows[:, 1] >= nb - 1)]  # the last bucket's
             to_the_end = bool(late[:, 2 + c].sum())
             name = (
-                "every full gradient kept until the end of backward, stage 1's memory"
+                _("every full gradient kept until the end of backward, stage 1's memory")
                 if to_the_end
-                else "full gradients kept after their bucket was complete"
+                else _("full gradients kept after their bucket was complete")
             )
-            return (
-                f"the shards are right, but rank {rank}'s memory ledger still held bucket {c}'s "
-                f"full-size gradients ({held[c]} bytes) {when}: {name} (a peak of {peak} bytes "
-                f"of full-size gradients, {total} for all {nb} buckets); stage 2 frees each "
+            return _(
+                "the shards are right, but rank {rank}'s memory ledger still held bucket {c}'s "
+                "full-size gradients ({held} bytes) {when}: {name} (a peak of {peak} bytes "
+                "of full-size gradients, {total} for all {nb} buckets); stage 2 frees each "
                 "bucket's full gradients as soon as it is reduce-scattered, so at most one "
-                f"bucket's are held ({stage2} bytes here)"
+                "bucket's are held ({stage2} bytes here)"
+            ).format(
+                rank=rank,
+                c=c,
+                held=held[c],
+                when=when,
+                name=name,
+                peak=peak,
+                total=total,
+                nb=nb,
+                stage2=stage2,
             )
         if b < nb and calls < b:
-            return (
-                f"the shards are right, but on rank {rank} bucket {b - 1} had not been reduced "
-                f"when bucket {b}'s gradients were produced ({calls} collectives so far): the "
+            return _(
+                "the shards are right, but on rank {rank} bucket {prev} had not been reduced "
+                "when bucket {b}'s gradients were produced ({calls} collectives so far): the "
                 "reduce-scatter of a bucket runs during backward, as soon as the bucket is "
                 "complete, not after backward"
-            )
+            ).format(rank=rank, prev=b - 1, b=b, calls=calls)
     return ""
 
 
@@ -201,17 +230,19 @@ def _shard_bytes(case: dict, rank: int, n: int, rows: Any) -> str:
     held = int(rows[:, 2 + nb].max())
     want = 4 * sum(sizes_of(m, n)[rank] for m in sizes)
     if held > want + SHARDS_SLACK:
-        return (
-            f"the shards are right, but on rank {rank} the shards dict holds {held} bytes where "
-            f"its shards are {want}: a tensor that views a bigger buffer keeps the whole "
+        return _(
+            "the shards are right, but on rank {rank} the shards dict holds {held} bytes where "
+            "its shards are {want}: a tensor that views a bigger buffer keeps the whole "
             "buffer alive (a full-size gradient in all but name)"
-        )
+        ).format(rank=rank, held=held, want=want)
     return ""
 
 
 def _judge_hooks(case: dict, rank: int, n: int, data: Any) -> str:
     got, rows, used, _p2p = data
-    head = f"3 buckets (12, 40, 35 values) on {n} ranks, {BACKWARDS} backward passes"
+    head = _("3 buckets (12, 40, 35 values) on {n} ranks, {backwards} backward passes").format(
+        n=n, backwards=BACKWARDS
+    )
     for why in (
         _collectives(used_of(used), rank),
         _shards(case, rank, n, got),
@@ -242,26 +273,35 @@ def _judge_update(case: dict, rank: int, n: int, data: Any) -> str:
     weights, held, used, _p2p = data
     sizes = sizes_of(m, n)
     lo, hi = chunk_bounds(m, n)[rank]
-    head = (
-        f"a bucket of {m} values on {n} ranks ({', '.join(map(str, sizes))}), {TRAIN_STEPS} steps"
+    head = _("a bucket of {m} values on {n} ranks ({sizes}), {steps} steps").format(
+        m=m, n=n, sizes=", ".join(map(str, sizes)), steps=TRAIN_STEPS
     )
     used = used_of(used)
     if "allreduce" in used:
-        return (
-            f"{head}: rank {rank} called comm.allreduce: an allreduce that gathers sends twice "
+        return _(
+            "{head}: rank {rank} called comm.allreduce: an allreduce that gathers sends twice "
             "an allgather's bytes ((N - 1)/N of the bucket each way round the ring); gather "
             "the shards with an allgather"
-        )
+        ).format(head=head, rank=rank)
     limit = 12 * sizes[rank] + STATE_SLACK
     if int(held) > limit:
-        whole = " (the whole bucket's)" if int(held) >= 8 * m else ""
-        return (
-            f"{head}: the ledger counts {int(held)} bytes of optimiser state on rank {rank}"
-            f"{whole}; a rank that keeps the whole optimiser state is not stage 2: Adam's m and "
-            f"v for this rank's shard of {sizes[rank]} values are {8 * sizes[rank]} bytes"
+        whole = _(" (the whole bucket's)") if int(held) >= 8 * m else ""
+        return _(
+            "{head}: the ledger counts {held} bytes of optimiser state on rank {rank}"
+            "{whole}; a rank that keeps the whole optimiser state is not stage 2: Adam's m and "
+            "v for this rank's shard of {size} values are {nbytes} bytes"
+        ).format(
+            head=head,
+            held=int(held),
+            rank=rank,
+            whole=whole,
+            size=sizes[rank],
+            nbytes=8 * sizes[rank],
         )
     if not isinstance(weights, np.ndarray) or weights.shape != (m,):
-        return f"{head}: flat_params changed shape on rank {rank}; update it in place"
+        return _("{head}: flat_params changed shape on rank {rank}; update it in place").format(
+            head=head, rank=rank
+        )
     want, before = _adam(m, seed).numpy(), bucket(m, seed).numpy()
     if _close(weights, want, 1e-6):
         return ""
@@ -270,28 +310,32 @@ def _judge_update(case: dict, rank: int, n: int, data: Any) -> str:
         stale = [q for q, (a, b) in enumerate(chunk_bounds(m, n))
                  if q != rank and np.array_equal(weights[a:b], before[a:b])]  # fmt: skip
         if stale:
-            return (
-                f"{head}: on rank {rank} the shards of ranks {stale} are the weights before the "
+            return _(
+                "{head}: on rank {rank} the shards of ranks {stale} are the weights before the "
                 "step: after its own shard's update every rank needs every owner's updated "
                 "shard (an allgather)"
-            )
-        return f"{head}: on rank {rank} the other ranks' shards are not their owners' updates"
+            ).format(head=head, rank=rank, stale=stale)
+        return _(
+            "{head}: on rank {rank} the other ranks' shards are not their owners' updates"
+        ).format(head=head, rank=rank)
     if np.array_equal(weights[lo:hi], before[lo:hi]):
-        return (
-            f"{head}: rank {rank}'s own shard [{lo}:{hi}] was not updated in flat_params: the "
+        return _(
+            "{head}: rank {rank}'s own shard [{lo}:{hi}] was not updated in flat_params: the "
             "update must land in flat_params itself"
-        )
+        ).format(head=head, rank=rank, lo=lo, hi=hi)
     if _close(weights[lo:hi], _adam(m, seed, fresh=True).numpy()[lo:hi], 1e-6):
-        return (
-            f"{head}: rank {rank}'s updates are each a first Adam step: Adam's m, v and step "
+        return _(
+            "{head}: rank {rank}'s updates are each a first Adam step: Adam's m, v and step "
             "count must last from one call to the next (in state)"
-        )
-    return f"{head}: rank {rank}'s shard differs from torch.optim.Adam's in one process"
+        ).format(head=head, rank=rank)
+    return _("{head}: rank {rank}'s shard differs from torch.optim.Adam's in one process").format(
+        head=head, rank=rank
+    )
 
 
 def judge_rank(exercise: str, case: dict, rank: int, n: int, data: Any) -> str:
     """Return "" or what is wrong with rank ``rank``'s data for one case of ``exercise``."""
     if not isinstance(data, (list, tuple)) or len(data) != 4:
-        return f"rank {rank} returned no result"
+        return _("rank {rank} returned no result").format(rank=rank)
     judge = {"hooks": _judge_hooks, "update": _judge_update}[case["kind"]]
     return judge(case, rank, n, data)

@@ -38,12 +38,14 @@ import numpy as np
 from course_grader.assignments.a8.cases import a8_cases
 from course_grader.assignments.a8.judge import ROOM_MARGIN, judge_halo, judge_room, judge_search
 from course_lib.checks.verdict import Verdict, run_check
+from course_lib.i18n import N_, _
 
 __all__ = [
     "A8_DETAILS",
     "A8_POINTS",
     "a8_body",
     "a8_cases",
+    "a8_detail",
     "check_choice",
     "check_halo_messages",
     "check_mh_search",
@@ -52,13 +54,23 @@ __all__ = [
 ]
 
 A8_POINTS = {"A8.1": 3.0, "A8.2": 3.0, "A8.3": 4.0}
+#: what each exercise's PASS line says (templates: :func:`a8_detail` fills in the margin)
 A8_DETAILS = {
-    "A8.1": "forward halos and backward gradients equal to the simulator's task graph",
-    "A8.2": "the walk's time at each level as exp(-beta t), the best seen kept on a hot walk, "
-    "the exhaustive optimum found",
-    "A8.3": "the pick fits each room's memory (Adam's state counted) and is within "
-    f"{ROOM_MARGIN:.0%} of the fastest strategy that fits, within the budget of simulations",
+    "A8.1": N_("forward halos and backward gradients equal to the simulator's task graph"),
+    "A8.2": N_(
+        "the walk's time at each level as exp(-beta t), the best seen kept on a hot walk, "
+        "the exhaustive optimum found"
+    ),
+    "A8.3": N_(
+        "the pick fits each room's memory (Adam's state counted) and is within "
+        "{margin} of the fastest strategy that fits, within the budget of simulations"
+    ),
 }
+
+
+def a8_detail(exercise: str) -> str:
+    """``exercise``'s PASS detail in the current language."""
+    return _(A8_DETAILS[exercise]).format(margin=f"{ROOM_MARGIN:.0%}")
 
 
 def run_search(mh_search: Callable, case: dict):
@@ -89,7 +101,9 @@ def run_room(choose_strategy: Callable, case: dict):
         if s not in asked:
             if len(asked) >= case["budget"]:
                 raise RuntimeError(
-                    f"budget spent: more than {case['budget']} distinct strategies simulated"
+                    _("budget spent: more than {budget} distinct strategies simulated").format(
+                        budget=case["budget"]
+                    )
                 )
             asked.add(s)
         return float(times[s]), float(peaks[s])
@@ -110,11 +124,14 @@ def a8_body(exercise: str, run_case: Callable, seed: int | None = None) -> str:
             judge_room(run_case, case)
         else:
             judge_search(run_case, case)
+    detail = a8_detail(exercise)
     if exercise == "A8.1":
-        return f"{len(cases)} convolutions on 2-4 workers, {A8_DETAILS['A8.1']}"
+        return _("{n} convolutions on 2-4 workers, {detail}").format(n=len(cases), detail=detail)
     if exercise == "A8.3":
-        return f"{len(cases)} rooms: {A8_DETAILS['A8.3']}"
-    return f"3 levels and a space of {cases[2]['table'].size} strategies: {A8_DETAILS['A8.2']}"
+        return _("{n} rooms: {detail}").format(n=len(cases), detail=detail)
+    return _("3 levels and a space of {size} strategies: {detail}").format(
+        size=cases[2]["table"].size, detail=detail
+    )
 
 
 def check_halo_messages(

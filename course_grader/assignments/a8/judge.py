@@ -9,6 +9,9 @@ iteration where it departs); on the three levels a wrong rule is named by its fr
 (exp(+beta delta), a walk that never moves); the search must return the best strategy it saw and
 the exhaustive optimum on the small space. The cases are
 :mod:`course_grader.assignments.a8.cases`.
+
+Kept whole: one judge per exercise, each a list of named mistakes; most lines are their messages
+(``_()`` templates and their fields, read in the student's language).
 """
 
 from __future__ import annotations
@@ -20,63 +23,96 @@ import numpy as np
 
 from course_grader.assignments.a8.cases import simulated_halo
 from course_grader.assignments.a8.replay import first_departure
+from course_lib.i18n import N_, _
 
 __all__ = ["BYTES", "ROOM_MARGIN", "STATS_TOLERANCE", "judge_halo", "judge_room", "judge_search"]
 
 BYTES = 4  # float32
 ROOM_MARGIN = 0.10  # A8.3: the pick's step time within 10 % of the best strategy that fits
 STATS_TOLERANCE = 0.04  # on each level's fraction of the walk (about 5 standard errors)
+_WALK_LENGTH = N_(
+    "the walk has {entries} entries for {iterations} iterations: record the "
+    "current strategy's time after every iteration"
+)
 
 
 # -- A8.1 ------------------------------------------------------------------------------------
 def _messages(got, what: str, workers: int) -> dict:
     """Return ``{(src, dst): bytes}`` from a list of (src, dst, bytes); refuse what is not."""
+    shown = _(what)  # "forward" or "backward", in the current language
     if got is None or isinstance(got, (str, bytes)) or not hasattr(got, "__len__"):
-        raise AssertionError(f"the {what} messages must be a list of (src, dst, bytes) tuples")
+        raise AssertionError(
+            _("the {what} messages must be a list of (src, dst, bytes) tuples").format(what=shown)
+        )
     out: dict = {}
     for m in got:
         try:
             src, dst, nbytes = (float(v) for v in np.asarray(m, dtype=float).reshape(-1))
         except (ValueError, TypeError):
             raise AssertionError(
-                f"each {what} message must be a (src, dst, bytes) tuple of numbers, got {m!r}"
+                _(
+                    "each {what} message must be a (src, dst, bytes) tuple of numbers, got {got}"
+                ).format(what=shown, got=repr(m))
             ) from None
         src, dst = int(src), int(dst)
         if not (0 <= src < workers and 0 <= dst < workers):
             raise AssertionError(
-                f"{what} message {src} -> {dst}: there is no worker {dst if 0 <= src else src} "
-                f"(workers 0..{workers - 1}); an edge worker has one neighbour only, the image's "
-                "top and bottom rows are padding, not a halo"
+                _(
+                    "{what} message {src} -> {dst}: there is no worker {missing} "
+                    "(workers 0..{last}); an edge worker has one neighbour only, the image's "
+                    "top and bottom rows are padding, not a halo"
+                ).format(
+                    what=shown,
+                    src=src,
+                    dst=dst,
+                    missing=dst if 0 <= src else src,
+                    last=workers - 1,
+                )
             )
         if src == dst:
-            raise AssertionError(f"{what} message {src} -> {dst}: a worker does not send to itself")
+            raise AssertionError(
+                _("{what} message {src} -> {dst}: a worker does not send to itself").format(
+                    what=shown, src=src, dst=dst
+                )
+            )
         if (src, dst) in out:
             raise AssertionError(
-                f"two {what} messages {src} -> {dst}: send the whole halo as one message per "
-                "neighbour and pass (as the simulator does)"
+                _(
+                    "two {what} messages {src} -> {dst}: send the whole halo as one message per "
+                    "neighbour and pass (as the simulator does)"
+                ).format(what=shown, src=src, dst=dst)
             )
         out[(src, dst)] = nbytes
     return out
 
 
 def _where(case: dict) -> str:
-    return (
-        f"batch {case['batch']}, {case['channels']} x {case['height']} x {case['width']} input, "
-        f"{case['kernel']}x{case['kernel']} kernel, padding {case['padding']}, "
-        f"stride {case['stride']}, {case['workers']} workers"
-    )
+    return _(
+        "batch {batch}, {channels} x {height} x {width} input, "
+        "{kernel}x{kernel} kernel, padding {padding}, "
+        "stride {stride}, {workers} workers"
+    ).format(**{k: case[k] for k in _CASE_FIELDS})
+
+
+_CASE_FIELDS = ("batch", "channels", "height", "width", "kernel", "padding", "stride", "workers")
 
 
 def _compare(got: dict, want: dict, what: str, case: dict) -> None:
-    n, where = case["workers"], _where(case)
+    n, where, shown = case["workers"], _where(case), _(what)
     row = BYTES * case["batch"] * case["channels"] * case["width"]  # one input row, float32
     if want and not got:
         if what == "backward":
             raise AssertionError(
-                f"no backward messages ({where}): the gradient of every halo row travels back "
-                "to the worker that holds the row (the same bytes, dst -> src)"
+                _(
+                    "no backward messages ({where}): the gradient of every halo row travels back "
+                    "to the worker that holds the row (the same bytes, dst -> src)"
+                ).format(where=where)
             )
-        raise AssertionError(f"no forward messages ({where}), but the simulator sends {want}")
+        raise AssertionError(
+            _("no forward messages ({where}), but the simulator sends {want}").format(
+                where=where, want=want
+            )
+        )
     if (
         got
         and want
@@ -84,46 +120,77 @@ def _compare(got: dict, want: dict, what: str, case: dict) -> None:
         and got.keys() == want.keys()
     ):
         raise AssertionError(
-            f"{what} bytes are twice the simulator's ({where}): float64; the kit's activations "
-            "and gradients are float32, 4 bytes each"
+            _(
+                "{what} bytes are twice the simulator's ({where}): float64; the kit's activations "
+                "and gradients are float32, 4 bytes each"
+            ).format(what=shown, where=where)
         )
     reversed_ = {(d, s): b for (s, d), b in got.items()}
     if what == "backward" and got != want and reversed_ == want:
         raise AssertionError(
-            f"the backward messages go the wrong way ({where}): a halo row's gradient goes back "
-            "from the worker that used it to the worker that holds the row"
+            _(
+                "the backward messages go the wrong way ({where}): a halo row's gradient goes "
+                "back from the worker that used it to the worker that holds the row"
+            ).format(where=where)
         )
     for s, d in sorted(got):
         if (s, d) not in want:
             hint = (
-                ": workers 0 and the last are not neighbours; an edge worker has a halo on one "
-                "side only"
+                _(
+                    ": workers 0 and the last are not neighbours; an edge worker has a halo on "
+                    "one side only"
+                )
                 if {s, d} == {0, n - 1} and n > 2
                 else ""
             )
             raise AssertionError(
-                f"{what} message {s} -> {d} ({where}), but the simulator sends none: worker "
-                f"{d if what == 'forward' else s}'s output rows need none of worker "
-                f"{s if what == 'forward' else d}'s input rows{hint}"
+                _(
+                    "{what} message {s} -> {d} ({where}), but the simulator sends none: worker "
+                    "{user}'s output rows need none of worker {holder}'s input rows{hint}"
+                ).format(
+                    what=shown,
+                    s=s,
+                    d=d,
+                    where=where,
+                    user=d if what == "forward" else s,
+                    holder=s if what == "forward" else d,
+                    hint=hint,
+                )
             )
     for (s, d), nbytes in sorted(want.items()):
         if (s, d) not in got:
             raise AssertionError(
-                f"no {what} message {s} -> {d} ({where}): the simulator sends {nbytes} bytes "
-                f"({nbytes // row} rows of batch x channels x width float32)"
+                _(
+                    "no {what} message {s} -> {d} ({where}): the simulator sends {nbytes} bytes "
+                    "({rows} rows of batch x channels x width float32)"
+                ).format(what=shown, s=s, d=d, where=where, nbytes=nbytes, rows=nbytes // row)
             )
         if got[(s, d)] != nbytes:
             k, p = case["kernel"], case["padding"]
             hint = (
-                f"; with padding {p} != {k // 2} the halo is not k // 2 rows on each side: worker "
-                "j needs input rows [o0 * stride - padding, (o1 - 1) * stride - padding + kernel) "
-                "clipped to the image, for its output rows [o0, o1)"
+                _(
+                    "; with padding {p} != {half} the halo is not k // 2 rows on each side: "
+                    "worker j needs input rows [o0 * stride - padding, (o1 - 1) * stride - "
+                    "padding + kernel) clipped to the image, for its output rows [o0, o1)"
+                ).format(p=p, half=k // 2)
                 if p != k // 2 or case["stride"] > 1
                 else ""
             )
             raise AssertionError(
-                f"{what} message {s} -> {d} ({where}): {got[(s, d)]:g} bytes, the simulator "
-                f"sends {nbytes} ({nbytes // row} rows of {row} bytes){hint}"
+                _(
+                    "{what} message {s} -> {d} ({where}): {got} bytes, the simulator "
+                    "sends {nbytes} ({rows} rows of {row} bytes){hint}"
+                ).format(
+                    what=shown,
+                    s=s,
+                    d=d,
+                    where=where,
+                    got=f"{got[(s, d)]:g}",
+                    nbytes=nbytes,
+                    rows=nbytes // row,
+                    row=row,
+                    hint=hint,
+                )
             )
 
 
@@ -131,10 +198,9 @@ def judge_halo(answer: Callable, case: dict) -> None:
     """Judge ``answer()``'s (forward, backward) messages on one A8.1 case; raise naming the mistake."""
     got = answer()
     if not isinstance(got, (tuple, list)) or len(got) != 2:
-        raise AssertionError("halo_messages must return a tuple (forward, backward)")
-    forward, backward = (
-        _messages(g, w, case["workers"]) for g, w in zip(got, ("forward", "backward"), strict=True)
-    )
+        raise AssertionError(_("halo_messages must return a tuple (forward, backward)"))
+    passes = (N_("forward"), N_("backward"))  # shown as _(what) in the messages
+    forward, backward = (_messages(g, w, case["workers"]) for g, w in zip(got, passes, strict=True))
     want_f, want_b = simulated_halo(**case)
     _compare(forward, want_f, "forward", case)
     _compare(backward, want_b, "backward", case)
@@ -150,31 +216,43 @@ def _judge_space(got, case: dict) -> None:
         not 0 <= b < n for b, n in zip(best, table.shape, strict=True)
     ):
         raise AssertionError(
-            f"best must be a strategy: one configuration index per operator, "
-            f"{table.ndim} indices below {table.shape}; got {best}"
+            _(
+                "best must be a strategy: one configuration index per operator, "
+                "{ndim} indices below {shape}; got {best}"
+            ).format(ndim=table.ndim, shape=table.shape, best=best)
         )
     if len(walk) != case["iterations"]:
         raise AssertionError(
-            f"the walk has {len(walk)} entries for {case['iterations']} iterations: record the "
-            "current strategy's time after every iteration"
+            _(_WALK_LENGTH).format(entries=len(walk), iterations=case["iterations"])
         )
     values = np.unique(table)
     if not np.all(np.isin(walk, values)):
-        raise AssertionError("the walk holds times that no strategy has: record cost(current)")
+        raise AssertionError(_("the walk holds times that no strategy has: record cost(current)"))
     if not math.isclose(float(best_time), float(table[best]), rel_tol=1e-12):
         raise AssertionError(
-            f"best_time {float(best_time):.6g} s is not the cost of best ({table[best]:.6g} s)"
+            _("best_time {got} s is not the cost of best ({want} s)").format(
+                got=f"{float(best_time):.6g}", want=f"{table[best]:.6g}"
+            )
         )
     seen = min(float(table[tuple(case["start"])]), float(walk.min()))
     if float(best_time) > seen:
         raise AssertionError(
-            f"not keeping the best seen: the walk reached {seen * 1e3:.4f} ms but best is "
-            f"{float(best_time) * 1e3:.4f} ms (the last state, not the best one, is returned?)"
+            _(
+                "not keeping the best seen: the walk reached {seen} ms but best is "
+                "{best} ms (the last state, not the best one, is returned?)"
+            ).format(seen=f"{seen * 1e3:.4f}", best=f"{float(best_time) * 1e3:.4f}")
         )
     if float(best_time) > table.min():
         raise AssertionError(
-            f"after {case['iterations']} proposals on {table.size} strategies the best is "
-            f"{float(best_time) * 1e3:.4f} ms, the exhaustive optimum {table.min() * 1e3:.4f} ms"
+            _(
+                "after {iterations} proposals on {size} strategies the best is "
+                "{best} ms, the exhaustive optimum {optimum} ms"
+            ).format(
+                iterations=case["iterations"],
+                size=table.size,
+                best=f"{float(best_time) * 1e3:.4f}",
+                optimum=f"{table.min() * 1e3:.4f}",
+            )
         )
 
 
@@ -183,32 +261,39 @@ def _judge_levels(got, case: dict) -> None:
     walk = np.asarray(got[2], dtype=float).reshape(-1)
     if len(walk) != case["iterations"]:
         raise AssertionError(
-            f"the walk has {len(walk)} entries for {case['iterations']} iterations: record the "
-            "current strategy's time after every iteration"
+            _(_WALK_LENGTH).format(entries=len(walk), iterations=case["iterations"])
         )
     level = np.abs(walk[:, None] - table[None, :]).argmin(axis=1)
     frac = np.bincount(level, minlength=len(table)) / len(walk)
     weights = np.exp(-case["beta"] * (table - table[0]))
     want = weights / weights.sum()
-    shown = f"fractions of the walk at t0, t0 + d, t0 + 2d: {np.round(frac, 3).tolist()}"
+    shown = _("fractions of the walk at t0, t0 + d, t0 + 2d: {fractions}").format(
+        fractions=np.round(frac, 3).tolist()
+    )
     if np.all(np.abs(frac - want) <= STATS_TOLERANCE):
         return
-    rate = math.exp(-case["beta"] * (table[1] - table[0]))
+    rate = f"{math.exp(-case['beta'] * (table[1] - table[0])):.2f}"
     if np.all(np.abs(frac - 1 / len(table)) <= STATS_TOLERANCE / 2):
         raise AssertionError(
-            f"{shown}, nearly uniform: every worse move is accepted; accepting with exp(+beta "
-            f"delta)? A move worse by delta > 0 is accepted with probability exp(-beta delta) "
-            f"(here {rate:.2f} for one level), not min(1, exp(+beta delta)) = 1"
+            _(
+                "{shown}, nearly uniform: every worse move is accepted; accepting with exp(+beta "
+                "delta)? A move worse by delta > 0 is accepted with probability exp(-beta delta) "
+                "(here {rate} for one level), not min(1, exp(+beta delta)) = 1"
+            ).format(shown=shown, rate=rate)
         )
     if frac[0] > 1 - STATS_TOLERANCE:
         raise AssertionError(
-            f"{shown}: the walk never leaves the best state, so no worse move is accepted; "
-            f"accept a move worse by delta with probability exp(-beta delta) ({rate:.2f} here)"
+            _(
+                "{shown}: the walk never leaves the best state, so no worse move is accepted; "
+                "accept a move worse by delta with probability exp(-beta delta) ({rate} here)"
+            ).format(shown=shown, rate=rate)
         )
     raise AssertionError(
-        f"{shown}; the Boltzmann weights exp(-beta t) give {np.round(want, 3).tolist()} "
-        f"(+-{STATS_TOLERANCE}): accept a move worse by delta with probability exp(-beta delta) "
-        f"= {rate:.2f} for one level, every better or equal move always"
+        _(
+            "{shown}; the Boltzmann weights exp(-beta t) give {want} "
+            "(+-{tolerance}): accept a move worse by delta with probability exp(-beta delta) "
+            "= {rate} for one level, every better or equal move always"
+        ).format(shown=shown, want=np.round(want, 3).tolist(), tolerance=STATS_TOLERANCE, rate=rate)
     )
 
 
@@ -216,11 +301,11 @@ def judge_search(answer: Callable, case: dict) -> None:
     """Judge ``answer(case)``'s (best, best_time, walk) on one A8.2 case; raise naming the mistake."""
     got = answer(case)
     if not isinstance(got, (tuple, list)) or len(got) != 3:
-        raise AssertionError("mh_search must return a tuple (best, best_time, walk)")
+        raise AssertionError(_("mh_search must return a tuple (best, best_time, walk)"))
     try:
         walk = np.asarray(got[2], dtype=float).reshape(-1)
     except (ValueError, TypeError):
-        raise AssertionError("walk must be a list of step times (numbers)") from None
+        raise AssertionError(_("walk must be a list of step times (numbers)")) from None
     departure = first_departure(walk, case)  # the chain itself, replayed from the grader's seed
     if case["what"] == "levels":
         _judge_levels(got, case)  # a wrong rule shows in the frequencies: name it by them
@@ -238,31 +323,47 @@ def judge_room(answer: Callable, case: dict) -> None:
     try:
         pick = tuple(int(v) for v in np.asarray(answer(case)).reshape(-1))
     except (ValueError, TypeError):
-        raise AssertionError("choose_strategy must return a strategy: a tuple of indices") from None
+        raise AssertionError(
+            _("choose_strategy must return a strategy: a tuple of indices")
+        ) from None
     if len(pick) != times.ndim or any(
         not 0 <= b < n for b, n in zip(pick, times.shape, strict=True)
     ):
         raise AssertionError(
-            f"the pick must be one configuration index per operator, {times.ndim} indices below "
-            f"{times.shape}; got {pick}"
+            _(
+                "the pick must be one configuration index per operator, {ndim} indices below "
+                "{shape}; got {pick}"
+            ).format(ndim=times.ndim, shape=times.shape, pick=pick)
         )
-    room = (
-        f"batch {case['batch']}, a {case['bytes_per_s'] / 1e6:g} MB/s link, "
-        f"{case['workers']} PCs of {case['memory'] / 1e3:.1f} kB"
+    room = _("batch {batch}, a {rate} MB/s link, {workers} PCs of {memory} kB").format(
+        batch=case["batch"],
+        rate=f"{case['bytes_per_s'] / 1e6:g}",
+        workers=case["workers"],
+        memory=f"{case['memory'] / 1e3:.1f}",
     )
     need = float(peaks[pick])
     if need > case["memory"]:
         raise AssertionError(
-            f"the pick does not fit ({room}): it needs {need / 1e3:.1f} kB per PC (weights, "
-            "gradients, Adam's two moments and the activations), more than the room has; a "
-            "strategy that does not fit cannot run, however fast it is predicted to be"
+            _(
+                "the pick does not fit ({room}): it needs {need} kB per PC (weights, "
+                "gradients, Adam's two moments and the activations), more than the room has; a "
+                "strategy that does not fit cannot run, however fast it is predicted to be"
+            ).format(room=room, need=f"{need / 1e3:.1f}")
         )
     best = float(times[peaks <= case["memory"]].min())
     t = float(times[pick])
     if t > (1 + ROOM_MARGIN) * best:
         raise AssertionError(
-            f"the pick fits but is far slower than the best ({room}): {t * 1e3:.4f} ms a step, "
-            f"{t / best - 1:.0%} slower than the fastest strategy that fits "
-            f"({best * 1e3:.4f} ms); within {ROOM_MARGIN:.0%} is asked: search further within "
-            "the budget"
+            _(
+                "the pick fits but is far slower than the best ({room}): {t} ms a step, "
+                "{slower} slower than the fastest strategy that fits "
+                "({best} ms); within {margin} is asked: search further within "
+                "the budget"
+            ).format(
+                room=room,
+                t=f"{t * 1e3:.4f}",
+                slower=f"{t / best - 1:.0%}",
+                best=f"{best * 1e3:.4f}",
+                margin=f"{ROOM_MARGIN:.0%}",
+            )
         )

@@ -18,6 +18,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from course_lib.i18n import _
+
 __all__ = ["CONVENTIONS", "Step", "first_departure", "replay"]
 
 #: When ``u`` is drawn: for every proposal, or only for a worse one (the short-circuit
@@ -73,10 +75,10 @@ def first_departure(walk, case: dict) -> str | None:
     for convention in CONVENTIONS:
         ref, steps = replay(case, convention)
         if len(walk) != len(ref):
-            return (
-                f"the walk has {len(walk)} entries for {len(ref)} iterations: record the "
+            return _(
+                "the walk has {entries} entries for {iterations} iterations: record the "
                 "current strategy's time after every iteration"
-            )
+            ).format(entries=len(walk), iterations=len(ref))
         same = np.array([_agree(float(a), float(b)) for a, b in zip(walk, ref, strict=True)])
         if same.all():
             return None
@@ -84,15 +86,26 @@ def first_departure(walk, case: dict) -> str | None:
         if k > furthest:
             furthest, where = k, (convention, steps[k], float(walk[k]), float(ref[k]))
     convention, s, got, want = where
-    drawn = f"u = {s.u:.4f}" if s.u is not None else "no u (a better or equal proposal)"
+    drawn = f"u = {s.u:.4f}" if s.u is not None else _("no u (a better or equal proposal)")
     p = min(1.0, math.exp(-float(case["beta"]) * (s.t_new - s.t_cur)))
-    verdict = "accept" if s.accepted else "reject"
-    return (
-        f"the walk is not the Metropolis-Hastings chain of the grader's random stream: at "
-        f"iteration {furthest + 1} the chain is at {s.t_cur * 1e3:.4f} ms, the proposal gives "
-        f"operator {s.operator} configuration {s.config} ({s.t_new * 1e3:.4f} ms), {drawn}, and "
-        f"min(1, exp(-beta dt)) = {p:.3f} says {verdict}: the walk should record "
-        f"{want * 1e3:.4f} ms, yours records {got * 1e3:.4f} ms. Draw i = rng.integers(len("
+    verdict = _("accept") if s.accepted else _("reject")
+    return _(
+        "the walk is not the Metropolis-Hastings chain of the grader's random stream: at "
+        "iteration {iteration} the chain is at {t_cur} ms, the proposal gives "
+        "operator {operator} configuration {config} ({t_new} ms), {drawn}, and "
+        "min(1, exp(-beta dt)) = {p} says {verdict}: the walk should record "
+        "{want} ms, yours records {got} ms. Draw i = rng.integers(len("
         "choices)), then rng.integers(choices[i]), then u = rng.random(), from the rng given, "
         "and nothing else from it"
+    ).format(
+        iteration=furthest + 1,
+        t_cur=f"{s.t_cur * 1e3:.4f}",
+        operator=s.operator,
+        config=s.config,
+        t_new=f"{s.t_new * 1e3:.4f}",
+        drawn=drawn,
+        p=f"{p:.3f}",
+        verdict=verdict,
+        want=f"{want * 1e3:.4f}",
+        got=f"{got * 1e3:.4f}",
     )

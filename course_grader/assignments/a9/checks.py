@@ -24,26 +24,37 @@ from course_grader.assignments.a9.judge import RING_CASES, a9_ring_cases, judge_
 from course_grader.assignments.a9.online import ONLINE_CASES, judge_update, online_cases
 from course_grader.assignments.engine_check import judge_ranks, run_shipped_check
 from course_lib.checks.verdict import Verdict, run_check
+from course_lib.i18n import N_, _
 
 __all__ = [
     "A9_DETAILS",
     "A9_POINTS",
     "a9_body",
     "a9_cases",
+    "a9_detail",
     "check_online_softmax_update",
     "check_ring_attention_forward",
     "online_cases",
 ]
 
 A9_POINTS = {"A9.1": 4.0, "A9.2": 6.0}
-_TOKENS = " and ".join(str(T) for T, _, _ in RING_CASES)
-#: what each exercise's PASS line says
+#: what each exercise's PASS line says (templates: :func:`a9_detail` fills in the numbers)
 A9_DETAILS = {
-    "A9.1": f"{len(ONLINE_CASES)} blocks (the first, raising and lowering the maximum, masked): "
-    "the softmax over every key so far",
-    "A9.2": f"3 ranks, T = {_TOKENS} (uneven blocks): full causal attention, N - 1 key / value "
-    "blocks to rank + 1 only",
+    "A9.1": N_(
+        "{blocks} blocks (the first, raising and lowering the maximum, masked): "
+        "the softmax over every key so far"
+    ),
+    "A9.2": N_(
+        "3 ranks, T = {tokens} (uneven blocks): full causal attention, N - 1 key / value "
+        "blocks to rank + 1 only"
+    ),
 }
+
+
+def a9_detail(exercise: str) -> str:
+    """``exercise``'s PASS detail in the current language."""
+    tokens = _(" and ").join(str(case[0]) for case in RING_CASES)
+    return _(A9_DETAILS[exercise]).format(blocks=len(ONLINE_CASES), tokens=tokens)
 
 
 def a9_cases(exercise: str, seed: int | None = None) -> list[dict]:
@@ -70,7 +81,7 @@ def check_online_softmax_update(
                 )
             why = judge_update(index, case, got)
             assert not why, why
-        return A9_DETAILS["A9.1"]
+        return a9_detail("A9.1")
 
     return run_check(
         "A9.1", "online_softmax_update", body, max_points=A9_POINTS["A9.1"], verbose=verbose
@@ -80,14 +91,15 @@ def check_online_softmax_update(
 def a9_body(exercise: str, run_case: Callable[[dict], Any], seed: int | None = None) -> str:
     """Judge ``run_case(case)`` (every rank's (rank, world size, data)) case by case (A9.2)."""
     judge_ranks(a9_cases(exercise, seed), run_case, judge_ring, world_size=3)
-    return A9_DETAILS[exercise]
+    return a9_detail(exercise)
 
 
 #: The kit's ring attention answers A9.2: refused on the engines while the answer runs (graded,
 #: the guard refuses importing it; the notebook's check says so at once).
 REFUSED = {
-    "course_lib.parallel.transformer.ring.ring_attention": "write the ring yourself from "
-    "comm.sendrecv"
+    "course_lib.parallel.transformer.ring.ring_attention": N_(
+        "write the ring yourself from comm.sendrecv"
+    )
 }
 
 
@@ -100,7 +112,7 @@ def _run(blob: bytes, case: dict, comm_name: str) -> tuple:
     from course_lib.checks.verdict import refusing
 
     answer = cloudpickle.loads(blob)
-    with refusing(REFUSED, answer):
+    with refusing({name: _(hint) for name, hint in REFUSED.items()}, answer):
         return collect(get_ipython().user_ns[comm_name], answer, case)
 
 

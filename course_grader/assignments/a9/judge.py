@@ -20,6 +20,7 @@ import numpy as np
 
 from course_grader.assignments.a9.collect import p2p_of, sequence, used_of
 from course_lib.comm.buffers import chunk_bounds
+from course_lib.i18n import N_, _
 from course_lib.parallel.transformer.formulas import ring_traffic
 from course_lib.parallel.transformer.layouts import contiguous_layout
 
@@ -86,20 +87,31 @@ def _no_rescale(q: Any, k: Any, v: Any, T: int, n: int, rank: int) -> np.ndarray
 
 
 _MISTAKES = {
-    "none": "the causal mask is missing: every query attended to every key, later ones "
-    "included (query i sees keys j <= i only)",
-    "diagonal_whole": "this rank's own block was attended whole: on the diagonal block the "
-    "keys after each query (above the diagonal) must be masked",
-    "later_blocks": "the mask is on the wrong blocks: the blocks of later ranks (src > rank) "
-    "were attended, though every key in them comes after every query here; skip them",
-    "every_block": "the mask is on the wrong blocks: the diagonal's mask was applied to the "
-    "earlier ranks' blocks too, whose keys all come before this rank's queries (only the own "
-    "block is masked)",
-    "reversed": "the causal mask is reversed: queries attended to later keys instead of "
-    "earlier ones",
-    "no_rescale": "softmax without rescaling by the running max: when a block raises a row's "
-    "maximum from m to m', the sums kept so far must be multiplied by exp(m - m')",
-    "unscaled": "the scores were not scaled by 1 / sqrt(d)",
+    "none": N_(
+        "the causal mask is missing: every query attended to every key, later ones "
+        "included (query i sees keys j <= i only)"
+    ),
+    "diagonal_whole": N_(
+        "this rank's own block was attended whole: on the diagonal block the "
+        "keys after each query (above the diagonal) must be masked"
+    ),
+    "later_blocks": N_(
+        "the mask is on the wrong blocks: the blocks of later ranks (src > rank) "
+        "were attended, though every key in them comes after every query here; skip them"
+    ),
+    "every_block": N_(
+        "the mask is on the wrong blocks: the diagonal's mask was applied to the "
+        "earlier ranks' blocks too, whose keys all come before this rank's queries (only the own "
+        "block is masked)"
+    ),
+    "reversed": N_(
+        "the causal mask is reversed: queries attended to later keys instead of earlier ones"
+    ),
+    "no_rescale": N_(
+        "softmax without rescaling by the running max: when a block raises a row's "
+        "maximum from m to m', the sums kept so far must be multiplied by exp(m - m')"
+    ),
+    "unscaled": N_("the scores were not scaled by 1 / sqrt(d)"),
 }
 
 
@@ -120,9 +132,9 @@ def _values(case: dict, rank: int, n: int, out: Any, head: str) -> str:
     want = attention(q, k, v, masks["causal"])[:, lo:hi]
     if not isinstance(out, np.ndarray) or out.shape != want.shape:
         shape = getattr(out, "shape", type(out).__name__)
-        return (
-            f"{head}: rank {rank} returned {shape}, not its queries' output of shape {want.shape}"
-        )
+        return _(
+            "{head}: rank {rank} returned {shape}, not its queries' output of shape {want}"
+        ).format(head=head, rank=rank, shape=shape, want=want.shape)
     if _close(out, want):
         return ""
     variants = {name: attention(q, k, v, mask)[:, lo:hi] for name, mask in masks.items()}
@@ -130,10 +142,14 @@ def _values(case: dict, rank: int, n: int, out: Any, head: str) -> str:
     variants["unscaled"] = attention(q, k, v, masks["causal"], scale=False)[:, lo:hi]
     for name, variant in variants.items():
         if name != "causal" and _close(out, variant):
-            return f"{head}: rank {rank}'s output: {_MISTAKES[name]}"
+            return _("{head}: rank {rank}'s output: {mistake}").format(
+                head=head, rank=rank, mistake=_(_MISTAKES[name])
+            )
     if not np.all(np.isfinite(out)):
-        return f"{head}: rank {rank}'s output holds nan or inf"
-    return f"{head}: rank {rank}'s output differs from full causal attention over the {T} tokens"
+        return _("{head}: rank {rank}'s output holds nan or inf").format(head=head, rank=rank)
+    return _(
+        "{head}: rank {rank}'s output differs from full causal attention over the {T} tokens"
+    ).format(head=head, rank=rank, T=T)
 
 
 def _traffic(case: dict, rank: int, n: int, p2p: dict, head: str) -> str:
@@ -146,45 +162,58 @@ def _traffic(case: dict, rank: int, n: int, p2p: dict, head: str) -> str:
     heard = {q for q, s in p2p.items() if s[2]}
     if set(sent) != {right} or heard != {left}:
         talked = ", ".join(
-            f"rank {q}: {p2p[q][0]} messages / {p2p[q][1]} bytes out, {p2p[q][2]} / {p2p[q][3]} in"
+            _("rank {q}: {a} messages / {b} bytes out, {c} / {e} in").format(
+                q=q, a=p2p[q][0], b=p2p[q][1], c=p2p[q][2], e=p2p[q][3]
+            )
             for q in sorted(p2p)
         )
-        return (
-            f"{head}: rank {rank} talked to {talked or 'nobody'}; the ring sends only to rank "
-            f"{right} (rank + 1) and hears only from rank {left} (rank - 1)"
-        )
+        return _(
+            "{head}: rank {rank} talked to {peers}; the ring sends only to rank "
+            "{right} (rank + 1) and hears only from rank {left} (rank - 1)"
+        ).format(head=head, rank=rank, peers=talked or _("nobody"), right=right, left=left)
     messages, nbytes = sent[right][:2]
     if nbytes == want and messages in (n - 1, 2 * (n - 1)):
         return ""
     every = ring_traffic(layout, rank, 1, width, 1)["backward"] - want
     why = ""
     if nbytes == every:
-        why = (
-            f" (all N = {n} blocks: the last hop only brings a block back to its owner, who "
+        why = _(
+            " (all N = {n} blocks: the last hop only brings a block back to its owner, who "
             "has it; pass it on N - 1 times)"
-        )
+        ).format(n=n)
     elif nbytes == 2 * want:
-        why = " (twice: float64, or K and V sent twice; send the float32 blocks once)"
-    return (
-        f"{head}: rank {rank} sent {messages} messages / {nbytes} bytes; the ring sends N - 1 = "
-        f"{n - 1} key / value blocks, {want} bytes (the blocks of ranks "
-        f"{', '.join(str((rank - s) % n) for s in range(n - 1))} in turn){why}"
+        why = _(" (twice: float64, or K and V sent twice; send the float32 blocks once)")
+    return _(
+        "{head}: rank {rank} sent {messages} messages / {nbytes} bytes; the ring sends N - 1 = "
+        "{hops} key / value blocks, {want} bytes (the blocks of ranks "
+        "{owners} in turn){why}"
+    ).format(
+        head=head,
+        rank=rank,
+        messages=messages,
+        nbytes=nbytes,
+        hops=n - 1,
+        want=want,
+        owners=", ".join(str((rank - s) % n) for s in range(n - 1)),
+        why=why,
     )
 
 
 def judge_ring(case: dict, rank: int, n: int, data: Any) -> str:
     """Return "" or what is wrong with rank ``rank``'s data for one case of A9.2."""
     if not isinstance(data, (list, tuple)) or len(data) != 3:
-        return f"rank {rank} returned no result"
+        return _("rank {rank} returned no result").format(rank=rank)
     out, used, p2p = data
     T = case["T"]
     sizes = ", ".join(str(b - a) for a, b in chunk_bounds(T, n))
-    head = f"T = {T} tokens on {n} ranks ({sizes}), {case['heads']} heads of {case['d']}"
+    head = _("T = {T} tokens on {n} ranks ({sizes}), {heads} heads of {d}").format(
+        T=T, n=n, sizes=sizes, heads=case["heads"], d=case["d"]
+    )
     used = used_of(used)
     if used:
         names = ", ".join(f"comm.{name}" for name in sorted(used))
-        return (
-            f"{head}: rank {rank} called {names} (a built-in collective): pass the key / value "
+        return _(
+            "{head}: rank {rank} called {names} (a built-in collective): pass the key / value "
             "blocks round the ring with point-to-point messages (comm.sendrecv)"
-        )
+        ).format(head=head, rank=rank, names=names)
     return _values(case, rank, n, out, head) or _traffic(case, rank, n, p2p_of(p2p), head)

@@ -18,14 +18,16 @@ from typing import Any
 
 import numpy as np
 
+from course_lib.i18n import N_, _
+
 __all__ = ["ONLINE_CASES", "judge_update", "online_cases"]
 
 #: (what the case is, leading shape, rows, prefix keys, block keys, width, shift of the block)
 ONLINE_CASES = (
-    ("the first block (m = -inf)", (), 5, 0, 6, 3, 0.0),
-    ("a block that raises the running maximum", (2,), 4, 5, 7, 3, 6.0),
-    ("a block below the running maximum", (), 6, 8, 4, 2, -4.0),
-    ("a diagonal block, masked above its diagonal", (2,), 5, 3, 5, 4, 2.0),
+    (N_("the first block (m = -inf)"), (), 5, 0, 6, 3, 0.0),
+    (N_("a block that raises the running maximum"), (2,), 4, 5, 7, 3, 6.0),
+    (N_("a block below the running maximum"), (), 6, 8, 4, 2, -4.0),
+    (N_("a diagonal block, masked above its diagonal"), (2,), 5, 3, 5, 4, 2.0),
 )
 
 
@@ -43,7 +45,7 @@ def online_cases(seed: int | None = None) -> list[dict]:
     """The cases on ``seed`` (None: the notebook's own): arrays of float32 only."""
     rng = np.random.default_rng(91 if seed is None else (int(seed) * 1_000_003 + 91) % 2**40)
     cases = []
-    for _, lead, rows, before, keys, d, shift in ONLINE_CASES:
+    for _what, lead, rows, before, keys, d, shift in ONLINE_CASES:
         s0 = rng.normal(0, 2, (*lead, rows, before)).astype(np.float32)
         v0 = rng.normal(0, 1, (*lead, before, d)).astype(np.float32)
         s = (rng.normal(0, 2, (*lead, rows, keys)) + shift).astype(np.float32)
@@ -83,26 +85,38 @@ def _variants(case: dict) -> dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]
 
 
 _MISTAKES = {
-    "no_rescale": "softmax without rescaling by the running max: ell and acc were summed "
-    "relative to the old maximum m, and the block's terms relative to the new one m'; multiply "
-    "the old ell and acc by exp(m - m') before adding the block's",
-    "inverted": "the rescale is inverted: the old sums were taken relative to m, so going to "
-    "m' >= m shrinks them by exp(m - m'), not exp(m' - m)",
-    "ell_only": "ell was rescaled by exp(m - m') but acc was not: both sums were taken "
-    "relative to the old maximum",
-    "acc_only": "acc was rescaled by exp(m - m') but ell was not: both sums were taken "
-    "relative to the old maximum",
-    "block_max": "m' is the block's own maximum, not the running one, max(m, the block's): "
-    "below the old maximum, exp(m - m') exceeds 1 and the sums can overflow",
+    "no_rescale": N_(
+        "softmax without rescaling by the running max: ell and acc were summed "
+        "relative to the old maximum m, and the block's terms relative to the new one m'; "
+        "multiply the old ell and acc by exp(m - m') before adding the block's"
+    ),
+    "inverted": N_(
+        "the rescale is inverted: the old sums were taken relative to m, so going to "
+        "m' >= m shrinks them by exp(m - m'), not exp(m' - m)"
+    ),
+    "ell_only": N_(
+        "ell was rescaled by exp(m - m') but acc was not: both sums were taken "
+        "relative to the old maximum"
+    ),
+    "acc_only": N_(
+        "acc was rescaled by exp(m - m') but ell was not: both sums were taken "
+        "relative to the old maximum"
+    ),
+    "block_max": N_(
+        "m' is the block's own maximum, not the running one, max(m, the block's): "
+        "below the old maximum, exp(m - m') exceeds 1 and the sums can overflow"
+    ),
 }
 
 
 def judge_update(index: int, case: dict, got: Any) -> str:
     """Return "" or what is wrong with the answer's new state for case ``index``."""
-    what = ONLINE_CASES[index][0]
-    head = f"case {index + 1} ({what}, scores of shape {case['s'].shape})"
+    what = _(ONLINE_CASES[index][0])
+    head = _("case {number} ({what}, scores of shape {shape})").format(
+        number=index + 1, what=what, shape=case["s"].shape
+    )
     if not isinstance(got, (tuple, list)) or len(got) != 3:
-        return f"{head}: return the new state as a tuple (m, ell, acc)"
+        return _("{head}: return the new state as a tuple (m, ell, acc)").format(head=head)
     s_all = np.concatenate([case["s0"], case["s"]], -1).astype(float)
     v_all = np.concatenate([case["v0"], case["v"]], -2).astype(float)
     want = _state(s_all, v_all)
@@ -110,26 +124,30 @@ def judge_update(index: int, case: dict, got: Any) -> str:
     for name, g, w in zip(names, got, want, strict=True):
         if not isinstance(g, np.ndarray) or g.shape != w.shape:
             shape = getattr(g, "shape", type(g).__name__)
-            return f"{head}: {name} has shape {shape}, not {w.shape}"
+            return _("{head}: {name} has shape {shape}, not {want}").format(
+                head=head, name=name, shape=shape, want=w.shape
+            )
     if all(_close(g, w) for g, w in zip(got, want, strict=True)):
         return ""
     if _close(got[2], want[2] / want[1][..., None]) and _close(got[0], want[0]):
-        return (
-            f"{head}: acc is normalised (acc / ell): keep the unnormalised sum of exp(s - m) v, "
+        return _(
+            "{head}: acc is normalised (acc / ell): keep the unnormalised sum of exp(s - m) v, "
             "and divide by ell once, after the last block"
-        )
+        ).format(head=head)
     if _close(got[0], case["m"].astype(float)) and not _close(want[0], case["m"].astype(float)):
-        return f"{head}: m was not updated: the running maximum is max(m, the block's maximum)"
+        return _(
+            "{head}: m was not updated: the running maximum is max(m, the block's maximum)"
+        ).format(head=head)
     if not all(np.all(np.isfinite(g)) for g in got):
-        return (
-            f"{head}: the new state holds nan or inf; with nothing seen yet (m = -inf) the "
+        return _(
+            "{head}: the new state holds nan or inf; with nothing seen yet (m = -inf) the "
             "rescale exp(m - m') is 0, not exp(m' - m) (inf), and a masked score (-inf) adds 0"
-        )
+        ).format(head=head)
     for name, variant in _variants(case).items():
         if all(_close(g, w) for g, w in zip(got, variant, strict=True)):
-            return f"{head}: {_MISTAKES[name]}"
+            return f"{head}: {_(_MISTAKES[name])}"
     wrong = [n for n, g, w in zip(names, got, want, strict=True) if not _close(g, w)]
-    return (
-        f"{head}: {', '.join(wrong)} differ from the softmax over every key so far (the "
+    return _(
+        "{head}: {names} differ from the softmax over every key so far (the "
         "prefix's and this block's together)"
-    )
+    ).format(head=head, names=", ".join(wrong))
