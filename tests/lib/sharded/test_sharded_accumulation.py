@@ -119,7 +119,11 @@ def _ddp_worker(rank: int, folder: str) -> None:
                 for a, b in zip(net.parameters(), single.parameters(), strict=True)
             )
             out[label] = {"calls": calls[0], "error": error, "peak": max(peaks)}
+            del model  # DDP's reducer and its hook go before the process group does
         torch.save(out, os.path.join(folder, f"rank{rank}.pt"))
+        # Both ranks past every collective before the group is torn down: a fresh clone's run
+        # saw one rank abort in teardown ("terminate called without an active exception").
+        dist.barrier()
     finally:
         dist.destroy_process_group()
 
