@@ -15,6 +15,7 @@ import nbformat
 import polib
 
 __all__ = [
+    "save_catalogue",
     "ROOT",
     "catalogue_path",
     "english_notebooks",
@@ -81,11 +82,16 @@ def update_catalogue(notebook: Path, lang: str) -> polib.POFile:
                 entry.flags.append("fuzzy")
                 entry.previous_msgid = before.previous_msgid
         po.append(entry)
+    save_catalogue(po, path)
+    return po
+
+
+def save_catalogue(po: polib.POFile, path: Path) -> None:
+    """Write ``po`` to ``path`` atomically (a catalogue is never left half written)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".po.tmp")
+    tmp = path.with_name(path.name + ".tmp")
     po.save(str(tmp))
     tmp.replace(path)
-    return po
 
 
 def untranslated(po: polib.POFile) -> list[str]:

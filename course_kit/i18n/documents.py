@@ -17,7 +17,7 @@ from pathlib import Path
 import polib
 
 from course_kit.i18n import catalogue
-from course_kit.i18n.catalogue import ROOT, _header, untranslated
+from course_kit.i18n.catalogue import ROOT, _header, save_catalogue, untranslated
 from course_kit.i18n.links import edition, rewrite_links
 from course_kit.teaching.generate import generated_blocks, replace_generated
 from course_lib.files import atomic_write_text
@@ -129,10 +129,7 @@ def update_document_catalogue(document: str, lang: str) -> polib.POFile:
                 entry.flags.append("fuzzy")
                 entry.previous_msgid = similar.msgid
         po.append(entry)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".po.tmp")
-    po.save(str(tmp))
-    tmp.replace(path)
+    save_catalogue(po, path)
     return po
 
 

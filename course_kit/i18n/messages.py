@@ -12,7 +12,7 @@ import ast
 import json
 from pathlib import Path
 
-from course_kit.i18n.catalogue import NOTEBOOKS, ROOT
+from course_kit.i18n.catalogue import NOTEBOOKS, ROOT, save_catalogue
 from course_lib.i18n import DOMAIN, LOCALE
 
 __all__ = ["SOURCES", "TEMPLATE", "extract_messages", "extract_template", "stub_messages"]
@@ -95,7 +95,7 @@ def _add_stub_messages(template: Path) -> None:
     for message, where in stub_messages().items():
         if message not in known:
             pot.append(polib.POEntry(msgid=message, msgstr="", comment=f"stub in {where}"))
-    pot.save()
+    save_catalogue(pot, template)
 
 
 def _tidy_header(path: Path) -> None:
@@ -107,4 +107,4 @@ def _tidy_header(path: Path) -> None:
     po.metadata["Project-Id-Version"] = f"course-kit {DOMAIN}"
     for key in ("Report-Msgid-Bugs-To", "Last-Translator", "Language-Team"):
         po.metadata.pop(key, None)
-    po.save()
+    save_catalogue(po, path)

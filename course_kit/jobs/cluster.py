@@ -17,7 +17,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from course_kit.jobs.handover import _
+from course_lib.i18n import _
 
 __all__ = ["main"]
 

@@ -17,12 +17,11 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import NoReturn
 
-from course_lib.i18n import _  # re-exported: the jobs speak the course's language
+from course_lib.i18n import _
 
 __all__ = [
     "ROOT",
     "KitParser",
-    "_",
     "checkout_problem",
     "hand_over",
     "is_root",

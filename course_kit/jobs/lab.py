@@ -13,14 +13,13 @@ import sys
 
 from course_kit.jobs.handover import (
     ROOT,
-    _,
     checkout_problem,
     hand_over,
     is_root,
     one_line_usage_errors,
 )
 from course_lib.files import atomic_write_text
-from course_lib.i18n import N_, speaking
+from course_lib.i18n import N_, _, speaking
 
 __all__ = ["ACTIONS", "lab_job"]
 

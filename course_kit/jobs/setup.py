@@ -14,7 +14,8 @@ import subprocess
 import sys
 from importlib import metadata
 
-from course_kit.jobs.handover import ROOT, KitParser, _, checkout_problem
+from course_kit.jobs.handover import ROOT, KitParser, checkout_problem
+from course_lib.i18n import _
 
 __all__ = ["missing_requirements", "setup_job"]
 

@@ -24,12 +24,11 @@ from course_kit.jobs.delegate import (
     release_job,
     room_job,
 )
-from course_kit.jobs.handover import _
 from course_kit.jobs.lab import lab_job
 from course_kit.jobs.setup import setup_job
 from course_kit.jobs.slides import slides_job
 from course_kit.jobs.suite import test_job
-from course_lib.i18n import N_
+from course_lib.i18n import N_, _
 
 __all__ = ["JOBS", "Job", "help_text", "main"]
 

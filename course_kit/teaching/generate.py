@@ -21,7 +21,7 @@ from course_kit.teaching.measure import (
     lecture_facts,
     lecture_notebooks,
 )
-from course_kit.teaching.mistakes import mistakes_of_lecture, refused_parts
+from course_kit.teaching.mistakes import mistakes_of_lecture
 from course_kit.teaching.room_run import RoomRun, read_room_times
 from course_lib.i18n import _, speaking
 
@@ -164,9 +164,8 @@ def mistakes_section(lecture: int) -> str:
         return _("The checks of this lecture name no mistakes.") + "\n"
     lines = []
     for m in found:  # a check's message is its own catalogue entry: _() finds its translation
-        refused = refused_parts(m.text)
-        if refused is not None:  # a library call the check refuses: its hint is a message
-            text = _("calling {name}: {hint}").format(name=refused[0], hint=_(refused[1]))
+        if m.refused:  # a library call the check refuses: its hint is a message of its own
+            text = _("calling {name}: {hint}").format(name=m.refused, hint=_(m.hint))
         else:
             text = _(m.text)
         text = text.replace("`", "'")

@@ -15,7 +15,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["CHECKS", "Mistake", "mistakes_of_lecture", "refused_parts"]
+__all__ = ["CHECKS", "Mistake", "mistakes_of_lecture"]
 
 CHECKS = Path(__file__).resolve().parents[2] / "course_lib" / "checks"
 _EXERCISE = re.compile(r"^(\d+)\.(\d+)$")
@@ -27,6 +27,8 @@ class Mistake:
 
     exercise: str
     text: str
+    refused: str = ""  # for a refused library call: the function, and ``hint`` what to write
+    hint: str = ""
 
 
 def _render(node: ast.AST, consts: dict[str, str] | None = None) -> str | None:
@@ -99,15 +101,9 @@ def _messages(function: ast.AST, consts: dict[str, str]) -> list[str]:
     return [text for text in found if text]
 
 
-REFUSED_FORMAT = "calling {name}: {hint}"  # a REFUSED entry as a mistake's text
-
-
-def refused_parts(text: str) -> tuple[str, str] | None:
-    """Return (library function, hint) of a mistake made from a ``REFUSED`` entry, else None."""
-    if not text.startswith("calling ") or ": " not in text:
-        return None
-    name, hint = text.removeprefix("calling ").split(": ", 1)
-    return (name, hint) if " " not in name else None
+def _refusal(exercise: str, name: str | None, hint: str | None) -> Mistake:
+    """Return the mistake of a ``REFUSED`` entry: calling ``name`` (its text, and its parts)."""
+    return Mistake(exercise, f"calling {name}: {hint}", str(name), str(hint))
 
 
 def _refused(tree: ast.Module, consts: dict[str, str]) -> list[Mistake]:
@@ -124,14 +120,9 @@ def _refused(tree: ast.Module, consts: dict[str, str]) -> list[Mistake]:
                 name = _render(key, consts) if key is not None else None
                 if isinstance(value, ast.Dict) and name and _EXERCISE.match(name):
                     for k2, v2 in zip(value.keys, value.values, strict=True):
-                        text = REFUSED_FORMAT.format(
-                            name=_render(k2, consts), hint=_render(v2, consts)
-                        )
-                        out.append(Mistake(name, text))
+                        out.append(_refusal(name, _render(k2, consts), _render(v2, consts)))
                 elif name:
-                    out.append(
-                        Mistake("", REFUSED_FORMAT.format(name=name, hint=_render(value, consts)))
-                    )
+                    out.append(_refusal("", name, _render(value, consts)))
     return out
 
 

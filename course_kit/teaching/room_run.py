@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
-from course_kit.room.state import lab_folder
+from course_kit.room.state import lab_folder, room_down
 from course_kit.teaching.measure import NOTEBOOKS, lecture_facts, lecture_notebooks
 from course_lib.files import atomic_write_text
 
@@ -158,10 +158,7 @@ def main(argv: list[str] | None = None) -> int:
                 [sys.executable, "-m", "course_kit.jobs.cluster", "lab", "stop", str(hosts)],
                 env=instructor, capture_output=True, timeout=300, cwd=ROOT,
             )  # fmt: skip
-            subprocess.run(
-                [sys.executable, "-m", "course_kit.jobs.cluster", "room", "--state", str(state),
-                 "down"], capture_output=True, timeout=300, cwd=ROOT,
-            )  # fmt: skip
+            room_down(state)
     print(f"room_run: {len(runs)} lectures stored in {ROOM_TIMES.relative_to(ROOT)}; "
           "then: python -m course_kit.teaching.generate")  # fmt: skip
     return 0

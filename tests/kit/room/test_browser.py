@@ -14,12 +14,14 @@ Skipped, with the reason, where Playwright or a Chromium executable is missing.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import nbformat
@@ -54,11 +56,11 @@ def _digest(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
-@pytest.fixture(scope="module")
-def lab():
-    """One JupyterLab for the module; afterwards no kernel, engine or mpiexec of it is left."""
-    stored = {name: _digest(REPO / "notebooks" / name) for name in (LECTURE, ASSIGNMENT)}
-    server = JupyterLabServer()
+@contextlib.contextmanager
+def _served(names: tuple[str, ...], **options: object) -> Iterator[JupyterLabServer]:
+    """A JupyterLab; afterwards no kernel, engine or mpiexec of it is left and ``names`` unchanged."""
+    stored = {name: _digest(REPO / "notebooks" / name) for name in names}
+    server = JupyterLabServer(**options)
     server.start()
     try:
         yield server
@@ -67,6 +69,13 @@ def lab():
     assert not server.leftovers, f"processes outlived JupyterLab's shutdown: {server.leftovers}"
     for name, digest in stored.items():  # autosave is off: running must not rewrite the file
         assert _digest(REPO / "notebooks" / name) == digest, f"{name} was modified on disk"
+
+
+@pytest.fixture(scope="module")
+def lab():
+    """One JupyterLab for the module (see :func:`_served`)."""
+    with _served((LECTURE, ASSIGNMENT)) as server:
+        yield server
 
 
 @pytest.fixture(scope="module")
@@ -149,10 +158,7 @@ RUSSIAN_MENUS = {
 
 def test_a_russian_lecture_runs_in_a_russian_jupyterlab(browser):
     """``./kit lab --lang ru``'s Lab: Russian menus; lecture 0's Russian edition runs, the kit speaks Russian."""
-    stored = _digest(REPO / "notebooks" / RUSSIAN_LECTURE)
-    server = JupyterLabServer(lang="ru")
-    server.start()
-    try:
+    with _served((RUSSIAN_LECTURE,), lang="ru") as server:
         page = browser.new_page(viewport={"width": 1400, "height": 1000})
         page.set_default_timeout(120_000)
         notebook = NotebookPage(page, server, labels=RUSSIAN_MENUS)
@@ -161,20 +167,16 @@ def test_a_russian_lecture_runs_in_a_russian_jupyterlab(browser):
         assert "Выполнить" in menus and "Run" not in menus, menus
         notebook.clear_outputs()
         cells = [c for c in notebook.run_all(timeout=600) if c["kind"] == "code"]
-        prompts = [c["prompt"] for c in cells]
-        assert prompts == [f"[{i}]:" for i in range(1, len(cells) + 1)], (
-            f"not every cell ran, in order, once: {prompts}\n{tracebacks(cells)}"
-        )
-        assert not tracebacks(cells), "\n".join(tracebacks(cells))
-        verdict = [c["text"] for c in cells if "sum_of_squares_on_engines:" in c["text"]]
-        assert verdict and (
-            "Упражнение 0.1 sum_of_squares_on_engines: НЕ ЗАЧТЕНО (ещё не реализовано" in verdict[0]
-        ), verdict
         page.close()
-    finally:
-        server.stop()
-    assert not server.leftovers, f"processes outlived JupyterLab's shutdown: {server.leftovers}"
-    assert _digest(REPO / "notebooks" / RUSSIAN_LECTURE) == stored, "the edition was modified"
+    prompts = [c["prompt"] for c in cells]
+    assert prompts == [f"[{i}]:" for i in range(1, len(cells) + 1)], (
+        f"not every cell ran, in order, once: {prompts}\n{tracebacks(cells)}"
+    )
+    assert not tracebacks(cells), "\n".join(tracebacks(cells))
+    verdict = [c["text"] for c in cells if "sum_of_squares_on_engines:" in c["text"]]
+    assert verdict and (
+        "Упражнение 0.1 sum_of_squares_on_engines: НЕ ЗАЧТЕНО (ещё не реализовано" in verdict[0]
+    ), verdict
 
 
 # -- the lecturer's deck and a prediction box (issue 38) -------------------------------------------
