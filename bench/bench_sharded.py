@@ -56,7 +56,7 @@ from course_lib.demo import digits_subset  # noqa: E402 - importable: travels to
 from course_lib.parallel.data_parallel.train import train_data_parallel  # noqa: E402
 from course_lib.parallel.sharded.audit import audit_bytes  # noqa: E402
 from course_lib.parallel.sharded.ledger import formula_bytes  # noqa: E402
-from course_lib.parallel.sharded.units import unit_sizes  # noqa: E402
+from course_lib.parallel.sharded.units import root_unit, unit_sizes  # noqa: E402
 from course_lib.training.loop import TrainConfig  # noqa: E402
 from course_lib.training.models import MLP  # noqa: E402
 
@@ -68,6 +68,7 @@ METHODS = {
     "zero2": ("zero2", {}),
     "zero3/inline": ("zero3", {"prefetch": False}),
     "zero3": ("zero3", {"prefetch": True}),
+    "zero3/wrap": ("zero3", {"prefetch": True, "min_unit": 100_000}),
 }
 FIT_METHODS = {"zero0": "DDP (zero0)", "zero1": "ZeRO-1", "zero2": "ZeRO-2", "zero3": "ZeRO-3"}
 HIDDEN = (1024, 1024)
@@ -131,9 +132,10 @@ def step_times(
         line += f"{step[method] / step['ddp']:>6.2f} {step[method] / step['zero0']:>8.2f} "
         line += f"{sent:>8.2f} " if method != "ddp" else f"{'(gloo)':>8} "  # not counted p2p
         if method.startswith("zero"):
-            stage = int(method[4])
-            units = unit_sizes(model(), stage, n, BUCKET_BYTES)
-            audit = audit_bytes(result.records, stage, units, n)
+            stage, least = int(method[4]), METHODS[method][1].get("min_unit", 0)
+            units = unit_sizes(model(), stage, n, BUCKET_BYTES, least)
+            root = root_unit(model(), stage, least)
+            audit = audit_bytes(result.records, stage, units, n, root=root)
             formula = statistics.median(r["formula"] for r in audit) / 1e6
             late = [r for r in result.records if r["step"] >= 1]
             held = max(r["ledger_settled_bytes"] for r in late) / 1e6
@@ -143,7 +145,7 @@ def step_times(
             line += " " * 27
         rounds_ms = [1e3 * t[0] for t in medians[method]]
         print(line + f"  {min(rounds_ms):.0f}-{max(rounds_ms):.0f}", flush=True)
-    for method in ("zero3/inline", "zero3"):
+    for method in ("zero3/inline", "zero3", "zero3/wrap"):
         print(
             f"{method}: its communication thread busy {thread_busy(last[method]):.0%} of the step"
         )

@@ -44,7 +44,7 @@ from course_lib.parallel.exchanges.base import StepTimeline
 from course_lib.parallel.exchanges.bucket_choice import agree_on_layout
 from course_lib.parallel.exchanges.comm_thread import CommJob, CommThread, next_seq
 from course_lib.parallel.sharded.mixed import cast_inputs, check_dtypes
-from course_lib.parallel.sharded.units import FlatUnit
+from course_lib.parallel.sharded.units import FlatUnit, root_unit
 from course_lib.parallel.sharded.zero import Zero2
 
 __all__ = ["QUEUED_REDUCE_SCATTERS", "Zero3"]
@@ -69,6 +69,9 @@ class Zero3(Zero2):
         compute_dtype: the dtype units are gathered and run in (None: float32; the shards,
             their gradients and the optimiser stay float32). reduce_dtype: the gradients'
             on the wire (None: ``compute_dtype``, as FSDP2's default).
+        min_unit: FSDP's size-based wrapping policy (``min_num_params``): a module with fewer
+            trainable values of its own is no unit; its parameters join the root's unit,
+            gathered once per step (0: every module with parameters is a unit).
     """
 
     name, stage = "zero3", 3
@@ -80,11 +83,14 @@ class Zero3(Zero2):
         prefetch: bool = True,
         compute_dtype: torch.dtype | None = None,
         reduce_dtype: torch.dtype | None = None,
+        min_unit: int = 0,
     ) -> None:
         super().__init__(bucket_bytes)
         if not isinstance(prefetch, bool):
             raise ValueError(f"prefetch must be True or False, got {prefetch!r}")
-        self.prefetch = prefetch
+        if isinstance(min_unit, bool) or not isinstance(min_unit, int) or min_unit < 0:
+            raise ValueError(f"min_unit must be a whole number of values >= 0, got {min_unit!r}")
+        self.prefetch, self.min_unit = prefetch, min_unit
         self.compute_dtype, self.reduce_dtype = check_dtypes(compute_dtype, reduce_dtype)
 
     # -- set-up -------------------------------------------------------------------------------
@@ -94,9 +100,12 @@ class Zero3(Zero2):
         self.handles.append(net.register_forward_pre_hook(self._new_pass))  # before its units'
         owner = {id(p): u for u in self.units for p in u.params}
         self.groups: list[list[FlatUnit]] = []  # per hooked module: the units it needs
-        self.root_group = -1  # the group of the model's own parameters, if it registers any
+        self.root_group = -1  # the group of the root's unit, if there is one
+        root = self.units[0] if root_unit(net, 3, self.min_unit) else None
         for module in net.modules():
             mine = [owner[id(p)] for p in module.parameters(recurse=False) if id(p) in owner]
+            # the root's unit is gathered by the model's own hooks and held through backward
+            mine = [root] if module is net and root else [u for u in mine if u is not root]
             if units := list({u.index: u for u in mine}.values()):
                 self.root_group = len(self.groups) if module is net else self.root_group
                 group = len(self.groups)

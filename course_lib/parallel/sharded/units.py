@@ -5,7 +5,9 @@ A *unit* is a group of trainable parameters stored back to back in one flat floa
 ``N`` chunks with the ring's layout (:func:`~course_lib.comm.buffers.chunk_bounds`: the first
 ``numel % N`` chunks one longer), so chunk ``r`` is what the ring's reduce-scatter leaves
 complete on rank ``r``: rank ``r``'s *shard* of the unit. Stage 1 has one unit (the whole
-model), stage 2 one per gradient bucket, stage 3 one per module (the FSDP unit).
+model), stage 2 one per gradient bucket, stage 3 one per module (the FSDP unit); with
+``min_unit`` (FSDP's size-based wrapping policy, ``min_num_params``) a module with fewer values
+of its own is no unit: its parameters join the root's unit, gathered once per step.
 
 Frozen parameters belong to no unit (they are neither sent nor updated); a tied parameter
 (one ``nn.Parameter`` registered twice) belongs to one unit, once.
@@ -101,14 +103,16 @@ def _check(units: list[FlatUnit], world_size: int, stage: int) -> None:
 
 
 def plan_units(
-    net: nn.Module, stage: int, world_size: int, bucket_bytes: int = 1 << 16
+    net: nn.Module, stage: int, world_size: int, bucket_bytes: int = 1 << 16, min_unit: int = 0
 ) -> list[FlatUnit]:
     """Return the units of ``stage`` for ``net`` on ``world_size`` ranks (not yet flattened).
 
     Stages 0-1: one unit of every trainable parameter in registration order. Stage 2: buckets
     of about ``bucket_bytes`` in *reverse* order (backward produces the last layer's gradients
     first, so the first bucket is ready first). Stage 3: one unit per module that registers
-    trainable parameters itself, in registration order (a tied parameter with its first module).
+    trainable parameters itself, in registration order (a tied parameter with its first module);
+    the parameters ``net`` registers itself and those of every module with fewer than
+    ``min_unit`` values of its own make one root unit, first (:func:`root_unit`).
     """
     named = {id(p): n for n, p in net.named_parameters() if p.requires_grad}  # first name of each
     params = [p for p in net.parameters() if p.requires_grad]
@@ -125,14 +129,10 @@ def plan_units(
         if current:
             groups.append((f"bucket {len(groups)}", current))
     elif stage == 3:
-        seen: set[int] = set()
-        for mname, module in net.named_modules():
-            mine = [
-                p for p in module.parameters(recurse=False) if p.requires_grad and id(p) not in seen
-            ]
-            seen.update(id(p) for p in mine)
-            if mine:
-                groups.append((f"module {mname or type(module).__name__!r}", mine))
+        root, groups = _stage3_groups(net, min_unit)
+        if root:
+            small = f" with the modules under {min_unit} values" if min_unit else ""
+            groups.insert(0, (f"module {type(net).__name__!r}{small}", root))
     else:
         raise ValueError(f"stage={stage!r}: ZeRO has stages 0 (plain DDP), 1, 2 and 3")
     units = [
@@ -144,15 +144,35 @@ def plan_units(
 
 
 def unit_sizes(
-    net: nn.Module, stage: int, world_size: int, bucket_bytes: int = 1 << 16
+    net: nn.Module, stage: int, world_size: int, bucket_bytes: int = 1 << 16, min_unit: int = 0
 ) -> list[int]:
     """Return the number of values in each unit :func:`plan_units` makes (for the bytes auditor)."""
-    return [u.numel for u in plan_units(net, stage, world_size, bucket_bytes)]
+    return [u.numel for u in plan_units(net, stage, world_size, bucket_bytes, min_unit)]
 
 
-def root_unit(net: nn.Module, stage: int) -> bool:
-    """Return True when stage ``stage``'s first unit holds only parameters ``net`` registers itself.
+def _stage3_groups(
+    net: nn.Module, min_unit: int
+) -> tuple[list[nn.Parameter], list[tuple[str, list[nn.Parameter]]]]:
+    """Return stage 3's root parameters and the other modules' (label, parameters) groups."""
+    seen: set[int] = set()
+    root: list[nn.Parameter] = []
+    groups: list[tuple[str, list[nn.Parameter]]] = []
+    for mname, module in net.named_modules():
+        mine = [
+            p for p in module.parameters(recurse=False) if p.requires_grad and id(p) not in seen
+        ]
+        seen.update(id(p) for p in mine)
+        if module is not net and sum(p.numel() for p in mine) >= max(min_unit, 1):
+            groups.append((f"module {mname!r}", mine))
+        else:  # the root's own, or too small to travel alone: the root's unit
+            root += mine
+    return root, groups
 
-    At stage 3 that unit is the root's, gathered once per step (the bytes auditor's ``root``).
+
+def root_unit(net: nn.Module, stage: int, min_unit: int = 0) -> bool:
+    """Return True when stage ``stage``'s first unit is the root's: the parameters ``net``
+    registers itself and (``min_unit``) those of its modules with fewer values of their own.
+
+    At stage 3 that unit is gathered once per step (the bytes auditor's ``root``).
     """
-    return stage == 3 and any(p.requires_grad for p in net.parameters(recurse=False))
+    return stage == 3 and bool(_stage3_groups(net, min_unit)[0])

@@ -73,6 +73,7 @@ class ZeroExchange(GradientExchange):
     # shards too, the whole weights gathered for the file).
     checkpointable = True
     cost_collective = "ring_allreduce"  # reduce-scatter + allgather: the ring allreduce's bytes
+    min_unit = 0  # stage 3's wrapping policy (:func:`~.units.plan_units`)
 
     def __init__(self, bucket_bytes: int = 1 << 16) -> None:
         if int(bucket_bytes) < 4:
@@ -84,7 +85,9 @@ class ZeroExchange(GradientExchange):
         """Flatten ``net``'s units, take this rank's shards, register the stage's hooks."""
         self.comm, self.net, self.handles = comm, net, []
         self.params = trainable_parameters(net)
-        self.units: list[FlatUnit] = plan_units(net, self.stage, comm.world_size, self.bucket_bytes)
+        self.units: list[FlatUnit] = plan_units(
+            net, self.stage, comm.world_size, self.bucket_bytes, self.min_unit
+        )
         for unit in self.units:
             unit.flatten_parameters()
         self.shards = [self._shard_of(u) for u in self.units] if self.stage else []

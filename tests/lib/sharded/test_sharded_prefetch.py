@@ -15,11 +15,14 @@ from typing import Any
 
 import numpy as np
 import pytest
-from test_sharded import ADAM, TiedFrozen, small_digits, uneven_mlp
+from test_sharded import ADAM, DP_RTOL, TiedFrozen, relative_error, small_digits, uneven_mlp
 
+from course_lib.parallel.data_parallel.reference import train_one_process
 from course_lib.parallel.data_parallel.train import DataParallelError, train_data_parallel
 from course_lib.parallel.sharded import Zero3
+from course_lib.parallel.sharded.audit import audit_bytes
 from course_lib.parallel.sharded.fsdp_unit import QUEUED_REDUCE_SCATTERS
+from course_lib.parallel.sharded.units import plan_units, root_unit, unit_sizes
 
 pytestmark = pytest.mark.timeout(900)
 
@@ -151,6 +154,34 @@ def test_prefetching_holds_at_most_the_current_and_the_next_unit(pool, prefetch)
         # the gradients of the reduce-scatters queued (at most QUEUED_REDUCE_SCATTERS)
         most = (want + (QUEUED_REDUCE_SCATTERS if prefetch else 0)) * unit
         assert unit <= rec["ledger_comm_bytes"] <= most, rec["ledger_comm_bytes"] / unit
+
+
+def test_a_minimum_unit_size_puts_the_small_modules_in_the_root_unit(pool):
+    # FSDP's size-based wrapping policy: modules '3' (240 values) and '5' (160) are under 300,
+    # so they join the root's unit (gathered once per step), module '1' (975) stays a unit.
+    n, least = 2, 300
+    units = plan_units(uneven_mlp(), 3, n, min_unit=least)
+    assert [u.names for u in units] == [["3.weight", "3.bias", "5.weight", "5.bias"],
+                                        ["1.weight", "1.bias"]]  # fmt: skip
+    assert root_unit(uneven_mlp(), 3, least) and not root_unit(uneven_mlp(), 3)
+    with pytest.raises(ValueError, match="min_unit must be a whole number"):
+        Zero3(min_unit=-1)
+    wrapped = {p: _run(pool, Zero3(1024, prefetch=p, min_unit=least), n) for p in (True, False)}
+    zero0 = _run(pool, "zero0", n).weights
+    for prefetch, result in wrapped.items():
+        assert result.replicas_equal
+        # two ranks: one addition per value, so bitwise data parallelism's result
+        assert relative_error(result.weights, zero0) == 0.0, prefetch
+        sizes = unit_sizes(uneven_mlp(), 3, n, min_unit=least)
+        rows = audit_bytes(result.records, 3, sizes, n, root=True)  # the root's travels twice
+        assert all(r["ok"] for r in rows), [r for r in rows if not r["ok"]]
+        for rec in result.records:
+            gathers = [e["unit"] for e in rec["events"] if e["kind"] == "allgather"]
+            assert sorted(gathers) == [0, 1, 1], (prefetch, rec["step"], gathers)
+    assert (
+        relative_error(wrapped[True].weights, train_one_process(uneven_mlp, small_digits, ADAM))
+        <= DP_RTOL
+    )
 
 
 class FailsOnRank1(Zero3):
