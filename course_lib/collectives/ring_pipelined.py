@@ -26,10 +26,16 @@ import numpy as np
 
 from course_lib.collectives.common import reduce_into, reducible_flat
 from course_lib.collectives.ring import ring_schedule
-from course_lib.comm.buffers import Buffer, chunk_bounds
+from course_lib.comm.buffers import Buffer, as_flat_array, chunk_bounds, dtype_name
 from course_lib.comm.communicator import CommMismatchError, Communicator, Handle, wait_all
 
-__all__ = ["SEGMENT_TAGS", "ring_allreduce_pipelined", "segment_bounds"]
+__all__ = [
+    "SEGMENT_TAGS",
+    "ring_allgather_pipelined",
+    "ring_allreduce_pipelined",
+    "ring_reduce_scatter_pipelined",
+    "segment_bounds",
+]
 
 # One tag per segment index, so segments in flight between the same two ranks cannot swap:
 # reduce-scatter segments use 8120 + j, allgather segments 8156 + j (j < MAX_SEGMENTS). Steps of
@@ -61,12 +67,57 @@ def ring_allreduce_pipelined(
     ``timeline``, if given, gets ``(step, segment, time.perf_counter())`` as each segment lands
     (step -1: the entry, -2: the size check done, ``2(N-1)``: the return), to show where time goes.
     """
+    return _pipelined(comm, tensor, op, segment_bytes, "both", False, timeline)
+
+
+def ring_reduce_scatter_pipelined(
+    comm: Communicator,
+    tensor: Buffer,
+    op: str = "sum",
+    segment_bytes: int = DEFAULT_SEGMENT_BYTES,
+    *,
+    agreed: bool = False,
+) -> Buffer:
+    """The ring's reduce-scatter (:func:`~course_lib.collectives.ring.ring_reduce_scatter`) with
+    segments pipelined: chunk ``rank`` ends bitwise as the plain ring leaves it. A bfloat16
+    tensor is added as torch adds bfloat16. ``agreed``: the ranks agreed on the size already
+    (no check round the ring first)."""
+    return _pipelined(comm, tensor, op, segment_bytes, "reduce-scatter", agreed)
+
+
+def ring_allgather_pipelined(
+    comm: Communicator,
+    tensor: Buffer,
+    segment_bytes: int = DEFAULT_SEGMENT_BYTES,
+    *,
+    agreed: bool = False,
+) -> Buffer:
+    """The ring's allgather (:func:`~course_lib.collectives.ring.ring_allgather`) with segments
+    pipelined: every chunk filled from its owner. ``agreed``: as in the reduce-scatter."""
+    return _pipelined(comm, tensor, "sum", segment_bytes, "allgather", agreed)
+
+
+def _pipelined(
+    comm: Communicator,
+    tensor: Buffer,
+    op: str,
+    segment_bytes: int,
+    phases: str,
+    agreed: bool,
+    timeline: list[tuple[int, int, float]] | None = None,
+) -> Buffer:
+    """Run the ring's ``phases`` ("both", "reduce-scatter" or "allgather") with segments."""
     if segment_bytes < 1:
         raise ValueError(f"segment_bytes must be >= 1, got {segment_bytes}")
     mark = timeline.append if timeline is not None else None
     if mark:
         mark((-1, 0, time.perf_counter()))
-    arr = reducible_flat(tensor, op)
+    bf16 = not isinstance(tensor, np.ndarray) and dtype_name(tensor) == "bfloat16"
+    arr = (
+        reducible_flat(tensor, op, bfloat16_ok=bf16)
+        if phases != "allgather"
+        else as_flat_array(tensor)
+    )
     p, r = comm.world_size, comm.rank
     if p == 1 or arr.size == 0:
         return tensor
@@ -74,13 +125,16 @@ def ring_allreduce_pipelined(
     longest = bounds[0][1] - bounds[0][0]
     segments = int(min(MAX_SEGMENTS, max(1, np.ceil(longest * arr.itemsize / segment_bytes))))
     right, left = (r + 1) % p, (r - 1) % p
-    _agree_with_neighbours(comm, arr, right, left)
+    if not agreed:
+        _agree_with_neighbours(comm, arr, right, left)
     if mark:
         mark((-2, 0, time.perf_counter()))
     schedule = ring_schedule(r, p)
+    if phases != "both":
+        schedule = schedule[: p - 1] if phases == "reduce-scatter" else schedule[p - 1 :]
     pieces = {c: segment_bounds(*bounds[c], segments) for c in range(p)}
     slot = -(-longest // segments)  # scratch slot j holds segment j of any chunk (all fit)
-    scratch = np.empty(slot * segments, dtype=arr.dtype)
+    scratch = np.empty(slot * segments if phases != "allgather" else 0, dtype=arr.dtype)
     sending: dict[tuple[int, int], Handle] = {}  # (chunk, segment) -> the send still reading it
 
     def send(k: int, j: int) -> None:
@@ -114,7 +168,7 @@ def ring_allreduce_pipelined(
                 mark((k, j, time.perf_counter()))
             if phase == "reduce-scatter":
                 a, b = pieces[got][j]
-                reduce_into(arr[a:b], scratch[j * slot : j * slot + b - a], op)
+                reduce_into(arr[a:b], scratch[j * slot : j * slot + b - a], op, bfloat16=bf16)
             if not last:
                 # The chunk finished in step k is the one step k + 1 sends (after the last
                 # reduce-scatter step: the chunk this rank now owns, the allgather's first send),

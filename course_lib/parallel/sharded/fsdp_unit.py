@@ -38,6 +38,10 @@ import torch
 from torch import nn
 
 from course_lib.collectives.ring import ring_allgather
+from course_lib.collectives.ring_pipelined import (
+    ring_allgather_pipelined,
+    ring_reduce_scatter_pipelined,
+)
 from course_lib.comm.buffers import as_flat_array
 from course_lib.comm.communicator import Communicator
 from course_lib.parallel.exchanges.base import StepTimeline
@@ -47,10 +51,13 @@ from course_lib.parallel.sharded.mixed import cast_inputs, check_dtypes
 from course_lib.parallel.sharded.units import FlatUnit, root_unit
 from course_lib.parallel.sharded.zero import Zero2
 
-__all__ = ["QUEUED_REDUCE_SCATTERS", "Zero3"]
+__all__ = ["QUEUED_REDUCE_SCATTERS", "SEGMENT_BYTES", "Zero3"]
 
 #: The most reduce-scatters queued at once (each holds one unit's whole gradients).
 QUEUED_REDUCE_SCATTERS = 2
+#: Segments of a large unit's ring passes: 256 KiB, 2.1 ms on Gigabit, so the next ring step's
+#: first segment is on its way while this step's last ones still travel.
+SEGMENT_BYTES = 1 << 18
 
 
 def _first_grad_tensor(output: Any) -> torch.Tensor | None:
@@ -69,6 +76,9 @@ class Zero3(Zero2):
         compute_dtype: the dtype units are gathered and run in (None: float32; the shards,
             their gradients and the optimiser stay float32). reduce_dtype: the gradients'
             on the wire (None: ``compute_dtype``, as FSDP2's default).
+        segment_bytes: a unit whose ring chunks are longer travels in segments of about this
+            size, pipelined (:mod:`course_lib.collectives.ring_pipelined`: bitwise the plain
+            ring's result); None: whole chunks, one ring step at a time.
         min_unit: FSDP's size-based wrapping policy (``min_num_params``): a module with fewer
             trainable values of its own is no unit; its parameters join the root's unit,
             gathered once per step (0: every module with parameters is a unit).
@@ -83,6 +93,7 @@ class Zero3(Zero2):
         prefetch: bool = True,
         compute_dtype: torch.dtype | None = None,
         reduce_dtype: torch.dtype | None = None,
+        segment_bytes: int | None = SEGMENT_BYTES,
         min_unit: int = 0,
     ) -> None:
         super().__init__(bucket_bytes)
@@ -90,7 +101,9 @@ class Zero3(Zero2):
             raise ValueError(f"prefetch must be True or False, got {prefetch!r}")
         if isinstance(min_unit, bool) or not isinstance(min_unit, int) or min_unit < 0:
             raise ValueError(f"min_unit must be a whole number of values >= 0, got {min_unit!r}")
-        self.prefetch, self.min_unit = prefetch, min_unit
+        if segment_bytes is not None and (isinstance(segment_bytes, bool) or segment_bytes < 1):
+            raise ValueError(f"segment_bytes must be None or >= 1, got {segment_bytes!r}")
+        self.prefetch, self.min_unit, self.segment_bytes = prefetch, min_unit, segment_bytes
         self.compute_dtype, self.reduce_dtype = check_dtypes(compute_dtype, reduce_dtype)
 
     # -- set-up -------------------------------------------------------------------------------
@@ -175,7 +188,10 @@ class Zero3(Zero2):
         key = self._hold(buf)
 
         def gather() -> None:  # on the communication thread
-            ring_allgather(self.comm, bits, eager=True)  # sizes agreed
+            if self._segmented(bits.nbytes):
+                ring_allgather_pipelined(self.comm, bits, self.segment_bytes, agreed=True)
+            else:
+                ring_allgather(self.comm, bits, eager=True)  # sizes agreed
             unit.allocate()
             with torch.no_grad():  # grad mode is per thread
                 unit.flat.copy_(buf)
@@ -189,6 +205,18 @@ class Zero3(Zero2):
         if self.in_step:
             self.events.append({"kind": "allgather", "unit": unit.index, "for": why,
                                 "prefetch": prefetch, "job": job})  # fmt: skip
+
+    def _segmented(self, nbytes: int) -> bool:
+        """True when a pass over ``nbytes`` travels in segments (its chunks exceed one)."""
+        return self.segment_bytes is not None and nbytes > self.comm.world_size * self.segment_bytes
+
+    def _ring_reduce_scatter(self, flat: torch.Tensor, eager: bool) -> None:
+        """Reduce-scatter ``flat``: in segments, pipelined, when its chunks exceed one."""
+        if self._segmented(flat.element_size() * flat.numel()):
+            ring_reduce_scatter_pipelined(self.comm, flat, segment_bytes=self.segment_bytes,
+                                          agreed=True)  # fmt: skip
+        else:
+            super()._ring_reduce_scatter(flat, eager)
 
     def _count_held(self, extra: int = 0) -> None:
         """Note the most units gathered or on their way at once (only a request adds one)."""

@@ -153,7 +153,7 @@ class ZeroExchange(GradientExchange):
         of the mean becomes its shard's gradient; note the bucket's times (ready: since ``ready``).
         ``eager``: the ranks agreed on the sizes, so receives are posted before messages come."""
         start = time.time()
-        ring_reduce_scatter(self.comm, flat, eager=eager)  # (stage 3: in its reduce dtype)
+        self._ring_reduce_scatter(flat, eager)  # (stage 3: in its reduce dtype)
         mean = flat[unit.chunk(self.comm.rank)] / self.comm.world_size
         self.shards[unit.index].grad = mean.float()  # the float32 shard's float32 gradient
         self.bucket_records.append(
@@ -165,6 +165,10 @@ class ZeroExchange(GradientExchange):
                 "end": time.time(),
             }
         )
+
+    def _ring_reduce_scatter(self, flat: torch.Tensor, eager: bool) -> None:
+        """Reduce-scatter ``flat`` round the ring (stage 3: in segments, when it is large)."""
+        ring_reduce_scatter(self.comm, flat, eager=eager)
 
     def exchange(self, comm: Communicator, net: nn.Module, timeline: StepTimeline) -> None:
         """Stage 0: allreduce; stage 1: reduce-scatter the whole gradient (2-3 did it in backward)."""

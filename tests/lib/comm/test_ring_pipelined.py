@@ -9,12 +9,16 @@ from collections import defaultdict, deque
 
 import numpy as np
 import pytest
+import torch
 from comm_workers.threads import ThreadCommunicator, run_threads
 
 from course_lib.collectives import ring_allreduce
+from course_lib.collectives.ring import ring_allgather, ring_reduce_scatter
 from course_lib.collectives.ring_pipelined import (
     MAX_SEGMENTS,
+    ring_allgather_pipelined,
     ring_allreduce_pipelined,
+    ring_reduce_scatter_pipelined,
     segment_bounds,
 )
 
@@ -31,6 +35,29 @@ def test_pipelined_ring_equals_the_plain_ring_bitwise(p, size, segment_bytes):
     for got in piped:
         assert np.array_equal(got, plain[0])
     assert np.allclose(piped[0], x.sum(0), rtol=1e-5, atol=1e-5)
+
+
+def _bits(buf) -> np.ndarray:
+    return buf if isinstance(buf, np.ndarray) else buf.view(torch.int16).numpy()
+
+
+@pytest.mark.parametrize("p", [2, 4])
+@pytest.mark.parametrize("agreed", [False, True])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_pipelined_reduce_scatter_and_allgather_equal_the_plain_rings_bitwise(p, agreed, dtype):
+    # stage 3's passes: the same chunks reduced in the same order (bfloat16 as torch adds it);
+    # whole buffers compared, as the reduce-scatter leaves partial sums in the other chunks
+    x = torch.from_numpy(np.random.default_rng(p).standard_normal((p, 4099)).astype(np.float32))
+    x = x.to(dtype)
+    for piped_fn, plain_fn in (
+        (ring_reduce_scatter_pipelined, ring_reduce_scatter),
+        (ring_allgather_pipelined, ring_allgather),
+    ):
+        piped = run_threads(p, lambda c, f=piped_fn: f(
+            c, x[c.rank].clone(), segment_bytes=100, agreed=agreed))  # fmt: skip
+        plain = run_threads(p, lambda c, f=plain_fn: f(c, x[c.rank].clone()))
+        for got, want in zip(piped, plain, strict=True):
+            assert np.array_equal(_bits(got), _bits(want)), piped_fn.__name__
 
 
 def test_pipelined_ring_takes_max_and_sends_what_the_ring_sends():

@@ -159,6 +159,8 @@ def test_prefetching_holds_at_most_the_current_and_the_next_unit(pool, prefetch)
 def test_a_minimum_unit_size_puts_the_small_modules_in_the_root_unit(pool):
     # FSDP's size-based wrapping policy: modules '3' (240 values) and '5' (160) are under 300,
     # so they join the root's unit (gathered once per step), module '1' (975) stays a unit.
+    with pytest.raises(ValueError, match="segment_bytes must be None or >= 1"):
+        Zero3(segment_bytes=0)
     n, least = 2, 300
     units = plan_units(uneven_mlp(), 3, n, min_unit=least)
     assert [u.names for u in units] == [["3.weight", "3.bias", "5.weight", "5.bias"],
@@ -166,7 +168,11 @@ def test_a_minimum_unit_size_puts_the_small_modules_in_the_root_unit(pool):
     assert root_unit(uneven_mlp(), 3, least) and not root_unit(uneven_mlp(), 3)
     with pytest.raises(ValueError, match="min_unit must be a whole number"):
         Zero3(min_unit=-1)
-    wrapped = {p: _run(pool, Zero3(1024, prefetch=p, min_unit=least), n) for p in (True, False)}
+    # prefetching, in 64-byte segments (pipelined), against the naive schedule's whole chunks
+    wrapped = {
+        p: _run(pool, Zero3(1024, prefetch=p, min_unit=least, segment_bytes=64 if p else None), n)
+        for p in (True, False)
+    }
     zero0 = _run(pool, "zero0", n).weights
     for prefetch, result in wrapped.items():
         assert result.replicas_equal
