@@ -4,20 +4,33 @@ Trains an MLP on digits (64-1024-1024-10: 1.13 M parameters, 4.5 MB of float32 g
 Adam for a few steps on 4 local engines over gloo, the link emulated as Gigabit (125 MB/s,
 50 us), with PyTorch DDP (``ddp``), ``zero0`` (the kit's ring allreduce, every rank the whole
 state), ``zero1``, ``zero2``, ``zero3/inline`` (stage 3 waiting for each collective where it is
-issued: ``Zero3(prefetch=False)``) and ``zero3`` (the registered stage 3: the next module's
-allgather prefetched, reduce-scatters queued, all on one communication thread). Prints per
-method the median step and its parts, the step as a ratio to DDP's and to ``zero0``'s, the
-bytes each rank sent per step against the auditor's formula, and the model-state bytes per rank
-from the ledger against the formula. The issue's aim for stage 3 is <= 1.6x DDP's step with its
-allgathers overlapped; ``zero3/inline`` is the schedule before the overlap. Prefetching can
-only hide compute behind the one communication thread, and on this MLP that thread is the
-critical path: the 1024x1024 layer holds 93 % of the bytes, and its three passes (allgather for
-forward, again for backward, reduce-scatter) wait on its own compute and on each other, so the
-thread is busy nearly the whole step either way and prefetching gains little here; the step
-is set by how fast the kit's ring runs each collective. ``--batch`` (samples per engine) adds
-compute for it to hide behind. ``--rounds R`` runs the methods in turn R times and takes the
-median of the rounds' medians. All local engines share this PC's cores: on 2 cores the compute
-is slowed by contention, and so is the communication thread when it overlaps compute.
+issued: ``Zero3(prefetch=False)``), ``zero3`` (the registered stage 3: the next module's
+allgather prefetched, reduce-scatters queued, all on one communication thread, a large unit's
+passes in 512 KiB segments, pipelined) and ``zero3/wrap`` (the same with FSDP's size-based
+wrapping policy, ``Zero3(min_unit=100_000)``: the two small layers join the root's unit,
+gathered once per step). Prints per method the median step and its parts, the step as a ratio
+to DDP's and to ``zero0``'s, the bytes each rank sent per step against the auditor's formula,
+and the model-state bytes per rank from the ledger against the formula, then how busy stage 3's
+communication thread was. The issue's aim for stage 3 is <= 1.3x DDP's step.
+
+What the step records' events (each collective's issue, start and end on the thread) show:
+the thread is busy nearly the whole step, and compute is a few ms of it. On one link the bytes
+set a floor: stage 3 sends 10.14 MB a rank (81 ms at 125 MB/s) where DDP sends 6.76 MB, and the
+1024x1024 layer (93 % of them) cannot compute before its last byte has come, so its three passes
+(allgather for forward, again for backward, reduce-scatter) follow each other on the thread
+whatever is prefetched; splitting that unit would only add messages. What was recovered is
+time the thread spent not sending: six of the nine collectives move small units (1 % and 6 % of
+the bytes) and each costs a round of the slowest rank's turn on a core (5-15 ms each on the
+loaded 2 cores, for under 2 ms of link time); ``zero3/wrap`` makes them two (the root's unit,
+gathered at forward, reduce-scattered at the end). The large unit's ring steps each waited
+for a neighbour's whole chunk; in segments the next step's first segment is on its way while
+the last ones of this step travel, and the reductions run while data moves. Two queues
+(allgathers apart from reduce-scatters, as FSDP's two streams) were tried and lost here: the
+emulated card sends one message at a time, so a small pass queued behind 1 MB messages waits
+for them. ``--batch`` (samples per engine) adds compute for the transfers to hide behind.
+``--rounds R`` runs the methods in turn R times and takes the median of the rounds' medians.
+All local engines share this PC's cores: on 2 cores the compute is slowed by contention, and
+so is the communication thread when it overlaps compute.
 
 ``--fit MB`` measures instead the largest model each scheme trains on the engines when a rank
 may hold at most MB megabytes of model state (the ledger's in-flight peak: parameters,
@@ -60,7 +73,7 @@ from course_lib.parallel.sharded.units import root_unit, unit_sizes  # noqa: E40
 from course_lib.training.loop import TrainConfig  # noqa: E402
 from course_lib.training.models import MLP  # noqa: E402
 
-#: label -> (method, its options): stage 3 twice, without and with prefetching
+#: label -> (method, its options): stage 3 without and with prefetching, and wrapped
 METHODS = {
     "ddp": ("ddp", {}),
     "zero0": ("zero0", {}),
