@@ -4,11 +4,12 @@ Trains an MLP on digits (64-1024-1024-10: 1.13 M parameters, 4.5 MB of float32 g
 Adam for a few steps on 4 local engines over gloo, the link emulated as Gigabit (125 MB/s,
 50 us), with PyTorch DDP (``ddp``), ``zero0`` (the kit's ring allreduce, every rank the whole
 state), ``zero1``, ``zero2``, ``zero3/inline`` (stage 3 waiting for each collective where it is
-issued: ``Zero3(prefetch=False)``), ``zero3`` (the registered stage 3: the next module's
-allgather prefetched, reduce-scatters queued, all on one communication thread, a large unit's
-passes in 512 KiB segments, pipelined) and ``zero3/wrap`` (the same with FSDP's size-based
-wrapping policy, ``Zero3(min_unit=100_000)``: the two small layers join the root's unit,
-gathered once per step). Prints per method the median step and its parts, the step as a ratio
+issued: ``Zero3(prefetch=False)``), ``zero3/whole`` (prefetching, every pass in whole ring
+chunks: ``segment_bytes=None``, the registered stage 3 before its segments), ``zero3`` (the
+registered stage 3: the next module's allgather prefetched, reduce-scatters queued, all on one
+communication thread, a large unit's passes in 512 KiB segments, pipelined) and
+``zero3/wrap`` (the same with FSDP's size-based wrapping policy, ``Zero3(min_unit=100_000)``:
+the two small layers join the root's unit, gathered once per step). Prints per method the median step and its parts, the step as a ratio
 to DDP's and to ``zero0``'s, the bytes each rank sent per step against the auditor's formula,
 and the model-state bytes per rank from the ledger against the formula, then how busy stage 3's
 communication thread was. The issue's aim for stage 3 is <= 1.3x DDP's step.
@@ -28,7 +29,8 @@ the last ones of this step travel, and the reductions run while data moves. Two 
 (allgathers apart from reduce-scatters, as FSDP's two streams) were tried and lost here: the
 emulated card sends one message at a time, so a small pass queued behind 1 MB messages waits
 for them. ``--batch`` (samples per engine) adds compute for the transfers to hide behind.
-``--rounds R`` runs the methods in turn R times and takes the median of the rounds' medians.
+``--rounds R`` runs the methods in turn R times and takes the median of the rounds' medians;
+``--methods`` times only those named (and DDP).
 All local engines share this PC's cores: on 2 cores the compute is slowed by contention, and
 so is the communication thread when it overlaps compute.
 
@@ -45,6 +47,7 @@ per network namespace, real TCP over 1 Gbit/s shaped links, as ``bench_data_para
     .venv/bin/python bench/bench_sharded.py            # 4 engines, 8 steps
     .venv/bin/python bench/bench_sharded.py --engines 2 --steps 6 --rounds 3
     .venv/bin/python bench/bench_sharded.py --rounds 3 --batch 64 --steps 5
+    .venv/bin/python bench/bench_sharded.py --rounds 5 --methods zero3/whole zero3 zero3/wrap
     .venv/bin/python bench/bench_sharded.py --fit 64   # 64 MB of model state per engine
     .venv/bin/python bench/bench_sharded.py --room     # the emulated room (root)
 """
@@ -80,6 +83,7 @@ METHODS = {
     "zero1": ("zero1", {}),
     "zero2": ("zero2", {}),
     "zero3/inline": ("zero3", {"prefetch": False}),
+    "zero3/whole": ("zero3", {"prefetch": True, "segment_bytes": None}),
     "zero3": ("zero3", {"prefetch": True}),
     "zero3/wrap": ("zero3", {"prefetch": True, "min_unit": 100_000}),
 }
@@ -106,9 +110,17 @@ def run(cluster, method: str, model, batch: int, steps: int, link=GIGABIT, **opt
 
 
 def step_times(
-    cluster, n: int, steps: int, rounds: int, room: bool = False, per_engine: int = 16
+    cluster,
+    n: int,
+    steps: int,
+    rounds: int,
+    room: bool = False,
+    per_engine: int = 16,
+    methods: list[str] | None = None,
 ) -> None:
-    """Run every method ``rounds`` times in turn on the emulated link (or the room); print them."""
+    """Run ``methods`` (default all; ``ddp`` always) ``rounds`` times in turn on the emulated
+    link (or the room); print them."""
+    chosen = {m: METHODS[m] for m in METHODS if m == "ddp" or methods is None or m in methods}
     batch = per_engine * n
     model = partial(MLP, 64, HIDDEN)
     psi = sum(p.numel() for p in model().parameters())
@@ -122,10 +134,10 @@ def step_times(
         f"{'method':>12} {'step ms':>8} {'comm ms':>8} {'sync ms':>8} {'x ddp':>6} {'x zero0':>8} "
     )
     print(head + f"{'sent MB':>8} {'formula':>8} {'state MB':>9} {'formula':>8}  rounds' ms")
-    medians: dict[str, list[tuple[float, float, float]]] = {m: [] for m in METHODS}
+    medians: dict[str, list[tuple[float, float, float]]] = {m: [] for m in chosen}
     last = {}
     for _ in range(rounds):
-        for method, (name, options) in METHODS.items():
+        for method, (name, options) in chosen.items():
             link = None if room else GIGABIT
             result = run(cluster, name, model, batch, steps, link, **options)
             rows = result.summary()
@@ -135,14 +147,15 @@ def step_times(
                 )
             )
             last[method] = result
-    step = {m: statistics.median(t[0] for t in medians[m]) for m in METHODS}
-    for method in METHODS:
+    step = {m: statistics.median(t[0] for t in medians[m]) for m in chosen}
+    zero0 = step.get("zero0", float("nan"))
+    for method in chosen:
         comm = statistics.median(t[1] for t in medians[method])
         sync = statistics.median(t[2] for t in medians[method])
         result, rows = last[method], last[method].summary()
         sent = statistics.median(r["bytes_sent"] for r in rows) / 1e6
         line = f"{method:>12} {1e3 * step[method]:>8.1f} {1e3 * comm:>8.1f} {1e3 * sync:>8.1f} "
-        line += f"{step[method] / step['ddp']:>6.2f} {step[method] / step['zero0']:>8.2f} "
+        line += f"{step[method] / step['ddp']:>6.2f} {step[method] / zero0:>8.2f} "
         line += f"{sent:>8.2f} " if method != "ddp" else f"{'(gloo)':>8} "  # not counted p2p
         if method.startswith("zero"):
             stage, least = int(method[4]), METHODS[method][1].get("min_unit", 0)
@@ -158,7 +171,7 @@ def step_times(
             line += " " * 27
         rounds_ms = [1e3 * t[0] for t in medians[method]]
         print(line + f"  {min(rounds_ms):.0f}-{max(rounds_ms):.0f}", flush=True)
-    for method in ("zero3/inline", "zero3", "zero3/wrap"):
+    for method in (m for m in chosen if m.startswith("zero3")):
         print(
             f"{method}: its communication thread busy {thread_busy(last[method]):.0%} of the step"
         )
@@ -237,6 +250,13 @@ def main() -> None:
         default=None,
         help="instead: the largest MLP each scheme trains with at most MB of model state per engine",
     )
+    parser.add_argument(
+        "--methods",
+        nargs="+",
+        choices=list(METHODS),
+        default=None,
+        help="time only these (ddp always, the ratios' base); default: all",
+    )
     parser.add_argument("--depth", type=int, default=16, help="--fit's MLP's hidden layers")
     parser.add_argument(
         "--room",
@@ -254,13 +274,17 @@ def main() -> None:
 
         try:
             with room_cluster(args.engines, rate="1gbit") as cluster:
-                step_times(cluster, args.engines, args.steps, args.rounds, True, args.batch)
+                step_times(
+                    cluster, args.engines, args.steps, args.rounds, True, args.batch, args.methods
+                )
         except RuntimeError as exc:
             raise SystemExit(f"--room: {exc}") from None
         return
     with start_cluster("local", args.engines) as cluster:
         if args.fit is None:
-            step_times(cluster, args.engines, args.steps, args.rounds, False, args.batch)
+            step_times(
+                cluster, args.engines, args.steps, args.rounds, False, args.batch, args.methods
+            )
         else:
             largest_fit(cluster, args.engines, args.fit, args.depth)
 
