@@ -113,6 +113,32 @@ def test_the_next_units_allgather_is_issued_before_this_modules_forward_ends(run
         assert [e["start"] for e in jobs] == sorted(e["start"] for e in jobs)
 
 
+def test_the_step_picture_shows_every_collective_and_the_spread_is_per_collective(runs):
+    from matplotlib.colors import to_hex
+
+    from course_lib.parallel.sharded.unit_timeline import (
+        KIND_COLORS,
+        collective_spread,
+        plot_unit_timeline,
+    )
+
+    result = runs(True, 3)
+    fig = plot_unit_timeline(result.records, 2)
+    queue = {to_hex(c) for c in KIND_COLORS.values()}
+    bars = [to_hex(p.get_facecolor()) for p in fig.axes[0].patches]
+    assert sum(c in queue for c in bars) == 3 * 9  # each rank's 9 collectives, one bar each
+    assert len(bars) - 3 * 9 >= 3 * 3  # forward, backward, optimiser step at least, per rank
+    rows = collective_spread(result.records)
+    assert [r["collective"] for r in rows] == [
+        "allgather forward u0", "allgather forward u1", "allgather forward u2",
+        "allgather backward u2", "allgather backward u1", "reduce_scatter u2",
+        "allgather backward u0", "reduce_scatter u1", "reduce_scatter u0",
+    ]  # fmt: skip
+    assert all(r["start_spread_ms"] >= 0 for r in rows)
+    with pytest.raises(ValueError, match="no stage-3 collectives"):
+        plot_unit_timeline([{**r, "events": []} for r in result.records], 2)
+
+
 def test_the_naive_schedule_issues_each_allgather_after_the_previous_forward(runs):
     # The counter-example the test above rules out: without prefetching, unit k+1 is asked for
     # only by its own module's pre-hook, after module k's forward has ended.
