@@ -8,7 +8,8 @@ step ``k``, forwarded to the right neighbour at once, while the later segments o
 still in flight. This is the pipelining of Patarasuk & Yuan (2009) and of the segmented rings in
 NCCL and gloo: the sends of consecutive steps overlap, and only one segment's arithmetic is left
 on the critical path. The result is bitwise the same as the plain ring (same chunks, same owners,
-same order of additions).
+same order of additions). Each half alone, ZeRO stage 3's passes, runs the same way
+(:func:`ring_reduce_scatter_pipelined`, :func:`ring_allgather_pipelined`).
 
 Receives are posted one step ahead: the moment segment ``j`` of step ``k`` has been used, the
 receive for segment ``j`` of step ``k + 1`` is posted into the scratch slot (or chunk) it frees.

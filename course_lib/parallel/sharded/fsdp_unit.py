@@ -12,16 +12,27 @@ after, so they travel twice, as FSDP2's root does (``fully_shard``'s ``reshard_a
 defaults to False for the root). The auditor counts both (:mod:`.audit`). A tied parameter is
 gathered with its unit by every module that uses it (more bytes than the formula assumes).
 Every allgather and reduce-scatter runs on one communication thread (``CommThread``), in the
-order the training thread asks for them, the same on every rank. The ranks agree on the units' sizes at attach, so each ring step posts
-its receive before the message comes ("eager"). ``prefetch=True`` (the default) takes them off
-the critical path, as FSDP does (Zhao et al. 2023, "PyTorch FSDP", sections 3.3 and 4): the
-first step records the order in which the modules run forward and backward; from then on, when
-a module's units are needed, the next module's allgather is queued too (depth 1), so it travels
-while this module computes: one unit more held at once (``zero3_units_held_peak``).
+order the training thread asks for them, the same on every rank. The ranks agree on the units'
+sizes at attach, so each ring step posts its receive before the message comes ("eager").
+``prefetch=True`` (the default) takes them off the critical path, as FSDP does (Zhao et al.
+2023, "PyTorch FSDP", sections 3.3 and 4): the first step records the order in which the
+modules run forward and backward; from then on, when a module's units are needed, the next
+module's allgather is queued too (depth 1), so it travels while this module computes: one unit
+more held at once (``zero3_units_held_peak``).
 Reduce-scatters are queued without waiting (at most ``QUEUED_REDUCE_SCATTERS``); ``exchange``
 waits for them all before the optimiser step. ``prefetch=False`` waits for every collective
 where it is issued: the naive schedule, kept to compare against. ``compute_dtype`` and
 ``reduce_dtype``: mixed precision as FSDP2's ``MixedPrecisionPolicy`` (:mod:`.mixed`).
+
+On one link, prefetching cannot hide a unit that holds most of the bytes: its module computes
+only once its last chunk has come, so its three passes follow each other on the thread
+(``bench/bench_sharded.py``). Two things shorten them. A large unit's passes travel in segments
+(``segment_bytes``, :mod:`course_lib.collectives.ring_pipelined`): the next ring step's first
+segment leaves while this step's last ones travel, instead of every step waiting for a whole
+chunk. ``min_unit`` is FSDP's size-based wrapping policy: modules with fewer values join the
+root's unit (gathered once per step, as the root's own), so small units stop costing a
+collective each, which on a shared machine waits for the slowest rank every time.
+:mod:`.unit_timeline` draws a step: each rank's compute beside its queue's collectives.
 
 Kept whole: the hooks, the communication queue and the units' gathering and release are one
 unit's life cycle and share its state; split, each half would reach into the other's.

@@ -15,7 +15,8 @@ Data parallelism keeps N copies of everything: weights, gradients and optimiser 
   (the root module's own parameters, kept gathered from forward to backward as FSDP2 keeps its
   root's, 2(N-1)/N of theirs).
   Its collectives run on one communication thread, the next module's allgather prefetched
-  while this one computes (``Zero3(prefetch=False)``: each waited for where it is issued).
+  while this one computes (``Zero3(prefetch=False)``: each waited for where it is issued), a
+  large unit's passes in segments; ``Zero3(min_unit=...)``: FSDP's size-based wrapping policy.
 * ``zero0``: plain data parallelism (ring allreduce, every rank the whole optimiser) with the
   same memory ledger, the baseline of the comparison.
 
