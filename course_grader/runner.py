@@ -135,7 +135,10 @@ def run_nbval(
     # nbval loads this kit's plugin, not one a venv's editable install points to elsewhere.
     kit_root = str(kit_package().parent)
     env["PYTHONPATH"] = os.pathsep.join([kit_root, *filter(None, [env.get("PYTHONPATH")])])
-    cmd += ["-p", "course_grader.sandbox.nbval_ipc"]
+    # nbval and the kit's plugin alone: pytest's other installed plugins (hypothesis, anyio,
+    # xdist, timeout) cost each run about 1.3 s of CPU to import and play no part in it.
+    env["PYTEST_DISABLE_PLUGIN_AUTOLOAD"] = "1"
+    cmd += ["-p", "nbval.plugin", "-p", "course_grader.sandbox.nbval_ipc"]
     if probes is not None:
         env["COURSE_PROBE_DIR"] = str(probes)
     env.pop("COURSE_IPC", None)

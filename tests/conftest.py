@@ -42,6 +42,24 @@ def pytest_configure(config: pytest.Config) -> None:
     # Notebooks and tests pick their own cluster; a developer's lab settings must not leak in.
     for name in ("COURSE_CLUSTER_KIND", "COURSE_CLUSTER_PROFILE", "COURSE_CLUSTER_FILE"):
         os.environ.pop(name, None)
+    if not hasattr(config, "workerinput"):  # once, before xdist's workers start
+        _compile_the_packages()
+
+
+def _compile_the_packages() -> None:
+    """Byte-compile the three packages before any test imports them.
+
+    A fresh clone has no ``__pycache__``: every process's first import of a module writes its
+    ``.pyc``, and two at once replace each other's. The grader's guard watches the kit's files,
+    so one worker's engines compiling a module while the other grades a notebook read as that
+    notebook changing the kit (a fresh clone's run: "changed the grading environment (kit:
+    changed parallel/sharded/__pycache__/zero.cpython-311.pyc)").
+    """
+    import compileall
+
+    root = Path(__file__).resolve().parents[1]
+    for package in ("course_lib", "course_grader", "course_kit"):
+        compileall.compile_dir(root / package, quiet=2)
 
 
 # -- the kit's files: watched by every grading run, changed by one module ---------------------------

@@ -8,10 +8,16 @@ in the kit or the sources is put back from the copy; a file added to the venv is
 file changed or deleted cannot be put back (the venv is too large to copy), so grading stops
 and says which files to reinstall. The ctime cannot be set by a process, so a file written and
 given back its old mtime still shows.
+
+The kit and the grader are byte-compiled before the fingerprint: otherwise the first notebooks'
+imports write their ``__pycache__``, and two notebooks graded at once may both write the same
+``.pyc`` (Python replaces it by a rename), which reads as a change to the kit and costs an
+honest student the grade.
 """
 
 from __future__ import annotations
 
+import compileall
 import hashlib
 import os
 import shutil
@@ -96,6 +102,9 @@ class EnvironmentGuard:
             ("sources", Path(sources), True),
             ("venv", site, False),
         ]
+        for name, path, _full in self.roots:
+            if name in ("kit", "grader"):  # nothing left for an honest import to write
+                compileall.compile_dir(path, quiet=2)
         self.prints = {name: fingerprint(path, full) for name, path, full in self.roots}
         self._copy = Path(tempfile.mkdtemp(prefix="grading-pristine-"))
         for name, path, full in self.roots:

@@ -149,3 +149,24 @@ def test_require_sandbox_refuses_and_unisolated_grading_says_so(tmp_path, monkey
 
 # The attack class itself (every attack in ATTACKS graded beside honest students) is graded once,
 # with the routes past the guard, in tests/grader/selftest/test_grading_attacks.py.
+
+
+def test_the_guard_compiles_what_it_watches_so_an_honest_import_writes_nothing(tmp_path):
+    # Uncompiled, a notebook's first import writes a .pyc into the kit, and two notebooks graded
+    # at once replace each other's: read as the kit changed, it cost an honest student the grade.
+    import importlib.util
+
+    from course_grader.sandbox.integrity import EnvironmentGuard
+
+    kit, grader, sources, site = (tmp_path / name for name in ("kit", "grader", "src", "site"))
+    for folder in (kit / "sub", grader, sources, site):
+        folder.mkdir(parents=True)
+    for module in (kit / "a.py", kit / "sub" / "b.py", grader / "c.py"):
+        module.write_text("VALUE = 1\n")
+    with EnvironmentGuard(kit, sources, site_packages=site, grader=grader) as guard:
+        compiled = [p for p in (kit / "a.py", kit / "sub" / "b.py", grader / "c.py")
+                    if Path(importlib.util.cache_from_source(str(p))).is_file()]  # fmt: skip
+        assert len(compiled) == 3, f"compiled before the fingerprint: {compiled}"
+        for _ in range(2):  # two notebooks importing the kit, one after the other
+            subprocess.run([sys.executable, "-c", "import a, sub.b"], cwd=kit, check=True)
+        assert guard.changes() == []
