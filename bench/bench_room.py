@@ -86,7 +86,7 @@ def worker(
     rank: int,
     world_size: int,
     addr: str,
-    sizes_mb: list[int],
+    sizes_mb: list[float],
     reps: int,
     segments_mib: list[float],
     out: str,
@@ -105,7 +105,7 @@ def worker(
     algos = algorithms(segments_mib)
     rows = []
     for mb in sizes_mb:
-        x = np.random.default_rng(rank).standard_normal(mb * 2**18).astype(np.float32)
+        x = np.random.default_rng(rank).standard_normal(int(mb * 2**18)).astype(np.float32)
         samples: dict[str, list[float]] = {name: [] for name in algos}
         for fn in algos.values():  # warm-up: buffers, connections, caches
             allreduce_times(comm, fn, x, 1, warmup=0)
@@ -143,7 +143,7 @@ def worker(
     os._exit(0)  # torch's teardown at exit sometimes aborts once rank 0 has gone
 
 
-def run_room(n_pcs: int, rate: str, sizes_mb: list[int], reps: int, segments: str) -> dict:
+def run_room(n_pcs: int, rate: str, sizes_mb: list[float], reps: int, segments: str) -> dict:
     """Build a room of ``n_pcs`` PCs, run one worker per PC, return rank 0's results."""
     from course_kit.room.build import emulated_room
 
@@ -216,7 +216,7 @@ def print_room(n: int, res: dict, rate: str) -> None:
             label = {"builtin": "gloo built-in", "ring": "ring_allreduce"}.get(name, name)
             label = label.replace("piped", "ring pipelined")
             print(
-                f"{n:>3} {row['mb']:>3} {label:20} {t * 1e3:>9.1f} {t / builtin:>8.2f}x "
+                f"{n:>3} {row['mb']:>3g} {label:20} {t * 1e3:>9.1f} {t / builtin:>8.2f}x "
                 f"{t / bound:>6.2f}x {100 * bound / t:>6.1f} % {100 * bound_ping / t:>6.1f} %"
             )
         first, checked, *steps, end = row["trace"]
@@ -235,7 +235,9 @@ def print_room(n: int, res: dict, rate: str) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--pcs", default="3,4", help="room sizes, e.g. 3,4")
-    parser.add_argument("--sizes", default="1,8,32", help="buffer sizes in MB")
+    parser.add_argument(
+        "--sizes", default="1,8,32", help="buffer sizes in MiB (4.3: the MLP's gradients)"
+    )
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--segments", default="1", help="pipelined ring segment sizes, MiB")
     parser.add_argument("--rate", default="1gbit", help="tbf rate of every link")
@@ -244,7 +246,7 @@ def main() -> None:
     parser.add_argument("--addr", help=argparse.SUPPRESS)
     parser.add_argument("--out", help=argparse.SUPPRESS)
     args = parser.parse_args()
-    sizes_mb = [int(s) for s in args.sizes.split(",")]
+    sizes_mb = [float(s) for s in args.sizes.split(",")]
     segments_mib = [float(s) for s in args.segments.split(",")]
     if args.worker is not None:
         worker(args.worker, args.world, args.addr, sizes_mb, args.repeats, segments_mib, args.out)

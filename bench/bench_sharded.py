@@ -9,7 +9,10 @@ chunks: ``segment_bytes=None``, the registered stage 3 before its segments), ``z
 registered stage 3: the next module's allgather prefetched, reduce-scatters queued, all on one
 communication thread, a large unit's passes in 512 KiB segments, pipelined) and
 ``zero3/wrap`` (the same with FSDP's size-based wrapping policy, ``Zero3(min_unit=100_000)``:
-the two small layers join the root's unit, gathered once per step). Prints per method the median step and its parts, the step as a ratio
+the two small layers join the root's unit, gathered once per step), ``zero0/piped`` (the
+kit's ring in 1 MiB pipelined segments, ``Zero0(segment_bytes=...)``) and
+``zero0/piped/nowait`` (the same without the barrier the kit times as ``wait`` before the
+exchange; DDP has none). Prints per method the median step and its parts, the step as a ratio
 to DDP's and to ``zero0``'s, the bytes each rank sent per step against the auditor's formula,
 and the model-state bytes per rank from the ledger against the formula, then how busy stage 3's
 communication thread was. The issue's aim for stage 3 is <= 1.3x DDP's step.
@@ -80,6 +83,8 @@ from course_lib.training.models import MLP  # noqa: E402
 METHODS = {
     "ddp": ("ddp", {}),
     "zero0": ("zero0", {}),
+    "zero0/piped": ("zero0", {"segment_bytes": 1 << 20}),
+    "zero0/piped/nowait": ("zero0", {"segment_bytes": 1 << 20, "measure_wait": False}),
     "zero1": ("zero1", {}),
     "zero2": ("zero2", {}),
     "zero3/inline": ("zero3", {"prefetch": False}),
@@ -94,6 +99,7 @@ BUCKET_BYTES = 1 << 20
 
 def run(cluster, method: str, model, batch: int, steps: int, link=GIGABIT, **options):
     """Train ``model`` ``steps`` steps of ``batch`` samples with ``method`` (``link=None``: as is)."""
+    measure_wait = options.pop("measure_wait", True)  # False: no barrier timed before the ring
     options = {"bucket_bytes": BUCKET_BYTES, **options} if method.startswith("zero") else {}
     config = TrainConfig(num_epochs=1, batch_size=batch, lr=1e-3, optimizer="adam", seed=0)
     return train_data_parallel(
@@ -105,6 +111,7 @@ def run(cluster, method: str, model, batch: int, steps: int, link=GIGABIT, **opt
         link=link,
         comm_timeout=120,
         timeout=900,
+        measure_wait=measure_wait,
         **options,
     )
 
@@ -171,6 +178,13 @@ def step_times(
             line += " " * 27
         rounds_ms = [1e3 * t[0] for t in medians[method]]
         print(line + f"  {min(rounds_ms):.0f}-{max(rounds_ms):.0f}", flush=True)
+    for method in chosen:  # where the step's time goes, the last round's medians
+        rows = last[method].summary()
+        parts = ", ".join(
+            f"{p} {1e3 * statistics.median(r[f'{p}_s'] for r in rows):.1f}"
+            for p in ("compute", "wait", "comm", "step", "sync")
+        )
+        print(f"{method}: last round's phases (ms, median over ranks): {parts}")
     for method in (m for m in chosen if m.startswith("zero3")):
         print(
             f"{method}: its communication thread busy {thread_busy(last[method]):.0%} of the step"

@@ -59,6 +59,8 @@ def ring_allreduce_pipelined(
     op: str = "sum",
     segment_bytes: int = DEFAULT_SEGMENT_BYTES,
     timeline: list[tuple[int, int, float]] | None = None,
+    *,
+    agreed: bool = False,
 ) -> Buffer:
     """Reduce ``tensor`` over all ranks in place, as the ring does, with segments pipelined.
 
@@ -67,8 +69,9 @@ def ring_allreduce_pipelined(
     Cost: $2(N-1)(\\alpha + \\frac{n}{N}\\beta)$ with the reductions hidden behind the transfers.
     ``timeline``, if given, gets ``(step, segment, time.perf_counter())`` as each segment lands
     (step -1: the entry, -2: the size check done, ``2(N-1)``: the return), to show where time goes.
+    ``agreed``: as in :func:`ring_reduce_scatter_pipelined` (no size check round the ring).
     """
-    return _pipelined(comm, tensor, op, segment_bytes, "both", False, timeline)
+    return _pipelined(comm, tensor, op, segment_bytes, "both", agreed, timeline)
 
 
 def ring_reduce_scatter_pipelined(

@@ -36,6 +36,7 @@ import torch
 from torch import nn
 
 from course_lib.collectives.ring import ring_allgather, ring_allreduce, ring_reduce_scatter
+from course_lib.collectives.ring_pipelined import ring_allreduce_pipelined
 from course_lib.comm.communicator import Communicator
 from course_lib.parallel.exchanges.base import GradientExchange, StepTimeline, trainable_parameters
 from course_lib.parallel.sharded.ledger import Ledger
@@ -75,6 +76,7 @@ class ZeroExchange(GradientExchange):
     checkpointable = True
     cost_collective = "ring_allreduce"  # reduce-scatter + allgather: the ring allreduce's bytes
     min_unit = 0  # stage 3's wrapping policy (:func:`~.units.plan_units`)
+    segment_bytes: int | None = None  # stage 0: None, the plain ring; else pipelined segments
 
     def __init__(self, bucket_bytes: int = 1 << 16) -> None:
         if int(bucket_bytes) < 4:
@@ -181,7 +183,12 @@ class ZeroExchange(GradientExchange):
             if self.stage == 0:
                 flat = unit.flat_grads()
                 self.ledger.sample(settled=False, buffers=[flat])
-                ring_allreduce(comm, flat.numpy())
+                if self.segment_bytes is None:
+                    ring_allreduce(comm, flat.numpy())
+                else:  # bitwise the plain ring's sums; every rank flattened the same model
+                    ring_allreduce_pipelined(
+                        comm, flat.numpy(), segment_bytes=self.segment_bytes, agreed=True
+                    )
                 flat /= comm.world_size
                 for p, part in zip(
                     unit.params, flat.split([p.numel() for p in unit.params]), strict=True
@@ -221,6 +228,12 @@ class Zero0(ZeroExchange):
     """Plain data parallelism on the ring, with the ledger: the baseline ZeRO is measured against."""
 
     name, stage = "zero0", 0
+
+    def __init__(self, bucket_bytes: int = 1 << 16, segment_bytes: int | None = None) -> None:
+        super().__init__(bucket_bytes)
+        if segment_bytes is not None and (isinstance(segment_bytes, bool) or segment_bytes < 1):
+            raise ValueError(f"segment_bytes must be None or >= 1, got {segment_bytes!r}")
+        self.segment_bytes = segment_bytes
 
 
 class Zero1(ZeroExchange):

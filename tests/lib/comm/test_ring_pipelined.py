@@ -26,10 +26,14 @@ from course_lib.collectives.ring_pipelined import (
 @pytest.mark.parametrize("p", [1, 3, 4])
 @pytest.mark.parametrize("size", [0, 7, 4099])
 @pytest.mark.parametrize("segment_bytes", [12, 1 << 20])
-def test_pipelined_ring_equals_the_plain_ring_bitwise(p, size, segment_bytes):
+@pytest.mark.parametrize("agreed", [False, True])  # True: no size check round the ring (zero0's)
+def test_pipelined_ring_equals_the_plain_ring_bitwise(p, size, segment_bytes, agreed):
     x = np.random.default_rng(size + p).standard_normal((p, size)).astype(np.float32)
     piped = run_threads(
-        p, lambda c: ring_allreduce_pipelined(c, x[c.rank].copy(), segment_bytes=segment_bytes)
+        p,
+        lambda c: ring_allreduce_pipelined(
+            c, x[c.rank].copy(), segment_bytes=segment_bytes, agreed=agreed
+        ),
     )
     plain = run_threads(p, lambda c: ring_allreduce(c, x[c.rank].copy()))
     for got in piped:

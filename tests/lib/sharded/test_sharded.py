@@ -166,6 +166,24 @@ def test_the_baseline_is_the_kits_ring_bit_for_bit(runs, seed):
     assert relative_error(zero0, runs("ring", 3, config).weights) <= RTOL
 
 
+def test_the_baseline_in_pipelined_segments_is_the_plain_ring_bit_for_bit(pool, runs):
+    # Zero0(segment_bytes): the same chunks, owners and order of additions, in 256-byte segments
+    # (about 7 per chunk on 3 ranks), with no size check round the ring: the same bytes on the wire.
+    piped = train_data_parallel(
+        pool,
+        model=uneven_mlp,
+        dataset=small_digits,
+        config=ADAM,
+        method=make_exchange("zero0", bucket_bytes=1024, segment_bytes=256),
+        world_size=3,
+        comm_timeout=30,
+        timeout=300,
+    )
+    assert relative_error(piped.weights, runs("zero0", 3).weights) == 0.0
+    rows = audit_bytes(piped.records, 0, unit_sizes(uneven_mlp(), 0, 3, bucket_bytes=1024), 3)
+    assert all(r["ok"] for r in rows), [r for r in rows if not r["ok"]]
+
+
 @pytest.mark.parametrize("n", [2, 3, 4])
 @pytest.mark.parametrize("stage", [1, 2, 3])
 def test_each_stage_equals_one_process_after_four_adam_steps(runs, reference, stage, n):
