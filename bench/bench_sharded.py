@@ -4,12 +4,12 @@ Trains an MLP on digits (64-1024-1024-10: 1.13 M parameters, 4.5 MB of float32 g
 Adam for a few steps on 4 local engines over gloo, the link emulated as Gigabit (125 MB/s,
 50 us), with PyTorch DDP (``ddp``), ``zero0`` (the kit's ring allreduce, every rank the whole
 state), ``zero1``, ``zero2``, ``zero3/inline`` (stage 3 waiting for each collective where it is
-issued: ``Zero3(prefetch=False)``), ``zero3/whole`` (prefetching, every pass in whole ring
-chunks: ``segment_bytes=None``, the registered stage 3 before its segments), ``zero3`` (the
-registered stage 3: the next module's allgather prefetched, reduce-scatters queued, all on one
-communication thread, a large unit's passes in 512 KiB segments, pipelined) and
-``zero3/wrap`` (the same with FSDP's size-based wrapping policy, ``Zero3(min_unit=100_000)``:
-the two small layers join the root's unit, gathered once per step), ``zero0/piped`` (the
+issued: ``Zero3(prefetch=False)``), ``zero3`` (the registered stage 3: the next module's
+allgather prefetched, reduce-scatters queued, all on one communication thread, every pass in
+whole ring chunks), ``zero3/seg`` (a large unit's passes in 512 KiB segments, pipelined:
+``Zero3(segment_bytes=SEGMENT_BYTES)``) and ``zero3/wrap`` (segments and FSDP's size-based
+wrapping policy, ``Zero3(min_unit=100_000)``: the two small layers join the root's unit,
+gathered once per step), ``zero0/piped`` (the
 kit's ring in 1 MiB pipelined segments, ``Zero0(segment_bytes=...)``) and
 ``zero0/piped/nowait`` (the same without the barrier the kit times as ``wait`` before the
 exchange; DDP has none). Prints per method the median step and its parts, the step as a ratio
@@ -50,7 +50,7 @@ per network namespace, real TCP over 1 Gbit/s shaped links, as ``bench_data_para
     .venv/bin/python bench/bench_sharded.py            # 4 engines, 8 steps
     .venv/bin/python bench/bench_sharded.py --engines 2 --steps 6 --rounds 3
     .venv/bin/python bench/bench_sharded.py --rounds 3 --batch 64 --steps 5
-    .venv/bin/python bench/bench_sharded.py --rounds 5 --methods zero3/whole zero3 zero3/wrap
+    .venv/bin/python bench/bench_sharded.py --rounds 5 --methods zero3 zero3/seg zero3/wrap
     .venv/bin/python bench/bench_sharded.py --fit 64   # 64 MB of model state per engine
     .venv/bin/python bench/bench_sharded.py --room     # the emulated room (root)
 """
@@ -74,6 +74,7 @@ from course_lib.comm import GIGABIT  # noqa: E402
 from course_lib.demo import digits_subset  # noqa: E402 - importable: travels to engines by name
 from course_lib.parallel.data_parallel.train import train_data_parallel  # noqa: E402
 from course_lib.parallel.sharded.audit import audit_bytes  # noqa: E402
+from course_lib.parallel.sharded.fsdp_unit import SEGMENT_BYTES  # noqa: E402
 from course_lib.parallel.sharded.ledger import formula_bytes  # noqa: E402
 from course_lib.parallel.sharded.units import root_unit, unit_sizes  # noqa: E402
 from course_lib.training.loop import TrainConfig  # noqa: E402
@@ -88,9 +89,12 @@ METHODS = {
     "zero1": ("zero1", {}),
     "zero2": ("zero2", {}),
     "zero3/inline": ("zero3", {"prefetch": False}),
-    "zero3/whole": ("zero3", {"prefetch": True, "segment_bytes": None}),
     "zero3": ("zero3", {"prefetch": True}),
-    "zero3/wrap": ("zero3", {"prefetch": True, "min_unit": 100_000}),
+    "zero3/seg": ("zero3", {"prefetch": True, "segment_bytes": SEGMENT_BYTES}),
+    "zero3/wrap": (
+        "zero3",
+        {"prefetch": True, "min_unit": 100_000, "segment_bytes": SEGMENT_BYTES},
+    ),
 }
 FIT_METHODS = {"zero0": "DDP (zero0)", "zero1": "ZeRO-1", "zero2": "ZeRO-2", "zero3": "ZeRO-3"}
 HIDDEN = (1024, 1024)

@@ -49,11 +49,10 @@ def pytest_configure(config: pytest.Config) -> None:
 def _compile_the_packages() -> None:
     """Byte-compile the three packages before any test imports them.
 
-    A fresh clone has no ``__pycache__``: every process's first import of a module writes its
-    ``.pyc``, and two at once replace each other's. The grader's guard watches the kit's files,
-    so one worker's engines compiling a module while the other grades a notebook read as that
-    notebook changing the kit (a fresh clone's run: "changed the grading environment (kit:
-    changed parallel/sharded/__pycache__/zero.cpython-311.pyc)").
+    The grader's guard watches the kit's files while it grades unisolated, and the other xdist
+    worker goes on meanwhile: nothing it does may write into the kit. Compiled first, no import
+    of a test's writes a ``.pyc`` there (tests/grader/sandbox/test_kit_cut.py compiles only what
+    is missing).
     """
     import compileall
 

@@ -9,10 +9,9 @@ file changed or deleted cannot be put back (the venv is too large to copy), so g
 and says which files to reinstall. The ctime cannot be set by a process, so a file written and
 given back its old mtime still shows.
 
-The kit and the grader are byte-compiled before the fingerprint: otherwise the first notebooks'
-imports write their ``__pycache__``, and two notebooks graded at once may both write the same
-``.pyc`` (Python replaces it by a rename), which reads as a change to the kit and costs an
-honest student the grade.
+The kit and the grader are byte-compiled before the fingerprint: a ``.pyc`` left stale by an
+edit to the kit (a ``git pull`` before grading) is rewritten by the first notebook that imports
+the module, which would read as that notebook changing the kit and cost an honest student the grade.
 """
 
 from __future__ import annotations

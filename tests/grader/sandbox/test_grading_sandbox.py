@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import sysconfig
@@ -152,9 +153,10 @@ def test_require_sandbox_refuses_and_unisolated_grading_says_so(tmp_path, monkey
 
 
 def test_the_guard_compiles_what_it_watches_so_an_honest_import_writes_nothing(tmp_path):
-    # Uncompiled, a notebook's first import writes a .pyc into the kit, and two notebooks graded
-    # at once replace each other's: read as the kit changed, it cost an honest student the grade.
-    import importlib.util
+    # A .pyc left stale by an edit to the kit (a git pull before grading) is rewritten by the first
+    # notebook that imports the module: read as that notebook changing the kit, it cost an honest
+    # student the grade, unless the guard compiles the kit before its fingerprint.
+    import py_compile
 
     from course_grader.sandbox.integrity import EnvironmentGuard
 
@@ -163,10 +165,12 @@ def test_the_guard_compiles_what_it_watches_so_an_honest_import_writes_nothing(t
         folder.mkdir(parents=True)
     for module in (kit / "a.py", kit / "sub" / "b.py", grader / "c.py"):
         module.write_text("VALUE = 1\n")
+        py_compile.compile(str(module), doraise=True)
+        module.write_text("VALUE = 2  # edited since it was compiled\n")
+        os.utime(module, (module.stat().st_atime + 60, module.stat().st_mtime + 60))  # a minute on
     with EnvironmentGuard(kit, sources, site_packages=site, grader=grader) as guard:
-        compiled = [p for p in (kit / "a.py", kit / "sub" / "b.py", grader / "c.py")
-                    if Path(importlib.util.cache_from_source(str(p))).is_file()]  # fmt: skip
-        assert len(compiled) == 3, f"compiled before the fingerprint: {compiled}"
-        for _ in range(2):  # two notebooks importing the kit, one after the other
-            subprocess.run([sys.executable, "-c", "import a, sub.b"], cwd=kit, check=True)
+        env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+        imported = subprocess.run([sys.executable, "-c", "import a, sub.b; print(a.VALUE)"],
+                                  cwd=kit, env=env, capture_output=True, text=True, check=True)  # fmt: skip
+        assert imported.stdout.strip() == "2"
         assert guard.changes() == []
