@@ -9,7 +9,7 @@ from matplotlib.figure import Figure
 
 from course_lib.parallel.data_parallel.accounting import PHASES
 
-__all__ = ["PHASE_COLORS", "bucket_overlap", "plot_breakdown", "plot_timeline"]
+__all__ = ["PHASE_COLORS", "bucket_overlap", "finish_gantt", "plot_breakdown", "plot_timeline"]
 
 PHASE_COLORS = {"compute": "tab:blue", "wait": "tab:gray", "comm": "tab:red", "step": "tab:green",
                 "sync": "tab:purple"}  # fmt: skip
@@ -92,11 +92,20 @@ def plot_timeline(
                 height=0.13, color="tab:orange", edgecolor="black", linewidth=0.3)  # fmt: skip
             ax.text(1e3 * (b["start"] - t0), row, f"b{b['index']} ", ha="right", va="center",
                     fontsize=6)  # fmt: skip
-    ax.set_yticks([pitch * k for k in range(len(ranks))], [f"rank {r}" for r in ranks])
+    ticks = [pitch * k for k in range(len(ranks))]
+    return finish_gantt(ax, ticks, [f"rank {r}" for r in ranks],
+                        "ms since the first step shown began", title or f"steps {lo}..{hi - 1}")  # fmt: skip
+
+
+def finish_gantt(
+    ax: Axes, ticks: list[float], labels: list[str], xlabel: str, title: str
+) -> Figure:
+    """Label a per-rank Gantt chart (ranks top-down, legend outside) and return its figure."""
+    ax.set_yticks(ticks, labels)
     ax.invert_yaxis()
-    ax.set_xlabel("ms since the first step shown began")
+    ax.set_xlabel(xlabel)
     ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0))
-    ax.set_title(title or f"steps {lo}..{hi - 1}", fontsize=9)
+    ax.set_title(title, fontsize=9)
     fig = ax.figure
     if isinstance(fig, Figure):
         fig.tight_layout()

@@ -114,9 +114,8 @@ class Zero3(Zero2):
             raise ValueError(f"prefetch must be True or False, got {prefetch!r}")
         if isinstance(min_unit, bool) or not isinstance(min_unit, int) or min_unit < 0:
             raise ValueError(f"min_unit must be a whole number of values >= 0, got {min_unit!r}")
-        if segment_bytes is not None and (isinstance(segment_bytes, bool) or segment_bytes < 1):
-            raise ValueError(f"segment_bytes must be None or >= 1, got {segment_bytes!r}")
-        self.prefetch, self.min_unit, self.segment_bytes = prefetch, min_unit, segment_bytes
+        self.prefetch, self.min_unit = prefetch, min_unit
+        self.segment_bytes = self.checked_segment_bytes(segment_bytes)
         self.compute_dtype, self.reduce_dtype = check_dtypes(compute_dtype, reduce_dtype)
 
     # -- set-up -------------------------------------------------------------------------------

@@ -15,7 +15,7 @@ from typing import Any
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
-from course_lib.parallel.data_parallel.timeline import PHASE_COLORS
+from course_lib.parallel.data_parallel.timeline import PHASE_COLORS, finish_gantt
 
 __all__ = ["KIND_COLORS", "collective_spread", "plot_unit_timeline"]
 
@@ -72,15 +72,13 @@ def plot_unit_timeline(
             tag = "rs" if e["kind"] == "reduce_scatter" else e["for"][0]
             ax.text(1e3 * (e["start_at"] - t0), k + 0.36, f" u{e['unit']}{tag}", va="center",
                     fontsize=6)  # fmt: skip
-    ax.set_yticks([k + 0.18 for k in range(len(chosen))], [f"rank {r['rank']}" for r in chosen])
-    ax.invert_yaxis()
-    ax.set_xlabel("ms since the first rank began the step (upper bar: training; lower: its queue)")
-    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0))
-    ax.set_title(title or f"step {step}", fontsize=9)
-    fig = ax.figure
-    if isinstance(fig, Figure):
-        fig.tight_layout()
-    return fig
+    return finish_gantt(
+        ax,
+        [k + 0.18 for k in range(len(chosen))],
+        [f"rank {r['rank']}" for r in chosen],
+        "ms since the first rank began the step (upper bar: training; lower: its queue)",
+        title or f"step {step}",
+    )
 
 
 def collective_spread(records: list[dict[str, Any]], first_step: int = 1) -> list[dict[str, Any]]:

@@ -78,6 +78,13 @@ class ZeroExchange(GradientExchange):
     min_unit = 0  # stage 3's wrapping policy (:func:`~.units.plan_units`)
     segment_bytes: int | None = None  # stage 0: None, the plain ring; else pipelined segments
 
+    @staticmethod
+    def checked_segment_bytes(segment_bytes: int | None) -> int | None:
+        """Return ``segment_bytes`` (None: whole chunks), or raise naming the allowed values."""
+        if segment_bytes is not None and (isinstance(segment_bytes, bool) or segment_bytes < 1):
+            raise ValueError(f"segment_bytes must be None or >= 1, got {segment_bytes!r}")
+        return segment_bytes
+
     def __init__(self, bucket_bytes: int = 1 << 16) -> None:
         if int(bucket_bytes) < 4:
             raise ValueError(f"bucket_bytes must be at least one float32 (4), got {bucket_bytes}")
@@ -231,9 +238,7 @@ class Zero0(ZeroExchange):
 
     def __init__(self, bucket_bytes: int = 1 << 16, segment_bytes: int | None = None) -> None:
         super().__init__(bucket_bytes)
-        if segment_bytes is not None and (isinstance(segment_bytes, bool) or segment_bytes < 1):
-            raise ValueError(f"segment_bytes must be None or >= 1, got {segment_bytes!r}")
-        self.segment_bytes = segment_bytes
+        self.segment_bytes = self.checked_segment_bytes(segment_bytes)
 
 
 class Zero1(ZeroExchange):
