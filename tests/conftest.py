@@ -42,6 +42,12 @@ def pytest_configure(config: pytest.Config) -> None:
     # Notebooks and tests pick their own cluster; a developer's lab settings must not leak in.
     for name in ("COURSE_CLUSTER_KIND", "COURSE_CLUSTER_PROFILE", "COURSE_CLUSTER_FILE"):
         os.environ.pop(name, None)
+    # Two xdist workers share two cores: a test, a notebook's kernel or a grader's run computing
+    # with torch's default of one OpenMP thread per core oversubscribes them, and the threads
+    # spin-wait for each other (tests/lib/transformer and tests/lib/strategy beside a busy
+    # machine, two runs each: 33 CPU-s in 30-33 s with one thread, 37-39 CPU-s in 42-44 s with
+    # two). Engines are unaffected: start_cluster gives each cores // n threads itself.
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
     if not hasattr(config, "workerinput"):  # once, before xdist's workers start
         _compile_the_packages()
 
