@@ -54,15 +54,21 @@ pytestmark = [
 CLASS_SECONDS = 1500  # generous: 25 notebooks of a few seconds, 2 at a time (and 2 beside them)
 #: An answer that starves its neighbours: 200 busy processes, each in a session of its own, and
 #: its notebook kept alive until the grader stops it (issue 35: the honest notebook beside it
-#: passed its total time limit, 0 / 8).
+#: passed its total time limit, 0 / 8). They are forked first and start together: forked while
+#: the others ran, the last ones came so slowly that the honest notebook was done before them,
+#: with or without a share of its own.
 STARVER = (
-    "import os, time\nfor _ in range(200):\n    if os.fork() == 0:\n        os.setsid()\n"
+    "import os, time\ngo = time.time() + 3\nfor _ in range(200):\n    if os.fork() == 0:\n"
+    "        os.setsid()\n        time.sleep(max(0, go - time.time()))\n"
     "        while True:\n            pass\ntime.sleep(600)\n"
 )
+#: The honest neighbour's first answer waits until the starving has begun, so that its
+#: remaining cells run beside it (on a quiet machine it would be done before).
+HONEST_WAITS = "import time\ntime.sleep(12)\n"
 #: The starving pair's limits: the starver runs to the total limit, with a whole core of busy
 #: processes (the pair's CPU is the starver's, a second a second); the honest notebook needs a
-#: few seconds of CPU, under a quarter of its share's (half the core) in this time, and without
-#: a share it gets 1/200 of the core, a fraction of a second, and 0 points.
+#: few seconds of CPU after its wait, under a quarter of its share's (half the core) in this
+#: time, and without a share it gets 1/200 of the core, a fraction of a second, and 0 points.
 STARVED_LIMITS = GradingLimits(45, 45)
 
 
@@ -98,7 +104,9 @@ def _starvation_pair(folder: Path) -> Path | None:
         return None
     source = nbformat.read(SOURCES / "A1_sgd_conv.ipynb", as_version=4)
     correct = {answer_id(c): c.source for c in source.cells if answer_id(c)}
-    write_submission(source, folder, "honest", correct)
+    write_submission(
+        source, folder, "honest", dict(correct, **{"A1.1": HONEST_WAITS + correct["A1.1"]})
+    )
     write_submission(
         source, folder, "starver", dict(correct, **{"A1.1": STARVER + correct["A1.1"]})
     )
