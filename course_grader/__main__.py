@@ -21,6 +21,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from course_grader import lean_nbformat  # noqa: F401 - first: nbformat without the IRI grammar
 from course_grader.grade import GradingLimits, grade_notebook
 from course_grader.gradebook import (
     assignment_of,

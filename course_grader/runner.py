@@ -37,12 +37,15 @@ from course_grader.sandbox.config import (
 )
 from course_grader.sandbox.wire_audit import wire_problem_here
 
-__all__ = ["CLUSTER_VARIABLE_PREFIX", "run_nbval", "stop_clusters"]
+__all__ = ["CLUSTER_VARIABLE_PREFIX", "NBVAL_PLUGINS", "run_nbval", "stop_clusters"]
 
 #: The variables that tell ``start_cluster`` where engines come from (``COURSE_CLUSTER_PROFILE``,
 #: ``_FILE``, ``_KIND``, ``_ENGINES``: :mod:`course_lib.cluster.launch`). None reaches a run.
 CLUSTER_VARIABLE_PREFIX = "COURSE_CLUSTER_"
 
+#: The plugins of nbval's process, loaded in this order: nbformat without the IRI grammar
+#: (:mod:`course_grader.lean_nbformat`) before nbval imports it; nbval; the grader's side of a run.
+NBVAL_PLUGINS = ("course_grader.lean_nbformat", "nbval.plugin", "course_grader.sandbox.nbval_ipc")
 _ANSI = re.compile(r"\x1b\[[0-9;]*m|#x1B\[[0-9;]*m")
 RUNTIME_MB = 4  # the kernel's connection file and sockets: a few kB
 #: The largest JUnit report read: nbval's messages are cut (:mod:`.sandbox.nbval_ipc`), so a
@@ -136,9 +139,11 @@ def run_nbval(
     kit_root = str(kit_package().parent)
     env["PYTHONPATH"] = os.pathsep.join([kit_root, *filter(None, [env.get("PYTHONPATH")])])
     # nbval and the kit's plugin alone: pytest's other installed plugins (hypothesis, anyio,
-    # xdist, timeout) cost each run about 1.3 s of CPU to import and play no part in it.
+    # xdist, timeout) cost each run about 1.3 s of CPU to import and play no part in it; and
+    # nbformat's IRI grammar, never used, about 1 s more (NBVAL_PLUGINS).
     env["PYTEST_DISABLE_PLUGIN_AUTOLOAD"] = "1"
-    cmd += ["-p", "nbval.plugin", "-p", "course_grader.sandbox.nbval_ipc"]
+    for plugin in NBVAL_PLUGINS:
+        cmd += ["-p", plugin]
     if probes is not None:
         env["COURSE_PROBE_DIR"] = str(probes)
     env.pop("COURSE_IPC", None)

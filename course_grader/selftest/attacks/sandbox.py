@@ -85,9 +85,14 @@ ATTACKS = [
     # The grading machine's CPU and the grader's memory (issue 35): 200 busy processes, each in
     # a session of its own, beside the honest notebooks (their grades must not change), and a
     # 1 GiB stdout flood with a 200 MiB exception message (cut in the sandbox and in nbval).
+    # The busy processes stop with the cell: left running, they starved the notebook's own
+    # later cells for minutes, burning cores that showed nothing more (the test's starving
+    # notebook, kept until the grader stops it, shows the share; the fork bomb, the clean-up).
     ("attacker_e", "A1.1", "200 busy processes, each in a session of its own",
-     "import os, time\nfor _ in range(200):\n    if os.fork() == 0:\n        os.setsid()\n"
-     "        while True:\n            pass\ntime.sleep(20)\nraise RuntimeError('you wait')\n",
+     "import os, signal, time\nend = time.time() + 10\nfor _ in range(200):\n"
+     "    if os.fork() == 0:\n        os.setsid()\n        while time.time() < end:\n"
+     "            pass\n        os.kill(os.getpid(), signal.SIGKILL)\n"
+     "time.sleep(max(0, end - time.time()))\nraise RuntimeError('you wait')\n",
      "RuntimeError|timed out"),  # its own forks, slowed by its busy processes, may time out
     ("attacker_d", "A1.3", "a 1 GiB stdout flood and a 200 MiB exception message",
      "for _ in range(1024):\n    print('x' * 2**20)\nraise RuntimeError('y' * 200 * 2**20)\n",

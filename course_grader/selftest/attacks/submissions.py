@@ -24,6 +24,7 @@ __all__ = [
     "A8_MISTAKES",
     "A9_MISTAKES",
     "edit_answer",
+    "typical_mistakes_are_the_routes",
     "write_submission",
 ]
 
@@ -233,6 +234,16 @@ A7_ATTACKS = {
         "keeps the whole optimiser state",
     ),
 }
+
+
+def typical_mistakes_are_the_routes(assignment: str) -> bool:
+    """Whether ``assignment``'s in-kernel routes (``AN_ATTACKS``) are its typical mistakes
+    (``AN_MISTAKES``), each behind a prefix: then one graded submission shows both that each
+    mistake costs only its exercise, with its reason, and that no route wins a point."""
+    mistakes = globals().get(f"{assignment}_MISTAKES", [])
+    attacks = globals().get(f"{assignment}_ATTACKS", {})
+    edits = {exercise: (old, new) for exercise, old, new, _ in mistakes}
+    return bool(edits) and edits == {ex: (old, new) for ex, (_, old, new, _) in attacks.items()}
 
 
 def edit_answer(source: str, old: str, new: str, prefix: str = "") -> str:

@@ -1,7 +1,7 @@
 """A4's checks on real engines: the instructor's answers pass; stubs, the library's symmetric gossip
 and the tempting wrong answers (plain mean, two allreduces, averaging gradients or before the step,
 averaging at the wrong steps, a rotation that rounds P/2 up) fail with the verdict that says why;
-and the grader gives the source's answers their points and a transcription of the library none."""
+and the grader gives a transcription of the library and an in-kernel route to a verdict none."""
 
 from __future__ import annotations
 
@@ -229,20 +229,57 @@ def directed_gossip(comm, x, num_steps):
 """
 
 
+# A4.1: the plain mean (wrong), and Verdict.__str__ rebound to print A4.1's PASS line; A4.2 keeps
+# the source's Local-SGD with a right average of its own, so that it does not lean on A4.1.
+A4_ATTACK = (
+    "import pkgutil\ntry:\n    V = pkgutil.resolve_name('course_lib.checks.verdict:Verdict')\n"
+    "    _str = V.__str__\n"
+    "    V.__str__ = lambda self: {pass_line!r} if self.exercise == 'A4.1' else _str(self)\n"
+    "except Exception:\n    pass\n"
+    "def weighted_average(comm, w, n):\n    return comm.allreduce(w) / comm.world_size\n"
+)
+A4_OWN_LOCAL_SGD = """
+def local_sgd(comm, w, X, y, lr, period, num_steps):
+    def average(w, n):
+        buf = np.empty(w.size + 1, dtype=w.dtype)
+        buf[:-1] = w * n
+        buf[-1] = n
+        buf = comm.allreduce(buf)
+        return buf[:-1] / buf[-1]
+
+    for k in range(num_steps):
+        w = w - lr * (X.T @ (X @ w - y) / len(y))
+        if (k + 1) % period == 0:
+            w = average(w, len(y))
+    return w
+"""
+
+
 @pytest.mark.slow
-def test_grader_gives_the_source_answers_full_points_and_stub_and_transcription_none():
+def test_grader_gives_a_transcription_and_a_rebound_verdict_nothing_and_an_own_answer_its_points():
+    # One run: A4.1's in-kernel route to its verdict (the route that won its points when the
+    # kernel decided, test_grading_attacks.WON_IN_THE_KERNEL), A4.2's own right Local-SGD, A4.3
+    # the library's symmetric gossip. Each wrong answer costs only its exercise, with its reason.
+    from course_grader.cells import check_id
+    from course_grader.verdict.guard import rejected_answers
+
     source = nbformat.read(SOURCE, as_version=4)
-    submission = copy.deepcopy(nbformat.read(RELEASED, as_version=4))  # A4.2 stays a stub
+    pass_line = next(c.outputs[0]["text"].strip() for c in source.cells if check_id(c) == "A4.1")
+    attack = A4_ATTACK.format(pass_line=pass_line)
+    answers = {"A4.1": attack, "A4.2": A4_OWN_LOCAL_SGD, "A4.3": SYMMETRIC_TRANSCRIPTION}
+    assert not rejected_answers(source, answers)  # past the guard
+    submission = copy.deepcopy(source)
     for cell in submission.cells:
-        if answer_id(cell) == "A4.1":
-            cell.source = next(c.source for c in source.cells if answer_id(c) == "A4.1")
-        elif answer_id(cell) == "A4.3":
-            cell.source = SYMMETRIC_TRANSCRIPTION
-    rows = {row.exercise: row for row in grade_notebook("mixed", "A4", source, submission, LIMITS)}
-    assert {ex: row.points for ex, row in rows.items()} == dict(
-        A4_POINTS, **{"A4.2": 0.0, "A4.3": 0.0}
-    ), rows
-    assert rows["A4.2"].reason.startswith("FAIL (not implemented yet: Exercise A4.2"), rows
-    assert re.match(
-        r"FAIL \(P = 4, 5 steps, .*: rank 0 sent to ranks \[1, 2, 3\]", rows["A4.3"].reason
-    )
+        if answer_id(cell) in answers:
+            cell.source = answers[answer_id(cell)]
+    rows = grade_notebook("mixed", "A4", source, submission, LIMITS)
+    got = {row.exercise: (row.points, row.reason) for row in rows}
+    assert {ex: p for ex, (p, _) in got.items()} == dict(A4_POINTS, **{"A4.1": 0.0, "A4.3": 0.0})
+    assert got["A4.2"] == (3.0, "PASS"), got
+    assert got["A4.1"] == (
+        0.0,
+        "FAIL (size 1 (float32): the result on rank 0 is wrong "
+        "(that is the plain mean; weight each rank's w by its n))",
+    ), got
+    assert got["A4.3"][0] == 0.0, got
+    assert re.match(r"FAIL \(P = 4, 5 steps, .*: rank 0 sent to ranks \[1, 2, 3\]", got["A4.3"][1])

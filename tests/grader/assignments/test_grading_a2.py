@@ -121,13 +121,13 @@ RING_REASON = (
 
 
 @pytest.mark.slow
-def test_a2_source_passes_stub_fails_and_ring_transcription_fails_on_partners(monkeypatch):
+def test_a2_stub_fails_and_ring_transcription_fails_on_partners(monkeypatch):
     # Graded by a grader working in the lab: A2's start_cluster(n=4) still gets local engines.
     for name, value in ROOM_SETTINGS.items():
         monkeypatch.setenv(name, value)
+    # (The source's own answers get full marks in test_grading_attacks.py's A2 class, graded
+    # with them: its honest student.)
     source = _source("A2_rabenseifner_allreduce")
-    rows = grade_notebook("teacher", "A2", source, source, LIMITS)
-    assert _points(rows) == A2_FULL, rows
     rows = grade_notebook("blank", "A2", source, _released("A2_rabenseifner_allreduce"), LIMITS)
     assert _points(rows) == dict.fromkeys(A2_FULL, 0.0)
     submission = source  # A2.3 stays the source's: halving then doubling, here the ring's two

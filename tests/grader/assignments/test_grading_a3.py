@@ -5,7 +5,8 @@ right parameter server and training run pass, source 000's published combination
 misses one process's weights fail with the notebook's reasons; the bucket layout's answers are
 judged from the buckets alone. Slow: real kernels and engines under nbval: the instructor's
 source gets full marks, the released stub none, and each typical mistake loses only its own
-exercise, with the reason that names it. The kernel is shown, of ``course_lib/checks``, only the
+exercise, with the reason that names it (A3.2's behind a forged verdict: it wins nothing, as
+when the checks ran in the kernel it won 2 points). The kernel is shown, of ``course_lib/checks``, only the
 data collector ``a3_engine``.
 """
 
@@ -204,7 +205,17 @@ def test_a3_source_full_marks_stub_none_and_each_mistake_costs_only_its_exercise
             "            mean /= n - 1\n            mean += parts[q] / (n - 1)\n",
         ),
     )
-    forward = _source_answer(source, "A3.2", ("reversed(range(len(sizes)))", "range(len(sizes))"))
+    # A3.2: buckets from the first parameter, behind the in-kernel route that won its points when
+    # the checks ran in the kernel (its check replaced by one returning a forged verdict): one run
+    # shows that each mistake costs only its exercise and that the route wins nothing.
+    from course_grader.cells import check_id
+    from course_grader.selftest.attacks.submissions import A3_ATTACKS
+    from course_grader.verdict.guard import rejected_answers
+
+    prefix, _, forward, _ = A3_ATTACKS["A3.2"]
+    pass_line = next(c.outputs[0]["text"].strip() for c in source.cells if check_id(c) == "A3.2")
+    forward = prefix.format(pass_line=pass_line) + forward
+    assert not rejected_answers(source, {"A3.2": forward})  # past the guard
     submission = _with_answers(source, {"A3.1": source000, "A3.2": forward})
     rows = {r.exercise: r for r in grade_notebook("typical", "A3", source, submission, LIMITS)}
     got = {ex: r.points for ex, r in rows.items()}

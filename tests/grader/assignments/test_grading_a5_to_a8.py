@@ -79,6 +79,8 @@ def test_graded_by_the_grader_source_full_stub_nothing_each_mistake_only_its_exe
     rows = grade_notebook("blank", assignment, source, _released(name), LIMITS)
     assert _points(rows) == dict.fromkeys(full, 0.0), rows
     assert all(r.reason.startswith("FAIL (not implemented yet: Exercise ") for r in rows), rows
+    if submissions.typical_mistakes_are_the_routes(assignment):
+        return  # graded once, with the routes' prefixes: test_grading_attacks.py's routes test
     answers = {answer_id(c): c.source for c in source.cells if answer_id(c)}
     submission = source
     for exercise, old, new, _ in mistakes:
