@@ -13,6 +13,7 @@ rather than in a student's notebook.
 from __future__ import annotations
 
 import ast
+import functools
 import json
 import re
 from pathlib import Path
@@ -50,14 +51,9 @@ def module_name(path: Path) -> str:
 MODULES = {module_name(p): p for package in PACKAGES for p in (ROOT / package).rglob("*.py")}
 
 
-def _type_checking_lines(tree: ast.AST) -> set[int]:
-    """Return the line numbers inside ``if TYPE_CHECKING:`` blocks (imports for the type checker)."""
-    lines: set[int] = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
-            for child in node.body:
-                lines.update(range(child.lineno, (child.end_lineno or child.lineno) + 1))
-    return lines
+def _in_type_checking(node: ast.AST) -> bool:
+    """Return True for an ``if TYPE_CHECKING:`` block (imports for the type checker)."""
+    return isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test)
 
 
 def imports_of(source: str, package: str) -> list[tuple[str, str | None, int]]:
@@ -67,12 +63,11 @@ def imports_of(source: str, package: str) -> list[tuple[str, str | None, int]]:
     ``import a.b`` gives ``("a.b", None)``.
     Relative imports are resolved against ``package``; ``TYPE_CHECKING`` blocks are skipped.
     """
-    tree = ast.parse(source)
-    skip = _type_checking_lines(tree)
-    out = []
-    for node in ast.walk(tree):
-        if getattr(node, "lineno", None) in skip:
-            continue
+    if "course_" not in source and "from ." not in source:
+        return []  # no import of the kit's packages can be in it: no need to parse it
+    out, todo = [], [ast.parse(source)]
+    while todo:  # one walk, not entering TYPE_CHECKING blocks
+        node = todo.pop()
         if isinstance(node, ast.Import):
             out += [(a.name, None, node.lineno) for a in node.names]
         elif isinstance(node, ast.ImportFrom):
@@ -83,10 +78,16 @@ def imports_of(source: str, package: str) -> list[tuple[str, str | None, int]]:
                     + ([base] if base else [])
                 )
             out += [(base, a.name, node.lineno) for a in node.names]
+        elif _in_type_checking(node):
+            todo.extend(node.orelse)  # its ``else:`` runs
+        else:
+            todo.extend(ast.iter_child_nodes(node))
+    out.sort(key=lambda found: found[2])  # in the source's order, as before
     return [(m, n, line) for m, n, line in out if m.split(".")[0] in PACKAGES]
 
 
-def defined_names(module: str) -> set[str]:
+@functools.cache  # asked for once per import and path that names the module: parse it once
+def defined_names(module: str) -> frozenset[str]:
     """Return the names a module defines or imports at its top level (from its source)."""
     tree = ast.parse(MODULES[module].read_text())
     names: set[str] = set()
@@ -103,7 +104,7 @@ def defined_names(module: str) -> set[str]:
             for sub in ast.walk(node):
                 if isinstance(sub, (ast.Import, ast.ImportFrom)):
                     names.update((a.asname or a.name).split(".")[0] for a in sub.names)
-    return names
+    return frozenset(names)
 
 
 def target_module(module: str, name: str | None) -> str:
@@ -113,6 +114,7 @@ def target_module(module: str, name: str | None) -> str:
     return module
 
 
+@functools.cache  # three tests read it; the sources do not change during a run
 def library_graph() -> dict[str, set[str]]:
     """Return each library module's set of imported library modules (self-imports left out)."""
     graph: dict[str, set[str]] = {}
@@ -292,6 +294,14 @@ def test_the_import_scan_reads_the_lectures_answers():
     where = {w for w, _ in _sources()}
     answers = sorted((ROOT / "assignments" / "source" / "lectures").glob("*.py"))
     assert answers and {str(p.relative_to(ROOT)) for p in answers} <= where
+
+
+def test_the_import_scan_skips_what_only_the_type_checker_reads():
+    source = (
+        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from course_lib.nope import A\n"
+        "else:\n    from course_lib.comm import B\ndef f():\n    import course_kit.jobs\n"
+    )
+    assert imports_of(source, "") == [("course_lib.comm", "B", 5), ("course_kit.jobs", None, 7)]
 
 
 def test_the_import_scan_flags_a_moved_module():

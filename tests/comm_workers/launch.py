@@ -13,7 +13,15 @@ from pathlib import Path
 
 from course_lib.comm.setup import free_port
 
-__all__ = ["LEAVE_WITHOUT_FINALIZE", "WORKER", "address_in_use", "launch", "mpiexec"]
+__all__ = [
+    "LEAVE_WITHOUT_FINALIZE",
+    "WORKER",
+    "address_in_use",
+    "launch",
+    "launch_suites",
+    "mpiexec",
+    "result_file",
+]
 
 WORKER = Path(__file__).with_name("worker.py")
 ROOT = Path(__file__).resolve().parents[2]
@@ -38,30 +46,60 @@ def address_in_use(output: str) -> bool:
     return "address already in use" in text or "eaddrinuse" in text
 
 
+def result_file(suite: str, rank: int) -> str:
+    """Return the name of the file in which ``rank`` writes ``suite``'s result."""
+    return f"{suite}.rank{rank}.json"
+
+
 def launch(backend: str, n: int, suite: str, timeout: float = 120.0) -> list[dict]:
     """Run ``worker.py BACKEND SUITE`` on ``n`` processes; return each rank's JSON result.
 
-    A gloo world whose port was taken between :func:`free_port` and rank 0 binding it (another
-    program can grab it in the seconds torch takes to import) is retried once on a new port.
     Raises AssertionError with every rank's output when a process fails or hangs.
+    """
+    done, failure = launch_suites(backend, n, [suite], timeout)
+    if failure is not None:
+        raise AssertionError(failure)
+    return done[suite]
+
+
+def launch_suites(
+    backend: str, n: int, suites: list[str], timeout: float = 120.0
+) -> tuple[dict[str, list[dict]], str | None]:
+    """Run ``suites`` one after another on one world of ``n`` processes.
+
+    Returns each suite that every rank finished (its results in rank order) and, when the world
+    failed or hung, a message with every rank's output (the first suite missing from the dict
+    failed; the ones after it did not run). A gloo world whose port was taken between
+    :func:`free_port` and rank 0 binding it (another program can grab it in the seconds torch
+    takes to import) is retried once on a new port.
     """
     for attempt in (1, 2):
         workdir = Path(tempfile.mkdtemp(prefix="comm_test_"))
-        outdir = workdir / "results"  # only rank*.json here: the worker counts these files
+        outdir = workdir / "results"  # only the suites' result files here
         outdir.mkdir()
-        failed, text = _run_world(backend, n, suite, workdir, outdir, timeout)
+        failed, text = _run_world(backend, n, suites, workdir, outdir, timeout)
         if failed and backend == "gloo" and attempt == 1 and address_in_use(text):
             continue
         break
-    results = [json.loads(f.read_text()) for f in sorted(outdir.glob("rank*.json"))]
+    done: dict[str, list[dict]] = {}
+    for suite in suites:
+        files = [outdir / result_file(suite, r) for r in range(n)]
+        if not all(f.exists() for f in files):
+            break
+        done[suite] = [json.loads(f.read_text()) for f in files]
     shutil.rmtree(workdir, ignore_errors=True)
-    if failed or len(results) != n:
-        raise AssertionError(f"{backend} x{n} suite {suite} failed:\n{text[-6000:]}")
-    return sorted(results, key=lambda r: r["rank"])
+    if failed or len(done) < len(suites):
+        lost = suites[len(done)] if len(done) < len(suites) else suites[-1]
+        done.pop(lost, None)  # a failed world's last suite is not trusted
+        return (
+            done,
+            f"{backend} x{n} suite {lost} failed (world: {','.join(suites)}):\n{text[-6000:]}",
+        )
+    return done, None
 
 
 def _run_world(
-    backend: str, n: int, suite: str, workdir: Path, outdir: Path, timeout: float
+    backend: str, n: int, suites: list[str], workdir: Path, outdir: Path, timeout: float
 ) -> tuple[bool, str]:
     """Start one world, wait for it; return (whether it failed, every process's output)."""
     env = dict(
@@ -71,7 +109,7 @@ def _run_world(
         PYTHONUNBUFFERED="1",
         COMM_RESULT_DIR=str(outdir),
     )
-    cmd = [sys.executable, str(WORKER), backend, suite]
+    cmd = [sys.executable, str(WORKER), backend, ",".join(suites)]
     if backend == "mpi":
         worlds = [([mpiexec(), "-n", str(n), *cmd], env)]
     else:
@@ -92,7 +130,7 @@ def _run_world(
     outputs = [log.read_text(errors="replace") for log in logs]
     # mpiexec's exit code says nothing after ranks left without MPI_Finalize; the caller then
     # counts the result files (a rank that raised wrote none and printed FAILED)
-    exit_codes_count = not (backend == "mpi" and suite in LEAVE_WITHOUT_FINALIZE)
+    exit_codes_count = not (backend == "mpi" and suites[-1] in LEAVE_WITHOUT_FINALIZE)
     failed = bool(notes) or (exit_codes_count and any(proc.returncode != 0 for proc in procs))
     text = "\n".join(
         f"--- process {i} (exit code {proc.returncode})\n{out}"

@@ -1,8 +1,10 @@
-"""Run one suite of communication checks on this rank; write ``rank{r}.json`` when it passes.
+"""Run suites of communication checks on this rank; write each one's result when it passes.
 
-Usage: ``mpiexec -n N python worker.py mpi SUITE`` or, for gloo, N processes with RANK,
-WORLD_SIZE and MASTER_PORT set. Every rank draws the same seeded cases, so each one knows every
-rank's input and can check results exactly (integer-valued floats sum exactly in any order).
+Usage: ``mpiexec -n N python worker.py mpi SUITE[,SUITE...]`` or, for gloo, N processes with
+RANK, WORLD_SIZE and MASTER_PORT set. Several suites run one after another on the same world
+(``SUITE.rank{r}.json`` each), sparing a world's start (torch's import) per suite. Every rank
+draws the same seeded cases, so each one knows every rank's input and can check results exactly
+(integer-valued floats sum exactly in any order).
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ import traceback
 
 import numpy as np
 import torch
-from launch import LEAVE_WITHOUT_FINALIZE  # this script's folder is first on sys.path
+from launch import LEAVE_WITHOUT_FINALIZE, result_file  # this script's folder is first on sys.path
 
 from course_lib import collectives as C
 from course_lib.collectives.ring_pipelined import ring_allreduce_pipelined
@@ -305,10 +307,13 @@ def suite_leave_unevenly(comm) -> dict:
     result = {"world_size": comm.world_size}
     if comm.rank == 0:
         result_dir = os.environ["COMM_RESULT_DIR"]
-        with open(os.path.join(result_dir, "rank0.json"), "w") as f:
+        with open(os.path.join(result_dir, result_file("leave_unevenly", 0)), "w") as f:
             f.write(json.dumps({"rank": 0, **result}))
         deadline = time.time() + 30
-        while len(os.listdir(result_dir)) < comm.world_size and time.time() < deadline:
+        names = [result_file("leave_unevenly", q) for q in range(comm.world_size)]
+        while time.time() < deadline and not all(
+            os.path.exists(os.path.join(result_dir, name)) for name in names
+        ):
             time.sleep(0.05)
         time.sleep(2.0)
     return result
@@ -516,7 +521,8 @@ def suite_check(comm) -> dict:
 
 
 def main() -> None:
-    backend, suite = sys.argv[1], sys.argv[2]
+    """Run each suite of ``SUITES`` (comma-separated) in turn on one world; a file per suite."""
+    backend, suites = sys.argv[1], sys.argv[2].split(",")
     kwargs = {}
     if backend == "gloo":
         kwargs = dict(
@@ -525,13 +531,19 @@ def main() -> None:
             master_port=int(os.environ["MASTER_PORT"]),
         )
     comm = make_communicator(backend, timeout=30, **kwargs)
+    result_dir = os.environ["COMM_RESULT_DIR"]
     try:
-        result = globals()[f"suite_{suite}"](comm)
-        text = json.dumps({"rank": comm.rank, **result}, default=str)
-        with open(os.path.join(os.environ["COMM_RESULT_DIR"], f"rank{comm.rank}.json"), "w") as f:
-            f.write(text)
+        for i, suite in enumerate(suites):
+            if i:  # each suite starts as on a world of its own: default timeout, zero counters
+                comm.timeout = 30.0
+                comm.barrier()
+                comm.stats.reset()
+            result = globals()[f"suite_{suite}"](comm)
+            text = json.dumps({"rank": comm.rank, **result}, default=str)
+            with open(os.path.join(result_dir, result_file(suite, comm.rank)), "w") as f:
+                f.write(text)
         code = 0
-        if suite not in LEAVE_WITHOUT_FINALIZE:
+        if suites[-1] not in LEAVE_WITHOUT_FINALIZE:
             comm.timeout = 60.0
             comm.barrier()
             if backend == "mpi":
@@ -541,14 +553,15 @@ def main() -> None:
             # when rank 0, which holds the rendezvous store, has already gone
 
         # after errors and timeouts a clean shutdown could wait on a peer: wait for every
-        # rank's result file, then leave at once
+        # rank's result file of the last suite, then leave at once
         deadline = time.time() + 30
-        while len(os.listdir(os.environ["COMM_RESULT_DIR"])) < comm.world_size:
+        last = [result_file(suites[-1], r) for r in range(comm.world_size)]
+        while not all(os.path.exists(os.path.join(result_dir, name)) for name in last):
             if time.time() > deadline:
                 break
             time.sleep(0.05)
     except BaseException:  # noqa: BLE001 - report everything, then leave without hanging
-        print(f"[rank {comm.rank}] FAILED\n{traceback.format_exc()}", flush=True)
+        print(f"[rank {comm.rank}] FAILED in suite {suite}\n{traceback.format_exc()}", flush=True)
         code = 1
     sys.stdout.flush()
     os._exit(code)  # skip MPI_Finalize / gloo teardown, which may wait on a peer that failed

@@ -1,10 +1,13 @@
 """Every ``./kit`` job as Python: ``python -m course_kit JOB`` answers as ``./kit JOB`` does.
 
-The cheap invocations of every job (help, ``--help``, bad arguments) run both ways in their own
-processes: through the real ``kit`` bash script (in a copy of the checkout's wrapper whose
-``.venv`` is this Python, so nothing is installed) and through ``python -m course_kit``; the exit
-status, stdout and stderr must be the same, bad input must be one line without a traceback. No
-test starts JupyterLab, a cluster or the suite.
+The cheap invocations of every job (help, ``--help``, bad arguments) run through the real ``kit``
+bash script, in a copy of the checkout's wrapper whose ``.venv/bin/python`` is this Python behind
+a shim that writes down the command line and folder it was given (so nothing is installed): the
+wrapper must run exactly ``python -m course_kit JOB ARGS`` from its folder, the checkout's root,
+so that command is the job's Python form, and its answer (exit status, output; bad input one line
+without a traceback) is checked. Where the wrapper's command differs (it adds ``--check`` to
+``setup``, ``help`` to no job) the Python form runs too and must answer the same. No test starts JupyterLab, a cluster
+or the suite.
 """
 
 from __future__ import annotations
@@ -67,7 +70,13 @@ def kit(tmp_path_factory: pytest.TempPathFactory) -> Path:
     shutil.copy2(ROOT / "pyproject.toml", home / "pyproject.toml")
     bin_dir = home / ".venv" / "bin"
     bin_dir.mkdir(parents=True)
-    (bin_dir / "python").write_text(f'#!/bin/sh\nexec "{sys.executable}" "$@"\n')
+    # the shim writes down its folder and argv (one per line: an argument may hold spaces) to
+    # $KIT_ARGV_LOG when set, then becomes this Python: what runs is the command it was given
+    (bin_dir / "python").write_text(
+        '#!/bin/sh\nif [ -n "$KIT_ARGV_LOG" ]; then\n'
+        '    { pwd; for a in "$@"; do printf "%s\\n" "$a"; done; } > "$KIT_ARGV_LOG"\nfi\n'
+        f'exec "{sys.executable}" "$@"\n'
+    )
     (bin_dir / "python").chmod(0o755)
     stamp = subprocess.run(
         "cat pyproject.toml | cksum",
@@ -164,20 +173,28 @@ def test_python_form_answers_as_kit_does(
     kit: Path, tmp_path: Path, argv: tuple[str, ...], status: int, text: str
 ) -> None:
     env = _env(tmp_path)
-    python, bash = _python(env, *argv), _kit(kit, env, *argv)
-    assert python.returncode == status, python.stdout + python.stderr
-    assert text in python.stdout + python.stderr, python.stdout + python.stderr
-    assert "Traceback" not in python.stderr, python.stderr
+    log = tmp_path / "argv.txt"
+    bash = _kit(kit, dict(env, KIT_ARGV_LOG=str(log)), *argv)
+    # the wrapper ran `python -m course_kit JOB ARGS` in its own folder (a checkout's root):
+    # that command is the job's Python form, so its answer is the one checked below
+    folder, *ran = log.read_text().splitlines()
+    job, rest = (argv[0], list(argv[1:])) if argv else ("help", [])
+    extra = ["--check"] if job == "setup" else []
+    assert (folder, ran) == (str(kit.parent), ["-m", "course_kit", job, *extra, *rest])
+    assert bash.returncode == status, bash.stdout + bash.stderr
+    assert text in bash.stdout + bash.stderr, bash.stdout + bash.stderr
+    assert "Traceback" not in bash.stderr, bash.stderr
     if status != 0:  # bad input: one line on stderr naming the fix
-        assert len(python.stderr.strip().splitlines()) == 1 or argv in (("lab", "status"),), (
-            python.stderr
+        assert len(bash.stderr.strip().splitlines()) == 1 or argv in (("lab", "status"),), (
+            bash.stderr
         )
-    # ./kit runs from its own folder: messages naming a relative path are the same text.
-    assert (bash.returncode, bash.stdout, bash.stderr) == (
-        python.returncode,
-        python.stdout,
-        python.stderr,
-    )
+    if ran != ["-m", "course_kit", *argv]:  # the wrapper's command differs from the Python form
+        python = _python(env, *argv)  # (setup gets --check, no job is help): the same answer
+        assert (python.returncode, python.stdout, python.stderr) == (
+            bash.returncode,
+            bash.stdout,
+            bash.stderr,
+        )
 
 
 def test_kit_help_needs_no_virtual_environment(tmp_path: Path) -> None:

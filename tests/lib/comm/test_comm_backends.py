@@ -1,7 +1,9 @@
 """The communication layer on real processes: mpiexec ranks and gloo subprocesses, 2-4 of them.
 
-Each test launches one world and runs many cases inside it (see comm_workers/worker.py), which is
-far cheaper than one launch per case.
+Each suite runs many cases inside one world (see comm_workers/worker.py), and the tests whose
+suites leave a world healthy share one world per backend and size (comm_workers/worlds.py): a
+world's start costs more CPU than most suites. A suite that breaks its world (timeouts, mismatched
+messages) ends it or has a world of its own; a failed suite fails only its own test.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import socket
 import comm_workers.launch
 import pytest
 from comm_workers.launch import launch, mpiexec
+from comm_workers.worlds import Worlds
 from lecture03_answers import my_ring_allgather  # the check refuses the library's ring
 
 from course_lib import collectives as C
@@ -32,10 +35,38 @@ def backend(request) -> str:
     return request.param
 
 
+#: Suites in the order one world runs them; only a group's last suite may leave it broken.
+GROUPS = [
+    ("main", "wire", "all_to_all", "link", "errors"),
+    ("timeouts",),  # gloo closes every connection after a timeout: nothing can follow
+]
+#: The suite each test reads.
+SUITE_OF = {
+    "test_collectives_equal_backend_and_count_bytes": "main",
+    "test_a_builtin_puts_on_the_wire_what_the_from_scratch_algorithm_sends": "wire",
+    "test_all_to_all_pairwise_and_naive_equal_the_builtin_and_count_their_bytes": "all_to_all",
+    "test_emulated_link_slows_transfers_as_modelled": "link",
+    "test_mismatches_raise_errors_naming_ranks": "errors",
+    "test_timeouts_name_the_silent_rank": "timeouts",
+}
+
+
+@pytest.fixture(scope="module")
+def worlds(request) -> Worlds:
+    """This module's shared worlds; a launch runs only the suites of the selected tests."""
+    asked = set()
+    for item in request.session.items:
+        suite = SUITE_OF.get(getattr(item, "originalname", ""))
+        if suite and getattr(item, "module", None) is request.module:
+            params = item.callspec.params
+            asked.add((params["backend"], params["n"], suite))
+    return Worlds(GROUPS, wanted=lambda backend, n, suite: (backend, n, suite) in asked)
+
+
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("n", [2, 3, 4])
-def test_collectives_equal_backend_and_count_bytes(backend, n):
-    results = launch(backend, n, "main")
+def test_collectives_equal_backend_and_count_bytes(worlds, backend, n):
+    results = worlds.results(backend, n, "main")
     for res in results:
         assert res["collectives"]["cases"] == 36
         counters = res["counters"]
@@ -52,10 +83,31 @@ def test_collectives_equal_backend_and_count_bytes(backend, n):
     )
 
 
-@pytest.mark.timeout(200)
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("n", [2, 3, 4])
+def test_a_builtin_puts_on_the_wire_what_the_from_scratch_algorithm_sends(worlds, backend, n):
+    # course_lib.comm.wire's derived bytes (its formulas: tests/lib/comm/test_wire_bytes.py)
+    results = worlds.results(backend, n, "wire")
+    for numel in (1000, 1001, 12):
+        # the built-in's derived bytes against the from-scratch ring's (gloo's algorithm; MPICH's
+        # Rabenseifner above 2048 bytes sends as much): equal on every rank when the ring's
+        # chunks are equal, equal as the mean over ranks when they are not
+        derived = [r[f"allreduce_{numel}"][0] for r in results]
+        ring = [r[f"allreduce_{numel}"][1] for r in results]
+        doubling = [r[f"allreduce_doubling_{numel}"][1] for r in results]
+        short = backend == "mpi" and 4 * numel <= 2048
+        counted = doubling if short else ring  # MPICH: recursive doubling up to 2048 bytes
+        assert sum(derived) == pytest.approx(sum(counted)), (numel, derived, counted)
+        if numel % n == 0 and not short:
+            assert derived == pytest.approx(ring), (numel, derived, ring)
+    derived = [r["allgather_250"][0] for r in results]
+    assert derived == [r["allgather_250"][1] for r in results] == [(n - 1) * 1000] * n
+
+
+@pytest.mark.timeout(300)
 @pytest.mark.parametrize("n", [2, 3])
-def test_mismatches_raise_errors_naming_ranks(backend, n):
-    results = launch(backend, n, "errors")
+def test_mismatches_raise_errors_naming_ranks(worlds, backend, n):
+    results = worlds.results(backend, n, "errors")
     assert "rank 0" in results[1]["p2p"]
     assert all(f"valid peers are 0..{n - 1}" in r[f"peer {n}"] for r in results)
     assert all("cannot" in r["dtype"] for r in results)
@@ -69,10 +121,10 @@ def test_mismatches_raise_errors_naming_ranks(backend, n):
     ), results
 
 
-@pytest.mark.timeout(200)
+@pytest.mark.timeout(300)
 @pytest.mark.parametrize("n", [2, 3])
-def test_timeouts_name_the_silent_rank(backend, n):
-    results = launch(backend, n, "timeouts")
+def test_timeouts_name_the_silent_rank(worlds, backend, n):
+    results = worlds.results(backend, n, "timeouts")
     if backend == "mpi":  # gloo's connections close after the first timeout
         assert f"rank {n - 1} never answered" in results[0]["timeout"]
     assert all(f"[{n - 1}]" in r["collective timeout"] for r in results[: n - 1])
@@ -103,10 +155,10 @@ def test_gloo_recv_timeout_names_the_silent_rank():
     assert results[0]["seconds"] > 2.0  # it waited (SHORT = 3 s), not failed at once
 
 
-@pytest.mark.timeout(200)
+@pytest.mark.timeout(300)
 @pytest.mark.parametrize("n", [2, 4])
-def test_emulated_link_slows_transfers_as_modelled(backend, n):
-    results = launch(backend, n, "link")
+def test_emulated_link_slows_transfers_as_modelled(worlds, backend, n):
+    results = worlds.results(backend, n, "link")
     # Lower bounds are exact (the emulation never delivers early); upper bounds are loose (LOOSE
     # in worker.py) because 4 busy-polling ranks on 2 loaded cores add real time. Charging the
     # link twice is caught without timing in test_emulated_link.py.
@@ -171,12 +223,34 @@ def test_setup_communicators_gloo_and_the_exercise_check(shared_engines):
     assert cluster.run(os.getpid, timeout=30) == pids
 
 
-@pytest.mark.timeout(200)
+@pytest.mark.timeout(300)
 @pytest.mark.parametrize("n", [2, 3])
-def test_all_to_all_pairwise_and_naive_equal_the_builtin_and_count_their_bytes(backend, n):
+def test_all_to_all_pairwise_and_naive_equal_the_builtin_and_count_their_bytes(worlds, backend, n):
     # every rank checks its rows against the transpose of every rank's blocks, for the
     # backend's own all_to_all (gloo's all_to_all_single, MPI's Alltoallv) and both
     # from-scratch ones, on equal, uneven (counts given or swapped first) and empty blocks;
     # the bytes each counted equal the rows it addressed to other ranks
-    results = launch(backend, n, "all_to_all")
+    results = worlds.results(backend, n, "all_to_all")
     assert all(r["cases"] == 2 * 3 + 3 * 2 * 3 * 2 for r in results), results
+
+
+def test_a_failed_suite_fails_alone_and_the_suites_after_it_run_on_a_fresh_world():
+    # the shared worlds' bookkeeping (no processes): "b" fails in the first world, "c" and "d"
+    # were not run there; asking for "c" launches a world for what is left, and "b" stays failed
+    def fake_launch(backend, n, suites):
+        ran.append(tuple(suites))
+        if "b" in suites:
+            return {s: [{"suite": s}] for s in suites[: suites.index("b")]}, "b failed"
+        return {s: [{"suite": s}] for s in suites}, None
+
+    ran: list[tuple[str, ...]] = []
+    worlds = Worlds([("a", "b", "c", "d")], wanted=lambda b, n, s: s != "d", launch=fake_launch)
+    with pytest.raises(AssertionError, match="b failed"):
+        worlds.results("gloo", 2, "b")
+    assert worlds.results("gloo", 2, "a") == [{"suite": "a"}]
+    assert worlds.results("gloo", 2, "c") == [{"suite": "c"}]
+    with pytest.raises(AssertionError, match="b failed"):  # not re-run: a failure stays one
+        worlds.results("gloo", 2, "b")
+    assert worlds.results("gloo", 2, "d") == [{"suite": "d"}]  # asked for, though not wanted
+    assert ran == [("a", "b", "c"), ("c",), ("d",)]
+    assert worlds.results("gloo", 3, "a") == [{"suite": "a"}] and ran[-1] == ("a", "b", "c")

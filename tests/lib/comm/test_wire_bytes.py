@@ -1,27 +1,17 @@
-"""Wire bytes (course_lib.comm.wire): the formulas, and built-ins against from-scratch algorithms on real ranks."""
+"""Wire bytes (course_lib.comm.wire): the formulas and the counters' pricing.
+
+Built-ins against from-scratch algorithms on real ranks: tests/lib/comm/test_comm_backends.py
+(its ``wire`` suite shares that module's worlds).
+"""
 
 from __future__ import annotations
 
 import math
 
 import pytest
-from comm_workers.launch import launch, mpiexec
 
 from course_lib.comm.stats import CommStats
 from course_lib.comm.wire import collective_wire_bytes, collectives_wire_bytes, wire_bytes
-
-BACKENDS = [
-    pytest.param(
-        "mpi", marks=[pytest.mark.mpi, pytest.mark.skipif(mpiexec() is None, reason="no mpiexec")]
-    ),
-    "gloo",
-]
-
-
-@pytest.fixture(params=BACKENDS)
-def backend(request) -> str:
-    """One test body for every backend."""
-    return request.param
 
 
 @pytest.mark.parametrize("n", [2, 3, 4, 6, 8])
@@ -70,26 +60,6 @@ def test_counters_are_priced_call_by_call():
     # a counter updated by hand (no sizes) is priced at its mean size
     stats.collective("allgather").calls, stats.collective("allgather").bytes = 2, 800
     assert collectives_wire_bytes(stats, 4, "gloo") == pytest.approx(1.5 * 41_024 + 3 * 800)
-
-
-@pytest.mark.timeout(300)
-@pytest.mark.parametrize("n", [2, 3, 4])
-def test_a_builtin_puts_on_the_wire_what_the_from_scratch_algorithm_sends(backend, n):
-    results = launch(backend, n, "wire")
-    for numel in (1000, 1001, 12):
-        # the built-in's derived bytes against the from-scratch ring's (gloo's algorithm; MPICH's
-        # Rabenseifner above 2048 bytes sends as much): equal on every rank when the ring's
-        # chunks are equal, equal as the mean over ranks when they are not
-        derived = [r[f"allreduce_{numel}"][0] for r in results]
-        ring = [r[f"allreduce_{numel}"][1] for r in results]
-        doubling = [r[f"allreduce_doubling_{numel}"][1] for r in results]
-        short = backend == "mpi" and 4 * numel <= 2048
-        counted = doubling if short else ring  # MPICH: recursive doubling up to 2048 bytes
-        assert sum(derived) == pytest.approx(sum(counted)), (numel, derived, counted)
-        if numel % n == 0 and not short:
-            assert derived == pytest.approx(ring), (numel, derived, ring)
-    derived = [r["allgather_250"][0] for r in results]
-    assert derived == [r["allgather_250"][1] for r in results] == [(n - 1) * 1000] * n
 
 
 def test_all_to_all_wire_bytes_are_the_blocks_sent_to_other_ranks():
