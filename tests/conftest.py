@@ -184,7 +184,7 @@ LONGEST_FIRST = (
     "tests/grader/pipeline/test_grading.py",  # 266 s
     "tests/grader/selftest/test_grading_attacks.py",  # 280 s with the sandbox's class, now one
     "tests/lib/comm/test_comm_backends.py",  # 247 s
-    "tests/kit/room/test_browser.py",  # 218 s
+    "tests/kit/room/test_browser.py",  # 108 s alone (lecture 9 in the room, lecture 0 once)
     "tests/kit/lab/test_slurm.py",
     "tests/grader/assignments/test_grading_a2.py",
     "tests/grader/assignments/test_grading_a3.py",

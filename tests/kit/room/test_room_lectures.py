@@ -34,6 +34,12 @@ pytestmark = [pytest.mark.room, pytest.mark.slow, pytest.mark.timeout(1200)]
 ROOT = Path(__file__).resolve().parents[3]
 START = re.compile(r"\bstart_cluster\((.*)\)")
 _kit = kit_after(900)  # the lectures' jobs take longer
+#: A lecture's run: nbval and pytest-timeout alone, with PYTEST_DISABLE_PLUGIN_AUTOLOAD (the test
+#: command's --nbval-lax, cell timeout and timeout come from pyproject.toml). pytest's other
+#: installed plugins (hypothesis, anyio, xdist) play no part in a notebook's run and cost each
+#: lecture's pytest about 1.1 s of CPU to import.
+NBVAL = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-p", "nbval.plugin",
+         "-p", "pytest_timeout", "-q"]  # fmt: skip
 
 
 def _start_calls(notebook: Path) -> list[str]:
@@ -99,8 +105,8 @@ def test_lecture_runs_on_the_rooms_cluster(room, lecture: Path) -> None:  # noqa
     before = seat_log()
     started = time.monotonic()
     run = subprocess.run(
-        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", str(lecture)],
-        env=student,
+        [*NBVAL, str(lecture)],
+        env=dict(student, PYTEST_DISABLE_PLUGIN_AUTOLOAD="1"),
         capture_output=True,
         text=True,
         timeout=1100,
