@@ -178,19 +178,24 @@ ROOM_LECTURES = "tests/kit/room/test_room_lectures.py::test_lecture_runs_on_the_
 #: xdist hands files out in collection order (by default it sorts them by their number of tests,
 #: which put the room's lectures, 14 tests and 10-13 minutes, among the last to start: the
 #: long pole). Started first, the longest file runs beside all the short ones on the other worker.
-LONGEST_FIRST = (
-    "tests/kit/room/test_room_lectures.py",  # 578 s (a -n 3 run's --durations, summed)
-    "tests/grader/assignments/test_grading_a5_to_a8.py",  # 295 s
-    "tests/grader/pipeline/test_grading.py",  # 266 s
-    "tests/grader/selftest/test_grading_attacks.py",  # 280 s with the sandbox's class, now one
-    "tests/lib/comm/test_comm_backends.py",  # 247 s
-    "tests/kit/room/test_browser.py",  # 108 s alone (lecture 9 in the room, lecture 0 once)
-    "tests/kit/lab/test_slurm.py",
-    "tests/grader/assignments/test_grading_a2.py",
-    "tests/grader/assignments/test_grading_a3.py",
-    "tests/grader/assignments/test_grading_a4.py",
-    "tests/kit/room/test_room_seats.py",
-    "tests/kit/room/test_room_lab.py",
+LONGEST_FIRST = (  # seconds: a fresh clone's --durations, summed per file (2026-11-29)
+    "tests/kit/room/test_room_lectures.py",  # 485
+    "tests/grader/assignments/test_grading_a5_to_a8.py",  # 155
+    "tests/grader/selftest/test_grading_attacks.py",  # 140
+    "tests/lib/comm/test_comm_backends.py",  # 138
+    "tests/kit/lab/test_slurm.py",  # 112
+    "tests/grader/pipeline/test_grading.py",  # 112
+    "tests/kit/room/test_browser.py",  # 108 alone (lecture 9 in the room, lecture 0 once)
+    "tests/grader/assignments/test_grading_a2.py",  # 74
+    "tests/kit/room/test_room_seats.py",  # 70
+    "tests/grader/assignments/test_grading_a3.py",  # 60
+    "tests/lib/cluster/test_mpi_recovery.py",  # 55
+    "tests/grader/sandbox/test_grading_poisoner.py",  # 54
+    "tests/grader/sandbox/test_grading_wire.py",  # 51
+    "tests/kit/lab/test_lab_seats.py",  # 44
+    "tests/lib/cluster/test_cluster.py",  # 42
+    "tests/grader/assignments/test_grading_a4.py",  # 37
+    "tests/kit/room/test_room_lab.py",  # 32
 )
 
 
