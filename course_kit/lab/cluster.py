@@ -32,7 +32,6 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from course_kit.lab.ended import wait_ended
 from course_kit.lab.hosts import LabHosts, LabPC
 from course_kit.lab.launcher import PCEngineSetLauncher
 from course_kit.lab.mpi_engines import (
@@ -234,8 +233,8 @@ def _teardown(cluster: Any, hosts: LabHosts) -> None:
         stop_mpi_engines(security)
     for pid in _leftovers(hosts):  # a controller the launcher could not stop
         with contextlib.suppress(psutil.Error):
-            (process := psutil.Process(pid)).kill()
-            wait_ended(process, 10)
+            psutil.Process(pid).kill()
+            psutil.Process(pid).wait(10)
     _remove_lab_files(hosts)
 
 

@@ -32,7 +32,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from course_kit.lab.ended import wait_ended
 from course_kit.lab.hosts import LabHosts
 from course_kit.lab.mpi import MPI_ENV, lab_mpiexec, mpiexec_options
 from course_lib.files import atomic_write_text
@@ -129,7 +128,9 @@ def stop_mpi_engines(security: Path, wait: float = 15.0) -> bool:
         return False
     with contextlib.suppress(OSError):
         os.killpg(pid, signal.SIGTERM)  # hydra forwards it to the proxies, which end the ranks
-    if not wait_ended(proc, wait):  # lab start's mpiexec is not this process's child
+    try:
+        proc.wait(wait)
+    except psutil.TimeoutExpired:
         with contextlib.suppress(OSError):
             os.killpg(pid, signal.SIGKILL)
     return True

@@ -37,7 +37,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from course_kit.lab.ended import wait_ended
 from course_kit.lab.mpi_engines import mpi_engine_ids, restart_mpi_engines
 from course_lib.cluster.seat import SEATS_FILE, ask_seat_service, cluster_digest
 from course_lib.files import atomic_write_text
@@ -324,7 +323,7 @@ def stop_seat_service(security: Path) -> bool:
         proc = psutil.Process(pid)
         if "course_kit.lab.seats" in " ".join(proc.cmdline()):
             proc.kill()
-            wait_ended(proc, 10)  # not this process's child: its zombie counts as ended
+            proc.wait(10)
             return True
     return False
 
