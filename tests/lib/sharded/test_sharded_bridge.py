@@ -9,7 +9,6 @@ store), the kit's on two pooled engines.
 from __future__ import annotations
 
 import copy
-import gc
 import os
 from dataclasses import replace
 
@@ -93,7 +92,6 @@ def _worker(rank: int, what: str, folder: str) -> None:
         # Rank 0 computes one process's gradients as well: without this barrier rank 1 could
         # destroy its group while rank 0's gloo connections still lived, and gloo aborted rank
         # 0 ("terminate called without an active exception", seen once in a fresh clone).
-        gc.collect()
         dist.barrier()
     finally:
         dist.destroy_process_group()
