@@ -2,11 +2,8 @@
 
 # First: the jobs that read notebooks (grade, check, release, i18n) import nbformat without the
 # IRI grammar it never uses (about 0.8 s of CPU a job; course_grader.lean_nbformat says why).
-from course_grader.lean_nbformat import skip_iri_grammar
-
-skip_iri_grammar()
-
-from course_kit.jobs import main  # noqa: E402
+from course_grader import lean_nbformat  # noqa: F401
+from course_kit.jobs import main
 
 if __name__ == "__main__":
     raise SystemExit(main())
