@@ -36,6 +36,7 @@ __all__ = [
     "ring_allreduce_pipelined",
     "ring_reduce_scatter_pipelined",
     "segment_bounds",
+    "segment_count",
 ]
 
 # One tag per segment index, so segments in flight between the same two ranks cannot swap:
@@ -51,6 +52,12 @@ DEFAULT_SEGMENT_BYTES = 1 << 20  # 1 MiB: long enough to fill the link, short en
 def segment_bounds(start: int, stop: int, segments: int) -> list[tuple[int, int]]:
     """Cut ``[start, stop)`` into ``segments`` contiguous pieces whose lengths differ by <= 1."""
     return [(start + a, start + b) for a, b in chunk_bounds(stop - start, segments)]
+
+
+def segment_count(size: int, itemsize: int, world_size: int, segment_bytes: int) -> int:
+    """Return the segments each ring chunk of a ``size``-element buffer travels in (1: whole)."""
+    longest = -(-size // max(world_size, 1))  # chunk_bounds gives the first chunks one more
+    return int(min(MAX_SEGMENTS, max(1, np.ceil(longest * itemsize / segment_bytes))))
 
 
 def ring_allreduce_pipelined(
@@ -127,7 +134,7 @@ def _pipelined(
         return tensor
     bounds = chunk_bounds(arr.size, p)
     longest = bounds[0][1] - bounds[0][0]
-    segments = int(min(MAX_SEGMENTS, max(1, np.ceil(longest * arr.itemsize / segment_bytes))))
+    segments = segment_count(arr.size, arr.itemsize, p, segment_bytes)
     right, left = (r + 1) % p, (r - 1) % p
     if not agreed:
         _agree_with_neighbours(comm, arr, right, left)

@@ -75,9 +75,23 @@ def _doubling(n: float, p: int, a: float, b: float) -> float:
     return (int(math.log2(p)) + extra) * (a + n * b) if p > 1 else 0.0
 
 
+def _ring_pipelined(n: float, p: int, a: float, b: float, segments: int = 1) -> float:
+    # Each ring chunk travels as ``segments`` pieces of s = n / (p * segments) bytes; a piece is
+    # forwarded as soon as it lands (Patarasuk & Yuan 2009). The first piece crosses 2(p - 1)
+    # steps, the others follow it: 2(p - 1)(a + s b) + (segments - 1) s b. But one rank's link
+    # still carries 2(p - 1) n / p bytes after one latency, so the time is at least that (on
+    # two ranks: recursive doubling's one step, a + n b). segments=1: the ring.
+    if p <= 1:
+        return 0.0
+    piece = n / (p * segments)
+    chain = 2 * (p - 1) * (a + piece * b) + (segments - 1) * piece * b
+    return max(chain, a + 2 * (p - 1) * n / p * b)
+
+
 ALGORITHMS = {
     "p2p": lambda n, p, a, b: a + n * b,
     "ring_allreduce": lambda n, p, a, b: 2 * (p - 1) * (a + n / p * b),
+    "ring_allreduce_pipelined": _ring_pipelined,
     "ring_reduce_scatter": lambda n, p, a, b: (p - 1) * (a + n / p * b),
     "ring_allgather": lambda n, p, a, b: (p - 1) * (a + n / p * b),
     "star_allreduce": lambda n, p, a, b: 2 * (p - 1) * (a + n * b),
@@ -94,6 +108,9 @@ ALGORITHMS = {
 # whole buffer per exchange (plus the fold-in of an extra rank when N is not a power of two).
 REDUCED_BYTES = {
     "ring_allreduce": lambda n, p: (p - 1) * n / p,
+    # pipelined, only the last piece's additions are left on the critical path (about one
+    # piece per step); counted as the ring's, an upper bound
+    "ring_allreduce_pipelined": lambda n, p: (p - 1) * n / p,
     "ring_reduce_scatter": lambda n, p: (p - 1) * n / p,
     "star_allreduce": lambda n, p: (p - 1) * n,
     "allreduce_naive": lambda n, p: (p - 1) * n,
@@ -101,6 +118,10 @@ REDUCED_BYTES = {
         (int(math.log2(p)) + (0 if p & (p - 1) == 0 else 1)) * n if p > 1 else 0.0
     ),
 }
+
+
+#: The options an algorithm's formula takes (``predict(..., **options)``).
+OPTIONS = {"gossip_step": {"s"}, "ring_allreduce_pipelined": {"segments"}}
 
 
 def gossip_messages(world_size: int, s: int = 1) -> int:
@@ -121,17 +142,21 @@ def predict(
 ) -> float:
     """Return the predicted seconds of ``algorithm`` on an ``nbytes`` buffer over ``world_size`` ranks.
 
-    ``options`` go to the algorithm's formula: only ``gossip_step`` takes one, its partner
-    distance ``s`` (default 1, as in :func:`~course_lib.collectives.gossip_step`).
+    ``options`` go to the algorithm's formula: ``gossip_step`` takes its partner distance ``s``
+    (default 1, as in :func:`~course_lib.collectives.gossip_step`), ``ring_allreduce_pipelined``
+    its ``segments`` per ring chunk (default 1: the plain ring).
     """
     if algorithm not in ALGORITHMS:
         raise ValueError(f"unknown algorithm {algorithm!r}; choose one of {sorted(ALGORITHMS)}")
     if world_size < 1:
         raise ValueError(f"world_size must be >= 1, got {world_size}")
-    if options and algorithm != "gossip_step":
+    allowed = OPTIONS.get(algorithm, set())
+    if options and not allowed:
         raise ValueError(f"{algorithm} takes no options, got {sorted(options)}")
-    if set(options) - {"s"}:
-        raise ValueError(f"gossip_step takes only the option s, got {sorted(options)}")
+    if set(options) - allowed:
+        raise ValueError(
+            f"{algorithm} takes only the option {', '.join(sorted(allowed))}, got {sorted(options)}"
+        )
     seconds = ALGORITHMS[algorithm](nbytes, world_size, model.alpha, model.beta, **options)
     if model.gamma and algorithm in REDUCED_BYTES:
         seconds += model.gamma * REDUCED_BYTES[algorithm](nbytes, world_size)

@@ -9,6 +9,8 @@ exchange measures $\\alpha$ and $\\beta$ of the path its messages really take (t
 link if there is one, and through this machine's own scheduling delays, which on a busy PC are
 far above the wire's latency) and asks :func:`~course_lib.cost_model.alpha_beta.predict` for each bucket.
 Every rank must choose the same algorithm, so the measurements are agreed by a max-allreduce.
+A ring whose chunks travel in segments (the exchange's ``segment_bytes``) overlaps its steps'
+latencies; it is priced as it runs (``ring_allreduce_pipelined``), which moves the crossover down.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import time
 import numpy as np
 
 from course_lib.collectives.ring import ring_allreduce
+from course_lib.collectives.ring_pipelined import segment_count
 from course_lib.comm.communicator import CommMismatchError, Communicator
 from course_lib.cost_model.alpha_beta import LinkModel, predict
 
@@ -79,12 +82,17 @@ def measure_path(comm: Communicator, repeats: int = 5) -> LinkModel:
 
 
 def choose_algorithms(
-    sizes: list[int], world_size: int, algorithm: str, model: LinkModel | None = None
+    sizes: list[int],
+    world_size: int,
+    algorithm: str,
+    model: LinkModel | None = None,
+    segment_bytes: int | None = None,
 ) -> list[str]:
     """Return the algorithm (a key of :data:`ALGORITHMS`) for each bucket of ``sizes`` bytes.
 
     ``algorithm="auto"`` picks, per bucket, the faster of ring and doubling under ``model``;
-    any other name is used for every bucket.
+    any other name is used for every bucket. With ``segment_bytes`` the ring is priced as it
+    runs, its chunks pipelined in segments of that size (latency per step mostly hidden).
     """
     if algorithm != "auto":
         return [algorithm] * len(sizes)
@@ -92,10 +100,21 @@ def choose_algorithms(
         return ["ring"] * len(sizes)
     if model is None:
         raise ValueError("algorithm='auto' needs a model of the path: call measure_path first")
+    # doubling first: a tie (two ranks, the ring in segments) goes to the fewer messages
     return [
-        min(("ring", "doubling"), key=lambda a: predict(ALGORITHMS[a], s, world_size, model))
+        min(("doubling", "ring"), key=lambda a: _predicted(a, s, world_size, model, segment_bytes))
         for s in sizes
     ]
+
+
+def _predicted(
+    algorithm: str, nbytes: int, world_size: int, model: LinkModel, segment_bytes: int | None
+) -> float:
+    """Return the cost model's seconds for one bucket's allreduce by ``algorithm``."""
+    if algorithm == "ring" and segment_bytes:
+        segments = segment_count(nbytes // 4, 4, world_size, segment_bytes)
+        return predict("ring_allreduce_pipelined", nbytes, world_size, model, segments=segments)
+    return predict(ALGORITHMS[algorithm], nbytes, world_size, model)
 
 
 def _checksum(sizes: list[int]) -> int:

@@ -185,6 +185,21 @@ def test_predict_options_are_checked():
         predict("gossip_step", 0, 4, m, t=2)
     with pytest.raises(ValueError, match="distance s"):
         predict("gossip_step", 0, 4, m, s=4)
+    with pytest.raises(ValueError, match="only the option segments"):
+        predict("ring_allreduce_pipelined", 0, 4, m, s=2)
+
+
+def test_the_pipelined_ring_costs_the_ring_in_one_segment_and_the_link_in_many():
+    m, n = LinkModel(alpha=5e-3, beta=8e-9), 2_200_000
+    ring = predict("ring_allreduce", n, 4, m)
+    assert predict("ring_allreduce_pipelined", n, 4, m) == pytest.approx(ring)  # 1 segment
+    three = predict("ring_allreduce_pipelined", n, 4, m, segments=3)
+    # the first of three pieces crosses 6 steps, the other two follow: 6 (a + s b) + 2 s b
+    assert three == pytest.approx(6 * (5e-3 + n / 12 * 8e-9) + 2 * n / 12 * 8e-9)
+    assert three < ring
+    # however finely cut, one rank's link carries 2 (N - 1) / N of the buffer after a latency
+    fine = predict("ring_allreduce_pipelined", n, 4, LinkModel(alpha=1e-4, beta=8e-9), segments=36)
+    assert fine == pytest.approx(1e-4 + allreduce_bound(n, 4, 125e6))
 
 
 def test_rendezvous_peer_is_a_host_other_than_rank_0s():

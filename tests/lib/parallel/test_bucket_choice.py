@@ -6,8 +6,11 @@ test_data_parallel.py, where each bucket's bytes must match the algorithm it rec
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
+import torch
 from comm_workers.threads import run_threads
 
 from course_lib.collectives import ring_allreduce
@@ -37,6 +40,17 @@ def test_four_ranks_switch_to_the_ring_above_eight_alpha_over_beta():
     assert choose_algorithms([below, above], 4, "auto", SLOW_STEPS) == ["doubling", "ring"]
     fast_steps = LinkModel(alpha=1e-6, beta=8e-9)  # a fast step moves the crossover to 1 kB
     assert choose_algorithms([below], 4, "auto", fast_steps) == ["ring"]
+
+
+def test_a_ring_in_segments_is_priced_as_it_runs():
+    # 2.5 ms a step: whole chunks, the 2.2 MB bucket's six steps cost more than doubling's two
+    # whole-buffer steps; in 256 KiB segments the steps overlap and the ring is the cheaper
+    busy = LinkModel(alpha=2.5e-3, beta=8e-9)
+    assert choose_algorithms([2_200_000, 77_000], 4, "auto", busy) == ["doubling", "doubling"]
+    assert choose_algorithms([2_200_000, 77_000], 4, "auto", busy, 1 << 18) == ["ring", "doubling"]
+    # on two ranks the ring in segments at best ties doubling's one step: doubling still
+    assert choose_algorithms([2_200_000], 2, "auto", busy, 1 << 18) == ["doubling"]
+    assert choose_algorithms([2_200_000], 2, "auto", SLOW_STEPS, 1 << 16) == ["doubling"]
 
 
 def test_a_named_algorithm_is_used_for_every_bucket_and_auto_needs_a_model():
@@ -71,3 +85,23 @@ def test_eager_receives_give_bitwise_the_same_sum(algorithm, p):
     for got, want in zip(eager, plain, strict=True):
         assert np.array_equal(got, want)
     assert np.allclose(eager[0], x.sum(0), atol=1e-5)
+
+
+@pytest.mark.parametrize("p", [2, 3, 4])
+def test_a_bucket_in_segments_sums_bitwise_as_in_whole_chunks(p):
+    x = np.random.default_rng(p).standard_normal((p, 30_001)).astype(np.float32)
+
+    def bucket(c, segment_bytes):  # one bucket's allreduce, as the communication thread runs it
+        exchange = BucketedAllreduce(algorithm="ring", segment_bytes=segment_bytes)
+        exchange.comm, exchange._algorithm_now = c, "ring"
+        flat = torch.from_numpy(x[c.rank].copy())
+        exchange._allreduce(flat)
+        return flat.numpy(), c.stats.messages_sent, exchange._segments(flat.numpy())
+
+    whole = run_threads(p, lambda c: bucket(c, None))
+    pieces = run_threads(p, lambda c: bucket(c, 4096))
+    for (got, sent, segments), (want, sent_whole, one) in zip(pieces, whole, strict=True):
+        assert np.array_equal(got, want)
+        assert one == 1 and segments == math.ceil(math.ceil(30_001 / p) * 4 / 4096) > 1
+        assert (sent, sent_whole) == (2 * (p - 1) * segments, 2 * (p - 1))
+    assert np.allclose(whole[0][0], x.mean(0), atol=1e-5)
