@@ -9,7 +9,9 @@ allgather prefetched, reduce-scatters queued, all on one communication thread, e
 whole ring chunks), ``zero3/seg`` (a large unit's passes in 512 KiB segments, pipelined:
 ``Zero3(segment_bytes=SEGMENT_BYTES)``) and ``zero3/wrap`` (segments and FSDP's size-based
 wrapping policy, ``Zero3(min_unit=100_000)``: the two small layers join the root's unit,
-gathered once per step), ``zero0/piped`` (the
+gathered once per step), ``zero3/wrap/keep`` (the same with ``keep_last=True``: the 1024 x 1024
+layer, the last module forward runs outside the root, stays gathered into backward, which needs
+it first, as torchtitan keeps its last block: two passes instead of three), ``zero0/piped`` (the
 kit's ring in 1 MiB pipelined segments, ``Zero0(segment_bytes=...)``) and
 ``zero0/piped/nowait`` (the same without the barrier the kit times as ``wait`` before the
 exchange; DDP has none). Prints per method the median step and its parts, the step as a ratio
@@ -95,6 +97,10 @@ METHODS = {
         "zero3",
         {"prefetch": True, "min_unit": 100_000, "segment_bytes": SEGMENT_BYTES},
     ),
+    "zero3/wrap/keep": (
+        "zero3",
+        {"min_unit": 100_000, "segment_bytes": SEGMENT_BYTES, "keep_last": True},
+    ),
 }
 FIT_METHODS = {"zero0": "DDP (zero0)", "zero1": "ZeRO-1", "zero2": "ZeRO-2", "zero3": "ZeRO-3"}
 HIDDEN = (1024, 1024)
@@ -142,7 +148,7 @@ def step_times(
         f"median of {rounds} round(s); load average {os.getloadavg()[0]:.1f}"
     )
     head = (
-        f"{'method':>12} {'step ms':>8} {'comm ms':>8} {'sync ms':>8} {'x ddp':>6} {'x zero0':>8} "
+        f"{'method':>15} {'step ms':>8} {'comm ms':>8} {'sync ms':>8} {'x ddp':>6} {'x zero0':>8} "
     )
     print(head + f"{'sent MB':>8} {'formula':>8} {'state MB':>9} {'formula':>8}  rounds' ms")
     medians: dict[str, list[tuple[float, float, float]]] = {m: [] for m in chosen}
@@ -165,14 +171,15 @@ def step_times(
         sync = statistics.median(t[2] for t in medians[method])
         result, rows = last[method], last[method].summary()
         sent = statistics.median(r["bytes_sent"] for r in rows) / 1e6
-        line = f"{method:>12} {1e3 * step[method]:>8.1f} {1e3 * comm:>8.1f} {1e3 * sync:>8.1f} "
+        line = f"{method:>15} {1e3 * step[method]:>8.1f} {1e3 * comm:>8.1f} {1e3 * sync:>8.1f} "
         line += f"{step[method] / step['ddp']:>6.2f} {step[method] / zero0:>8.2f} "
         line += f"{sent:>8.2f} " if method != "ddp" else f"{'(gloo)':>8} "  # not counted p2p
         if method.startswith("zero"):
             stage, least = int(method[4]), METHODS[method][1].get("min_unit", 0)
             units = unit_sizes(model(), stage, n, BUCKET_BYTES, least)
             root = root_unit(model(), stage, least)
-            audit = audit_bytes(result.records, stage, units, n, root=root)
+            kept = len(units) - 1 if METHODS[method][1].get("keep_last") else None
+            audit = audit_bytes(result.records, stage, units, n, root=root, kept=kept)
             formula = statistics.median(r["formula"] for r in audit) / 1e6
             late = [r for r in result.records if r["step"] >= 1]
             held = max(r["ledger_settled_bytes"] for r in late) / 1e6
@@ -190,8 +197,11 @@ def step_times(
         )
         print(f"{method}: last round's phases (ms, median over ranks): {parts}")
     for method in (m for m in chosen if m.startswith("zero3")):
+        late = [r for r in last[method].records if r["step"] >= 1]
+        peak = max(r["ledger_in_flight_bytes"] for r in late) / 1e6
         print(
-            f"{method}: its communication thread busy {thread_busy(last[method]):.0%} of the step"
+            f"{method}: its communication thread busy {thread_busy(last[method]):.0%} of the step;"
+            f" the ledger's in-flight peak {peak:.2f} MB a rank"
         )
 
 

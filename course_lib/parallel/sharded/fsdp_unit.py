@@ -26,12 +26,16 @@ where it is issued: the naive schedule, kept to compare against. ``compute_dtype
 
 On one link, prefetching cannot hide a unit that holds most of the bytes: its module computes
 only once its last chunk has come, so its three passes follow each other on the thread
-(``bench/bench_sharded.py``). Two options shorten them. A large unit's passes can travel in segments
+(``bench/bench_sharded.py``). Three options shorten them. A large unit's passes can travel in segments
 (``segment_bytes``, :mod:`course_lib.collectives.ring_pipelined`): the next ring step's first
 segment leaves while this step's last ones travel, instead of every step waiting for a whole
 chunk. ``min_unit`` is FSDP's size-based wrapping policy: modules with fewer values join the
 root's unit (gathered once per step, as the root's own), so small units stop costing a
-collective each, which on a shared machine waits for the slowest rank every time.
+collective each, which on a shared machine waits for the slowest rank every time. ``keep_last``
+keeps the last module forward runs gathered into backward, which needs it first (torchtitan
+sets ``reshard_after_forward=False`` on its last block for this reason): its units travel
+twice, and the in-flight peak is unchanged (backward gathers them at once anyway); from the
+second step on, once the first has recorded the order.
 :mod:`.unit_timeline` draws a step: each rank's compute beside its queue's collectives.
 
 Kept whole: the hooks, the communication queue and the units' gathering and release are one
@@ -108,13 +112,15 @@ class Zero3(Zero2):
         reduce_dtype: torch.dtype | None = None,
         segment_bytes: int | None = None,
         min_unit: int = 0,
+        keep_last: bool = False,
     ) -> None:
         super().__init__(bucket_bytes)
-        if not isinstance(prefetch, bool):
-            raise ValueError(f"prefetch must be True or False, got {prefetch!r}")
+        for name, value in (("prefetch", prefetch), ("keep_last", keep_last)):
+            if not isinstance(value, bool):
+                raise ValueError(f"{name} must be True or False, got {value!r}")
         if isinstance(min_unit, bool) or not isinstance(min_unit, int) or min_unit < 0:
             raise ValueError(f"min_unit must be a whole number of values >= 0, got {min_unit!r}")
-        self.prefetch, self.min_unit = prefetch, min_unit
+        self.prefetch, self.min_unit, self.keep_last = prefetch, min_unit, keep_last
         self.segment_bytes = self.checked_segment_bytes(segment_bytes)
         self.compute_dtype, self.reduce_dtype = check_dtypes(compute_dtype, reduce_dtype)
 
@@ -140,6 +146,8 @@ class Zero3(Zero2):
         self.order: dict[str, list[int]] = {"forward": [], "backward": []}  # recorded in step 1
         self.cursor = {"forward": 0, "backward": 0}
         self.recording, self.in_step = True, False
+        self.kept_group = -1  # keep_last: the last group forward runs (known after step 1)
+        self.kept_now = False  # whether it stayed gathered into this step's backward
         self.pending: dict[int, CommJob] = {}  # unit index -> its queued allgather
         self.jobs: list[CommJob] = []  # every job queued this step
         self.scattering: deque[CommJob] = deque()  # reduce-scatters queued, oldest first
@@ -311,9 +319,12 @@ class Zero3(Zero2):
             if self.in_step:
                 self.events.append({"kind": "forward_end", "group": group, "end": next_seq()})
             out = _first_grad_tensor(output)
-            if group != self.root_group or out is None or not self.in_step:
+            keep = group == self.root_group or (group == self.kept_group and self.keep_last)
+            if not keep or out is None or not self.in_step:
                 for unit in self.groups[group]:  # (the root's: backward needs them next)
                     self._free(unit)
+            elif group == self.kept_group:
+                self.kept_now = True
             if out is not None:  # backward reaches this module: gather its weights again first
                 out.register_hook(lambda grad: self._need(group, "backward"))
 
@@ -363,7 +374,14 @@ class Zero3(Zero2):
         for unit in self.units:  # a prefetch that no module used this step (the graph changed)
             if unit.gathered:
                 unit.free()
+        if self.recording:  # the last group forward ran, other than the root's (keep_last)
+            self.kept_group = next(
+                (g for g in reversed(self.order["forward"]) if g != self.root_group), -1
+            )
         self.recording, self.in_step = False, False
+        if self.kept_now:  # its units travelled twice this step (the auditor reads it)
+            timeline.note("zero3_kept_values", sum(u.numel for u in self.groups[self.kept_group]))
+            self.kept_now = False
         for event in self.events:
             if (job := event.pop("job", None)) is not None:
                 event.update(issued=job.issued, start=job.start, end=job.end,

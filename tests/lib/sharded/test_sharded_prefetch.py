@@ -216,6 +216,31 @@ def test_a_minimum_unit_size_puts_the_small_modules_in_the_root_unit(pool):
     )
 
 
+def test_keeping_the_last_unit_gathered_into_backward_saves_its_second_allgather(pool, runs):
+    # torchtitan's reshard_after_forward=False on the last block: module '5' (unit 2, the last
+    # forward runs) stays gathered for backward, which starts with it; the values are the same
+    with pytest.raises(ValueError, match="keep_last must be True or False"):
+        Zero3(keep_last=1)
+    n = 3
+    kept = _run(pool, Zero3(1024, keep_last=True), n)
+    assert kept.replicas_equal
+    assert relative_error(kept.weights, runs(False, n).weights) == 0.0  # the naive schedule's
+    sizes = unit_sizes(uneven_mlp(), 3, n)
+    assert [r.get("zero3_kept_values", 0) for r in kept.records if r["rank"] == 0] == [
+        0,  # the first step records the order of the modules
+        *[sizes[2]] * (len(kept.records) // n - 1),
+    ]
+    rows = audit_bytes(kept.records, 3, sizes, n, kept=2)
+    assert all(r["ok"] for r in rows), [r for r in rows if not r["ok"]]
+    with pytest.raises(ValueError, match="pass kept="):
+        audit_bytes(kept.records, 3, sizes, n)
+    prefetched = runs(True, n)
+    for rec, other in zip(kept.records, prefetched.records, strict=True):
+        gathers = sorted(e["unit"] for e in rec["events"] if e["kind"] == "allgather")
+        assert gathers == ([0, 0, 1, 1, 2, 2] if rec["step"] == 0 else [0, 0, 1, 1, 2]), gathers
+        assert rec["zero3_units_held_peak"] <= other["zero3_units_held_peak"]
+
+
 class FailsOnRank1(Zero3):
     """Stage 3 whose communication thread fails on rank 1 at its 11th job: step 1's prefetch of
     the second unit (step 0 ran 9 jobs: 3 allgathers forward, 3 back, 3 reduce-scatters)."""
