@@ -148,7 +148,7 @@ def step_times(
         f"median of {rounds} round(s); load average {os.getloadavg()[0]:.1f}"
     )
     head = (
-        f"{'method':>15} {'step ms':>8} {'comm ms':>8} {'sync ms':>8} {'x ddp':>6} {'x zero0':>8} "
+        f"{'method':>18} {'step ms':>8} {'comm ms':>8} {'sync ms':>8} {'x ddp':>6} {'x zero0':>8} "
     )
     print(head + f"{'sent MB':>8} {'formula':>8} {'state MB':>9} {'formula':>8}  rounds' ms")
     medians: dict[str, list[tuple[float, float, float]]] = {m: [] for m in chosen}
@@ -171,7 +171,7 @@ def step_times(
         sync = statistics.median(t[2] for t in medians[method])
         result, rows = last[method], last[method].summary()
         sent = statistics.median(r["bytes_sent"] for r in rows) / 1e6
-        line = f"{method:>15} {1e3 * step[method]:>8.1f} {1e3 * comm:>8.1f} {1e3 * sync:>8.1f} "
+        line = f"{method:>18} {1e3 * step[method]:>8.1f} {1e3 * comm:>8.1f} {1e3 * sync:>8.1f} "
         line += f"{step[method] / step['ddp']:>6.2f} {step[method] / zero0:>8.2f} "
         line += f"{sent:>8.2f} " if method != "ddp" else f"{'(gloo)':>8} "  # not counted p2p
         if method.startswith("zero"):
