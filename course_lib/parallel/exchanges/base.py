@@ -38,6 +38,7 @@ import torch
 from torch import nn
 
 from course_lib.collectives.ring import ring_allreduce
+from course_lib.collectives.ring_pipelined import ring_allreduce_pipelined, segment_count
 from course_lib.collectives.star import allreduce_naive
 from course_lib.comm.by_value import ByValue
 from course_lib.comm.communicator import Communicator
@@ -264,9 +265,19 @@ class RingAllreduce(FlatExchange):
     checkpointable = True
     cost_collective = "ring_allreduce"
 
+    def __init__(self, segment_bytes: int | None = None) -> None:
+        """``segment_bytes``: chunks larger than this travel in segments, pipelined (same result)."""
+        if segment_bytes is not None and segment_bytes < 1:
+            raise ValueError(f"segment_bytes must be None or >= 1, got {segment_bytes}")
+        self.segment_bytes = segment_bytes
+
     def average(self, comm: Communicator, flat: np.ndarray) -> None:
         """Overwrite ``flat`` with the mean over ranks, reduced round the ring."""
-        ring_allreduce(comm, flat)
+        n, size = comm.world_size, self.segment_bytes
+        if size and segment_count(flat.size, flat.itemsize, n, size) > 1:
+            ring_allreduce_pipelined(comm, flat, segment_bytes=size)  # bitwise the plain ring
+        else:
+            ring_allreduce(comm, flat)
         flat /= comm.world_size
 
 

@@ -1,4 +1,5 @@
-"""The bucketed exchange's choice of allreduce: the cost model's crossover, agreement, eager rings.
+"""The bucketed exchange's choice of allreduce: the cost model's crossover, agreement, eager rings;
+rings in segments (the buckets' and the ``ring`` exchange's) sum bitwise as in whole chunks.
 
 Threads stand in for ranks here (fast, exact); the choice in a real run on engines is checked in
 test_data_parallel.py, where each bucket's bytes must match the algorithm it recorded.
@@ -17,6 +18,7 @@ from course_lib.collectives import ring_allreduce
 from course_lib.collectives.tree import recursive_doubling_allreduce
 from course_lib.comm import CommMismatchError
 from course_lib.cost_model.alpha_beta import LinkModel
+from course_lib.parallel.exchanges.base import RingAllreduce
 from course_lib.parallel.exchanges.bucket_choice import (
     agree_on_layout,
     choose_algorithms,
@@ -105,3 +107,19 @@ def test_a_bucket_in_segments_sums_bitwise_as_in_whole_chunks(p):
         assert one == 1 and segments == math.ceil(math.ceil(30_001 / p) * 4 / 4096) > 1
         assert (sent, sent_whole) == (2 * (p - 1) * segments, 2 * (p - 1))
     assert np.allclose(whole[0][0], x.mean(0), atol=1e-5)
+
+
+def test_the_ring_exchange_in_segments_averages_bitwise_as_in_whole_chunks():
+    p, x = 4, np.random.default_rng(7).standard_normal((4, 30_001)).astype(np.float32)
+
+    def average(c, segment_bytes):
+        flat = x[c.rank].copy()
+        RingAllreduce(segment_bytes).average(c, flat)
+        return flat, c.stats.messages_sent
+
+    whole, pieces = (run_threads(p, lambda c, s=s: average(c, s)) for s in (None, 4096))
+    for (got, sent), (want, sent_whole) in zip(pieces, whole, strict=True):
+        assert np.array_equal(got, want)
+        assert sent > sent_whole  # it did travel in segments
+    with pytest.raises(ValueError, match="segment_bytes must be None or >= 1"):
+        RingAllreduce(0)
