@@ -11,10 +11,10 @@ whole ring chunks), ``zero3/seg`` (a large unit's passes in 512 KiB segments, pi
 wrapping policy, ``Zero3(min_unit=100_000)``: the two small layers join the root's unit,
 gathered once per step), ``zero3/wrap/keep`` (the same with ``keep_last=True``: the 1024 x 1024
 layer, the last module forward runs outside the root, stays gathered into backward, which needs
-it first, as torchtitan keeps its last block: two passes instead of three), ``zero0/piped`` (the
-kit's ring in 1 MiB pipelined segments, ``Zero0(segment_bytes=...)``) and
-``zero0/piped/nowait`` (the same without the barrier the kit times as ``wait`` before the
-exchange; DDP has none). Prints per method the median step and its parts, the step as a ratio
+it first, as torchtitan keeps its last block: two passes instead of three), ``zero0/whole``
+(the kit's ring in whole chunks, ``Zero0(segment_bytes=None)``; ``zero0`` sends its 1.1 MB
+chunks in 1 MiB segments, pipelined) and ``zero0/nowait`` (``zero0`` without the barrier the kit
+times as ``wait`` before the exchange; DDP has none). Prints per method the median step and its parts, the step as a ratio
 to DDP's and to ``zero0``'s, the bytes each rank sent per step against the auditor's formula,
 and the model-state bytes per rank from the ledger against the formula, then how busy stage 3's
 communication thread was. The issue's aim for stage 3 is <= 1.3x DDP's step.
@@ -86,8 +86,8 @@ from course_lib.training.models import MLP  # noqa: E402
 METHODS = {
     "ddp": ("ddp", {}),
     "zero0": ("zero0", {}),
-    "zero0/piped": ("zero0", {"segment_bytes": 1 << 20}),
-    "zero0/piped/nowait": ("zero0", {"segment_bytes": 1 << 20, "measure_wait": False}),
+    "zero0/whole": ("zero0", {"segment_bytes": None}),
+    "zero0/nowait": ("zero0", {"measure_wait": False}),
     "zero1": ("zero1", {}),
     "zero2": ("zero2", {}),
     "zero3/inline": ("zero3", {"prefetch": False}),

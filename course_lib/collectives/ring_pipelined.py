@@ -31,6 +31,7 @@ from course_lib.comm.buffers import Buffer, as_flat_array, chunk_bounds, dtype_n
 from course_lib.comm.communicator import CommMismatchError, Communicator, Handle, wait_all
 
 __all__ = [
+    "DEFAULT_SEGMENT_BYTES",
     "SEGMENT_TAGS",
     "ring_allgather_pipelined",
     "ring_allreduce_pipelined",
