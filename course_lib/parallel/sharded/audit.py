@@ -10,9 +10,9 @@ itself): it stays gathered from its forward to its backward, as FSDP2 keeps its 
 (``reshard_after_forward`` is False for the root), so it makes two passes. With a root unit of
 ``Psi_root`` values stage 3 sends (N-1)/N (3 Psi - Psi_root). ``Zero3(keep_last=True)`` keeps
 one more unit gathered from its forward into its backward: in the steps whose record says so
-(``zero3_kept_values``) it makes two passes too, and its values count in ``Psi_root``. With chunks of unequal length
-(``Psi`` not a multiple of ``N``) a rank's exact count differs from the formula by less than
-one value per pass and unit. Stage 3 in mixed precision (:mod:`.mixed`) gathers in the compute
+(``zero3_kept_values``) it makes two passes too, and its values count in ``Psi_root``. With
+chunks of unequal length (``Psi`` not a multiple of ``N``) a rank's exact count differs from the
+formula by less than one value per pass and unit. Stage 3 in mixed precision (:mod:`.mixed`) gathers in the compute
 dtype and reduce-scatters in the reduce dtype: ``itemsize`` and ``reduce_itemsize`` bytes a value.
 """
 

@@ -26,10 +26,10 @@ where it is issued: the naive schedule, kept to compare against. ``compute_dtype
 
 On one link, prefetching cannot hide a unit that holds most of the bytes: its module computes
 only once its last chunk has come, so its three passes follow each other on the thread
-(``bench/bench_sharded.py``). Three options shorten them. A large unit's passes can travel in segments
-(``segment_bytes``, :mod:`course_lib.collectives.ring_pipelined`): the next ring step's first
-segment leaves while this step's last ones travel, instead of every step waiting for a whole
-chunk. ``min_unit`` is FSDP's size-based wrapping policy: modules with fewer values join the
+(``bench/bench_sharded.py``). Three options shorten them. A large unit's passes can travel in
+segments (``segment_bytes``, :mod:`course_lib.collectives.ring_pipelined`): the next ring
+step's first segment leaves while this step's last ones travel, instead of every step waiting
+for a whole chunk. ``min_unit`` is FSDP's size-based wrapping policy: modules with fewer values join the
 root's unit (gathered once per step, as the root's own), so small units stop costing a
 collective each, which on a shared machine waits for the slowest rank every time. ``keep_last``
 keeps the last module forward runs gathered into backward, which needs it first (torchtitan
