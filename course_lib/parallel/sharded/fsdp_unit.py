@@ -212,11 +212,12 @@ class Zero3(Zero2):
                 ring_allgather_pipelined(self.comm, bits, self.segment_bytes, agreed=True)
             else:
                 ring_allgather(self.comm, bits, eager=True)  # sizes agreed
-            unit.allocate()
-            with torch.no_grad():  # grad mode is per thread
-                unit.flat.copy_(buf)
-            unit.gathered = True
-            self._sample()  # this unit and the one in use: the in-flight peak
+            with self.ledger.lock:  # the training thread may be freeing tensors meanwhile
+                unit.allocate()
+                with torch.no_grad():  # grad mode is per thread
+                    unit.flat.copy_(buf)
+                unit.gathered = True
+                self._sample()  # this unit and the one in use: the in-flight peak
             self._release(key)
 
         job = self.thread.submit(gather, f"the allgather of unit {unit.label}")
@@ -266,7 +267,8 @@ class Zero3(Zero2):
 
     def _free(self, unit: FlatUnit) -> None:
         self._wait_for(unit)  # a queued allgather of it lands before its memory goes
-        unit.free()
+        with self.ledger.lock:  # not while the communication thread reads the storages
+            unit.free()
 
     def _gather_all(self) -> None:
         """Gather every unit whole, in float32: the master shards (in mixed precision too)."""
@@ -339,11 +341,12 @@ class Zero3(Zero2):
         # bounds what runs ahead of the communication (Zhao et al. 2023, section 4).
         while len(self.scattering) >= QUEUED_REDUCE_SCATTERS:
             self.thread.wait(self.scattering.popleft(), self.comm.timeout + 30.0)
-        flat = unit.flat_grads(self.reduce_dtype)  # cast to the reduce dtype (FSDP2's)
-        for p in unit.params:
-            p.grad = None
-        key = self._hold(flat)
-        self._sample()
+        with self.ledger.lock:  # the gradients' storages go: not while the other thread reads
+            flat = unit.flat_grads(self.reduce_dtype)  # cast to the reduce dtype (FSDP2's)
+            for p in unit.params:
+                p.grad = None
+            key = self._hold(flat)
+            self._sample()
         self.reduced += 1
         unit.reduced = True
 
@@ -373,7 +376,7 @@ class Zero3(Zero2):
         self.scattering.clear()
         for unit in self.units:  # a prefetch that no module used this step (the graph changed)
             if unit.gathered:
-                unit.free()
+                unit.free()  # (every job has finished: the communication thread is idle)
         if self.recording:  # the last group forward ran, other than the root's (keep_last)
             self.kept_group = next(
                 (g for g in reversed(self.order["forward"]) if g != self.root_group), -1

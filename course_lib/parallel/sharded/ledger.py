@@ -101,7 +101,11 @@ class Ledger:
         self.in_flight = self.activations = self.comm = self.rss = 0
         self.saved: SavedBytes | None = None
         self._saving: Any = None
-        self._lock = threading.Lock()  # sample() runs on the training and communication threads
+        #: Held by whoever touches the model's tensors from Python while the other thread may:
+        #: sample() runs on the training and communication threads, and a storage's Python object
+        #: freed on one thread while the other references it aborts the process (PyTorch's
+        #: "THPStorage_dealloc ... use_count() == 1" assert: stage 3 lost an engine that way)
+        self.lock = threading.RLock()
 
     def watch_forward(self, net: torch.nn.Module) -> list[Any]:
         """Count what ``net``'s every forward saves for backward; return the hooks' handles."""
@@ -126,7 +130,7 @@ class Ledger:
     def sample(self, settled: bool, buffers: Iterable[torch.Tensor] = ()) -> None:
         """Count what is held now; ``settled``: a moment the formulas describe; ``buffers``: the
         exchange's own buffers held now (a view of a parameter or gradient is not counted)."""
-        with self._lock:
+        with self.lock:
             self._sample(settled, buffers)
 
     def _sample(self, settled: bool, buffers: Iterable[torch.Tensor]) -> None:
@@ -156,7 +160,7 @@ class Ledger:
     def close(self) -> dict[str, int]:
         """Return this step's settled peak by kind, the in-flight peak and the ``EXTRA_KEYS``
         peaks; start a new step."""
-        with self._lock:
+        with self.lock:
             return self._close()
 
     def _close(self) -> dict[str, int]:
