@@ -22,7 +22,8 @@ Slurm's reason ("PENDING (Resources)"), and past ``pending_limit`` it cancels th
 so. Students connect exactly as to a room's cluster (the seat service runs here too). ``status``
 names the job's state, its nodes and, for a job that ended or a node that went down, Slurm's
 reason, in one line each; ``stop`` cancels the job. ``mpi`` runs a command as MPI ranks in an
-allocation of its own (``salloc`` around MPICH's ``mpiexec``, which starts its proxies by ``srun``).
+allocation of its own (``salloc`` around MPICH's ``mpiexec``, which starts its proxies by ``srun``,
+given the allocation's hosts by ``course_kit.lab.slurm_hosts``).
 
 Kept whole: one Slurm job's life cycle (submit, wait, status, cancel) over one lab file.
 """
@@ -34,6 +35,7 @@ import json
 import os
 import signal
 import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -429,7 +431,10 @@ def slurm_mpi_command(lab: SlurmLab, argv: Sequence[str], n: int | None = None) 
     command += [f"--account={lab.account}"] if lab.account else []
     mpiexec = Path(lab.python).parent / "mpiexec"  # the venv's, at one path on every node
     options = [opt for name, value in MPI_ENV.items() for opt in ("-genv", name, value)]
-    return [*command, str(mpiexec), *options, "-n", str(n), *argv]
+    # Hydra is handed the allocation's hosts: its own parser of Slurm's node list dies (SIGFPE)
+    # on names such as pc1-a7 (course_kit/lab/slurm_hosts.py).
+    hosts = [sys.executable, "-m", "course_kit.lab.slurm_hosts"]
+    return [*command, *hosts, str(mpiexec), *options, "-n", str(n), *argv]
 
 
 def run_slurm_mpi(lab: SlurmLab, argv: Sequence[str], n: int | None = None) -> int:

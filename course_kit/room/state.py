@@ -172,7 +172,10 @@ def room_up(
                 f"run `./kit room down` first"
             )
         path.unlink()  # stale: its namespaces are gone (a reboot)
-    tag = "k" + "".join(secrets.choice("0123456789abcdefghijklmnopqrstuvwxyz") for _ in range(6))
+    # Letters, then one digit: every room's host names (pc1-kqzrtx7) have the shape of a lab's
+    # "lab2-pc07" that MPICH's own Slurm node-list parser fails on (course_kit/lab/slurm_hosts.py).
+    tag = "k" + "".join(secrets.choice("abcdefghijklmnopqrstuvwxyz") for _ in range(5))
+    tag += secrets.choice("0123456789")
     _write_state(path, _planned(n_pcs, tag, rate), BURST)  # so a killed `up` can be undone
     try:
         room = build_room(n_pcs, rate, BURST, tag=tag)

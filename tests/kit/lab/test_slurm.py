@@ -90,6 +90,20 @@ def slurm_room(tmp_path_factory: pytest.TempPathFactory):
         room_down(state)
 
 
+@pytest.fixture(autouse=True)
+def _ends_what_it_started(slurm_room):  # noqa: ANN001, ANN202
+    """After each test, end what a failure left (the lab's job, an allocation): the next starts clean."""
+    yield
+    env, slurm_env, lab_file, _ = slurm_room
+    stopped = kit(env, "lab", "stop", str(lab_file), timeout=120)
+    assert stopped.returncode == 0, stopped.stdout + stopped.stderr
+    jobs = subprocess.run(["squeue", "-h", "-o", "%i"], env=slurm_env, capture_output=True,
+                          text=True, timeout=60).stdout.split()  # fmt: skip
+    if jobs:
+        subprocess.run(["scancel", *jobs], env=slurm_env, capture_output=True, timeout=60)
+        _wait_for(lambda: not _slurm(slurm_env, "squeue", "-h").strip(), "the queue to empty")
+
+
 def _slurm_logs(lab_file: Path) -> str:
     """Return the last lines of the room's Slurm logs (what a failure message should show)."""
     lines = []
@@ -153,7 +167,7 @@ def test_engines_through_slurm_a_notebook_connects_and_mpi_crosses_the_links(
         subprocess.run(["scancel", f"--name={MPI_JOB_NAME}"], env=slurm_env, timeout=60)
     sent = [int(Path(f"/sys/class/net/{pc.host_veth}/statistics/rx_bytes").read_text()) - b
             for pc, b in zip(room.pcs, before, strict=True)]  # fmt: skip
-    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:] + _slurm_logs(lab_file)
     line = next(ln for ln in done.stdout.splitlines() if ln.startswith("ALLREDUCE "))
     report = json.loads(line.removeprefix("ALLREDUCE "))
     assert report["ranks"] == NODES and report["max_error"] == 0.0, report
