@@ -33,6 +33,7 @@ import ipyparallel as ipp
 
 from course_lib.cluster.course_cluster import CourseCluster
 from course_lib.cluster.engine_death import show_deaths_in_one_line
+from course_lib.cluster.mpi_here import mpiexec_here
 from course_lib.cluster.seat import NoSeatError, take_seat
 from course_lib.cluster.settings import (
     ClusterError,
@@ -194,7 +195,7 @@ def _start(settings: ClusterSettings) -> CourseCluster:
         ],
     )
     if mpi_cmd is not None:
-        owned.config.MPILauncher.mpi_cmd = [mpi_cmd]
+        owned.config.MPILauncher.mpi_cmd = mpiexec_here(mpi_cmd)  # this PC's, also in a Slurm job
     # Threads are limited before the engines import torch / NumPy, as well as afterwards.
     threads = threads_per_engine(settings, n)
     owned.config.EngineLauncher.environment = {
