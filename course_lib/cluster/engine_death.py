@@ -7,19 +7,29 @@ turns such an error into one line: the ranks and engines that died, what ran the
 instructor's room, a Slurm job named by its id, engines this notebook started), and the one next
 step that works in that setting. ``start_cluster`` installs :func:`show_deaths_in_one_line` in a
 notebook's kernel, so a raw ``view.apply_sync`` or ``%px`` that meets a dead engine prints that
-line instead of the traceback; every other error keeps its usual traceback.
+line instead of the traceback; every other error keeps its usual traceback. Engines that end
+while they start are said the same way: how their process ended (:func:`how_engine_sets_ended`,
+``mpiexec ended on signal SIGFPE``) rather than a wait that would not have helped.
 """
 
 from __future__ import annotations
 
 import re
+import signal
 import sys
 import weakref
 from typing import Any
 
 from course_lib.i18n import _
 
-__all__ = ["dead_engine_ids", "death_message", "next_step_after_a_death", "show_deaths_in_one_line"]
+__all__ = [
+    "dead_engine_ids",
+    "death_message",
+    "engine_sets_output",
+    "how_engine_sets_ended",
+    "next_step_after_a_death",
+    "show_deaths_in_one_line",
+]
 
 _DIED = re.compile(r"Engine (\d+) died")
 
@@ -104,3 +114,27 @@ def show_deaths_in_one_line(cluster: Any) -> bool:
 
     shell.set_custom_exc((ipp.error.CompositeError, ipp.error.EngineError), handler)
     return True
+
+
+def engine_sets_output(owned: Any) -> str:
+    """Return the last of what an ipyparallel cluster's engine sets printed, for an error message."""
+    texts = []
+    for engine_set in list(owned.engines.values()):
+        try:
+            texts.append(engine_set.get_output() or "")
+        except Exception:  # noqa: BLE001 - best effort, we are already reporting an error
+            pass
+    text = "\n".join(t for t in texts if t).strip()
+    return f"\nEngine output:\n{text[-2000:]}" if text else ""
+
+
+def how_engine_sets_ended(owned: Any, kind: str) -> str | None:
+    """Return how an engine set's process ended ("mpiexec ended on signal SIGFPE"), or None."""
+    process = "mpiexec" if kind == "mpi" else "an engine"
+    for engine_set in list(owned.engines.values()):
+        code = (getattr(engine_set, "stop_data", None) or {}).get("exit_code")
+        if isinstance(code, int) and code < 0 and -code in signal.valid_signals():
+            return f"{process} ended on signal {signal.Signals(-code).name}"
+        if isinstance(code, int) and code > 0:
+            return f"{process} ended with exit code {code}"
+    return None

@@ -32,7 +32,11 @@ from typing import Any
 import ipyparallel as ipp
 
 from course_lib.cluster.course_cluster import CourseCluster
-from course_lib.cluster.engine_death import show_deaths_in_one_line
+from course_lib.cluster.engine_death import (
+    engine_sets_output,
+    how_engine_sets_ended,
+    show_deaths_in_one_line,
+)
 from course_lib.cluster.mpi_here import mpiexec_here
 from course_lib.cluster.seat import NoSeatError, take_seat
 from course_lib.cluster.settings import (
@@ -206,8 +210,12 @@ def _start(settings: ClusterSettings) -> CourseCluster:
     try:
         client = owned.start_and_connect_sync(n=n)
     except BaseException as exc:
-        output = _engine_output(owned)
+        output, ended = engine_sets_output(owned), how_engine_sets_ended(owned, settings.kind)
         _stop_quietly(owned)
+        if ended is not None:  # they died (mpiexec on a signal): not a matter of waiting longer
+            raise ClusterError(
+                f"{n} {settings.kind} engines ended while starting: {ended}.{output}"
+            ) from exc
         raise ClusterError(
             f"{n} {settings.kind} engines did not start within {settings.timeout:.0f} s "
             f"({type(exc).__name__}: {exc}).{output}"
@@ -279,17 +287,6 @@ def _profile_client_file(profile: str) -> Path:
     from IPython.paths import get_ipython_dir
 
     return Path(get_ipython_dir()) / f"profile_{profile}" / "security" / "ipcontroller-client.json"
-
-
-def _engine_output(owned: ipp.Cluster) -> str:
-    texts = []
-    for engine_set in list(owned.engines.values()):
-        try:
-            texts.append(engine_set.get_output() or "")
-        except Exception:  # noqa: BLE001 - best effort, we are already reporting an error
-            pass
-    text = "\n".join(t for t in texts if t).strip()
-    return f"\nEngine output:\n{text[-2000:]}" if text else ""
 
 
 def _stop_quietly(owned: ipp.Cluster) -> None:
