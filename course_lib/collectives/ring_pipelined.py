@@ -26,7 +26,7 @@ import time
 import numpy as np
 
 from course_lib.collectives.common import reduce_into, reducible_flat
-from course_lib.collectives.ring import ring_schedule
+from course_lib.collectives.ring import ring_allreduce, ring_schedule
 from course_lib.comm.buffers import Buffer, as_flat_array, chunk_bounds, dtype_name
 from course_lib.comm.communicator import CommMismatchError, Communicator, Handle, wait_all
 
@@ -34,6 +34,7 @@ __all__ = [
     "DEFAULT_SEGMENT_BYTES",
     "SEGMENT_TAGS",
     "ring_allgather_pipelined",
+    "ring_allreduce_in_segments",
     "ring_allreduce_pipelined",
     "ring_reduce_scatter_pipelined",
     "segment_bounds",
@@ -80,6 +81,21 @@ def ring_allreduce_pipelined(
     ``agreed``: as in :func:`ring_reduce_scatter_pipelined` (no size check round the ring).
     """
     return _pipelined(comm, tensor, op, segment_bytes, "both", agreed, timeline)
+
+
+def ring_allreduce_in_segments(
+    comm: Communicator, arr: np.ndarray, segment_bytes: int | None, *, agreed: bool = False
+) -> None:
+    """Sum ``arr`` in place round the ring: pipelined where its chunks exceed ``segment_bytes``,
+    in whole chunks otherwise or with None (bitwise the same sums either way).
+
+    ``agreed``: every rank's buffer is known to have this size (no check round the ring).
+    """
+    n = comm.world_size
+    if segment_bytes is not None and segment_count(arr.size, arr.itemsize, n, segment_bytes) > 1:
+        ring_allreduce_pipelined(comm, arr, segment_bytes=segment_bytes, agreed=agreed)
+    else:
+        ring_allreduce(comm, arr, eager=agreed)
 
 
 def ring_reduce_scatter_pipelined(

@@ -37,8 +37,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from course_lib.collectives.ring import ring_allreduce
-from course_lib.collectives.ring_pipelined import ring_allreduce_pipelined, segment_count
+from course_lib.collectives.ring_pipelined import ring_allreduce_in_segments
 from course_lib.collectives.star import allreduce_naive
 from course_lib.comm.by_value import ByValue
 from course_lib.comm.communicator import Communicator
@@ -273,11 +272,7 @@ class RingAllreduce(FlatExchange):
 
     def average(self, comm: Communicator, flat: np.ndarray) -> None:
         """Overwrite ``flat`` with the mean over ranks, reduced round the ring."""
-        n, size = comm.world_size, self.segment_bytes
-        if size and segment_count(flat.size, flat.itemsize, n, size) > 1:
-            ring_allreduce_pipelined(comm, flat, segment_bytes=size)  # bitwise the plain ring
-        else:
-            ring_allreduce(comm, flat)
+        ring_allreduce_in_segments(comm, flat, self.segment_bytes)
         flat /= comm.world_size
 
 
